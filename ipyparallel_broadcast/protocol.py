@@ -1,0 +1,161 @@
+"""The wire protocol between client, relay nodes and engines.
+
+Frames, as ZeroMQ multipart messages (idents, then ``DELIM``, then a signed
+Jupyter message whose buffers follow):
+
+``ipb_request``  client -> root -> ... -> leaf
+    content ``{msg_id, targets: [engine ids], reply: "coalesce"|"stream", req, compat}``;
+    buffers: the inner request ``[sig, header, parent, metadata, content, *bufs]``,
+    serialized and signed once by the client and passed on untouched.
+    Leaves send the same inner frames to every engine, idents ``[uuid, req]``.
+
+``ipb_bundle``  leaf -> ... -> root -> client
+    content ``{req, msg_id, kind, parts, failed, eids}``; buffers: the parts
+    back to back, ``parts`` giving each one's frame count.
+    ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``.
+    ``kind == "bundles"``: each part is a child's bundle, nested as received.
+    ``failed``: ``[[engine_id, uuid, message], ...]`` engines that cannot answer.
+    ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
+    a coalesced bundle carries the whole subtree).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Iterator, List, Sequence, Tuple
+
+import zmq
+from jupyter_client.session import DELIM, Session
+
+REQUEST = "ipb_request"
+BUNDLE = "ipb_bundle"
+HELLO = "ipb_hello"
+COALESCE, STREAM = "coalesce", "stream"
+REPLY_MODES = (COALESCE, STREAM)
+PROTOCOL_VERSION = 1
+_DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
+
+Frames = List[Any]  # bytes, memoryview or zmq.Frame
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this protocol (dropped and logged)."""
+
+
+def as_bytes(frame) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def split_idents(frames: Sequence) -> Tuple[list, list]:
+    """Split ``[*idents, DELIM, *body]`` without copying any large frame."""
+    n = len(_DELIM)
+    for i, frame in enumerate(frames):
+        if len(frame) == n and as_bytes(frame) == _DELIM:
+            return list(frames[:i]), list(frames[i + 1 :])
+    raise ProtocolError("no <IDS|MSG> delimiter")
+
+
+class Codec:
+    """Packs and unpacks signed messages with a ``jupyter_client`` Session."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        # dates are carried as strings; parsing them is wasted work here
+        import jupyter_client.session as jsession
+
+        jsession.extract_dates = lambda obj: obj
+
+    def pack(self, msg_type: str, content: dict, buffers: Sequence = (), parent=None) -> Frames:
+        """``[DELIM, sig, header, parent, metadata, content, *buffers]``."""
+        msg = self.session.msg(msg_type, content=content, parent=parent or {})
+        return self.session.serialize(msg) + list(buffers)
+
+    def unpack(self, body: Sequence) -> dict:
+        """Check the signature of ``[sig, header, parent, metadata, content, *buffers]``
+        and parse it; buffers stay the frames they came in as."""
+        if len(body) < 5:
+            raise ProtocolError(f"message has {len(body)} frames, needs at least 5")
+        try:
+            msg = self.session.deserialize(
+                [as_bytes(f) for f in body[:5]], content=True, copy=True
+            )
+        except Exception as e:
+            raise ProtocolError(f"bad message: {e}") from e
+        msg["buffers"] = list(body[5:])
+        return msg
+
+    def check_signature(self, body: Sequence) -> None:
+        """Verify a raw message's HMAC without parsing it."""
+        if len(body) < 5:
+            raise ProtocolError(f"message has {len(body)} frames, needs at least 5")
+        if self.session.auth is None:
+            return
+        expected = self.session.sign([as_bytes(f) for f in body[1:5]])
+        if not hmac.compare_digest(as_bytes(body[0]), expected):
+            raise ProtocolError("invalid signature")
+
+
+def request_content(msg_id: str, targets: Sequence[int], reply: str, **extra) -> dict:
+    return dict(msg_id=msg_id, targets=list(targets), reply=reply, **extra)
+
+
+def validate_request(content: Any) -> dict:
+    """Check the fields of an ``ipb_request`` that routing relies on."""
+    if not isinstance(content, dict):
+        raise ProtocolError("request content is not a dict")
+    targets = content.get("targets")
+    if not isinstance(targets, list) or not all(
+        type(t) is int and t >= 0 for t in targets
+    ):
+        raise ProtocolError(f"targets must be a list of engine ids, not {targets!r}")
+    if len(set(targets)) != len(targets):
+        raise ProtocolError("targets name an engine more than once")
+    if content.get("reply") not in REPLY_MODES:
+        raise ProtocolError(f"reply must be one of {REPLY_MODES}")
+    if not isinstance(content.get("msg_id"), str):
+        raise ProtocolError("msg_id must be a string")
+    return content
+
+
+def bundle_content(req, msg_id, kind, parts, failed, eids=None) -> dict:
+    content = dict(
+        req=req, msg_id=msg_id, kind=kind, parts=[len(p) for p in parts], failed=failed
+    )
+    if eids is not None:
+        content["eids"] = eids
+    return content
+
+
+def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Frames:
+    """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``."""
+    buffers = [frame for part in parts for frame in part]
+    frames = codec.pack(BUNDLE, bundle_content(req, msg_id, kind, parts, failed, eids), buffers)
+    return frames[1:]
+
+
+def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
+    """Flatten an unpacked bundle into engine outcomes; see ``flatten``."""
+    content, buffers = msg["content"], msg["buffers"]
+    counts = content.get("parts", [])
+    if not isinstance(counts, list) or sum(counts) != len(buffers):
+        raise ProtocolError("bundle part counts do not match its frames")
+    parts, offset = [], 0
+    for n in counts:
+        parts.append(buffers[offset : offset + n])
+        offset += n
+    return flatten(codec, content.get("kind"), parts, content.get("failed", []))
+
+
+def flatten(codec: Codec, kind, parts, failed) -> Iterator[Tuple[str, Any]]:
+    """``("reply", frames)`` for each engine reply and ``("failed", [eid, uuid,
+    message])`` for each engine that could not answer. Nested bundles
+    (``kind == "bundles"``) are checked and unpacked on the way."""
+    for part in parts:
+        if kind == "engines":
+            yield "reply", part
+        elif kind == "bundles":
+            yield from iter_bundle(codec, codec.unpack(part))
+        else:
+            raise ProtocolError(f"unknown bundle kind {kind!r}")
+    for failure in failed:
+        yield "failed", failure

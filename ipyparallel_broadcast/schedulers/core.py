@@ -1,0 +1,278 @@
+"""The relay node as a pure state machine: frames and events in, sends out.
+
+One ``RelayNode`` sits at each tree position. It never touches a socket:
+``on_up`` / ``on_down`` take the multipart frames a socket received, the
+``on_engine_*`` / ``on_registry`` / ``on_child_lost`` methods take what the
+shell learned, and each returns the list of ``Send`` the shell performs.
+
+A request is *pending* at a node from dispatch until every target's outcome
+(a reply or a failure) has gone up; then its state is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Callable, Dict, List, Optional, Set
+
+from .. import protocol as P
+from ..topology import Path, TreeShape, node_identity, node_name
+from .compat import CompatRequest, renamer
+
+log = logging.getLogger(__name__)
+
+UP, DOWN, HUB = "up", "down", "hub"  # HUB: ask the hub for the engine table
+PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
+
+
+@dataclass
+class Send:
+    socket: str  # UP, DOWN or HUB
+    frames: list
+
+
+@dataclass
+class Pending:
+    key: str
+    msg_id: str
+    stream: bool
+    route: list  # idents replies go up with (at the root: the client's)
+    inner: list  # the request frames engines get
+    waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
+    parts: list = field(default_factory=list)  # coalesced so far
+    failed: list = field(default_factory=list)  # coalesced so far
+    compat: Optional[CompatRequest] = None  # root: request from a stock client
+    rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
+
+
+class RelayNode:
+    """Routing, fan-out and coalescing for one node of the tree."""
+
+    def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = ()):
+        self.codec = codec
+        self.shape = shape
+        self.path = tuple(path)
+        self.name = node_name(self.path)
+        self.is_root = not self.path
+        self.is_leaf = shape.is_leaf(self.path)
+        self.kind = "engines" if self.is_leaf else "bundles"
+        self.children = {
+            node_identity(self.path + (d,)): d for d in range(shape.fanout)
+        }
+        self.pending: Dict[str, Pending] = {}
+        self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
+        self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
+        self.dropped = 0  # messages dropped as malformed or unexpected
+        self._keys = count()
+
+    # ------------------------------------------------------------------ events
+    def on_up(self, frames) -> List[Send]:
+        """A request from above: a client (root) or the parent node."""
+        try:
+            route, body = P.split_idents(frames)
+            msg = self.codec.unpack(body)
+            msg_type = msg["header"].get("msg_type")
+            if msg_type == P.REQUEST:
+                content = P.validate_request(msg["content"])
+                return self._start(route, content, msg["buffers"])
+            if self.is_root and msg_type in CompatRequest.msg_types:
+                compat = CompatRequest.parse(msg, body)
+                return self._start(route, compat.content, compat.inner, compat)
+            raise P.ProtocolError(f"unexpected {msg_type!r} from above")
+        except P.ProtocolError as e:
+            return self._drop(f"request: {e}")
+
+    def on_down(self, frames) -> List[Send]:
+        """A reply from below: an engine's (leaf) or a child node's bundle."""
+        try:
+            if self.is_leaf:
+                return self._engine_reply(frames)
+            return self._child_bundle(frames)
+        except P.ProtocolError as e:
+            return self._drop(f"reply: {e}")
+
+    def on_engine_registered(self, eid: int, uuid: str) -> List[Send]:
+        self.engines[eid] = uuid
+        return self._retry_parked(final=False)
+
+    def on_registry(self, engines: Dict[int, str]) -> List[Send]:
+        """The hub's full engine table. Parked targets still unknown fail."""
+        self.engines = dict(engines)
+        return self._retry_parked(final=True)
+
+    def on_engine_lost(self, uuid: str, why: str = "died") -> List[Send]:
+        """An engine can no longer answer (unregistered, or unreachable)."""
+        if why == "died":
+            self.engines = {e: u for e, u in self.engines.items() if u != uuid}
+        return self._fail_dest(uuid, lambda eid: f"Engine {eid} {why} before replying")
+
+    def on_child_lost(self, digit: int, why: str = "is unreachable") -> List[Send]:
+        child = node_name(self.path + (digit,))
+        return self._fail_dest(
+            digit, lambda eid: f"Relay node {child} {why}; engine {eid} did not answer"
+        )
+
+    # -------------------------------------------------------------- down path
+    def _start(self, route, content, inner, compat=None) -> List[Send]:
+        key = f"r{next(self._keys)}" if self.is_root else content.get("req")
+        if not isinstance(key, str) or key in self.pending:
+            return self._drop(f"request key {key!r} missing or in use")
+        p = self.pending[key] = Pending(
+            key=key,
+            msg_id=content["msg_id"],
+            stream=content["reply"] == P.STREAM,
+            route=route,
+            inner=inner,
+            compat=compat,
+        )
+        mode = content.get("compat")
+        if self.is_leaf and mode == CompatRequest.RENAME:
+            p.rename = renamer(self.codec, inner)
+        targets = content["targets"]
+        strays = [e for e in targets if not self.shape.serves(self.path, e)]
+        sends = self._fail(p, strays, "was routed to the wrong subtree") if strays else []
+        targets = [e for e in targets if self.shape.serves(self.path, e)]
+        if self.is_leaf:
+            sends += self._to_engines(p, targets)
+        else:
+            sends += self._to_children(p, targets, mode)
+        return sends + self._finish_if_done(p)
+
+    def _to_children(self, p: Pending, targets, mode) -> List[Send]:
+        sends = []
+        reply = P.STREAM if p.stream else P.COALESCE
+        for digit, sub in self.shape.split(self.path, targets).items():
+            p.waiting[digit] = set(sub)
+            content = P.request_content(p.msg_id, sub, reply, req=p.key)
+            if mode:
+                content["compat"] = mode
+            envelope = self.codec.pack(P.REQUEST, content, p.inner)
+            sends.append(Send(DOWN, [node_identity(self.path + (digit,))] + envelope))
+        return sends
+
+    def _to_engines(self, p: Pending, targets) -> List[Send]:
+        sends, unknown = [], []
+        key = p.key.encode()
+        for eid in targets:
+            uuid = self.engines.get(eid)
+            if uuid is None:
+                unknown.append(eid)
+                continue
+            p.waiting[uuid] = {eid}
+            inner = p.rename(uuid) if p.rename else p.inner
+            sends.append(Send(DOWN, [uuid.encode(), key, P._DELIM] + inner))
+        if unknown:
+            p.waiting.setdefault(PARKED, set()).update(unknown)
+            self.parked.add(p.key)
+            sends.append(Send(HUB, []))
+        return sends
+
+    def _retry_parked(self, final: bool) -> List[Send]:
+        sends = []
+        for key in list(self.parked):
+            self.parked.discard(key)
+            p = self.pending.get(key)
+            if p is None or PARKED not in p.waiting:
+                continue
+            eids = p.waiting.pop(PARKED)
+            sends += self._to_engines(p, [e for e in eids if e in self.engines])
+            left = sorted(e for e in eids if e not in self.engines)
+            if left and final:
+                sends += self._fail(p, left, "is not registered")
+            elif left:
+                p.waiting[PARKED] = set(left)
+                self.parked.add(key)
+            sends += self._finish_if_done(p)
+        return [s for s in sends if s.socket != HUB]
+
+    # ---------------------------------------------------------------- up path
+    def _engine_reply(self, frames) -> List[Send]:
+        idents, body = P.split_idents(frames)
+        if len(idents) != 2:
+            raise P.ProtocolError(f"engine reply with {len(idents)} idents")
+        uuid, key = P.as_bytes(idents[0]).decode(), P.as_bytes(idents[1]).decode()
+        p = self.pending.get(key)
+        if p is None or uuid not in p.waiting:
+            raise P.ProtocolError(f"unexpected reply from engine {uuid} to {key}")
+        self.codec.check_signature(body)
+        eids = p.waiting.pop(uuid)
+        if p.stream:
+            return self._deliver(p, [body], [], sorted(eids)) + self._finish_if_done(p)
+        p.parts.append(body)
+        return self._finish_if_done(p)
+
+    def _child_bundle(self, frames) -> List[Send]:
+        idents, body = P.split_idents(frames)
+        digit = self.children.get(P.as_bytes(idents[0])) if len(idents) == 1 else None
+        if digit is None:
+            raise P.ProtocolError(f"bundle from unknown peer {idents!r}")
+        msg = self.codec.unpack(body)
+        content = msg["content"]
+        if msg["header"].get("msg_type") != P.BUNDLE or not isinstance(content, dict):
+            raise P.ProtocolError("expected a bundle from a child")
+        p = self.pending.get(content.get("req"))
+        if p is None or digit not in p.waiting:
+            raise P.ProtocolError(f"unexpected bundle for {content.get('req')!r}")
+        if p.stream:
+            eids = content.get("eids")
+            if not isinstance(eids, list) or not set(eids) <= p.waiting[digit]:
+                raise P.ProtocolError("streamed bundle names engines not owed")
+            p.waiting[digit].difference_update(eids)
+            if not p.waiting[digit]:
+                del p.waiting[digit]
+            return self._forward(p, body, msg) + self._finish_if_done(p)
+        del p.waiting[digit]
+        p.parts.append(body)
+        return self._finish_if_done(p)
+
+    def _fail(self, p: Pending, eids, reason) -> List[Send]:
+        failed = [[e, self.engines.get(e), f"Engine {e} {reason}"] for e in eids]
+        return self._record_failures(p, failed)
+
+    def _record_failures(self, p: Pending, failed) -> List[Send]:
+        if not failed:
+            return []
+        if p.stream:
+            return self._deliver(p, [], failed, [f[0] for f in failed])
+        p.failed.extend(failed)
+        return []
+
+    def _fail_dest(self, dest, message: Callable[[int], str]) -> List[Send]:
+        sends = []
+        for p in list(self.pending.values()):
+            eids = p.waiting.pop(dest, None)
+            if eids:
+                uuid = dest if isinstance(dest, str) else None
+                failed = [[e, uuid or self.engines.get(e), message(e)] for e in sorted(eids)]
+                sends += self._record_failures(p, failed) + self._finish_if_done(p)
+        return sends
+
+    def _finish_if_done(self, p: Pending) -> List[Send]:
+        if p.waiting or self.pending.get(p.key) is not p:
+            return []
+        del self.pending[p.key]
+        self.parked.discard(p.key)
+        if p.stream:
+            return []
+        return self._deliver(p, p.parts, p.failed, None)
+
+    def _deliver(self, p: Pending, parts, failed, eids) -> List[Send]:
+        """Send outcomes up: a bundle, or stock replies to a stock client."""
+        if p.compat is not None:
+            bodies = p.compat.replies(self.codec, self.kind, parts, failed)
+            return [Send(UP, p.route + [P._DELIM] + b) for b in bodies]
+        body = P.pack_bundle(self.codec, p.key, p.msg_id, self.kind, parts, failed, eids)
+        return [Send(UP, p.route + [P._DELIM] + body)]
+
+    def _forward(self, p: Pending, body, msg) -> List[Send]:
+        """Pass a child's streamed bundle up unchanged."""
+        if p.compat is not None:
+            content = msg["content"]
+            return self._deliver(p, [body], [], content.get("eids"))
+        return [Send(UP, p.route + [P._DELIM] + body)]
+
+    def _drop(self, why: str) -> List[Send]:
+        self.dropped += 1
+        log.warning("%s node %s dropped a message: %s", "relay", self.name, why)
+        return []

@@ -1,0 +1,120 @@
+"""Shape of the relay tree and the routing rule, as pure functions.
+
+A tree of ``depth`` levels below the root has ``fanout ** depth`` leaves.
+Engine ``e`` connects to leaf ``e % n_leaves`` (ipyparallel's engines pick
+``broadcast[id % len(broadcast)]``), so a node routes an engine id by the
+base-``fanout`` digits of its leaf index, most significant first.
+A node is named by its path of child digits from the root: ``()`` is the root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, List, Tuple
+
+Path = Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    depth: int = 1
+    fanout: int = 2
+
+    def __post_init__(self):
+        if self.depth < 0:
+            raise ValueError(f"depth must be >= 0, not {self.depth}")
+        if self.fanout < 2:
+            raise ValueError(f"fanout must be >= 2, not {self.fanout}")
+
+    @property
+    def n_leaves(self) -> int:
+        return self.fanout**self.depth
+
+    @property
+    def n_nodes(self) -> int:
+        return sum(self.fanout**k for k in range(self.depth + 1))
+
+    def nodes(self) -> Iterator[Path]:
+        """All node paths, breadth first (root first)."""
+        level: List[Path] = [()]
+        for _ in range(self.depth + 1):
+            yield from level
+            level = [p + (d,) for p in level for d in range(self.fanout)]
+
+    def is_leaf(self, path: Path) -> bool:
+        return len(path) == self.depth
+
+    def leaf_index(self, path: Path) -> int:
+        """Index of a leaf (its path read as a base-fanout number)."""
+        index = 0
+        for digit in path:
+            index = index * self.fanout + digit
+        return index
+
+    def leaf_path(self, index: int) -> Path:
+        digits = []
+        for _ in range(self.depth):
+            index, digit = divmod(index, self.fanout)
+            digits.append(digit)
+        return tuple(reversed(digits))
+
+    def leaf_of(self, engine_id: int) -> int:
+        return engine_id % self.n_leaves
+
+    def serves(self, path: Path, engine_id: int) -> bool:
+        """Whether engine_id lives in the subtree under ``path``."""
+        return self.leaf_path(self.leaf_of(engine_id))[: len(path)] == tuple(path)
+
+    def child_digit(self, path: Path, engine_id: int) -> int:
+        """Which child of node ``path`` the engine's leaf lies under."""
+        below = self.depth - len(path) - 1
+        return (self.leaf_of(engine_id) // self.fanout**below) % self.fanout
+
+    def split(self, path: Path, engine_ids: Iterable[int]) -> Dict[int, List[int]]:
+        """Split engine ids among the children of ``path``, keeping their order.
+
+        Children with no targets are absent from the result.
+        """
+        parts: Dict[int, List[int]] = {}
+        below = self.fanout ** (self.depth - len(path) - 1)
+        n_leaves, fanout = self.n_leaves, self.fanout
+        for eid in engine_ids:
+            parts.setdefault((eid % n_leaves // below) % fanout, []).append(eid)
+        return parts
+
+    def layout(self, engine_ids: Iterable[int]) -> Dict[Path, List[int]]:
+        """Which engines each leaf serves."""
+        leaves: Dict[Path, List[int]] = {
+            self.leaf_path(i): [] for i in range(self.n_leaves)
+        }
+        for eid in sorted(engine_ids):
+            leaves[self.leaf_path(self.leaf_of(eid))].append(eid)
+        return leaves
+
+
+def node_name(path: Path) -> str:
+    """Human name of a node: 'root', or its digits joined by dots."""
+    return "root" if not path else ".".join(map(str, path))
+
+
+def node_identity(path: Path) -> bytes:
+    """zmq identity a node uses on the link to its parent."""
+    return b"ipb-node:" + node_name(path).encode()
+
+
+def render(shape: TreeShape, engine_ids: Iterable[int]) -> str:
+    """Text picture of the tree and the engines under each leaf."""
+    layout = shape.layout(engine_ids)
+    lines = [
+        f"broadcast tree: depth={shape.depth} fanout={shape.fanout} "
+        f"nodes={shape.n_nodes} leaves={shape.n_leaves}"
+    ]
+    for path in shape.nodes():
+        indent = "  " * len(path)
+        label = node_name(path)
+        if shape.is_leaf(path):
+            eids = layout[path]
+            lines.append(f"{indent}{label} (leaf {shape.leaf_index(path)}): engines {eids}")
+        else:
+            lines.append(f"{indent}{label}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""The pure relay core, driven through an in-memory tree (no sockets)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jupyter_client.session import Session
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.schedulers.core import RelayNode
+from ipyparallel_broadcast.topology import TreeShape
+
+from treesim import TreeSim
+
+ENGINES = list(range(11))
+shapes = st.tuples(st.integers(0, 3), st.integers(2, 4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.lists(st.sampled_from(ENGINES), unique=True), st.booleans())
+def test_every_target_answered_once(shape, targets, stream):
+    sim = TreeSim(*shape, ENGINES)
+    sim.request(targets, stream=stream)
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == sorted(targets) and not failures
+    for eid in ENGINES:  # each engine got the request only if targeted
+        assert len(sim.engine_inbox[eid]) == (eid in targets)
+    if stream:
+        assert n_messages == len(targets)
+    else:
+        assert n_messages == 1
+    assert sim.pending_total() == 0
+
+
+def test_leaves_send_identical_frames():
+    sim = TreeSim(1, 2, ENGINES)
+    sim.request(ENGINES)
+    inner = [tuple(P.as_bytes(f) for f in sim.engine_inbox[e][0][3:]) for e in ENGINES]
+    assert len(set(inner)) == 1, "every engine gets the same signed frames"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes,
+    st.lists(st.sampled_from(ENGINES), unique=True, min_size=1),
+    st.data(),
+    st.booleans(),
+)
+def test_dead_engines_fail_and_survivors_arrive(shape, targets, data, stream):
+    sim = TreeSim(*shape, ENGINES)
+    dead = data.draw(st.lists(st.sampled_from(targets), unique=True))
+    sim.hold.update(dead)
+    sim.request(targets, stream=stream)
+    assert sim.pending_total() > 0 or not dead
+    for eid in dead:
+        sim.kill(eid)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == sorted(set(targets) - set(dead))
+    assert sorted(failures) == sorted(dead)
+    assert all("died" in f[2] for f in failures.values())
+    assert sim.pending_total() == 0
+
+
+def test_child_lost_fails_its_subtree():
+    sim = TreeSim(2, 2, ENGINES)
+    sim.hold.update(ENGINES)
+    sim.request(ENGINES)
+    root = sim.nodes[()]
+    sim._run(root, root.on_child_lost(1, "died"), ())
+    for eid in ENGINES:
+        sim.release(eid)
+    replies, failures, n = sim.outcomes()
+    lost = [e for e in ENGINES if sim.shape.child_digit((), e) == 1]
+    assert sorted(failures) == lost
+    assert sorted(replies) == sorted(set(ENGINES) - set(lost))
+    assert "Relay node 1 died" in failures[lost[0]][2]
+    assert n == 1
+    # the orphaned subtree's late bundle was dropped at the root, not delivered
+    assert root.dropped == 1
+    assert len(root.pending) == 0
+
+
+def test_unknown_engine_is_looked_up_then_failed():
+    sim = TreeSim(1, 2, [0, 1])
+    sim.request([0, 1, 5])
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == [0, 1] and list(failures) == [5]
+    assert "not registered" in failures[5][2]
+    assert sim.hub_lookups == 1 and sim.pending_total() == 0
+
+
+def test_engine_registered_late_is_found_by_lookup():
+    sim = TreeSim(1, 2, [0, 1])
+    sim.engines[3] = sim.hub_engines[3] = "uuid-0003"
+    sim.engine_inbox[3] = []
+    sim.request([3])  # the leaf has not heard of engine 3; the hub has
+    replies, failures, _ = sim.outcomes()
+    assert list(replies) == [3] and not failures
+
+
+def test_empty_targets():
+    sim = TreeSim(1, 3, ENGINES)
+    sim.request([])
+    replies, failures, n = sim.outcomes()
+    assert not replies and not failures and n == 1
+    assert sim.pending_total() == 0
+
+
+def node_and_codec(depth=1, key=b"secret"):
+    codec = P.Codec(Session(key=key))
+    return RelayNode(P.Codec(Session(key=b"secret")), TreeShape(depth, 2), ()), codec
+
+
+def test_forged_and_malformed_requests_are_dropped():
+    node, _ = node_and_codec()
+    forger = P.Codec(Session(key=b"wrong"))
+    bad = [
+        [b"c"],
+        [b"c", P._DELIM, b"sig"],
+        [b"c", P._DELIM, b"x", b"{", b"{}", b"{}", b"{}"],
+        [b"c"] + forger.pack(P.REQUEST, P.request_content("m", [0], P.COALESCE)),
+    ]
+    good = P.Codec(Session(key=b"secret"))
+    for content in ({"targets": "all"}, {"targets": [0, 0], "reply": "coalesce", "msg_id": "m"},
+                    {"targets": [-1], "reply": "coalesce", "msg_id": "m"},
+                    {"targets": [0], "reply": "sometimes", "msg_id": "m"}):
+        bad.append([b"c"] + good.pack(P.REQUEST, content))
+    for frames in bad:
+        assert node.on_up(frames) == []
+    assert node.dropped == len(bad)
+    assert not node.pending
+
+
+def test_replayed_request_is_dropped():
+    node, _ = node_and_codec()
+    good = P.Codec(Session(key=b"secret"))
+    frames = [b"c"] + good.pack(P.REQUEST, P.request_content("m", [0, 1], P.COALESCE))
+    assert node.on_up(list(frames))
+    assert node.on_up(list(frames)) == []
+    assert node.dropped == 1
+
+
+def test_unexpected_replies_are_dropped():
+    sim = TreeSim(1, 2, ENGINES)
+    leaf = sim.nodes[(0,)]
+    reply = sim.session.serialize(sim.session.msg("apply_reply", content={}))
+    assert leaf.on_down([b"uuid-0000", b"r99"] + reply) == []
+    assert leaf.on_down([b"uuid-0000"] + reply) == []
+    root = sim.nodes[()]
+    bundle = P.pack_bundle(sim.codec, "r0", "m", "engines", [], [], [])
+    assert root.on_down([b"ipb-node:7", P._DELIM] + bundle) == []
+    assert root.on_down([b"ipb-node:0", P._DELIM] + bundle) == []
+    assert leaf.dropped == 2 and root.dropped == 2

@@ -1,0 +1,138 @@
+"""An in-memory tree of RelayNodes with fake engines: no sockets, no processes.
+
+Routes each ``Send`` to the node or engine it names, the way the zmq shell
+would, so the pure core can be tested end to end.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from jupyter_client.session import Session
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.schedulers.core import DOWN, HUB, UP, RelayNode
+from ipyparallel_broadcast.topology import TreeShape, node_identity
+
+
+def engine_uuid(eid: int) -> str:
+    return f"uuid-{eid:04d}"
+
+
+class TreeSim:
+    def __init__(self, depth, fanout, engine_ids, key=b"secret"):
+        self.shape = TreeShape(depth, fanout)
+        self.session = Session(key=key)
+        self.codec = P.Codec(self.session)
+        self.nodes = {
+            path: RelayNode(P.Codec(Session(key=key)), self.shape, path)
+            for path in self.shape.nodes()
+        }
+        self.engines = {eid: engine_uuid(eid) for eid in engine_ids}
+        self.hub_engines = dict(self.engines)
+        for path, node in self.nodes.items():
+            if node.is_leaf:
+                node.on_registry(
+                    {e: u for e, u in self.engines.items() if self.shape.serves(path, e)}
+                )
+        self.client_inbox = []  # frames the root sent up
+        self.engine_inbox = {eid: [] for eid in engine_ids}  # requests engines got
+        self.held = {}  # eid -> requests an engine has not answered (hold=True)
+        self.hold = set()  # engines that do not answer yet
+        self.queue = deque()
+        self.hub_lookups = 0
+        self.engine_codecs = {}
+
+    # -- client side --------------------------------------------------------
+    def request(self, targets, stream=False, inner=None, route=(b"client-1",)):
+        inner_msg = self.session.msg("apply_request", content={}, metadata={})
+        inner = inner or self.session.serialize(inner_msg)[1:] + [b"payload"]
+        content = P.request_content(
+            inner_msg["header"]["msg_id"], targets, P.STREAM if stream else P.COALESCE
+        )
+        frames = list(route) + self.codec.pack(P.REQUEST, content, inner)
+        self._run(self.nodes[()], self.nodes[()].on_up(frames), ())
+        return inner_msg["header"]["msg_id"]
+
+    def outcomes(self):
+        """(replies by eid, failures by eid, number of client messages)."""
+        replies, failures = {}, {}
+        for frames in self.client_inbox:
+            _, body = P.split_idents(frames)
+            for what, item in P.iter_bundle(self.codec, self.codec.unpack(body)):
+                if what == "reply":
+                    reply = self.codec.unpack(item)
+                    eid = reply["content"]["eid"]
+                    assert eid not in replies and eid not in failures
+                    replies[eid] = reply
+                else:
+                    assert item[0] not in replies and item[0] not in failures
+                    failures[item[0]] = item
+        return replies, failures, len(self.client_inbox)
+
+    # -- engines ------------------------------------------------------------
+    def _engine_receive(self, leaf_path, frames):
+        uuid = P.as_bytes(frames[0]).decode()
+        eid = next(e for e, u in self.engines.items() if u == uuid)
+        self.engine_inbox[eid].append(frames)
+        if eid in self.hold:
+            self.held.setdefault(eid, []).append((leaf_path, frames))
+        else:
+            self.answer(eid, leaf_path, frames)
+
+    def answer(self, eid, leaf_path, frames):
+        idents, body = P.split_idents(frames[1:])
+        if eid not in self.engine_codecs:  # each engine has its own session
+            self.engine_codecs[eid] = P.Codec(Session(key=self.session.key))
+        request = self.engine_codecs[eid].unpack(body)
+        reply = self.session.msg(
+            "apply_reply",
+            content={"status": "ok", "eid": eid},
+            parent=request["header"],
+            metadata={"engine": self.engines[eid]},
+        )
+        out = [self.engines[eid].encode()] + idents + self.session.serialize(reply)
+        self._run(self.nodes[leaf_path], self.nodes[leaf_path].on_down(out), leaf_path)
+
+    def release(self, eid):
+        self.hold.discard(eid)
+        for leaf_path, frames in self.held.pop(eid, []):
+            self.answer(eid, leaf_path, frames)
+
+    def kill(self, eid):
+        """The hub notices engine eid died; its leaf hears of it."""
+        uuid = self.engines.pop(eid)
+        self.hub_engines.pop(eid, None)
+        self.held.pop(eid, None)
+        for path, node in self.nodes.items():
+            if node.is_leaf:
+                self._run(node, node.on_engine_lost(uuid), path)
+
+    # -- routing ------------------------------------------------------------
+    def _run(self, node, sends, path):
+        self.queue.extend((path, s) for s in sends)
+        while self.queue:
+            path, send = self.queue.popleft()
+            node = self.nodes[path]
+            if send.socket == UP:
+                if node.is_root:
+                    self.client_inbox.append(send.frames)
+                else:
+                    parent = path[:-1]
+                    frames = [node_identity(path)] + send.frames
+                    self.queue.extend((parent, s) for s in self.nodes[parent].on_down(frames))
+            elif send.socket == DOWN:
+                if node.is_leaf:
+                    self._engine_receive(path, send.frames)
+                else:
+                    child = path + (node.children[send.frames[0]],)
+                    self.queue.extend((child, s) for s in self.nodes[child].on_up(send.frames[1:]))
+            elif send.socket == HUB:
+                self.hub_lookups += 1
+                table = {
+                    e: u for e, u in self.hub_engines.items() if self.shape.serves(path, e)
+                }
+                self.queue.extend((path, s) for s in node.on_registry(table))
+
+    def pending_total(self):
+        return sum(len(n.pending) for n in self.nodes.values())
