@@ -33,6 +33,7 @@ HELLO = "ipb_hello"
 COALESCE, STREAM = "coalesce", "stream"
 REPLY_MODES = (COALESCE, STREAM)
 PROTOCOL_VERSION = 1
+TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
 
 Frames = List[Any]  # bytes, memoryview or zmq.Frame

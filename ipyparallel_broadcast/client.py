@@ -1,0 +1,218 @@
+"""``ipyparallel_broadcast.Client``: ipyparallel's Client plus the broadcast tree.
+
+One ``ipb_request`` goes out per call. Replies come back as bundles (coalesced
+or streamed); each engine's reply inside is handed to ipyparallel's own reply
+handling under a per-engine id ``f"{msg_id}_{uuid}"``, so AsyncResult,
+metadata, outputs and errors behave exactly as for a DirectView.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List
+
+import ipyparallel as ipp
+from ipyparallel import error
+from ipyparallel.client.futures import MessageFuture, multi_future
+
+from . import protocol as P
+from .topology import TreeShape, render
+
+log = logging.getLogger(__name__)
+
+
+class NotABroadcastController(RuntimeError):
+    """The controller does not run the ipyparallel_broadcast relay tree."""
+
+
+class TreeLayout:
+    """The tree in use and which leaf serves which engines."""
+
+    def __init__(self, shape: TreeShape, engine_ids):
+        self.shape = shape
+        self.depth, self.fanout = shape.depth, shape.fanout
+        self.leaves = {
+            shape.leaf_index(path): eids for path, eids in shape.layout(engine_ids).items()
+        }
+        self._text = render(shape, engine_ids)
+
+    def __repr__(self):
+        return self._text
+
+
+class Client(ipp.Client):
+    """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._codec = P.Codec(self.session)
+        self._broadcasts: Dict[str, int] = {}  # msg_id -> engines not yet done (reply and output)
+
+    # ----------------------------------------------------------------- views
+    @property
+    def tree_shape(self) -> TreeShape:
+        info = self._config.get(P.TREE_KEY)
+        if not info:
+            raise NotABroadcastController(
+                "This controller does not run the ipyparallel_broadcast relay tree "
+                "(its connection file has no 'broadcast_tree'). Start the cluster with "
+                "`ipcluster start --controller=broadcast` or `ipyparallel_broadcast.Cluster`, "
+                "or use ipyparallel's own `Client.broadcast_view` / `direct_view`."
+            )
+        return TreeShape(info["depth"], info["fanout"])
+
+    def broadcast_view(self, targets="all", coalescing=True, is_coalescing=None, **kwargs):
+        """A view that reaches ``targets`` with one message per call.
+
+        ``coalescing=True``: one merged reply per call; ``False``: each engine's
+        reply is streamed back as it arrives. ``is_coalescing`` is accepted as
+        ipyparallel's name for the same switch.
+        """
+        from .view import BroadcastView
+
+        self.tree_shape  # fail now, with a clear message, on a stock controller
+        if is_coalescing is not None:
+            coalescing = is_coalescing
+        if targets is None:
+            targets = "all"
+        if not isinstance(targets, str):
+            targets = self._build_targets(targets)[1]
+        return BroadcastView(
+            client=self,
+            socket=self._broadcast_stream,
+            targets=targets,
+            coalescing=coalescing,
+            **kwargs,
+        )
+
+    def broadcast_tree(self) -> TreeLayout:
+        """Depth, fan-out, and the engines under each leaf."""
+        return TreeLayout(self.tree_shape, self.ids)
+
+    # ------------------------------------------------------------------ send
+    def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
+                       metadata=None, reply=P.COALESCE, track=False):
+        """Sign one request for ``eids`` and send it to the root of the tree.
+
+        Returns one MessageFuture per engine, in target order.
+        """
+        if self._closed:
+            raise RuntimeError("Client cannot be used after its sockets have been closed")
+        if len(set(eids)) != len(eids):
+            raise ValueError(f"targets name an engine more than once: {eids}")
+        md = dict(metadata or {}, is_broadcast=True)
+        inner = self.session.msg(msg_type, content=content or {}, metadata=md)
+        msg_id = inner["header"]["msg_id"]
+        frames = self.session.serialize(inner)[1:] + list(buffers)
+        envelope = self.session.msg(P.REQUEST, content=P.request_content(msg_id, eids, reply))
+        futures = self._engine_futures(msg_id, inner["header"], uuids, track)
+
+        def really_send():
+            sent = self.session.send(self._broadcast_socket, envelope, buffers=frames, track=track)
+            for f in futures:
+                if f.tracker is not None and not f.tracker.done():
+                    f.tracker.set_result(sent["tracker"])
+
+        self._io_loop.add_callback(really_send)
+        return futures
+
+    def _engine_futures(self, msg_id, header, uuids, track) -> List[MessageFuture]:
+        futures = []
+        self._broadcasts[msg_id] = len(uuids)
+        for uuid in uuids:
+            vid = f"{msg_id}_{uuid}"
+            self.history.append(vid)
+            future, output = self.create_message_futures(vid, header, async_result=True, track=track)
+            self.outstanding.add(vid)
+            self._outstanding_dict[uuid].add(vid)
+
+            def cleanup(f, vid=vid, msg_id=msg_id):
+                for cache in (self.results, self._futures, self._output_futures, self.metadata):
+                    cache.pop(vid, None)
+                left = self._broadcasts.get(msg_id, 1) - 1
+                if left:
+                    self._broadcasts[msg_id] = left
+                else:
+                    self._broadcasts.pop(msg_id, None)
+
+            multi_future([future, output]).add_done_callback(cleanup)
+            futures.append(future)
+        return futures
+
+    # --------------------------------------------------------------- receive
+    def _setup_streams(self):
+        super()._setup_streams()
+        self._broadcast_stream.on_recv(self._dispatch_broadcast, copy=False)
+
+    def _dispatch_broadcast(self, frames):
+        try:
+            _, body = P.split_idents(frames)
+            msg = self._codec.unpack(body)
+            if msg["header"].get("msg_type") != P.BUNDLE:
+                return self._dispatch_reply(frames)  # a stock broadcast reply
+            msg_id = msg["content"].get("msg_id")
+            if msg_id not in self._broadcasts:
+                log.debug("bundle for unknown broadcast %s", msg_id)
+                return
+            outcomes = list(P.iter_bundle(self._codec, msg))
+        except P.ProtocolError as e:
+            log.error("Dropped an invalid broadcast reply: %s", e)
+            return
+        for what, item in outcomes:
+            try:
+                if what == "reply":
+                    self._engine_reply(msg_id, self._codec.unpack(item))
+                else:
+                    self._engine_failed(msg_id, *item)
+            except Exception:
+                log.error("Dropped an invalid engine reply in a bundle", exc_info=True)
+
+    def _engine_reply(self, msg_id, reply):
+        if reply["parent_header"].get("msg_id") != msg_id:
+            raise P.ProtocolError("engine reply to another request")
+        vid = f"{msg_id}_{reply['metadata'].get('engine')}"
+        if vid not in self.outstanding:
+            return  # e.g. already failed when the client saw the engine die
+        reply["parent_header"] = dict(reply["parent_header"], msg_id=vid)
+        if reply["header"]["msg_type"] == "execute_reply":
+            self._handle_execute_reply(reply)
+        else:
+            self._handle_apply_reply(reply)
+
+    def _engine_failed(self, msg_id, eid, uuid, message):
+        vid = f"{msg_id}_{uuid}"
+        if uuid is None or vid not in self.outstanding:
+            return
+        try:
+            raise error.EngineError(message)
+        except error.EngineError:
+            content = error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid))
+        reply = self.session.msg("apply_reply", content=content)
+        reply["parent_header"]["msg_id"] = vid
+        reply["metadata"]["engine"] = uuid
+        self._handle_apply_reply(reply)
+        output = self._output_futures.get(vid)
+        if output is not None and not output.done():
+            output.set_result(None)  # a dead engine sends no more output
+
+    def _dispatch_iopub(self, frames):
+        """Route an engine's output for a broadcast to that engine's result."""
+        try:
+            idents, body = self.session.feed_identities(frames, copy=False)
+            msg = self.session.deserialize(body, content=True, copy=False)
+        except Exception:
+            log.error("Invalid IOPub message", exc_info=True)
+            return
+        parent = msg["parent_header"]
+        if parent and parent.get("msg_id") in self._broadcasts:
+            uuid = msg["metadata"].get("engine") or self._engine_of_topic(idents)
+            msg["parent_header"] = dict(parent, msg_id=f"{parent['msg_id']}_{uuid}")
+        return ipp.Client._dispatch_iopub.__wrapped__(self, msg)
+
+    def _engine_of_topic(self, idents):
+        """Engine uuid from an IOPub topic ``engine.<id>.<kind>``."""
+        if idents:
+            parts = P.as_bytes(idents[0]).split(b".")
+            if len(parts) >= 2 and parts[0] == b"engine" and parts[1].isdigit():
+                return self._engines.get(int(parts[1]))
+        return None

@@ -1,0 +1,172 @@
+"""One relay node as a process: zmq sockets around a ``RelayNode``.
+
+Sockets:
+  up    root: ROUTER bound for clients; others: DEALER to the parent's ``down``
+  down  ROUTER (``ROUTER_MANDATORY``) bound for children, or for engines at a leaf
+  hub   leaves only: SUB to the hub's notifications, DEALER to its registrar
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import List
+
+import zmq
+from jupyter_client.session import Session
+
+from ipyparallel import util
+
+from .. import protocol as P
+from ..topology import TreeShape, node_identity, node_name
+from .core import DOWN, HUB, UP, RelayNode, Send
+
+BATCH = 256  # messages taken from one socket before looking at the others
+
+
+def session_from(spec: dict) -> Session:
+    return Session(
+        key=spec["key"].encode(),
+        signature_scheme=spec["signature_scheme"],
+        packer=spec["packer"],
+        unpacker=spec["unpacker"],
+    )
+
+
+class NodeShell:
+    def __init__(self, spec: dict, context: zmq.Context | None = None):
+        self.spec = spec
+        self.context = context or zmq.Context()
+        path = tuple(spec["path"])
+        shape = TreeShape(spec["depth"], spec["fanout"])
+        self.log = logging.getLogger(f"ipyparallel_broadcast.node.{node_name(path)}")
+        self.codec = P.Codec(session_from(spec))
+        self.node = RelayNode(self.codec, shape, path)
+        curve = dict(
+            curve_secretkey=spec.get("curve_secretkey"),
+            curve_publickey=spec.get("curve_publickey"),
+            curve_serverkey=spec.get("curve_serverkey"),
+        )
+        ctx = self.context
+        if self.node.is_root:
+            self.up = ctx.socket(zmq.ROUTER)
+            util.bind(self.up, spec["up_url"], curve_secretkey=curve["curve_secretkey"])
+        else:
+            self.up = ctx.socket(zmq.DEALER)
+            self.up.IDENTITY = node_identity(path)
+            self.up.connect(spec["up_url"])
+        self.down = ctx.socket(zmq.ROUTER)
+        self.down.ROUTER_MANDATORY = 1
+        if self.node.is_leaf:
+            util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
+        else:
+            self.down.bind(spec["down_url"])
+        for s in (self.up, self.down):
+            s.SNDHWM = s.RCVHWM = 0
+            s.LINGER = 0
+        self.sockets = [self.up, self.down]
+        self.notifications = self.registrar = None
+        self.lookup_in_flight = False
+        if self.node.is_leaf and spec.get("notification_url"):
+            self.notifications = ctx.socket(zmq.SUB)
+            self.notifications.SUBSCRIBE = b""
+            util.connect(self.notifications, spec["notification_url"], **curve)
+            self.registrar = ctx.socket(zmq.DEALER)
+            util.connect(self.registrar, spec["registration_url"], **curve)
+            self.sockets += [self.notifications, self.registrar]
+        self.handlers = {
+            self.up: self.node.on_up,
+            self.down: self.node.on_down,
+            self.notifications: self.on_notification,
+            self.registrar: self.on_registry,
+        }
+
+    # --------------------------------------------------------------- events
+    def on_notification(self, frames) -> List[Send]:
+        msg = self._unpack(frames)
+        if msg is None:
+            return []
+        kind, content = msg["header"]["msg_type"], msg["content"]
+        if kind == "registration_notification":
+            return self.node.on_engine_registered(int(content["id"]), content["uuid"])
+        if kind == "unregistration_notification":
+            return self.node.on_engine_lost(content["uuid"], "died")
+        return []
+
+    def on_registry(self, frames) -> List[Send]:
+        self.lookup_in_flight = False
+        msg = self._unpack(frames)
+        if msg is None or msg["content"].get("status") != "ok":
+            return []
+        engines = {int(k): v for k, v in msg["content"]["engines"].items()}
+        return self.node.on_registry(engines)
+
+    def _unpack(self, frames):
+        try:
+            return self.codec.unpack(P.split_idents(frames)[1])
+        except P.ProtocolError as e:
+            self.log.warning("dropped a hub message: %s", e)
+            return None
+
+    def ask_hub(self):
+        if self.registrar is not None and not self.lookup_in_flight:
+            self.lookup_in_flight = True
+            self.registrar.send_multipart(self.codec.pack("connection_request", {}))
+
+    # ----------------------------------------------------------------- sends
+    def perform(self, sends: List[Send]):
+        while sends:
+            send = sends.pop(0)
+            if send.socket == UP:
+                self.up.send_multipart(send.frames, copy=False)
+            elif send.socket == HUB:
+                self.ask_hub()
+            elif send.socket == DOWN:
+                try:
+                    self.down.send_multipart(send.frames, copy=False)
+                except zmq.ZMQError as e:
+                    if e.errno != zmq.EHOSTUNREACH:
+                        raise
+                    sends.extend(self._unreachable(send.frames[0]))
+
+    def _unreachable(self, peer) -> List[Send]:
+        if self.node.is_leaf:
+            return self.node.on_engine_lost(P.as_bytes(peer).decode(), "is not connected")
+        return self.node.on_child_lost(self.node.children[peer], "is not connected")
+
+    # ------------------------------------------------------------------ loop
+    def start(self):
+        if self.node.is_leaf:
+            self.ask_hub()
+        self.log.info(
+            "relay node %s up (%s), %d engine(s) known",
+            self.node.name,
+            "leaf" if self.node.is_leaf else "interior",
+            len(self.node.engines),
+        )
+        poller = zmq.Poller()
+        for s in self.sockets:
+            poller.register(s, zmq.POLLIN)
+        while True:
+            for sock, _ in poller.poll():
+                handler = self.handlers[sock]
+                for _ in range(BATCH):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    try:
+                        self.perform(handler(frames))
+                    except Exception:  # a bug must not take the node down
+                        self.log.exception("error handling a message")
+
+
+def run_node(spec: dict):
+    """Process entry point: run one relay node until terminated."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(
+        level=spec.get("log_level", logging.INFO),
+        format="%(asctime)s.%(msecs).03d [%(name)s] %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    NodeShell(spec).start()
