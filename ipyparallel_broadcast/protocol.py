@@ -150,12 +150,13 @@ def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
 def flatten(codec: Codec, kind, parts, failed) -> Iterator[Tuple[str, Any]]:
     """``("reply", frames)`` for each engine reply and ``("failed", [eid, uuid,
     message])`` for each engine that could not answer. Nested bundles
-    (``kind == "bundles"``) are checked and unpacked on the way."""
+    (``kind == "bundles"``) are checked and unpacked on the way, unless
+    already unpacked (a dict)."""
     for part in parts:
         if kind == "engines":
             yield "reply", part
         elif kind == "bundles":
-            yield from iter_bundle(codec, codec.unpack(part))
+            yield from iter_bundle(codec, part if isinstance(part, dict) else codec.unpack(part))
         else:
             raise ProtocolError(f"unknown bundle kind {kind!r}")
     for failure in failed:

@@ -150,3 +150,34 @@ def test_unexpected_replies_are_dropped():
     assert root.on_down([b"ipb-node:7", P._DELIM] + bundle) == []
     assert root.on_down([b"ipb-node:0", P._DELIM] + bundle) == []
     assert leaf.dropped == 2 and root.dropped == 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes, st.lists(st.sampled_from(ENGINES), unique=True, min_size=1), st.booleans(), st.data())
+def test_stock_client_requests(shape, targets, coalescing, data):
+    """Requests from ipyparallel's own BroadcastView get ipyparallel's replies."""
+    from treesim import stock_request
+
+    sim = TreeSim(*shape, ENGINES)
+    dead = data.draw(st.lists(st.sampled_from(targets), unique=True, max_size=2))
+    sim.hold.update(dead)
+    msg_id = stock_request(sim, targets, coalescing)
+    for eid in dead:
+        sim.kill(eid)
+    replies = [sim.codec.unpack(P.split_idents(f)[1]) for f in sim.client_inbox]
+    assert all(n.dropped == 0 for n in sim.nodes.values())
+    assert sim.pending_total() == 0
+    if coalescing:
+        assert len(replies) == 1
+        (reply,) = replies
+        md = reply["metadata"]
+        assert md["original_msg_id"] == msg_id and md["is_coalescing"]
+        alive = [e for e in targets if e not in dead]
+        assert [t[1] for t in md["broadcast_targets"]] == (alive or targets)
+        assert reply["content"]["status"] == ("error" if dead else "ok")
+    else:
+        assert len(replies) == len(targets)
+        got = {r["parent_header"]["msg_id"]: r for r in replies}
+        assert set(got) == {f"{msg_id}_uuid-{e:04d}" for e in targets}
+        for e in dead:
+            assert got[f"{msg_id}_uuid-{e:04d}"]["content"]["ename"] == "EngineError"

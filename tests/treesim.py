@@ -136,3 +136,20 @@ class TreeSim:
 
     def pending_total(self):
         return sum(len(n.pending) for n in self.nodes.values())
+
+
+def stock_request(sim, targets, coalescing, route=(b"stock-client",)):
+    """Send what ipyparallel's own BroadcastView sends; return its msg_id."""
+    msg = sim.session.msg(
+        "apply_request",
+        content={},
+        metadata=dict(
+            targets=[[engine_uuid(e), e] for e in targets],
+            is_broadcast=True,
+            is_coalescing=coalescing,
+        ),
+    )
+    frames = list(route) + sim.session.serialize(msg) + [b"payload"]
+    root = sim.nodes[()]
+    sim._run(root, root.on_up(frames), ())
+    return msg["header"]["msg_id"]

@@ -16,8 +16,10 @@ from .. import protocol as P
 
 
 def renamer(codec: P.Codec, inner):
-    """Per-engine copies of a request with ``msg_id = f"{msg_id}_{uuid}"``."""
-    msg = codec.unpack(inner)
+    """Per-engine copies of a request with ``msg_id = f"{msg_id}_{uuid}"``.
+    ``inner``: its frames, or the message already unpacked."""
+    msg = dict(inner) if isinstance(inner, dict) else codec.unpack(inner)
+    msg["metadata"] = dict(msg["metadata"])
     header, buffers = msg["header"], msg["buffers"]
     original = header["msg_id"]
     msg["metadata"].pop("targets", None)
@@ -34,8 +36,9 @@ class CompatRequest:
     msg_types = ("apply_request", "execute_request")
     RENAME = "rename"
 
-    def __init__(self, header, targets, coalescing, inner):
-        self.header = header
+    def __init__(self, msg, targets, coalescing, inner):
+        self.msg = msg
+        self.header = header = msg["header"]
         self.targets = targets  # [[uuid, eid], ...] in the client's order
         self.coalescing = coalescing
         self.inner = inner
@@ -61,7 +64,7 @@ class CompatRequest:
             for t in targets
         ):
             raise P.ProtocolError("metadata.targets must be [[uuid, engine id], ...]")
-        return cls(msg["header"], targets, bool(md.get("is_coalescing")), body)
+        return cls(msg, targets, bool(md.get("is_coalescing")), body)
 
     @property
     def reply_type(self) -> str:

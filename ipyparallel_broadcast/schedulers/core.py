@@ -128,7 +128,7 @@ class RelayNode:
         )
         mode = content.get("compat")
         if self.is_leaf and mode == CompatRequest.RENAME:
-            p.rename = renamer(self.codec, inner)
+            p.rename = renamer(self.codec, compat.msg if compat else inner)
         targets = content["targets"]
         strays = [e for e in targets if not self.shape.serves(self.path, e)]
         sends = self._fail(p, strays, "was routed to the wrong subtree") if strays else []
@@ -223,7 +223,7 @@ class RelayNode:
                 del p.waiting[digit]
             return self._forward(p, body, msg) + self._finish_if_done(p)
         del p.waiting[digit]
-        p.parts.append(body)
+        p.parts.append(msg if p.compat else body)  # a parsed bundle is not parsed twice
         return self._finish_if_done(p)
 
     def _fail(self, p: Pending, eids, reason) -> List[Send]:
@@ -268,8 +268,7 @@ class RelayNode:
     def _forward(self, p: Pending, body, msg) -> List[Send]:
         """Pass a child's streamed bundle up unchanged."""
         if p.compat is not None:
-            content = msg["content"]
-            return self._deliver(p, [body], [], content.get("eids"))
+            return self._deliver(p, [msg], [], None)
         return [Send(UP, p.route + [P._DELIM] + body)]
 
     def _drop(self, why: str) -> List[Send]:
