@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, List
 
+import zmq
+
 import ipyparallel as ipp
 from ipyparallel import error
 from ipyparallel.client.futures import MessageFuture, multi_future
@@ -47,6 +49,7 @@ class Client(ipp.Client):
         super().__init__(*args, **kwargs)
         self._codec = P.Codec(self.session)
         self._broadcasts: Dict[str, int] = {}  # msg_id -> engines not yet done (reply and output)
+        self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
 
     # ----------------------------------------------------------------- views
     @property
@@ -107,14 +110,24 @@ class Client(ipp.Client):
         envelope = self.session.msg(P.REQUEST, content=P.request_content(msg_id, eids, reply))
         futures = self._engine_futures(msg_id, inner["header"], uuids, track)
 
-        def really_send():
-            sent = self.session.send(self._broadcast_socket, envelope, buffers=frames, track=track)
-            for f in futures:
-                if f.tracker is not None and not f.tracker.done():
-                    f.tracker.set_result(sent["tracker"])
-
-        self._io_loop.add_callback(really_send)
+        to_send = self.session.serialize(envelope) + frames
+        biggest = max((memoryview(f).nbytes for f in frames[5:]), default=0)
+        copy = biggest < self.session.copy_threshold
+        if track:
+            self._tracking[id(to_send)] = (to_send, futures)
+        # through the ZMQStream: a send behind its back can eat the socket's
+        # edge-triggered read event, and replies would wait unread
+        self._io_loop.add_callback(
+            self._broadcast_stream.send_multipart, to_send, copy=copy, track=track
+        )
         return futures
+
+    def _broadcast_sent(self, msg, status):
+        """ZMQStream send callback: hand the zmq MessageTracker to the futures."""
+        _, futures = self._tracking.pop(id(msg), (None, ()))
+        for f in futures:
+            if not f.tracker.done():
+                f.tracker.set_result(status if isinstance(status, zmq.MessageTracker) else None)
 
     def _engine_futures(self, msg_id, header, uuids, track) -> List[MessageFuture]:
         futures = []
@@ -143,6 +156,7 @@ class Client(ipp.Client):
     def _setup_streams(self):
         super()._setup_streams()
         self._broadcast_stream.on_recv(self._dispatch_broadcast, copy=False)
+        self._broadcast_stream.on_send(self._broadcast_sent)
 
     def _dispatch_broadcast(self, frames):
         try:

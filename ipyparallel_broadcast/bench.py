@@ -1,0 +1,147 @@
+"""Quick runner: our BroadcastView against DirectView and ipyparallel's own
+BroadcastView, measured interleaved in one run.
+
+    python -m ipyparallel_broadcast.bench --engines 8 16 32 --depth 1
+
+Two clusters run side by side with N engines each: ours (relay tree of the
+given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
+scheduler has the same depth. Each round times every view once, in turn, so
+drift hits all views alike; the table shows medians and ratios to DirectView
+(< 1 is faster for latencies, > 1 is better for throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from contextlib import ExitStack
+from typing import Callable, Dict, List
+
+import numpy as np
+
+import ipyparallel as ipp
+
+from .launcher import Cluster
+
+ECHO = np.ones(128)  # 1 kB
+PUSH = np.ones(131072)  # 1 MB
+MANY = 20
+
+
+def echo(x):
+    return x
+
+
+def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
+    """(our client, stock client) for two clusters of n engines each."""
+    ours = Cluster(n=n, depth=depth, fanout=fanout, log_level=40,
+                   profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
+    stock = ipp.Cluster(
+        n=n, log_level=40,
+        profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+        controller_args=[f"--IPController.broadcast_scheduler_depth={max(depth, 0)}"],
+    )
+    clients = []
+    for cluster in (ours, stock):
+        rc = cluster.start_and_connect_sync()
+        stack.callback(cluster.stop_cluster_sync)
+        stack.callback(rc.close)
+        clients.append(rc)
+    for rc in clients:
+        rc.wait_for_engines(n, timeout=max(60, n))
+    return clients
+
+
+def views(ours, stock) -> Dict[str, object]:
+    return {
+        "DirectView": stock[:],
+        "ipp BroadcastView coalescing": stock.broadcast_view(is_coalescing=True),
+        "ipp BroadcastView non-coalescing": stock.broadcast_view(is_coalescing=False),
+        "ours coalescing": ours.broadcast_view(coalescing=True),
+        "ours streaming": ours.broadcast_view(coalescing=False),
+    }
+
+
+def t_echo(view) -> float:
+    tic = time.perf_counter()
+    view.apply_sync(echo, ECHO)
+    return time.perf_counter() - tic
+
+
+def t_many(view) -> float:
+    """Messages per engine per second for MANY async echoes."""
+    tic = time.perf_counter()
+    ars = [view.apply_async(echo, ECHO) for _ in range(MANY)]
+    for ar in ars:
+        ar.get()
+    return MANY / (time.perf_counter() - tic)
+
+
+def t_push(view) -> float:
+    tic = time.perf_counter()
+    view.push({"x": PUSH}, block=True)
+    return time.perf_counter() - tic
+
+
+MEASURES: Dict[str, tuple] = {
+    # name: (function, unit, scale, higher_is_better)
+    "echo 1kB": (t_echo, "ms", 1e3, False),
+    "many msgs": (t_many, "msg/eng/s", 1.0, True),
+    "push 1MB": (t_push, "ms", 1e3, False),
+}
+
+
+def measure(vs: Dict[str, object], reps: int) -> Dict[str, Dict[str, float]]:
+    """Median of reps interleaved rounds, per measure and view."""
+    samples: Dict[str, Dict[str, List[float]]] = {m: {v: [] for v in vs} for m in MEASURES}
+    for view in vs.values():  # warm up: imports, connections
+        t_echo(view)
+        t_push(view)
+    for _ in range(reps):
+        for m, (fn, *_rest) in MEASURES.items():
+            for name, view in vs.items():
+                samples[m][name].append(fn(view))
+    return {m: {v: statistics.median(s) for v, s in by.items()} for m, by in samples.items()}
+
+
+def table(n: int, depth: int, medians) -> str:
+    names = list(next(iter(medians.values())))
+    head = f"N={n} engines, depth {depth}"
+    cols = [f"{m} ({MEASURES[m][1]})" for m in MEASURES]
+    width = max(len(x) for x in names) + 2
+    lines = [head, "view".ljust(width) + "".join(c.rjust(28) for c in cols)]
+    for name in names:
+        cells = []
+        for m, (_, _, scale, _) in MEASURES.items():
+            value = medians[m][name]
+            ratio = value / medians[m]["DirectView"]
+            cells.append(f"{value * scale:10.2f} ({ratio:5.2f}x DV)".rjust(28))
+        lines.append(name.ljust(width) + "".join(cells))
+    return "\n".join(lines)
+
+
+def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = print):
+    results = {}
+    for n in engine_counts:
+        with ExitStack() as stack:
+            ours, stock = start_clusters(stack, n, depth, fanout)
+            results[n] = medians = measure(views(ours, stock), reps)
+            out(table(n, depth, medians) + "\n")
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--depth", type=int, default=1)
+    parser.add_argument("--fanout", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=25)
+    args = parser.parse_args(argv)
+    print(__doc__.split("\n\n")[-1])
+    run(args.engines, args.depth, args.reps, args.fanout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Real local clusters for integration tests (real processes, real sockets)."""
+
+import contextlib
+import os
+import tempfile
+
+from traitlets.config import Config
+
+import ipyparallel_broadcast as ipb
+
+
+def quiet_config():
+    config = Config()
+    # fast heartbeats: small clusters here notice dead engines quickly
+    config.HeartMonitor.period = 250
+    return config
+
+
+@contextlib.contextmanager
+def running_cluster(n, depth, fanout, **kwargs):
+    """Start a broadcast cluster of n engines; yield a connected ipb.Client."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("PYTHONPATH", "")
+    if here not in path.split(os.pathsep):  # engines import test functions' modules
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, path) if p)
+    with tempfile.TemporaryDirectory(prefix="ipb-test-", dir=os.environ.get("IPB_TEST_DIR")) as profile_dir:
+        cluster = ipb.Cluster(
+            n=n,
+            depth=depth,
+            fanout=fanout,
+            profile_dir=profile_dir,
+            config=quiet_config(),
+            log_level=int(os.environ.get("IPB_TEST_LOG_LEVEL", 40)),
+            **kwargs,
+        )
+        rc = cluster.start_and_connect_sync()
+        try:
+            rc.wait_for_engines(n, timeout=60)
+            yield rc
+        finally:
+            rc.close()
+            cluster.stop_cluster_sync()
+            os.environ.pop("IPP_CLUSTER_ID", None)

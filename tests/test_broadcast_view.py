@@ -1,0 +1,201 @@
+"""BroadcastView on real clusters: every operation, both reply modes, several
+tree shapes, target subsets (including all targets under one leaf)."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import ipyparallel as ipp
+from ipyparallel import error
+
+from cluster_util import running_cluster
+
+# (engines, depth, fanout): depth 0, 1, 2 and fan-out 2 and 3
+SHAPES = [(2, 0, 2), (4, 1, 3), (5, 2, 2)]
+MODES = [True, False]
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"n{s[0]}-d{s[1]}-f{s[2]}")
+def rc(request):
+    n, depth, fanout = request.param
+    with running_cluster(n, depth, fanout) as client:
+        yield client
+
+
+@pytest.fixture(params=MODES, ids=["coalescing", "streaming"])
+def coalescing(request):
+    return request.param
+
+
+def subsets(rc):
+    """Target lists worth trying on this cluster."""
+    shape = rc.tree_shape
+    ids = rc.ids
+    one_leaf = [e for e in ids if shape.leaf_of(e) == 0]
+    return [ids, ids[::-1], ids[:1], ids[1::2], one_leaf, [ids[-1], ids[0]]]
+
+
+def test_tree_is_visible(rc):
+    layout = rc.broadcast_tree()
+    shape = rc.tree_shape
+    assert (layout.depth, layout.fanout) == (shape.depth, shape.fanout)
+    assert len(layout.leaves) == shape.fanout**shape.depth
+    assert sorted(e for es in layout.leaves.values() for e in es) == rc.ids
+    for leaf, eids in layout.leaves.items():
+        assert all(e % len(layout.leaves) == leaf for e in eids)
+    assert f"depth={shape.depth} fanout={shape.fanout}" in repr(layout)
+
+
+def test_apply_in_target_order(rc, coalescing):
+    for targets in subsets(rc):
+        view = rc.broadcast_view(targets, coalescing=coalescing)
+        ar = view.apply_async(lambda x: (x, __import__("os").getpid()), 7)
+        result = ar.get(timeout=20)
+        assert [r[0] for r in result] == [7] * len(targets)
+        assert ar.engine_id == targets
+        assert len(set(r[1] for r in result)) == len(targets)  # one process each
+        assert len(ar.msg_ids) == len(targets)
+
+
+def test_apply_sync_and_block(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    assert view.apply_sync(lambda a, b=0: a + b, 1, b=2) == [3] * len(rc)
+    view.block = True
+    assert view.apply(lambda: "blocked") == ["blocked"] * len(rc)
+    view.block = False
+    ar = view.apply(lambda: "async")
+    assert isinstance(ar, ipp.AsyncResult)
+    assert ar.get(timeout=20) == ["async"] * len(rc)
+
+
+def test_single_int_target(rc, coalescing):
+    view = rc.broadcast_view(rc.ids, coalescing=coalescing)
+    ar = view._really_apply(lambda: 5, targets=rc.ids[-1], block=False)
+    assert ar.get(timeout=20) == 5
+
+
+def test_numpy_round_trip(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    a = np.arange(250_000, dtype=np.float64)  # 2 MB, sent zero-copy
+    result = view.apply_sync(lambda x: x * 2, a)
+    for r in result:
+        np.testing.assert_array_equal(r, a * 2)
+
+
+def test_execute_and_outputs(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    ar = view.execute(
+        "import sys, os\nprint('out', os.getpid())\nprint('err', file=sys.stderr)\nvalue = 41 + 1",
+        block=True,
+    )
+    assert ar.successful()
+    assert len(ar.stdout) == len(rc)
+    assert all(s.startswith("out ") for s in ar.stdout)
+    assert len(set(ar.stdout)) == len(rc)  # each engine's own output
+    assert ar.stderr == ["err\n"] * len(rc)
+    assert view["value"] == [42] * len(rc)
+
+
+def test_apply_outputs_per_engine(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+
+    def talk():
+        import os
+        import sys
+
+        print("pid", os.getpid())
+        print("warn", file=sys.stderr)
+        return os.getpid()
+
+    ar = view.apply_async(talk)
+    pids = ar.get(timeout=20)
+    ar.wait_for_output(timeout=20)
+    assert ar.stdout == [f"pid {p}\n" for p in pids]
+    assert ar.stderr == ["warn\n"] * len(rc)
+
+
+def test_push_pull_getitem_setitem(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    view.push({"a": 1, "b": [1, 2]}, block=True)
+    assert view.pull("a", block=True) == [1] * len(rc)
+    assert view.pull(("a", "b"), block=True) == [[1, [1, 2]]] * len(rc)
+    view["c"] = "see"
+    assert view["c"] == ["see"] * len(rc)
+    sub = rc.broadcast_view(rc.ids[:1], coalescing=coalescing)
+    sub["c"] = "only"
+    assert view["c"] == ["only"] + ["see"] * (len(rc) - 1)
+
+
+def test_metadata(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    ar = view.apply_async(lambda: None)
+    ar.get(timeout=20)
+    assert ar.engine_id == rc.ids
+    assert sorted(ar.engine_uuid) == sorted(rc._engines[e] for e in rc.ids)
+    for md in ar.metadata:
+        assert md["started"] <= md["completed"]
+        assert md["status"] == "ok"
+    assert ar.ready() and ar.successful()
+    assert ar.wall_time >= 0
+
+
+def test_remote_errors(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+
+    ar = view.apply_async(lambda: 1 / 0)
+    with pytest.raises(error.CompositeError) as info:
+        ar.get(timeout=20)
+    ce = info.value
+    assert len(ce.elist) == len(rc)
+    assert [e[0] for e in ce.elist] == ["ZeroDivisionError"] * len(rc)
+    assert sorted(e[3]["engine_id"] for e in ce.elist) == rc.ids
+    with pytest.raises(error.RemoteError) as first:
+        ce.raise_exception()
+    assert first.value.ename == "ZeroDivisionError"
+    results = ar.get(return_exceptions=True)
+    assert all(isinstance(r, error.RemoteError) for r in results)
+
+
+def test_partial_errors_keep_good_results(rc, coalescing):
+    ids = rc.ids
+    if len(ids) < 2:
+        pytest.skip("needs two engines")
+    view = rc.broadcast_view(coalescing=coalescing)
+    view.scatter("rank", ids, flatten=True, block=True)
+    ar = view.apply_async(ipp.Reference("int"), ipp.Reference("rank"))
+    assert ar.get(timeout=20) == ids
+    ar = view.execute("assert rank != %d, 'bad rank'" % ids[0])
+    with pytest.raises(error.CompositeError):
+        ar.get(timeout=20)
+    results = ar.get(return_exceptions=True)
+    assert isinstance(results[0], error.RemoteError) and results[0].ename == "AssertionError"
+    assert all(not isinstance(r, Exception) for r in results[1:])
+
+
+def test_ready_wait_and_progress(rc, coalescing, capsys):
+    view = rc.broadcast_view(coalescing=coalescing)
+    ar = view.apply_async(lambda t: __import__("time").sleep(t), 1.5)
+    assert not ar.ready()
+    assert ar.wait(0.05) is False
+    ar.wait_interactive(interval=0.1)
+    assert ar.ready() and ar.successful()
+    assert f"{len(rc)}/{len(rc)}" in capsys.readouterr().out
+    assert view.wait(timeout=10)
+
+
+def test_view_attributes(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    assert view.targets == "all" and view.is_coalescing == coalescing
+    sub = rc.broadcast_view(rc.ids[:2], is_coalescing=coalescing)
+    assert sub.targets == rc.ids[:2] and sub.coalescing == coalescing
+    assert ("coalescing" if coalescing else "streaming") in repr(sub)
+    with pytest.raises(ValueError):
+        rc.broadcast_view([rc.ids[0], rc.ids[0]]).apply_sync(lambda: 1)
+
+
+def test_map_and_scatter_gather_through_tree(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    assert view.map_sync(lambda x: x * x, range(10)) == [x * x for x in range(10)]
+    view.scatter("part", list(range(12)), block=True)
+    assert view.gather("part", block=True) == list(range(12))
