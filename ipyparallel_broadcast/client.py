@@ -9,18 +9,57 @@ metadata, outputs and errors behave exactly as for a DirectView.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FuturesTimeout
+from datetime import datetime, timezone
 from typing import Dict, List
 
 import zmq
 
 import ipyparallel as ipp
 from ipyparallel import error
-from ipyparallel.client.futures import MessageFuture, multi_future
+from ipyparallel.client.futures import MessageFuture
+from ipyparallel.util import _parse_date
 
 from . import protocol as P
 from .topology import TreeShape, render
 
 log = logging.getLogger(__name__)
+_SENT = Future()
+_SENT.set_result(None)
+
+
+def parse_date(s):
+    """ISO 8601 string to aware datetime; ``datetime.fromisoformat`` when it can."""
+    try:
+        dt = datetime.fromisoformat(s)
+    except (TypeError, ValueError):
+        return _parse_date(s)
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+class EngineFuture(MessageFuture):
+    """A MessageFuture without the Event and tracker Future it does not need:
+    a broadcast creates two per engine, so their cost is on the hot path."""
+
+    def __init__(self, msg_id, header=None, *, track=False):
+        Future.__init__(self)
+        self.msg_id = msg_id
+        self.header = header
+        self.track = track
+        self._tracker = None
+        self.tracker = Future() if track else _SENT
+        self.iopub_callbacks = []
+        self.output = None
+
+    def wait(self, timeout=None):
+        try:
+            self.exception(timeout)
+        except FuturesTimeout:
+            return False
+        except CancelledError:
+            pass
+        return True
 
 
 class NotABroadcastController(RuntimeError):
@@ -130,27 +169,43 @@ class Client(ipp.Client):
                 f.tracker.set_result(status if isinstance(status, zmq.MessageTracker) else None)
 
     def _engine_futures(self, msg_id, header, uuids, track) -> List[MessageFuture]:
-        futures = []
+        """One result future (with its output future) per engine, in order."""
+        futures, vids = [], []
+        left = [2 * len(uuids)]  # result and output futures not yet done
+
+        def done(_):
+            left[0] -= 1
+            if not left[0]:  # the whole broadcast is finished: drop its caches
+                self._broadcasts.pop(msg_id, None)
+                for vid in vids:
+                    for cache in (self.results, self._futures, self._output_futures, self.metadata):
+                        cache.pop(vid, None)
+
         self._broadcasts[msg_id] = len(uuids)
         for uuid in uuids:
             vid = f"{msg_id}_{uuid}"
-            self.history.append(vid)
-            future, output = self.create_message_futures(vid, header, async_result=True, track=track)
+            vids.append(vid)
+            future = EngineFuture(vid, header, track=track)
+            output = future.output = EngineFuture(vid, header)
+            output.metadata = self.metadata[vid]
+            self._futures[vid] = future
+            self._output_futures[vid] = output
             self.outstanding.add(vid)
             self._outstanding_dict[uuid].add(vid)
-
-            def cleanup(f, vid=vid, msg_id=msg_id):
-                for cache in (self.results, self._futures, self._output_futures, self.metadata):
-                    cache.pop(vid, None)
-                left = self._broadcasts.get(msg_id, 1) - 1
-                if left:
-                    self._broadcasts[msg_id] = left
-                else:
-                    self._broadcasts.pop(msg_id, None)
-
-            multi_future([future, output]).add_done_callback(cleanup)
+            self.history.append(vid)
+            future.add_done_callback(done)
+            output.add_done_callback(done)
             futures.append(future)
         return futures
+
+    def _extract_metadata(self, msg):
+        """ipyparallel's, with the engine's start time parsed by the fast C parser."""
+        started = msg["metadata"].pop("started", None)
+        md = super()._extract_metadata(msg)
+        if started is not None:
+            msg["metadata"]["started"] = started
+            md["started"] = parse_date(started)
+        return md
 
     # --------------------------------------------------------------- receive
     def _setup_streams(self):

@@ -19,10 +19,6 @@ def quiet_config():
 @contextlib.contextmanager
 def running_cluster(n, depth, fanout, **kwargs):
     """Start a broadcast cluster of n engines; yield a connected ipb.Client."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.environ.get("PYTHONPATH", "")
-    if here not in path.split(os.pathsep):  # engines import test functions' modules
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, path) if p)
     with tempfile.TemporaryDirectory(prefix="ipb-test-", dir=os.environ.get("IPB_TEST_DIR")) as profile_dir:
         cluster = ipb.Cluster(
             n=n,

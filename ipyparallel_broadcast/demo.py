@@ -1,0 +1,53 @@
+"""The main job: a local cluster, broadcasts in both reply modes, and a
+comparison with DirectView and ipyparallel's own BroadcastView, measured in
+the same run. ``python -m ipyparallel_broadcast.demo [--engines 8 --depth 2]``
+"""
+
+import argparse
+import os
+from contextlib import ExitStack
+
+import numpy as np
+
+from . import bench
+
+
+def show_broadcasts(rc):
+    print(rc.broadcast_tree(), "\n")
+    for coalescing in (True, False):
+        mode = "coalescing" if coalescing else "streaming"
+        view = rc.broadcast_view(coalescing=coalescing)
+        print(f"--- {view!r}")
+        ar = view.apply_async(np.linalg.norm, np.ones(1000))
+        print(f"apply(np.linalg.norm, ones(1000)) -> {[round(float(x), 3) for x in ar.get()]}")
+        print(f"  one message out, replies from engines {ar.engine_id}")
+        ar = view.execute("import os; print('hello from pid', os.getpid())", block=True)
+        print(f"execute(print) -> stdout of engine 0: {ar.stdout[0].strip()!r}")
+        view.push({"rank_offset": 100}, block=True)
+        view.execute("r = rank_offset + get_ipython().kernel.engine_id", block=True)
+        print(f"push + execute + pull -> {view.pull('r', block=True)}")
+        errors = view.apply_async(lambda: 1 / 0).get(return_exceptions=True)
+        print(f"remote errors come back per engine ({mode}): {errors[0]!r}\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    with ExitStack() as stack:
+        print(f"Starting two local clusters of {args.engines} engines each: ours "
+              f"(relay tree depth {args.depth}) and stock ipyparallel (same depth)...")
+        ours, stock = bench.start_clusters(stack, args.engines, args.depth)
+        show_broadcasts(ours)
+        print(f"Timing, {args.reps} interleaved rounds (medians):\n")
+        medians = bench.measure(bench.views(ours, stock), args.reps)
+        print(bench.table(args.engines, args.depth, medians))
+        print("\nShutting the clusters down.")
+    print("Done.")
+
+
+if __name__ == "__main__":
+    main()

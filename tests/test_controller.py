@@ -1,0 +1,99 @@
+"""The controller as users start it: ipcluster, config, stock clients and
+controllers, and failures."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+import ipyparallel as ipp
+from ipyparallel import error
+
+import ipyparallel_broadcast as ipb
+from cluster_util import quiet_config, running_cluster
+
+
+def ipcluster(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "ipyparallel.cluster", *args],
+        capture_output=True, text=True, timeout=120, **kwargs,
+    )
+
+
+def test_ipcluster_start_with_config_flags_and_file():
+    """`ipcluster start --controller=broadcast` with CLI flags and a config file."""
+    with tempfile.TemporaryDirectory() as profile_dir:
+        with open(os.path.join(profile_dir, "ipcluster_config.py"), "w") as f:
+            f.write("c.BroadcastController.fanout = 3\nc.HeartMonitor.period = 250\n")
+        started = ipcluster(
+            "start", "-n", "3", f"--profile-dir={profile_dir}", "--controller=broadcast",
+            "--BroadcastController.depth=2", "--daemonize",
+        )
+        assert started.returncode == 0, started.stderr
+        try:
+            rc = ipb.Client(profile_dir=profile_dir)
+            rc.wait_for_engines(3, timeout=60)
+            layout = rc.broadcast_tree()
+            assert (layout.depth, layout.fanout) == (2, 3)
+            assert len(layout.leaves) == 9
+            assert rc.broadcast_view().apply_sync(lambda: "hi") == ["hi"] * 3
+            shown = subprocess.run(
+                [sys.executable, "-m", "ipyparallel_broadcast.tree", f"--profile-dir={profile_dir}"],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert "depth=2 fanout=3" in shown.stdout and "engines [0]" in shown.stdout
+            rc.close()
+        finally:
+            stopped = ipcluster("stop", f"--profile-dir={profile_dir}")
+            assert stopped.returncode == 0, stopped.stderr
+
+
+def test_bad_tree_config_is_refused():
+    with tempfile.TemporaryDirectory() as profile_dir:
+        out = subprocess.run(
+            [sys.executable, "-m", "ipyparallel_broadcast.controller",
+             f"--profile-dir={profile_dir}", "--BroadcastController.fanout=1"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode != 0
+        assert "fanout must be >= 2" in out.stderr
+
+
+def test_our_view_on_a_stock_controller_fails_clearly():
+    with tempfile.TemporaryDirectory() as profile_dir:
+        cluster = ipp.Cluster(n=1, profile_dir=profile_dir, log_level=40, config=quiet_config())
+        cluster.start_cluster_sync()
+        try:
+            rc = ipb.Client(profile_dir=profile_dir, cluster_id=cluster.cluster_id)
+            rc.wait_for_engines(1, timeout=60)
+            with pytest.raises(ipb.NotABroadcastController, match="--controller=broadcast"):
+                rc.broadcast_view()
+            assert rc[:].apply_sync(lambda: 1) == [1]  # everything else still works
+            rc.close()
+        finally:
+            cluster.stop_cluster_sync()
+
+
+@pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", "streaming"])
+def test_engine_killed_mid_request(coalescing):
+    """Survivors' results arrive, the dead engine gives an EngineError, no hang."""
+    with running_cluster(4, 1, 2) as rc:
+        view = rc.broadcast_view(coalescing=coalescing)
+        pids = view.apply_sync(os.getpid)
+        ar = view.apply_async(lambda: __import__("time").sleep(2) or "done")
+        time.sleep(0.5)
+        os.kill(pids[1], signal.SIGKILL)
+        results = ar.get(timeout=60, return_exceptions=True)
+        assert results[0] == results[2] == results[3] == "done"
+        assert isinstance(results[1], error.RemoteError) and results[1].ename == "EngineError"
+        with pytest.raises(error.CompositeError):
+            ar.get()
+        # later broadcasts skip nothing silently: the dead engine is gone from rc.ids
+        deadline = time.time() + 30
+        while len(rc.ids) > 3 and time.time() < deadline:
+            time.sleep(0.1)
+        assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [1, 1, 1]
