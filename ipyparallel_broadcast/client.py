@@ -87,7 +87,7 @@ class Client(ipp.Client):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._codec = P.Codec(self.session)
-        self._broadcasts: Dict[str, int] = {}  # msg_id -> engines not yet done (reply and output)
+        self._broadcasts: Dict[str, dict] = {}  # msg_id -> request header, until all done
         self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
 
     # ----------------------------------------------------------------- views
@@ -181,7 +181,7 @@ class Client(ipp.Client):
                     for cache in (self.results, self._futures, self._output_futures, self.metadata):
                         cache.pop(vid, None)
 
-        self._broadcasts[msg_id] = len(uuids)
+        self._broadcasts[msg_id] = header
         for uuid in uuids:
             vid = f"{msg_id}_{uuid}"
             vids.append(vid)
@@ -229,7 +229,10 @@ class Client(ipp.Client):
             return
         for what, item in outcomes:
             try:
-                if what == "reply":
+                if what == "parsed":  # spliced by the leaf, signed with the bundle
+                    item["parent_header"] = self._broadcasts[msg_id]
+                    self._engine_reply(msg_id, item)
+                elif what == "reply":
                     self._engine_reply(msg_id, self._codec.unpack(item))
                 else:
                     self._engine_failed(msg_id, *item)

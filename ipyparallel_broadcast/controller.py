@@ -27,7 +27,7 @@ aliases.update(depth="BroadcastController.depth", fanout="BroadcastController.fa
 
 
 class BroadcastController(IPController):
-    name = "ipcontroller-broadcast"
+    # name stays "ipcontroller": profiles' ipcontroller_config.py applies as usual
     description = __doc__
     aliases = aliases
 

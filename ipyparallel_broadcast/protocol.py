@@ -12,7 +12,12 @@ Jupyter message whose buffers follow):
 ``ipb_bundle``  leaf -> ... -> root -> client
     content ``{req, msg_id, kind, parts, failed, eids}``; buffers: the parts
     back to back, ``parts`` giving each one's frame count.
-    ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``.
+    ``kind == "replies"``: engine replies spliced into the signed content,
+    ``replies: [[header, metadata, content], ...]`` (JSON bytes joined
+    by the leaf after checking each reply's HMAC, never parsed there); the
+    parts are their buffers. The client parses one document per leaf.
+    ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``
+    (for stock clients, which need the replies as the engines signed them).
     ``kind == "bundles"``: each part is a child's bundle, nested as received.
     ``failed``: ``[[engine_id, uuid, message], ...]`` engines that cannot answer.
     ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
@@ -134,6 +139,23 @@ def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Fr
     return frames[1:]
 
 
+def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
+    """Frames (no DELIM) of a ``replies`` bundle of checked raw engine replies."""
+    head = bundle_content(req, msg_id, "replies", [b[5:] for b in bodies], failed, eids)
+    entries = b",".join(
+        b"[%s,%s,%s]" % (as_bytes(b[1]), as_bytes(b[3]), as_bytes(b[4])) for b in bodies
+    )
+    content = codec.session.pack(head)[:-1] + b', "replies": [' + entries + b"]}"
+    msg = codec.session.msg(BUNDLE, content=content)
+    buffers = [frame for b in bodies for frame in b[5:]]
+    return codec.session.serialize(msg)[1:] + buffers
+
+
+def splices_json(codec: Codec) -> bool:
+    """Whether engine replies can be spliced as JSON text (the default packer)."""
+    return codec.session.packer == "json" and codec.session.unpacker == "json"
+
+
 def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
     """Flatten an unpacked bundle into engine outcomes; see ``flatten``."""
     content, buffers = msg["content"], msg["buffers"]
@@ -144,7 +166,19 @@ def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
     for n in counts:
         parts.append(buffers[offset : offset + n])
         offset += n
+    if content.get("kind") == "replies":
+        return _spliced(content, parts)
     return flatten(codec, content.get("kind"), parts, content.get("failed", []))
+
+
+def _spliced(content, parts) -> Iterator[Tuple[str, Any]]:
+    replies = content.get("replies")
+    if not isinstance(replies, list) or len(replies) != len(parts):
+        raise ProtocolError("replies bundle does not match its parts")
+    for (header, metadata, reply_content), buffers in zip(replies, parts):
+        yield "parsed", dict(header=header, metadata=metadata, content=reply_content, buffers=buffers)
+    for failure in content.get("failed", []):
+        yield "failed", failure
 
 
 def flatten(codec: Codec, kind, parts, failed) -> Iterator[Tuple[str, Any]]:

@@ -97,3 +97,24 @@ def test_engine_killed_mid_request(coalescing):
         while len(rc.ids) > 3 and time.time() < deadline:
             time.sleep(0.1)
         assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [1, 1, 1]
+
+
+def test_profile_ipcontroller_config_applies():
+    """Settings in the profile's ipcontroller_config.py reach our controller."""
+    with tempfile.TemporaryDirectory() as profile_dir:
+        with open(os.path.join(profile_dir, "ipcontroller_config.py"), "w") as f:
+            f.write("c.BroadcastController.depth = 0\nc.BroadcastController.fanout = 4\n")
+        cluster = ipb.Cluster(n=1, profile_dir=profile_dir, log_level=40, config=quiet_config())
+        rc = cluster.start_and_connect_sync()
+        try:
+            rc.wait_for_engines(1, timeout=60)
+            assert (rc.tree_shape.depth, rc.tree_shape.fanout) == (0, 4)
+            # a stock client's broadcast views work at depth 0, both modes
+            stock = ipp.Client(profile_dir=profile_dir, cluster_id=cluster.cluster_id)
+            for coalescing in (True, False):
+                view = stock.broadcast_view(is_coalescing=coalescing)
+                assert view.apply_sync(lambda: 7) == [7]
+            stock.close()
+            rc.close()
+        finally:
+            cluster.stop_cluster_sync()

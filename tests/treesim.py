@@ -60,8 +60,8 @@ class TreeSim:
         for frames in self.client_inbox:
             _, body = P.split_idents(frames)
             for what, item in P.iter_bundle(self.codec, self.codec.unpack(body)):
-                if what == "reply":
-                    reply = self.codec.unpack(item)
+                if what in ("reply", "parsed"):
+                    reply = self.codec.unpack(item) if what == "reply" else item
                     eid = reply["content"]["eid"]
                     assert eid not in replies and eid not in failures
                     replies[eid] = reply

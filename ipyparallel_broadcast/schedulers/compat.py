@@ -35,6 +35,7 @@ def renamer(codec: P.Codec, inner):
 class CompatRequest:
     msg_types = ("apply_request", "execute_request")
     RENAME = "rename"
+    RAW = "raw"
 
     def __init__(self, msg, targets, coalescing, inner):
         self.msg = msg
@@ -46,8 +47,9 @@ class CompatRequest:
         self.content = P.request_content(
             header["msg_id"], eids, P.COALESCE if coalescing else P.STREAM
         )
-        if not coalescing:
-            self.content["compat"] = self.RENAME
+        # leaves keep replies as the engines signed them; non-coalescing
+        # clients also need a per-engine msg_id
+        self.content["compat"] = self.RAW if coalescing else self.RENAME
         P.validate_request(self.content)
 
     @classmethod

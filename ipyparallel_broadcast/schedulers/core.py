@@ -44,6 +44,7 @@ class Pending:
     failed: list = field(default_factory=list)  # coalesced so far
     compat: Optional[CompatRequest] = None  # root: request from a stock client
     rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
+    raw: bool = False  # leaf: send engine replies as signed (for a stock client)
 
 
 class RelayNode:
@@ -127,6 +128,7 @@ class RelayNode:
             compat=compat,
         )
         mode = content.get("compat")
+        p.raw = bool(mode) or not P.splices_json(self.codec)
         if self.is_leaf and mode == CompatRequest.RENAME:
             p.rename = renamer(self.codec, compat.msg if compat else inner)
         targets = content["targets"]
@@ -262,7 +264,10 @@ class RelayNode:
         if p.compat is not None:
             bodies = p.compat.replies(self.codec, self.kind, parts, failed)
             return [Send(UP, p.route + [P._DELIM] + b) for b in bodies]
-        body = P.pack_bundle(self.codec, p.key, p.msg_id, self.kind, parts, failed, eids)
+        if self.is_leaf and not p.raw:
+            body = P.pack_replies(self.codec, p.key, p.msg_id, parts, failed, eids)
+        else:
+            body = P.pack_bundle(self.codec, p.key, p.msg_id, self.kind, parts, failed, eids)
         return [Send(UP, p.route + [P._DELIM] + body)]
 
     def _forward(self, p: Pending, body, msg) -> List[Send]:
