@@ -181,3 +181,45 @@ def test_stock_client_requests(shape, targets, coalescing, data):
         assert set(got) == {f"{msg_id}_uuid-{e:04d}" for e in targets}
         for e in dead:
             assert got[f"{msg_id}_uuid-{e:04d}"]["content"]["ename"] == "EngineError"
+
+
+def test_leaf_drops_badly_signed_engine_replies():
+    sim = TreeSim(0, 2, [0, 1])
+    sim.hold.update([0, 1])
+    sim.request([0, 1])
+    leaf = sim.nodes[()]
+    (_, frames), = sim.held[0]
+    idents, body = P.split_idents(frames[1:])
+    reply = sim.session.msg("apply_reply", content={"status": "ok", "eid": 0})
+    signed = sim.session.serialize(reply)[1:]
+    forged = [b"0" * len(signed[0])] + signed[1:]
+    assert leaf.on_down([b"uuid-0000"] + idents + [P._DELIM] + forged) == []
+    assert leaf.dropped == 1 and len(leaf.pending) == 1  # still waiting for the real one
+    sim.release(0)
+    sim.release(1)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == [0, 1] and not failures
+
+
+def test_tampered_spliced_bundle_is_refused():
+    """Spliced replies are covered by the bundle's signature."""
+    sim = TreeSim(0, 2, [0, 1])
+    sim.request([0, 1])
+    (frames,) = sim.client_inbox
+    _, body = P.split_idents(frames)
+    content = P.as_bytes(body[4]).replace(b'"eid": 0', b'"eid": 9')
+    assert content != P.as_bytes(body[4])
+    with pytest.raises(P.ProtocolError):
+        P.Codec(Session(key=b"secret")).unpack(body[:4] + [content] + body[5:])
+    msg = P.Codec(Session(key=b"secret")).unpack(body)
+    assert msg["content"]["kind"] == "replies"
+    assert [e[2]["eid"] for e in msg["content"]["replies"]] == [0, 1]
+
+
+def test_bad_inner_request_for_stock_leaf_leaves_no_state():
+    node = RelayNode(P.Codec(Session(key=b"secret")), TreeShape(0, 2), ())
+    good = P.Codec(Session(key=b"secret"))
+    content = P.request_content("m", [0], P.STREAM, req="r1", compat="rename")
+    frames = [b"c"] + good.pack(P.REQUEST, content, [b"not", b"a", b"message"])
+    assert node.on_up(frames) == []
+    assert node.dropped == 1 and not node.pending

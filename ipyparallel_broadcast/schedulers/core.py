@@ -119,6 +119,10 @@ class RelayNode:
         key = f"r{next(self._keys)}" if self.is_root else content.get("req")
         if not isinstance(key, str) or key in self.pending:
             return self._drop(f"request key {key!r} missing or in use")
+        mode = content.get("compat")
+        rename = None
+        if self.is_leaf and mode == CompatRequest.RENAME:  # may raise: before any state
+            rename = renamer(self.codec, compat.msg if compat else inner)
         p = self.pending[key] = Pending(
             key=key,
             msg_id=content["msg_id"],
@@ -126,11 +130,9 @@ class RelayNode:
             route=route,
             inner=inner,
             compat=compat,
+            rename=rename,
+            raw=bool(mode) or not P.splices_json(self.codec),
         )
-        mode = content.get("compat")
-        p.raw = bool(mode) or not P.splices_json(self.codec)
-        if self.is_leaf and mode == CompatRequest.RENAME:
-            p.rename = renamer(self.codec, compat.msg if compat else inner)
         targets = content["targets"]
         strays = [e for e in targets if not self.shape.serves(self.path, e)]
         sends = self._fail(p, strays, "was routed to the wrong subtree") if strays else []
