@@ -219,7 +219,7 @@ class Client(ipp.Client):
             msg = self._codec.unpack(body)
             if msg["header"].get("msg_type") != P.BUNDLE:
                 return self._dispatch_reply(frames)  # a stock broadcast reply
-            msg_id = msg["content"].get("msg_id")
+            msg_id = msg["metadata"].get("msg_id")
             if msg_id not in self._broadcasts:
                 log.debug("bundle for unknown broadcast %s", msg_id)
                 return

@@ -10,8 +10,9 @@ Jupyter message whose buffers follow):
     Leaves send the same inner frames to every engine, idents ``[uuid, req]``.
 
 ``ipb_bundle``  leaf -> ... -> root -> client
-    content ``{req, msg_id, kind, parts, failed, eids}``; buffers: the parts
-    back to back, ``parts`` giving each one's frame count.
+    metadata ``{req, msg_id, kind, eids}``: all a relay node reads (it checks the
+    signature but never parses the content); content ``{parts, failed, ...}``;
+    buffers: the parts back to back, ``parts`` giving each one's frame count.
     ``kind == "replies"``: engine replies spliced into the signed content,
     ``replies: [[header, metadata, content], ...]`` (JSON bytes joined
     by the leaf after checking each reply's HMAC, never parsed there); the
@@ -76,14 +77,15 @@ class Codec:
         msg = self.session.msg(msg_type, content=content, parent=parent or {})
         return self.session.serialize(msg) + list(buffers)
 
-    def unpack(self, body: Sequence) -> dict:
+    def unpack(self, body: Sequence, content: bool = True) -> dict:
         """Check the signature of ``[sig, header, parent, metadata, content, *buffers]``
-        and parse it; buffers stay the frames they came in as."""
+        and parse it (the content stays bytes if ``content=False``); buffers stay
+        the frames they came in as."""
         if len(body) < 5:
             raise ProtocolError(f"message has {len(body)} frames, needs at least 5")
         try:
             msg = self.session.deserialize(
-                [as_bytes(f) for f in body[:5]], content=True, copy=True
+                [as_bytes(f) for f in body[:5]], content=content, copy=True
             )
         except Exception as e:
             raise ProtocolError(f"bad message: {e}") from e
@@ -123,32 +125,34 @@ def validate_request(content: Any) -> dict:
     return content
 
 
-def bundle_content(req, msg_id, kind, parts, failed, eids=None) -> dict:
-    content = dict(
-        req=req, msg_id=msg_id, kind=kind, parts=[len(p) for p in parts], failed=failed
-    )
+def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
+    metadata = dict(req=req, msg_id=msg_id, kind=kind)
     if eids is not None:
-        content["eids"] = eids
-    return content
+        metadata["eids"] = eids
+    return metadata
 
 
 def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Frames:
     """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``."""
-    buffers = [frame for part in parts for frame in part]
-    frames = codec.pack(BUNDLE, bundle_content(req, msg_id, kind, parts, failed, eids), buffers)
-    return frames[1:]
+    msg = codec.session.msg(
+        BUNDLE,
+        content=dict(parts=[len(p) for p in parts], failed=failed),
+        metadata=bundle_metadata(req, msg_id, kind, eids),
+    )
+    return codec.session.serialize(msg)[1:] + [frame for part in parts for frame in part]
 
 
 def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
     """Frames (no DELIM) of a ``replies`` bundle of checked raw engine replies."""
-    head = bundle_content(req, msg_id, "replies", [b[5:] for b in bodies], failed, eids)
+    head = dict(parts=[len(b) - 5 for b in bodies], failed=failed)
     entries = b",".join(
         b"[%s,%s,%s]" % (as_bytes(b[1]), as_bytes(b[3]), as_bytes(b[4])) for b in bodies
     )
     content = codec.session.pack(head)[:-1] + b', "replies": [' + entries + b"]}"
-    msg = codec.session.msg(BUNDLE, content=content)
-    buffers = [frame for b in bodies for frame in b[5:]]
-    return codec.session.serialize(msg)[1:] + buffers
+    msg = codec.session.msg(
+        BUNDLE, content=content, metadata=bundle_metadata(req, msg_id, "replies", eids)
+    )
+    return codec.session.serialize(msg)[1:] + [frame for b in bodies for frame in b[5:]]
 
 
 def splices_json(codec: Codec) -> bool:
@@ -158,7 +162,14 @@ def splices_json(codec: Codec) -> bool:
 
 def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
     """Flatten an unpacked bundle into engine outcomes; see ``flatten``."""
-    content, buffers = msg["content"], msg["buffers"]
+    content, buffers, kind = msg["content"], msg["buffers"], msg["metadata"].get("kind")
+    if isinstance(content, bytes):  # checked by a relay node, parsed only here
+        try:
+            content = codec.session.unpack(content)
+        except Exception as e:
+            raise ProtocolError(f"bundle content is not valid: {e}") from e
+    if not isinstance(content, dict):
+        raise ProtocolError("bundle content is not a dict")
     counts = content.get("parts", [])
     if not isinstance(counts, list) or sum(counts) != len(buffers):
         raise ProtocolError("bundle part counts do not match its frames")
@@ -166,9 +177,9 @@ def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
     for n in counts:
         parts.append(buffers[offset : offset + n])
         offset += n
-    if content.get("kind") == "replies":
+    if kind == "replies":
         return _spliced(content, parts)
-    return flatten(codec, content.get("kind"), parts, content.get("failed", []))
+    return flatten(codec, kind, parts, content.get("failed", []))
 
 
 def _spliced(content, parts) -> Iterator[Tuple[str, Any]]:

@@ -212,7 +212,7 @@ def test_tampered_spliced_bundle_is_refused():
     with pytest.raises(P.ProtocolError):
         P.Codec(Session(key=b"secret")).unpack(body[:4] + [content] + body[5:])
     msg = P.Codec(Session(key=b"secret")).unpack(body)
-    assert msg["content"]["kind"] == "replies"
+    assert msg["metadata"]["kind"] == "replies"
     assert [e[2]["eid"] for e in msg["content"]["replies"]] == [0, 1]
 
 
@@ -223,3 +223,27 @@ def test_bad_inner_request_for_stock_leaf_leaves_no_state():
     frames = [b"c"] + good.pack(P.REQUEST, content, [b"not", b"a", b"message"])
     assert node.on_up(frames) == []
     assert node.dropped == 1 and not node.pending
+
+
+def test_interior_nodes_do_not_parse_results():
+    """A root checks a child's bundle signature and reads its metadata only:
+    content it cannot parse is still relayed, untouched, to the client."""
+    sim = TreeSim(1, 2, [0, 1])
+    sim.hold.update([0, 1])
+    sim.request([0, 1])
+    root = sim.nodes[()]
+    (key,) = root.pending
+    for digit in (0, 1):
+        msg = sim.session.msg(
+            P.BUNDLE, content=b"opaque, not JSON",
+            metadata=P.bundle_metadata(key, "m", "replies"),
+        )
+        frames = [b"ipb-node:%d" % digit] + sim.session.serialize(msg)
+        sim._run(root, root.on_down(frames), ())
+    assert root.dropped == 0 and not root.pending
+    (frames,) = sim.client_inbox
+    _, body = P.split_idents(frames)
+    outer = sim.codec.unpack(body)
+    assert [P.as_bytes(f) for f in outer["buffers"]].count(b"opaque, not JSON") == 2
+    with pytest.raises(P.ProtocolError):
+        list(P.iter_bundle(sim.codec, outer))  # the client, not the root, finds it bad

@@ -211,16 +211,17 @@ class RelayNode:
         digit = self.children.get(P.as_bytes(idents[0])) if len(idents) == 1 else None
         if digit is None:
             raise P.ProtocolError(f"bundle from unknown peer {idents!r}")
-        msg = self.codec.unpack(body)
-        content = msg["content"]
-        if msg["header"].get("msg_type") != P.BUNDLE or not isinstance(content, dict):
+        msg = self.codec.unpack(body, content=False)  # results stay unparsed
+        meta = msg["metadata"]
+        if msg["header"].get("msg_type") != P.BUNDLE or not isinstance(meta, dict):
             raise P.ProtocolError("expected a bundle from a child")
-        p = self.pending.get(content.get("req"))
+        p = self.pending.get(meta.get("req"))
         if p is None or digit not in p.waiting:
-            raise P.ProtocolError(f"unexpected bundle for {content.get('req')!r}")
+            raise P.ProtocolError(f"unexpected bundle for {meta.get('req')!r}")
         if p.stream:
-            eids = content.get("eids")
-            if not isinstance(eids, list) or not set(eids) <= p.waiting[digit]:
+            eids = meta.get("eids")
+            if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
+                    or not set(eids) <= p.waiting[digit]:
                 raise P.ProtocolError("streamed bundle names engines not owed")
             p.waiting[digit].difference_update(eids)
             if not p.waiting[digit]:
