@@ -142,6 +142,8 @@ class Client(ipp.Client):
             raise RuntimeError("Client cannot be used after its sockets have been closed")
         if len(set(eids)) != len(eids):
             raise ValueError(f"targets name an engine more than once: {eids}")
+        if not eids:  # ipyparallel's AsyncResult needs at least one engine
+            raise ValueError("a broadcast needs at least one target engine")
         md = dict(metadata or {}, is_broadcast=True)
         inner = self.session.msg(msg_type, content=content or {}, metadata=md)
         msg_id = inner["header"]["msg_id"]

@@ -184,6 +184,15 @@ def test_ready_wait_and_progress(rc, coalescing, capsys):
     assert view.wait(timeout=10)
 
 
+def test_no_targets(rc, coalescing):
+    view = rc.broadcast_view([], coalescing=coalescing)
+    with pytest.raises(ValueError, match="at least one target"):
+        view.apply_sync(lambda: 1)
+    with pytest.raises(ValueError, match="at least one target"):
+        view.execute("x = 1")
+    assert not rc._broadcasts  # nothing left pending in the client
+
+
 def test_view_attributes(rc, coalescing):
     view = rc.broadcast_view(coalescing=coalescing)
     assert view.targets == "all" and view.is_coalescing == coalescing
