@@ -253,7 +253,7 @@ class Client(ipp.Client):
         else:
             self._handle_apply_reply(reply)
 
-    def _engine_failed(self, msg_id, eid, uuid, message):
+    def _engine_failed(self, msg_id, eid, uuid, message, code=None):
         vid = f"{msg_id}_{uuid}"
         if uuid is None or vid not in self.outstanding:
             return

@@ -20,7 +20,8 @@ Jupyter message whose buffers follow):
     ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``
     (for stock clients, which need the replies as the engines signed them).
     ``kind == "bundles"``: each part is a child's bundle, nested as received.
-    ``failed``: ``[[engine_id, uuid, message], ...]`` engines that cannot answer.
+    ``failed``: ``[[engine_id, uuid, message, code], ...]`` engines that cannot
+    answer; ``code`` is ``died`` (the hub unregistered it), ``unreachable`` or ``unknown``.
     ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
     a coalesced bundle carries the whole subtree).
 """
@@ -37,6 +38,7 @@ REQUEST = "ipb_request"
 BUNDLE = "ipb_bundle"
 HELLO = "ipb_hello"
 COALESCE, STREAM = "coalesce", "stream"
+DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes
 REPLY_MODES = (COALESCE, STREAM)
 PROTOCOL_VERSION = 1
 TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape

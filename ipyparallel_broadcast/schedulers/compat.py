@@ -41,6 +41,7 @@ class CompatRequest:
         self.msg = msg
         self.header = header = msg["header"]
         self.targets = targets  # [[uuid, eid], ...] in the client's order
+        self.uuids = {eid: uuid for uuid, eid in targets}
         self.coalescing = coalescing
         self.inner = inner
         eids = [eid for _, eid in targets]
@@ -73,13 +74,24 @@ class CompatRequest:
         return self.header["msg_type"].replace("_request", "_reply")
 
     def replies(self, codec: P.Codec, kind, parts, failed) -> List[list]:
-        """Message bodies (no idents) for the stock client."""
+        """Message bodies (no idents) for the stock client.
+
+        Engines the hub unregistered (``P.DIED``) get no reply from us: a stock
+        client fails their requests itself on the hub's notification, and a
+        second answer would raise in its reply handler (``InvalidStateError``)
+        and stall its broadcast stream. A coalesced request with such an engine
+        is likewise left to the client, which then raises its EngineError.
+        """
         outcomes = list(P.flatten(codec, kind, parts, failed))
+        died = [o for o in outcomes if o[0] == "failed" and o[1][3:4] == [P.DIED]]
         if not self.coalescing:
             return [
-                body if what == "reply" else self._error_body(codec, *body)
+                body if what == "reply" else self._error_body(codec, *body[:3])
                 for what, body in outcomes
+                if (what, body) not in died
             ]
+        if died:
+            return []
         return [self._coalesced_body(codec, outcomes)]
 
     def _error_content(self, eid, uuid, message) -> dict:
@@ -93,6 +105,7 @@ class CompatRequest:
         )
 
     def _error_body(self, codec, eid, uuid, message) -> list:
+        uuid = uuid or self.uuids.get(eid)  # the client's own name for the engine
         original = self.header["msg_id"]
         parent = dict(self.header, msg_id=f"{original}_{uuid}")
         metadata = dict(engine=uuid, is_broadcast=True, status="error")
@@ -111,7 +124,7 @@ class CompatRequest:
                 reply = codec.unpack(item)
                 by_uuid[reply["metadata"].get("engine")] = reply
             else:
-                errors.append(self._error_content(*item))
+                errors.append(self._error_content(*item[:3]))
         ordered = [(u, e) for u, e in self.targets if u in by_uuid]
         replies = [by_uuid[u] for u, _ in ordered]
         errors = [r["content"] for r in replies if r["content"].get("status") != "ok"] + errors

@@ -102,16 +102,19 @@ class RelayNode:
         self.engines = dict(engines)
         return self._retry_parked(final=True)
 
-    def on_engine_lost(self, uuid: str, why: str = "died") -> List[Send]:
-        """An engine can no longer answer (unregistered, or unreachable)."""
-        if why == "died":
+    def on_engine_lost(self, uuid: str, why: str = P.DIED) -> List[Send]:
+        """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
+        unregistered it) or a phrase such as "is not connected"."""
+        if why == P.DIED:
             self.engines = {e: u for e, u in self.engines.items() if u != uuid}
-        return self._fail_dest(uuid, lambda eid: f"Engine {eid} {why} before replying")
+        code = P.DIED if why == P.DIED else P.UNREACHABLE
+        return self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
 
     def on_child_lost(self, digit: int, why: str = "is unreachable") -> List[Send]:
         child = node_name(self.path + (digit,))
         return self._fail_dest(
-            digit, lambda eid: f"Relay node {child} {why}; engine {eid} did not answer"
+            digit, P.UNREACHABLE,
+            lambda eid: f"Relay node {child} {why}; engine {eid} did not answer",
         )
 
     # -------------------------------------------------------------- down path
@@ -135,7 +138,7 @@ class RelayNode:
         )
         targets = content["targets"]
         strays = [e for e in targets if not self.shape.serves(self.path, e)]
-        sends = self._fail(p, strays, "was routed to the wrong subtree") if strays else []
+        sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
         targets = [e for e in targets if self.shape.serves(self.path, e)]
         if self.is_leaf:
             sends += self._to_engines(p, targets)
@@ -183,7 +186,7 @@ class RelayNode:
             sends += self._to_engines(p, [e for e in eids if e in self.engines])
             left = sorted(e for e in eids if e not in self.engines)
             if left and final:
-                sends += self._fail(p, left, "is not registered")
+                sends += self._fail(p, left, P.UNKNOWN, "is not registered")
             elif left:
                 p.waiting[PARKED] = set(left)
                 self.parked.add(key)
@@ -231,8 +234,8 @@ class RelayNode:
         p.parts.append(msg if p.compat else body)  # a parsed bundle is not parsed twice
         return self._finish_if_done(p)
 
-    def _fail(self, p: Pending, eids, reason) -> List[Send]:
-        failed = [[e, self.engines.get(e), f"Engine {e} {reason}"] for e in eids]
+    def _fail(self, p: Pending, eids, code, reason) -> List[Send]:
+        failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]
         return self._record_failures(p, failed)
 
     def _record_failures(self, p: Pending, failed) -> List[Send]:
@@ -243,13 +246,13 @@ class RelayNode:
         p.failed.extend(failed)
         return []
 
-    def _fail_dest(self, dest, message: Callable[[int], str]) -> List[Send]:
+    def _fail_dest(self, dest, code, message: Callable[[int], str]) -> List[Send]:
         sends = []
         for p in list(self.pending.values()):
             eids = p.waiting.pop(dest, None)
             if eids:
                 uuid = dest if isinstance(dest, str) else None
-                failed = [[e, uuid or self.engines.get(e), message(e)] for e in sorted(eids)]
+                failed = [[e, uuid or self.engines.get(e), message(e), code] for e in sorted(eids)]
                 sends += self._record_failures(p, failed) + self._finish_if_done(p)
         return sends
 

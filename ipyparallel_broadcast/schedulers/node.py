@@ -90,7 +90,7 @@ class NodeShell:
         if kind == "registration_notification":
             return self.node.on_engine_registered(int(content["id"]), content["uuid"])
         if kind == "unregistration_notification":
-            return self.node.on_engine_lost(content["uuid"], "died")
+            return self.node.on_engine_lost(content["uuid"], P.DIED)
         return []
 
     def on_registry(self, frames) -> List[Send]:
