@@ -32,6 +32,7 @@ import hmac
 from typing import Any, Iterator, List, Sequence, Tuple
 
 import zmq
+from ipyparallel.util import _disable_session_extract_dates
 from jupyter_client.session import DELIM, Session
 
 REQUEST = "ipb_request"
@@ -69,10 +70,7 @@ class Codec:
 
     def __init__(self, session: Session):
         self.session = session
-        # dates are carried as strings; parsing them is wasted work here
-        import jupyter_client.session as jsession
-
-        jsession.extract_dates = lambda obj: obj
+        _disable_session_extract_dates()  # dates stay strings: parsing them is wasted work
 
     def pack(self, msg_type: str, content: dict, buffers: Sequence = (), parent=None) -> Frames:
         """``[DELIM, sig, header, parent, metadata, content, *buffers]``."""

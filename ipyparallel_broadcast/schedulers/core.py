@@ -284,5 +284,5 @@ class RelayNode:
 
     def _drop(self, why: str) -> List[Send]:
         self.dropped += 1
-        log.warning("%s node %s dropped a message: %s", "relay", self.name, why)
+        log.warning("relay node %s dropped a message: %s", self.name, why)
         return []
