@@ -89,6 +89,7 @@ class Client(ipp.Client):
         self._codec = P.Codec(self.session)
         self._broadcasts: Dict[str, dict] = {}  # msg_id -> request header, until all done
         self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
+        self._real_ids: Dict[str, str] = {}  # per-engine id -> broadcast msg_id, until done
 
     # ----------------------------------------------------------------- views
     @property
@@ -117,8 +118,9 @@ class Client(ipp.Client):
             coalescing = is_coalescing
         if targets is None:
             targets = "all"
-        if not isinstance(targets, str):
-            targets = self._build_targets(targets)[1]
+        if not isinstance(targets, str):  # as direct_view: an int stays one engine
+            eids = self._build_targets(targets)[1]
+            targets = eids[0] if isinstance(targets, int) else eids
         return BroadcastView(
             client=self,
             socket=self._broadcast_stream,
@@ -180,6 +182,7 @@ class Client(ipp.Client):
             if not left[0]:  # the whole broadcast is finished: drop its caches
                 self._broadcasts.pop(msg_id, None)
                 for vid in vids:
+                    self._real_ids.pop(vid, None)
                     for cache in (self.results, self._futures, self._output_futures, self.metadata):
                         cache.pop(vid, None)
 
@@ -187,6 +190,7 @@ class Client(ipp.Client):
         for uuid in uuids:
             vid = f"{msg_id}_{uuid}"
             vids.append(vid)
+            self._real_ids[vid] = msg_id
             future = EngineFuture(vid, header, track=track)
             output = future.output = EngineFuture(vid, header)
             output.metadata = self.metadata[vid]
@@ -199,6 +203,18 @@ class Client(ipp.Client):
             output.add_done_callback(done)
             futures.append(future)
         return futures
+
+    def abort(self, jobs=None, targets=None, block=None):
+        """ipyparallel's abort; a broadcast's per-engine ids are translated to
+        the one msg_id its engines know."""
+        jobs = list(self.outstanding) if jobs is None else jobs
+        if isinstance(jobs, (str, ipp.AsyncResult)):
+            jobs = [jobs]
+        msg_ids = []
+        for job in jobs:
+            ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [job]
+            msg_ids.extend(self._real_ids.get(i, i) if isinstance(i, str) else i for i in ids)
+        return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
 
     def _extract_metadata(self, msg):
         """ipyparallel's, with the engine's start time parsed by the fast C parser."""
