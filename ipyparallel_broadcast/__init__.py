@@ -8,12 +8,16 @@ tree of relay schedulers.
 
 from .client import Client, NotABroadcastController, TreeLayout
 from .launcher import BroadcastControllerLauncher, Cluster
+from .reduction import ReduceError
 from .topology import TreeShape
-from .view import BroadcastView
+from .view import AUTO, Batch, BroadcastView
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTO",
+    "Batch",
+    "ReduceError",
     "BroadcastControllerLauncher",
     "BroadcastView",
     "Client",

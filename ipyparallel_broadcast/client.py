@@ -22,6 +22,7 @@ from ipyparallel.client.futures import MessageFuture
 from ipyparallel.util import _parse_date
 
 from . import protocol as P
+from .reduction import Reduction
 from .topology import TreeShape, render
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class Client(ipp.Client):
         self._broadcasts: Dict[str, dict] = {}  # msg_id -> request header, until all done
         self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
         self._real_ids: Dict[str, str] = {}  # per-engine id -> broadcast msg_id, until done
+        self._reductions: Dict[str, MessageFuture] = {}  # msg_id -> future, until done
+        self._reply_bytes: Dict[str, int] = {}  # per-engine id -> reply size (auto mode)
 
     # ----------------------------------------------------------------- views
     @property
@@ -135,10 +138,14 @@ class Client(ipp.Client):
 
     # ------------------------------------------------------------------ send
     def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
-                       metadata=None, reply=P.COALESCE, track=False):
+                       metadata=None, reply=P.COALESCE, track=False, each=None,
+                       batch=None, reduce=None):
         """Sign one request for ``eids`` and send it to the root of the tree.
 
-        Returns one MessageFuture per engine, in target order.
+        ``each``: every target's own buffers, in target order, sent after the
+        shared ``buffers``. ``batch``: ``[count, interval]`` for streaming.
+        Returns one MessageFuture per engine, in target order; with ``reduce``
+        (an op of ``reduction.OPS``), one future for the combined value.
         """
         if self._closed:
             raise RuntimeError("Client cannot be used after its sockets have been closed")
@@ -150,8 +157,19 @@ class Client(ipp.Client):
         inner = self.session.msg(msg_type, content=content or {}, metadata=md)
         msg_id = inner["header"]["msg_id"]
         frames = self.session.serialize(inner)[1:] + list(buffers)
-        envelope = self.session.msg(P.REQUEST, content=P.request_content(msg_id, eids, reply))
-        futures = self._engine_futures(msg_id, inner["header"], uuids, track)
+        request = P.request_content(msg_id, eids, reply)
+        if each is not None:
+            request["each"] = [len(b) for b in each]
+            frames += [b for own in each for b in own]
+        if batch is not None:
+            request["batch"] = list(batch)
+        if reduce is not None:
+            request["reduce"] = reduce
+            futures = self._reduce_future(msg_id, inner["header"], track)
+            futures[0].targets = list(eids)
+        else:
+            futures = self._engine_futures(msg_id, inner["header"], uuids, track)
+        envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))
 
         to_send = self.session.serialize(envelope) + frames
         biggest = max((memoryview(f).nbytes for f in frames[5:]), default=0)
@@ -172,6 +190,24 @@ class Client(ipp.Client):
             if not f.tracker.done():
                 f.tracker.set_result(status if isinstance(status, zmq.MessageTracker) else None)
 
+    def _reduce_future(self, msg_id, header, track) -> List[MessageFuture]:
+        """One future for a reduction's combined value."""
+        future = EngineFuture(msg_id, header, track=track)
+        future.output = EngineFuture(msg_id, header)
+        future.output.metadata = self.metadata[msg_id]
+        self._reductions[msg_id] = self._futures[msg_id] = future
+        self.outstanding.add(msg_id)
+        self.history.append(msg_id)
+
+        def done(_):
+            self.outstanding.discard(msg_id)
+            self._futures.pop(msg_id, None)
+            self.metadata.pop(msg_id, None)
+            future.output.set_result(None)
+
+        future.add_done_callback(done)
+        return [future]
+
     def _engine_futures(self, msg_id, header, uuids, track) -> List[MessageFuture]:
         """One result future (with its output future) per engine, in order."""
         futures, vids = [], []
@@ -183,6 +219,7 @@ class Client(ipp.Client):
                 self._broadcasts.pop(msg_id, None)
                 for vid in vids:
                     self._real_ids.pop(vid, None)
+                    self._reply_bytes.pop(vid, None)
                     for cache in (self.results, self._futures, self._output_futures, self.metadata):
                         cache.pop(vid, None)
 
@@ -238,6 +275,8 @@ class Client(ipp.Client):
             if msg["header"].get("msg_type") != P.BUNDLE:
                 return self._dispatch_reply(frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")
+            if msg_id in self._reductions:
+                return self._reduced(self._reductions.pop(msg_id), msg)
             if msg_id not in self._broadcasts:
                 log.debug("bundle for unknown broadcast %s", msg_id)
                 return
@@ -257,12 +296,40 @@ class Client(ipp.Client):
             except Exception:
                 log.error("Dropped an invalid engine reply in a bundle", exc_info=True)
 
+    def _reduced(self, future, msg):
+        """Resolve a reduction: its value, or the engines' errors."""
+        try:
+            state, value, raised, failed = P.reduced_parts(msg)
+            reduction = Reduction(state.get("op"))
+            reduction.add_partial(state, value)
+        except (P.ProtocolError, ValueError) as e:
+            log.error("Dropped an invalid reduction reply: %s", e)
+            return
+        errors = [error.unwrap_exception(self._codec.unpack(r)["content"]) for r in raised]
+        errors += [error.unwrap_exception(self._engine_error(*f[:3])) for f in failed]
+        order = {eid: i for i, eid in enumerate(future.targets)}
+        errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
+        try:
+            if errors:
+                error.collect_exceptions(errors, "reduce")
+            future.set_result(reduction.result())
+        except Exception as e:
+            future.set_result(e)
+
+    @staticmethod
+    def _engine_error(eid, uuid, message):
+        try:
+            raise error.EngineError(message)
+        except error.EngineError:
+            return error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid))
+
     def _engine_reply(self, msg_id, reply):
         if reply["parent_header"].get("msg_id") != msg_id:
             raise P.ProtocolError("engine reply to another request")
         vid = f"{msg_id}_{reply['metadata'].get('engine')}"
         if vid not in self.outstanding:
             return  # e.g. already failed when the client saw the engine die
+        self._reply_bytes[vid] = sum(memoryview(b).nbytes for b in reply.get("buffers", ()))
         reply["parent_header"] = dict(reply["parent_header"], msg_id=vid)
         if reply["header"]["msg_type"] == "execute_reply":
             self._handle_execute_reply(reply)
@@ -273,11 +340,7 @@ class Client(ipp.Client):
         vid = f"{msg_id}_{uuid}"
         if uuid is None or vid not in self.outstanding:
             return
-        try:
-            raise error.EngineError(message)
-        except error.EngineError:
-            content = error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid))
-        reply = self.session.msg("apply_reply", content=content)
+        reply = self.session.msg("apply_reply", content=self._engine_error(eid, uuid, message))
         reply["parent_header"]["msg_id"] = vid
         reply["metadata"]["engine"] = uuid
         self._handle_apply_reply(reply)

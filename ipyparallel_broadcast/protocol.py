@@ -4,10 +4,18 @@ Frames, as ZeroMQ multipart messages (idents, then ``DELIM``, then a signed
 Jupyter message whose buffers follow):
 
 ``ipb_request``  client -> root -> ... -> leaf
-    content ``{msg_id, targets: [engine ids], reply: "coalesce"|"stream", req, compat}``;
+    content ``{msg_id, targets: [engine ids], reply: "coalesce"|"stream", req, compat,
+    each, batch, reduce}``;
     buffers: the inner request ``[sig, header, parent, metadata, content, *bufs]``,
     serialized and signed once by the client and passed on untouched.
     Leaves send the same inner frames to every engine, idents ``[uuid, req]``.
+    ``each`` (scatter, map): one count per target; the last ``sum(each)`` buffers
+    are per-engine, in target order. A node forwards only its subtree's share;
+    a leaf sends each engine the shared frames plus its own buffers. Buffers are
+    not covered by the Jupyter signature, so nothing is re-signed.
+    ``batch: [count, interval]`` (streaming only): a leaf merges up to ``count``
+    replies, or what arrived within ``interval`` seconds, into one bundle.
+    ``reduce: op`` (coalescing only): nodes combine results; see ``reduction``.
 
 ``ipb_bundle``  leaf -> ... -> root -> client
     metadata ``{req, msg_id, kind, eids}``: all a relay node reads (it checks the
@@ -20,6 +28,9 @@ Jupyter message whose buffers follow):
     ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``
     (for stock clients, which need the replies as the engines signed them).
     ``kind == "bundles"``: each part is a child's bundle, nested as received.
+    ``kind == "reduced"``: content ``reduce`` holds the combined value's header
+    (its frames are part 0 if it has any) and the engines it covers; the other
+    parts are raw replies of engines whose function raised.
     ``failed``: ``[[engine_id, uuid, message, code], ...]`` engines that cannot
     answer; ``code`` is ``died`` (the hub unregistered it), ``unreachable`` or ``unknown``.
     ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
@@ -39,6 +50,7 @@ REQUEST = "ipb_request"
 BUNDLE = "ipb_bundle"
 HELLO = "ipb_hello"
 COALESCE, STREAM = "coalesce", "stream"
+REDUCE_OPS = ("sum", "prod", "min", "max")  # combined in the tree ("concat" is not: see view)
 DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes
 REPLY_MODES = (COALESCE, STREAM)
 PROTOCOL_VERSION = 1
@@ -122,7 +134,37 @@ def validate_request(content: Any) -> dict:
         raise ProtocolError(f"reply must be one of {REPLY_MODES}")
     if not isinstance(content.get("msg_id"), str):
         raise ProtocolError("msg_id must be a string")
+    each = content.get("each")
+    if each is not None and (
+        not isinstance(each, list) or len(each) != len(targets)
+        or not all(type(n) is int and n >= 0 for n in each)
+    ):
+        raise ProtocolError("each must give a buffer count per target")
+    batch = content.get("batch")
+    if batch is not None:
+        if content["reply"] != STREAM or not isinstance(batch, list) or len(batch) != 2:
+            raise ProtocolError("batch must be [count, interval] on a streaming request")
+        count_, interval = batch
+        if type(count_) is not int or count_ < 1 or not (
+            interval is None or (isinstance(interval, (int, float)) and interval >= 0)
+        ):
+            raise ProtocolError(f"bad batch {batch!r}")
+    op = content.get("reduce")
+    if op is not None and (op not in REDUCE_OPS or content["reply"] != COALESCE):
+        raise ProtocolError(f"reduce must be one of {REDUCE_OPS} on a coalescing request")
     return content
+
+
+def split_each(inner: Sequence, targets: Sequence[int], each) -> Tuple[list, dict]:
+    """Shared frames, and each target's own buffers, of a request with ``each``."""
+    n_own = sum(each or ())
+    if len(inner) - n_own < 5:
+        raise ProtocolError("each counts more buffers than the request has")
+    shared, own, offset = list(inner[: len(inner) - n_own]), {}, len(inner) - n_own
+    for eid, n in zip(targets, each or ()):
+        own[eid] = list(inner[offset : offset + n])
+        offset += n
+    return shared, own
 
 
 def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
@@ -153,6 +195,34 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
         BUNDLE, content=content, metadata=bundle_metadata(req, msg_id, "replies", eids)
     )
     return codec.session.serialize(msg)[1:] + [frame for b in bodies for frame in b[5:]]
+
+
+def pack_reduced(codec: Codec, req, msg_id, state, value_frames, raised, failed) -> Frames:
+    """Frames (no DELIM) of a ``reduced`` bundle: a node's combined value and the
+    raw replies of engines whose function raised."""
+    parts = ([value_frames] if state.get("value") is not None else []) + list(raised)
+    msg = codec.session.msg(
+        BUNDLE,
+        content=dict(parts=[len(p) for p in parts], failed=failed, reduce=state),
+        metadata=bundle_metadata(req, msg_id, "reduced"),
+    )
+    return codec.session.serialize(msg)[1:] + [frame for part in parts for frame in part]
+
+
+def reduced_parts(msg: dict) -> Tuple[dict, list, list, list]:
+    """``(state, value frames, raised replies, failed)`` of an unpacked ``reduced``
+    bundle whose content was parsed."""
+    content = msg["content"]
+    state = content.get("reduce") if isinstance(content, dict) else None
+    counts = content.get("parts") if isinstance(state, dict) else None
+    if not isinstance(counts, list) or sum(counts) != len(msg["buffers"]):
+        raise ProtocolError("reduced bundle does not match its frames")
+    parts, offset = [], 0
+    for n in counts:
+        parts.append(msg["buffers"][offset : offset + n])
+        offset += n
+    value = parts.pop(0) if state.get("value") is not None and parts else []
+    return state, value, parts, content.get("failed", [])
 
 
 def splices_json(codec: Codec) -> bool:

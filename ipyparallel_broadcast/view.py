@@ -1,45 +1,95 @@
 """``BroadcastView``: a DirectView whose every call is one message to the tree.
 
 Everything DirectView builds on ``apply`` and ``execute`` (push, pull,
-``view[key]``, scatter, gather, map, ...) goes through the tree too, and the
-AsyncResult is DirectView's: results in target order, per-engine metadata and
-outputs, ``CompositeError`` on remote exceptions.
+``view[key]``, ...) goes through the tree, and so do the collectives, natively:
+``scatter`` and ``map`` send one message carrying every engine's share (each
+hop forwards only its subtree's), ``gather`` is one pull, and ``reduce``
+combines results on the way up. AsyncResults are DirectView's: target order,
+per-engine metadata and outputs, ``CompositeError`` on remote exceptions.
 """
 
 from __future__ import annotations
 
-from ipyparallel.client.asyncresult import AsyncResult
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
+
+from ipyparallel import util
+from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
+from ipyparallel.client.map import Map, dists
+from ipyparallel.client.remotefunction import ParallelFunction, _map, getname, sync_view_results
 from ipyparallel.client.view import DirectView, save_ids, sync_results
 from ipyparallel.serialize import PrePickled, pack_apply_message
-from ipyparallel.client.remotefunction import getname
-from traitlets import Bool
+from traitlets import Any, List, TraitError, validate
 
 from . import protocol as P
+from .reduction import OPS, engine_value
+
+AUTO = "auto"
+AUTO_STREAM_BYTES = 4 * 2**20  # auto mode streams calls expected to return more
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Partial coalescing: each leaf sends its replies up ``count`` at a time,
+    or whatever arrived within ``interval`` seconds."""
+
+    count: int
+    interval: Optional[float] = None
+
+    def __post_init__(self):
+        if type(self.count) is not int or self.count < 1:
+            raise ValueError(f"Batch count must be a positive int, not {self.count!r}")
+        if self.interval is not None and not self.interval >= 0:
+            raise ValueError(f"Batch interval must be >= 0 seconds, not {self.interval!r}")
+
+
+def reply_mode(coalescing) -> tuple:
+    """``(reply, batch)`` on the wire for a fixed ``coalescing`` setting."""
+    if coalescing is True:
+        return P.COALESCE, None
+    if coalescing is False:
+        return P.STREAM, None
+    return P.STREAM, [coalescing.count, coalescing.interval]
 
 
 class BroadcastView(DirectView):
     """Reach many engines with one message per call, through the relay tree.
 
-    ``coalescing=True`` (default): the tree merges all replies into one message.
-    ``coalescing=False``: each engine's reply is streamed back as it arrives.
+    ``coalescing``: ``True`` (default), the tree merges all replies into one
+    message; ``False``, each engine's reply is streamed back as it arrives;
+    ``k`` or ``Batch(count=k, interval=t)``, leaves send replies in batches;
+    ``"auto"``, streaming for calls that do not block or are expected to
+    return more than ``AUTO_STREAM_BYTES`` in all, coalescing otherwise.
     """
 
-    coalescing = Bool(True, help="Merge replies in the tree (True) or stream them (False).")
+    coalescing = Any(True, help="True, False, a batch size, a Batch, or 'auto'.")
+    _flag_names = List(["targets", "block", "track", "label", "coalescing"])
+
+    @validate("coalescing")
+    def _valid_coalescing(self, proposal):
+        value = proposal["value"]
+        if isinstance(value, bool) or value == AUTO or isinstance(value, Batch):
+            return value
+        if type(value) is int:
+            return Batch(value)
+        raise TraitError(f"coalescing must be True, False, an int, a Batch or 'auto', not {value!r}")
 
     def __init__(self, client=None, socket=None, targets=None, coalescing=True, **flags):
         super().__init__(client=client, socket=socket, targets=targets, **flags)
         self.coalescing = coalescing
+        self._reply_sizes = {}  # fname -> bytes per engine last seen (auto mode)
 
     @property
     def is_coalescing(self) -> bool:  # ipyparallel's name
-        return self.coalescing
+        return self.coalescing is True
 
     @is_coalescing.setter
     def is_coalescing(self, value):
         self.coalescing = bool(value)
 
     def __repr__(self):
-        mode = "coalescing" if self.coalescing else "streaming"
+        mode = {True: "coalescing", False: "streaming"}.get(self.coalescing, self.coalescing)
         return f"<BroadcastView {self._targets_repr()} {mode}>"
 
     def _targets_repr(self):
@@ -48,45 +98,68 @@ class BroadcastView(DirectView):
             return f"[{t[0]}, {t[1]}, ..., {t[-1]}] ({len(t)} engines)"
         return repr(t)
 
-    def _broadcast(self, msg_type, targets, fname, content=None, buffers=(), metadata=None, track=False):
+    # ------------------------------------------------------------ sending
+    def _reply_for(self, fname, n, block) -> tuple:
+        if self.coalescing != AUTO:
+            return reply_mode(self.coalescing)
+        large = self._reply_sizes.get(fname, 0) * n > AUTO_STREAM_BYTES
+        return reply_mode(bool(block) and not large)
+
+    def _broadcast(self, msg_type, targets, fname, content=None, buffers=(), metadata=None,
+                   track=False, block=False, each=None, reduce=None):
         targets = self.targets if targets is None else targets
         idents, eids = self.client._build_targets(targets)
         uuids = [i.decode("utf8") for i in idents]
-        reply = P.COALESCE if self.coalescing else P.STREAM
+        reply, batch = (P.COALESCE, None) if reduce else self._reply_for(fname, len(eids), block)
         futures = self.client.send_broadcast(
-            msg_type, eids, uuids, content=content, buffers=buffers,
-            metadata=metadata, reply=reply, track=track,
+            msg_type, eids, uuids, content=content, buffers=buffers, metadata=metadata,
+            reply=reply, track=track, each=each, batch=batch, reduce=reduce,
         )
+        if reduce:
+            return AsyncResult(self.client, futures[0], fname=fname, targets=eids, owner=True)
+        if self.coalescing == AUTO:
+            futures[-1].add_done_callback(lambda _: self._learn_size(fname, futures))
         if isinstance(targets, int):
             futures = futures[0]
         return AsyncResult(self.client, futures, fname=fname, targets=eids, owner=True)
 
+    def _learn_size(self, fname, futures):
+        sizes = [self.client._reply_bytes.get(f.msg_id) for f in futures]
+        known = [s for s in sizes if s is not None]
+        if known:
+            self._reply_sizes[fname] = sum(known) / len(known)
+
+    def _apply(self, f, targets, args=(), kwargs=None, each=None, track=False, label=None,
+               block=False, fname=None, reduce=None):
+        """One ``apply_request`` for all targets. ``f`` and the shared ``args`` /
+        ``kwargs`` are serialized once; ``each`` gives every target (in order)
+        its own ``(args, kwargs)`` instead."""
+        session = self.client.session
+        limits = dict(buffer_threshold=session.buffer_threshold,
+                      item_threshold=session.item_threshold)
+        pf = PrePickled(f)
+        if each is None:
+            buffers = pack_apply_message(pf, list(args), kwargs or {}, **limits)
+            own = None
+        else:
+            nf = len(pf.buffers)
+            own = [pack_apply_message(pf, a, k, **limits)[nf:] for a, k in each]
+            buffers = pf.buffers
+        return self._broadcast(
+            "apply_request", targets, fname or getname(f), buffers=buffers,
+            metadata=dict(label=self.label if label is None else label), track=track,
+            block=block, each=own, reduce=reduce,
+        )
+
     @sync_results
     @save_ids
     def _really_apply(self, f, args=None, kwargs=None, targets=None, block=None, track=None, label=None):
-        args = [] if args is None else args
-        kwargs = {} if kwargs is None else kwargs
         block = self.block if block is None else block
         track = self.track if track is None else track
-        label = self.label if label is None else label
-        session = self.client.session
-        buffers = pack_apply_message(
-            PrePickled(f),
-            [PrePickled(a) for a in args],
-            {k: PrePickled(v) for k, v in kwargs.items()},
-            buffer_threshold=session.buffer_threshold,
-            item_threshold=session.item_threshold,
-        )
-        ar = self._broadcast(
-            "apply_request", targets, getname(f), buffers=buffers,
-            metadata=dict(label=label), track=track,
-        )
-        if block:
-            try:
-                return ar.get()
-            except KeyboardInterrupt:
-                pass
-        return ar
+        args = [PrePickled(a) for a in args or ()]
+        kwargs = {k: PrePickled(v) for k, v in (kwargs or {}).items()}
+        ar = self._apply(f, targets, args, kwargs, track=track, label=label, block=block)
+        return _maybe_get(ar, block)
 
     @sync_results
     @save_ids
@@ -97,7 +170,8 @@ class BroadcastView(DirectView):
         block = self.block if block is None else block
         label = self.label if label is None else label
         content = dict(code=code, silent=bool(silent), user_expressions={})
-        ar = self._broadcast("execute_request", targets, "execute", content=content, metadata=dict(label=label))
+        ar = self._broadcast("execute_request", targets, "execute", content=content,
+                             metadata=dict(label=label), block=block)
         if block:
             try:
                 ar.get()
@@ -105,3 +179,116 @@ class BroadcastView(DirectView):
             except KeyboardInterrupt:
                 pass
         return ar
+
+    # -------------------------------------------------------- collectives
+    @sync_results
+    @save_ids
+    def scatter(self, key, seq, dist="b", flatten=False, targets=None, block=None, track=None):
+        """Partition ``seq`` among the targets with one message: each engine
+        receives only its own part (NumPy arrays are split without copying)."""
+        block = self.block if block is None else block
+        track = self.track if track is None else track
+        eids = self.client._build_targets(self.targets if targets is None else targets)[1]
+        mapper = dists[dist]()
+        parts = [mapper.getPartition(seq, i, len(eids)) for i in range(len(eids))]
+        each = [((), {key: p[0] if flatten and len(p) == 1 else p}) for p in parts]
+        ar = self._apply(util._push, eids, each=each, track=track, block=block, fname="scatter")
+        ar._scatter_lengths = [len(p) for p in parts]
+        if block:
+            ar.wait()
+        else:
+            return ar
+
+    @sync_results
+    @save_ids
+    def gather(self, key, dist="b", targets=None, block=None):
+        """One pull from every target, joined in target order."""
+        block = self.block if block is None else block
+        eids = self.client._build_targets(self.targets if targets is None else targets)[1]
+        ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
+        ar.owner = False
+        return _maybe_get(AsyncMapResult(self.client, ar._children, dists[dist](), fname="gather"), block)
+
+    @sync_results
+    def map(self, f, *sequences, block=None, track=False, return_exceptions=False, label=None):
+        """``map(f, *sequences)`` in one message: one chunk per target, as DirectView."""
+        block = self.block if block is None else block
+        assert sequences, "must have some sequences to map onto!"
+        pf = TreeParallelFunction(self, f, block=block, track=track,
+                                  return_exceptions=return_exceptions, label=label)
+        return pf.map(*sequences)
+
+    def parallel(self, dist="b", block=None, **flags):
+        """Decorator for a ParallelFunction that runs through the tree."""
+        block = self.block if block is None else block
+        return lambda f: TreeParallelFunction(self, f, dist=dist, block=block, **flags)
+
+    @sync_results
+    @save_ids
+    def reduce(self, f, *args, op="sum", targets=None, block=None, **kwargs):
+        """``f(*args, **kwargs)`` on every target, combined with ``op``.
+
+        ``sum``, ``prod``, ``min``, ``max``: combined in the tree (numbers or
+        NumPy arrays of one shape and dtype); the client gets one value.
+        ``concat``: results joined in target order (arrays along axis 0).
+        """
+        block = self.block if block is None else block
+        targets = self.targets if targets is None else targets
+        if op == "concat":
+            eids = self.client._build_targets(targets)[1]
+            with self.temp_flags(coalescing=True if self.coalescing == AUTO else self.coalescing):
+                ar = self._apply(f, eids, [PrePickled(a) for a in args], kwargs, block=block,
+                                 fname="reduce")
+            ar.owner = False
+            return _maybe_get(AsyncMapResult(self.client, ar._children, Map(), fname="reduce"), block)
+        if op not in OPS:
+            raise ValueError(f"op must be one of {sorted(OPS) + ['concat']}, not {op!r}")
+        ar = self._apply(partial(engine_value, f), targets, args, kwargs, block=block,
+                         fname="reduce", reduce=op)
+        return _maybe_get(ar, block)
+
+
+class TreeParallelFunction(ParallelFunction):
+    """ParallelFunction whose chunks all go out in one message through the tree."""
+
+    @sync_view_results
+    def __call__(self, *sequences, **kwargs):
+        mapping = kwargs.pop("__ipp_mapping", False)
+        if kwargs:
+            raise TypeError(f"Unexpected keyword arguments: {kwargs}")
+        sequences = [s if hasattr(s, "__len__") else list(s) for s in sequences]
+        lens = [len(s) for s in sequences]
+        if max(lens) == 0:
+            return []
+        if not mapping and min(lens) != max(lens):
+            raise ValueError(f"all sequences must have equal length, but have {lens}")
+        view = self.view
+        eids = view.client._build_targets(view.targets)[1]
+        used, each, sizes = [], [], []
+        for index, eid in enumerate(eids):
+            args = [self.mapObject.getPartition(s, index, len(eids), max(lens)) for s in sequences]
+            if sum(len(a) for a in args) == 0:
+                continue
+            used.append(eid)
+            each.append(([PrePickled(a) for a in args], {}))
+            sizes.append(min(len(a) for a in args) if mapping else 1)
+        f = partial(_map, self.func) if mapping else self.func
+        flags = dict(self.flags)
+        ar = view._apply(f, used, each=each, track=flags.get("track", False),
+                         label=flags.get("label"), block=self.block, fname=getname(self.func))
+        ar.owner = False
+        r = AsyncMapResult(
+            view.client, ar._children, self.mapObject, fname=getname(self.func),
+            ordered=self.ordered, return_exceptions=self.return_exceptions,
+            chunk_sizes={c.msg_id: n for c, n in zip(ar._children, sizes)},
+        )
+        return _maybe_get(r, self.block)
+
+
+def _maybe_get(ar, block):
+    if block:
+        try:
+            return ar.get()
+        except KeyboardInterrupt:
+            pass
+    return ar

@@ -12,11 +12,13 @@ A request is *pending* at a node from dispatch until every target's outcome
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Callable, Dict, List, Optional, Set
 
 from .. import protocol as P
+from ..reduction import Reduction, decode_engine
 from ..topology import Path, TreeShape, node_identity, node_name
 from .compat import CompatRequest, renamer
 
@@ -38,20 +40,28 @@ class Pending:
     msg_id: str
     stream: bool
     route: list  # idents replies go up with (at the root: the client's)
-    inner: list  # the request frames engines get
+    inner: list  # the request frames engines get (shared by all of them)
     waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
     parts: list = field(default_factory=list)  # coalesced so far
     failed: list = field(default_factory=list)  # coalesced so far
     compat: Optional[CompatRequest] = None  # root: request from a stock client
     rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
     raw: bool = False  # leaf: send engine replies as signed (for a stock client)
+    own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
+    batch: Optional[tuple] = None  # streaming in batches: (count, interval)
+    held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
+    deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
+    reduction: Optional[Reduction] = None  # reduce: what this node combined
+    raised: list = field(default_factory=list)  # reduce: replies of engines that raised
 
 
 class RelayNode:
     """Routing, fan-out and coalescing for one node of the tree."""
 
-    def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = ()):
+    def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
+                 clock: Callable[[], float] = time.monotonic):
         self.codec = codec
+        self.clock = clock
         self.shape = shape
         self.path = tuple(path)
         self.name = node_name(self.path)
@@ -110,6 +120,17 @@ class RelayNode:
         code = P.DIED if why == P.DIED else P.UNREACHABLE
         return self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
 
+    def on_tick(self) -> List[Send]:
+        """Time passed: send up batches whose interval is over."""
+        now = self.clock()
+        return [s for p in list(self.pending.values())
+                if p.deadline is not None and p.deadline <= now for s in self._flush(p)]
+
+    def next_deadline(self) -> Optional[float]:
+        """When ``on_tick`` next has something to do (``None``: nothing timed)."""
+        return min((p.deadline for p in self.pending.values() if p.deadline is not None),
+                   default=None)
+
     def on_child_lost(self, digit: int, why: str = "is unreachable") -> List[Send]:
         child = node_name(self.path + (digit,))
         return self._fail_dest(
@@ -126,6 +147,10 @@ class RelayNode:
         rename = None
         if self.is_leaf and mode == CompatRequest.RENAME:  # may raise: before any state
             rename = renamer(self.codec, compat.msg if compat else inner)
+        own = None
+        if content.get("each") is not None:
+            inner, own = P.split_each(inner, content["targets"], content["each"])
+        op = content.get("reduce")
         p = self.pending[key] = Pending(
             key=key,
             msg_id=content["msg_id"],
@@ -135,6 +160,9 @@ class RelayNode:
             compat=compat,
             rename=rename,
             raw=bool(mode) or not P.splices_json(self.codec),
+            own=own,
+            batch=tuple(content["batch"]) if content.get("batch") else None,
+            reduction=Reduction(op) if op else None,
         )
         targets = content["targets"]
         strays = [e for e in targets if not self.shape.serves(self.path, e)]
@@ -152,9 +180,17 @@ class RelayNode:
         for digit, sub in self.shape.split(self.path, targets).items():
             p.waiting[digit] = set(sub)
             content = P.request_content(p.msg_id, sub, reply, req=p.key)
+            frames = p.inner
             if mode:
                 content["compat"] = mode
-            envelope = self.codec.pack(P.REQUEST, content, p.inner)
+            if p.own is not None:  # only this subtree's share goes down
+                content["each"] = [len(p.own[e]) for e in sub]
+                frames = p.inner + [f for e in sub for f in p.own.pop(e)]
+            if p.batch:
+                content["batch"] = list(p.batch)
+            if p.reduction is not None:
+                content["reduce"] = p.reduction.op
+            envelope = self.codec.pack(P.REQUEST, content, frames)
             sends.append(Send(DOWN, [node_identity(self.path + (digit,))] + envelope))
         return sends
 
@@ -168,6 +204,8 @@ class RelayNode:
                 continue
             p.waiting[uuid] = {eid}
             inner = p.rename(uuid) if p.rename else p.inner
+            if p.own is not None:
+                inner = inner + p.own.pop(eid)
             sends.append(Send(DOWN, [uuid.encode(), key, P._DELIM] + inner))
         if unknown:
             p.waiting.setdefault(PARKED, set()).update(unknown)
@@ -203,11 +241,28 @@ class RelayNode:
         if p is None or uuid not in p.waiting:
             raise P.ProtocolError(f"unexpected reply from engine {uuid} to {key}")
         self.codec.check_signature(body)
-        eids = p.waiting.pop(uuid)
-        if p.stream:
-            return self._deliver(p, [body], [], sorted(eids)) + self._finish_if_done(p)
-        p.parts.append(body)
+        eids = sorted(p.waiting.pop(uuid))
+        if p.reduction is not None:
+            self._reduce_reply(p, eids, body)
+        elif p.stream:
+            return self._emit(p, [body], [], eids) + self._finish_if_done(p)
+        else:
+            p.parts.append(body)
         return self._finish_if_done(p)
+
+    def _reduce_reply(self, p: Pending, eids, body):
+        """Fold an engine's value into the reduction; keep raised errors raw."""
+        try:
+            status = self.codec.session.unpack(P.as_bytes(body[4])).get("status")
+        except Exception:
+            status = None
+        if status != "ok":
+            p.raised.append(body)
+            return
+        try:
+            p.reduction.add(eids, decode_engine(body[5:]))
+        except ValueError as e:
+            p.reduction.add_error(eids, f"reduce: engine {eids[0]} returned {e}")
 
     def _child_bundle(self, frames) -> List[Send]:
         idents, body = P.split_idents(frames)
@@ -221,6 +276,8 @@ class RelayNode:
         p = self.pending.get(meta.get("req"))
         if p is None or digit not in p.waiting:
             raise P.ProtocolError(f"unexpected bundle for {meta.get('req')!r}")
+        if p.reduction is not None:
+            return self._reduce_bundle(p, digit, msg)
         if p.stream:
             eids = meta.get("eids")
             if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
@@ -234,6 +291,20 @@ class RelayNode:
         p.parts.append(msg if p.compat else body)  # a parsed bundle is not parsed twice
         return self._finish_if_done(p)
 
+    def _reduce_bundle(self, p: Pending, digit, msg) -> List[Send]:
+        if msg["metadata"].get("kind") != "reduced":
+            raise P.ProtocolError("expected a reduced bundle")
+        try:
+            msg["content"] = self.codec.session.unpack(P.as_bytes(msg["content"]))
+            state, value, raised, failed = P.reduced_parts(msg)
+            p.reduction.add_partial(state, value)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise P.ProtocolError(f"bad reduced bundle: {e}") from e
+        del p.waiting[digit]
+        p.raised.extend(raised)
+        p.failed.extend(failed)
+        return self._finish_if_done(p)
+
     def _fail(self, p: Pending, eids, code, reason) -> List[Send]:
         failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]
         return self._record_failures(p, failed)
@@ -242,7 +313,7 @@ class RelayNode:
         if not failed:
             return []
         if p.stream:
-            return self._deliver(p, [], failed, [f[0] for f in failed])
+            return self._emit(p, [], failed, [f[0] for f in failed])
         p.failed.extend(failed)
         return []
 
@@ -262,11 +333,33 @@ class RelayNode:
         del self.pending[p.key]
         self.parked.discard(p.key)
         if p.stream:
-            return []
+            return self._flush(p)
         return self._deliver(p, p.parts, p.failed, None)
+
+    def _emit(self, p: Pending, parts, failed, eids) -> List[Send]:
+        """Streaming: send outcomes up now, or hold them for the leaf's batch."""
+        if not (self.is_leaf and p.batch):
+            return self._deliver(p, parts, failed, eids)
+        for held, new in zip(p.held, (parts, failed, eids)):
+            held.extend(new)
+        count_, interval = p.batch
+        if len(p.held[2]) >= count_:
+            return self._flush(p)
+        if p.deadline is None and interval is not None:
+            p.deadline = self.clock() + interval
+        return []
+
+    def _flush(self, p: Pending) -> List[Send]:
+        parts, failed, eids = p.held
+        p.held, p.deadline = [[], [], []], None
+        return self._deliver(p, parts, failed, sorted(eids)) if eids else []
 
     def _deliver(self, p: Pending, parts, failed, eids) -> List[Send]:
         """Send outcomes up: a bundle, or stock replies to a stock client."""
+        if p.reduction is not None:
+            state, frames = p.reduction.state()
+            body = P.pack_reduced(self.codec, p.key, p.msg_id, state, frames, p.raised, failed)
+            return [Send(UP, p.route + [P._DELIM] + body)]
         if p.compat is not None:
             bodies = p.compat.replies(self.codec, self.kind, parts, failed)
             return [Send(UP, p.route + [P._DELIM] + b) for b in bodies]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from typing import List
 
 import zmq
@@ -148,7 +149,9 @@ class NodeShell:
         for s in self.sockets:
             poller.register(s, zmq.POLLIN)
         while True:
-            for sock, _ in poller.poll():
+            deadline = self.node.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1e3
+            for sock, _ in poller.poll(timeout):
                 handler = self.handlers[sock]
                 for _ in range(BATCH):
                     try:
@@ -159,6 +162,8 @@ class NodeShell:
                         self.perform(handler(frames))
                     except Exception:  # a bug must not take the node down
                         self.log.exception("error handling a message")
+            if deadline is not None:
+                self.perform(self.node.on_tick())
 
 
 def run_node(spec: dict):

@@ -38,3 +38,7 @@ class TestViewCoalescing(_Substituted):
 
 class TestViewStreaming(_Substituted):
     coalescing = False
+
+
+class TestViewPartial(_Substituted):
+    coalescing = ipb.Batch(count=2, interval=0.05)

@@ -1,0 +1,198 @@
+"""In-tree reduction: a fixed set of operators on numbers and NumPy arrays.
+
+Engines run ``engine_value(f, *args, **kwargs)``: it calls ``f`` and returns the
+result as plain values plus, for arrays, one ``CannedArray`` of raw bytes. A
+relay node reads that with an unpickler that refuses every other class, so no
+user code runs in the tree. Nodes combine values with ``OPS`` only and pass
+them up as a JSON header plus one raw frame (``encode`` / ``decode``).
+
+Every engine must give the same kind of value: Python numbers (combined with
+Python's arithmetic), or NumPy arrays / scalars of one shape and dtype.
+"""
+
+from __future__ import annotations
+
+import io
+import operator
+import pickle
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+from ipyparallel.serialize.canning import CannedArray
+from ipyparallel.serialize.serialize import _restore_buffers
+
+OPS = {  # op -> (NumPy ufunc, Python function)
+    "sum": (np.add, operator.add),
+    "prod": (np.multiply, operator.mul),
+    "min": (np.minimum, min),
+    "max": (np.maximum, max),
+}
+_PY = (bool, int, float)
+
+
+class ReduceError(ValueError):
+    """Engines gave values that cannot be combined (kind, shape or dtype)."""
+
+
+def engine_value(f, *args, **kwargs):
+    """Run ``f`` on the engine and return its result in the form nodes read."""
+    value = f(*args, **kwargs)
+    if type(value) in _PY:
+        return ("py", value)
+    if isinstance(value, complex):
+        value = np.complex128(value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+        if arr.dtype.hasobject or arr.dtype.fields is not None:
+            raise TypeError(f"reduce cannot combine arrays of dtype {arr.dtype}")
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")
+        data = arr.reshape(-1).view(np.uint8) if arr.size else None
+        return ("nd", arr.dtype.str, list(arr.shape), isinstance(value, np.generic), data)
+    raise TypeError(f"reduce combines numbers and NumPy arrays, not {type(value).__name__}")
+
+
+class _OnlyCannedArrays(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) == (CannedArray.__module__, "CannedArray"):
+            return CannedArray
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}")
+
+
+def _buffer(frame):
+    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+
+
+def _array(dtype, shape, scalar, raw):
+    dtype = np.dtype(str(dtype))
+    if dtype.hasobject or dtype.fields is not None:
+        raise ValueError(f"dtype {dtype} is not allowed")
+    arr = np.frombuffer(raw, dtype=dtype).reshape([int(n) for n in shape])
+    return arr[()] if scalar else arr
+
+
+def decode_engine(buffers: Sequence) -> Any:
+    """The value in an engine's ``engine_value`` reply buffers (no code runs)."""
+    bufs = list(buffers)
+    try:
+        canned = _OnlyCannedArrays(io.BytesIO(bytes(_buffer(bufs.pop(0))))).load()
+        if canned[0] == "py" and len(canned) == 2 and type(canned[1]) in _PY:
+            return canned[1]
+        kind, dtype, shape, scalar, data = canned
+        assert kind == "nd"
+        if data is None:
+            return _array(dtype, shape, scalar, b"")
+        assert isinstance(data, CannedArray) and not data.pickled and data.dtype == "|u1"
+        _restore_buffers(data, bufs)
+        return _array(dtype, shape, scalar, _buffer(data.buffers[0]))
+    except Exception as e:
+        raise ValueError(f"not a reduce value ({e})") from None
+
+
+def encode(value) -> tuple:
+    """``(header, frames)`` of a combined value, to send up."""
+    if type(value) in _PY:
+        v = value.hex() if type(value) is float else value
+        return dict(t="py", k=type(value).__name__, v=v), []
+    arr = np.asarray(value)
+    data = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
+    return dict(t="nd", dtype=arr.dtype.str, shape=list(arr.shape),
+                scalar=isinstance(value, np.generic)), [data]
+
+
+def decode(header: dict, frames: Sequence) -> Any:
+    if header.get("t") == "py":
+        kind, v = header.get("k"), header.get("v")
+        if kind == "float" and isinstance(v, str):
+            return float.fromhex(v)
+        if kind in ("int", "bool") and type(v) in (int, bool):
+            return v if kind == "int" else bool(v)
+        raise ValueError(f"bad number {header!r}")
+    if header.get("t") == "nd" and len(frames) == 1:
+        return _array(header.get("dtype"), header.get("shape", ()), header.get("scalar"),
+                      _buffer(frames[0]))
+    raise ValueError(f"bad value header {header!r}")
+
+
+def describe(value) -> str:
+    if type(value) in _PY:
+        return "a Python number"
+    kind = "scalar" if isinstance(value, np.generic) else f"array of shape {value.shape}"
+    return f"a {value.dtype} {kind}"
+
+
+def _signature(value):
+    if type(value) in _PY:
+        return ("py",)
+    return ("nd", value.dtype.str, value.shape, isinstance(value, np.generic))
+
+
+class Reduction:
+    """What one node has combined so far: a value, the engines it covers, and
+    the first incompatibility found (then nothing more is combined)."""
+
+    _NOTHING = object()
+
+    def __init__(self, op: str):
+        if op not in OPS:
+            raise ValueError(f"reduce op must be one of {sorted(OPS)}, not {op!r}")
+        self.op = op
+        self.value = self._NOTHING
+        self.eids: List[int] = []
+        self.error: Optional[str] = None
+        self._owned = False  # whether self.value may be updated in place
+
+    def add(self, eids: List[int], value) -> None:
+        if self.error is None and self.value is not self._NOTHING \
+                and _signature(value) != _signature(self.value):
+            self.error = (
+                f"reduce('{self.op}') needs the same kind of value from every engine: "
+                f"engines {sorted(self.eids)} gave {describe(self.value)}, "
+                f"engines {sorted(eids)} gave {describe(value)}"
+            )
+        self.eids.extend(eids)
+        if self.error is not None:
+            return
+        if self.value is self._NOTHING:
+            self.value = value
+            return
+        ufunc, py = OPS[self.op]
+        if type(value) in _PY:
+            self.value = py(self.value, value)
+        elif isinstance(value, np.generic) or not self._owned:
+            self.value = ufunc(self.value, value)
+            self._owned = isinstance(self.value, np.ndarray)
+        else:
+            ufunc(self.value, value, out=self.value)
+
+    def add_error(self, eids: List[int], message: str) -> None:
+        self.eids.extend(eids)
+        if self.error is None:
+            self.error = message
+
+    def add_partial(self, partial: dict, frames: Sequence) -> None:
+        """Combine a child's ``state()``."""
+        eids = partial.get("eids")
+        if not isinstance(eids, list) or not all(type(e) is int for e in eids):
+            raise ValueError("reduce state without engine ids")
+        if partial.get("error"):
+            return self.add_error(eids, str(partial["error"]))
+        if partial.get("value") is not None:
+            self.add(eids, decode(partial["value"], frames))
+        else:
+            self.eids.extend(eids)
+
+    def state(self) -> tuple:
+        """``(dict, value frames)`` to send up; see ``add_partial``."""
+        header, frames = None, []
+        if self.error is None and self.value is not self._NOTHING:
+            header, frames = encode(self.value)
+        return dict(op=self.op, eids=self.eids, value=header, error=self.error), frames
+
+    def result(self):
+        """The final value at the client (``ReduceError`` if incompatible)."""
+        if self.error is not None:
+            raise ReduceError(self.error)
+        if self.value is self._NOTHING:
+            raise ReduceError(f"reduce('{self.op}'): no engine returned a value")
+        return self.value
