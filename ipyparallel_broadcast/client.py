@@ -9,12 +9,14 @@ metadata, outputs and errors behave exactly as for a DirectView.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from datetime import datetime, timezone
 from typing import Dict, List
 
 import zmq
+from traitlets import Integer
 
 import ipyparallel as ipp
 from ipyparallel import error
@@ -52,6 +54,7 @@ class EngineFuture(MessageFuture):
         self.tracker = Future() if track else _SENT
         self.iopub_callbacks = []
         self.output = None
+        self.reply_bytes = None  # size of the engine's reply buffers, once known
 
     def wait(self, timeout=None):
         try:
@@ -85,6 +88,11 @@ class TreeLayout:
 class Client(ipp.Client):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
+    broadcast_results_kept = Integer(
+        16, config=True,
+        help="How many recent broadcast calls' results get_result() and %pxresult can recall.",
+    )
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._codec = P.Codec(self.session)
@@ -92,7 +100,9 @@ class Client(ipp.Client):
         self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
         self._real_ids: Dict[str, str] = {}  # per-engine id -> broadcast msg_id, until done
         self._reductions: Dict[str, MessageFuture] = {}  # msg_id -> future, until done
-        self._reply_bytes: Dict[str, int] = {}  # per-engine id -> reply size (auto mode)
+        self._recent: Dict[str, tuple] = {}  # per-engine id -> (result, metadata), recent calls
+        self._recent_calls: deque = deque()
+        self._replies_received = 0  # messages from the tree (tests count them)
 
     # ----------------------------------------------------------------- views
     @property
@@ -190,6 +200,25 @@ class Client(ipp.Client):
             if not f.tracker.done():
                 f.tracker.set_result(status if isinstance(status, zmq.MessageTracker) else None)
 
+    def _keep_recent(self, outcomes):
+        """Remember the last ``broadcast_results_kept`` calls' results, so
+        ``get_result`` / ``%pxresult`` find them (the hub never saw them)."""
+        self._recent_calls.append([vid for vid, _, _ in outcomes])
+        for vid, result, metadata in outcomes:
+            self._recent[vid] = (result, metadata)
+        while len(self._recent_calls) > max(self.broadcast_results_kept, 0):
+            for vid in self._recent_calls.popleft():
+                self._recent.pop(vid, None)
+
+    def _asyncresult_from_jobs(self, jobs=None, owner=False):
+        many = isinstance(jobs, (list, tuple, set))
+        for job in jobs if many else [jobs]:
+            job = self.history[job] if isinstance(job, int) else job
+            if isinstance(job, str) and job in self._recent and job not in self._futures:
+                self.results[job], metadata = self._recent[job]
+                self.metadata[job].update(metadata)
+        return super()._asyncresult_from_jobs(jobs, owner=owner)
+
     def _reduce_future(self, msg_id, header, track) -> List[MessageFuture]:
         """One future for a reduction's combined value."""
         future = EngineFuture(msg_id, header, track=track)
@@ -217,9 +246,9 @@ class Client(ipp.Client):
             left[0] -= 1
             if not left[0]:  # the whole broadcast is finished: drop its caches
                 self._broadcasts.pop(msg_id, None)
+                self._keep_recent([(f.msg_id, f.result(), f.output.metadata) for f in futures])
                 for vid in vids:
                     self._real_ids.pop(vid, None)
-                    self._reply_bytes.pop(vid, None)
                     for cache in (self.results, self._futures, self._output_futures, self.metadata):
                         cache.pop(vid, None)
 
@@ -269,6 +298,7 @@ class Client(ipp.Client):
         self._broadcast_stream.on_send(self._broadcast_sent)
 
     def _dispatch_broadcast(self, frames):
+        self._replies_received += 1
         try:
             _, body = P.split_idents(frames)
             msg = self._codec.unpack(body)
@@ -329,7 +359,9 @@ class Client(ipp.Client):
         vid = f"{msg_id}_{reply['metadata'].get('engine')}"
         if vid not in self.outstanding:
             return  # e.g. already failed when the client saw the engine die
-        self._reply_bytes[vid] = sum(memoryview(b).nbytes for b in reply.get("buffers", ()))
+        future = self._futures.get(vid)
+        if future is not None:  # auto mode learns reply sizes from it
+            future.reply_bytes = sum(memoryview(b).nbytes for b in reply.get("buffers", ()))
         reply["parent_header"] = dict(reply["parent_header"], msg_id=vid)
         if reply["header"]["msg_type"] == "execute_reply":
             self._handle_execute_reply(reply)

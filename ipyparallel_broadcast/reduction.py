@@ -114,56 +114,55 @@ def decode(header: dict, frames: Sequence) -> Any:
     raise ValueError(f"bad value header {header!r}")
 
 
-def describe(value) -> str:
-    if type(value) in _PY:
-        return "a Python number"
-    kind = "scalar" if isinstance(value, np.generic) else f"array of shape {value.shape}"
-    return f"a {value.dtype} {kind}"
-
-
-def _signature(value):
+def _signature(value) -> tuple:
     if type(value) in _PY:
         return ("py",)
-    return ("nd", value.dtype.str, value.shape, isinstance(value, np.generic))
+    return ("nd", np.dtype(value.dtype), np.shape(value), isinstance(value, np.generic))
+
+
+def _describe(sig) -> str:
+    if sig[0] == "py":
+        return "Python numbers"
+    kind = "scalar" if sig[3] else f"array of shape {sig[2]}"
+    return f"a {sig[1]} {kind}"
 
 
 class Reduction:
     """What one node has combined so far: a value, the engines it covers, and
     the first incompatibility found (then nothing more is combined)."""
 
-    _NOTHING = object()
-
     def __init__(self, op: str):
         if op not in OPS:
             raise ValueError(f"reduce op must be one of {sorted(OPS)}, not {op!r}")
         self.op = op
-        self.value = self._NOTHING
+        self.value = None  # a Python number or an ndarray (0-d for scalars)
+        self.sig = None  # what every value must match: see _signature
         self.eids: List[int] = []
         self.error: Optional[str] = None
         self._owned = False  # whether self.value may be updated in place
 
     def add(self, eids: List[int], value) -> None:
-        if self.error is None and self.value is not self._NOTHING \
-                and _signature(value) != _signature(self.value):
+        sig = _signature(value)
+        if self.error is None and self.sig is not None and sig != self.sig:
             self.error = (
                 f"reduce('{self.op}') needs the same kind of value from every engine: "
-                f"engines {sorted(self.eids)} gave {describe(self.value)}, "
-                f"engines {sorted(eids)} gave {describe(value)}"
+                f"engines {sorted(self.eids)} gave {_describe(self.sig)}, "
+                f"engines {sorted(eids)} gave {_describe(sig)}"
             )
         self.eids.extend(eids)
         if self.error is not None:
             return
-        if self.value is self._NOTHING:
-            self.value = value
-            return
-        ufunc, py = OPS[self.op]
-        if type(value) in _PY:
-            self.value = py(self.value, value)
-        elif isinstance(value, np.generic) or not self._owned:
-            self.value = ufunc(self.value, value)
-            self._owned = isinstance(self.value, np.ndarray)
-        else:
-            ufunc(self.value, value, out=self.value)
+        if sig[0] == "nd":
+            value = np.asarray(value)
+        if self.sig is None:
+            self.sig, self.value = sig, value
+        elif sig[0] == "py":
+            self.value = OPS[self.op][1](self.value, value)
+        elif self._owned:
+            OPS[self.op][0](self.value, value, out=self.value)
+        else:  # the first array may be a read-only view of a frame
+            self.value = np.asarray(OPS[self.op][0](self.value, value))
+            self._owned = True
 
     def add_error(self, eids: List[int], message: str) -> None:
         self.eids.extend(eids)
@@ -185,14 +184,17 @@ class Reduction:
     def state(self) -> tuple:
         """``(dict, value frames)`` to send up; see ``add_partial``."""
         header, frames = None, []
-        if self.error is None and self.value is not self._NOTHING:
-            header, frames = encode(self.value)
+        if self.error is None and self.sig is not None:
+            header, frames = encode(self._final())
         return dict(op=self.op, eids=self.eids, value=header, error=self.error), frames
 
     def result(self):
         """The final value at the client (``ReduceError`` if incompatible)."""
         if self.error is not None:
             raise ReduceError(self.error)
-        if self.value is self._NOTHING:
+        if self.sig is None:
             raise ReduceError(f"reduce('{self.op}'): no engine returned a value")
-        return self.value
+        return self._final()
+
+    def _final(self):
+        return self.value[()] if self.sig[-1] is True else self.value

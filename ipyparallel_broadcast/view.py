@@ -124,8 +124,7 @@ class BroadcastView(DirectView):
         return AsyncResult(self.client, futures, fname=fname, targets=eids, owner=True)
 
     def _learn_size(self, fname, futures):
-        sizes = [self.client._reply_bytes.get(f.msg_id) for f in futures]
-        known = [s for s in sizes if s is not None]
+        known = [f.reply_bytes for f in futures if f.reply_bytes is not None]
         if known:
             self._reply_sizes[fname] = sum(known) / len(known)
 

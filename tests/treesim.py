@@ -24,10 +24,13 @@ class TreeSim:
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
+        self.now = 0.0  # the nodes' clock; advance with tick()
         self.nodes = {
-            path: RelayNode(P.Codec(Session(key=key)), self.shape, path)
+            path: RelayNode(P.Codec(Session(key=key)), self.shape, path, clock=lambda: self.now)
             for path in self.shape.nodes()
         }
+        self.node_inbox = {path: [] for path in self.nodes}  # requests each node got
+        self.answer_with = None  # eid, request -> (content, buffers); default: ok, no buffers
         self.engines = {eid: engine_uuid(eid) for eid in engine_ids}
         self.hub_engines = dict(self.engines)
         for path, node in self.nodes.items():
@@ -44,13 +47,19 @@ class TreeSim:
         self.engine_codecs = {}
 
     # -- client side --------------------------------------------------------
-    def request(self, targets, stream=False, inner=None, route=(b"client-1",)):
+    def request(self, targets, stream=False, inner=None, route=(b"client-1",), each=None, **extra):
+        """Send a request; ``each``: every target's own buffers, in order;
+        ``extra``: more request fields (``batch``, ``reduce``)."""
         inner_msg = self.session.msg("apply_request", content={}, metadata={})
         inner = inner or self.session.serialize(inner_msg)[1:] + [b"payload"]
         content = P.request_content(
-            inner_msg["header"]["msg_id"], targets, P.STREAM if stream else P.COALESCE
+            inner_msg["header"]["msg_id"], targets, P.STREAM if stream else P.COALESCE, **extra
         )
+        if each is not None:
+            content["each"] = [len(b) for b in each]
+            inner = inner + [b for own in each for b in own]
         frames = list(route) + self.codec.pack(P.REQUEST, content, inner)
+        self.node_inbox[()].append(frames)
         self._run(self.nodes[()], self.nodes[()].on_up(frames), ())
         return inner_msg["header"]["msg_id"]
 
@@ -85,19 +94,28 @@ class TreeSim:
         if eid not in self.engine_codecs:  # each engine has its own session
             self.engine_codecs[eid] = P.Codec(Session(key=self.session.key))
         request = self.engine_codecs[eid].unpack(body)
+        content, buffers = {"status": "ok", "eid": eid}, []
+        if self.answer_with is not None:
+            content, buffers = self.answer_with(eid, request)
         reply = self.session.msg(
             "apply_reply",
-            content={"status": "ok", "eid": eid},
+            content=content,
             parent=request["header"],
             metadata={"engine": self.engines[eid]},
         )
-        out = [self.engines[eid].encode()] + idents + self.session.serialize(reply)
+        out = [self.engines[eid].encode()] + idents + self.session.serialize(reply) + list(buffers)
         self._run(self.nodes[leaf_path], self.nodes[leaf_path].on_down(out), leaf_path)
 
     def release(self, eid):
         self.hold.discard(eid)
         for leaf_path, frames in self.held.pop(eid, []):
             self.answer(eid, leaf_path, frames)
+
+    def tick(self, seconds):
+        """Let time pass; nodes send what their timers owe."""
+        self.now += seconds
+        for path, node in self.nodes.items():
+            self._run(node, node.on_tick(), path)
 
     def kill(self, eid):
         """The hub notices engine eid died; its leaf hears of it."""
@@ -126,6 +144,7 @@ class TreeSim:
                     self._engine_receive(path, send.frames)
                 else:
                     child = path + (node.children[send.frames[0]],)
+                    self.node_inbox[child].append(send.frames[1:])
                     self.queue.extend((child, s) for s in self.nodes[child].on_up(send.frames[1:]))
             elif send.socket == HUB:
                 self.hub_lookups += 1

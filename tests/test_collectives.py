@@ -1,0 +1,272 @@
+"""Collectives on real clusters: scatter, gather, map, reduce, partial
+coalescing and auto mode, at depths 0, 1 and 2."""
+
+import functools
+import os
+import tempfile
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import ipyparallel as ipp
+from ipyparallel import error
+
+import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.reduction import OPS
+
+from cluster_util import running_cluster
+
+SHAPES = [(4, 0, 2), (6, 1, 2), (8, 2, 2)]
+MODES = [True, False, ipb.Batch(2, 0.02)]
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"n{s[0]}-d{s[1]}-f{s[2]}")
+def rc(request):
+    n, depth, fanout = request.param
+    with running_cluster(n, depth, fanout) as client:
+        client[:].execute("import numpy as np", block=True)
+        yield client
+
+
+@pytest.fixture(params=MODES, ids=["coalescing", "streaming", "partial"])
+def coalescing(request):
+    return request.param
+
+
+class Sends:
+    """Counts the messages the client sends to the tree and to the mux."""
+
+    def __init__(self, rc):
+        self.rc, self.tree, self.mux, self.frames = rc, 0, 0, []
+
+    def __enter__(self):
+        tree, mux = self.rc._broadcast_stream, self.rc._mux_stream
+
+        def to_tree(frames, *a, **kw):
+            self.tree += 1
+            self.frames.append(frames)
+            return type(tree).send_multipart(tree, frames, *a, **kw)
+
+        def to_mux(*a, **kw):
+            self.mux += 1
+            return type(mux).send_multipart(mux, *a, **kw)
+
+        tree.send_multipart, mux.send_multipart = to_tree, to_mux
+        return self
+
+    def __exit__(self, *exc):
+        del self.rc._broadcast_stream.send_multipart, self.rc._mux_stream.send_multipart
+
+
+def test_scatter_is_one_message_and_each_engine_gets_its_part(rc, coalescing):
+    targets = rc.ids[::-1]
+    view = rc.broadcast_view(targets, coalescing=coalescing, block=True)
+    with Sends(rc) as sends:
+        view.scatter("x", list(range(3 * len(targets) + 1)))
+        rc.wait(timeout=10)
+    assert (sends.tree, sends.mux) == (1, 0)
+    parts = ipp.client.map.Map()
+    for index, eid in enumerate(targets):
+        expected = parts.getPartition(list(range(3 * len(targets) + 1)), index, len(targets))
+        assert rc[eid]["x"] == expected
+    assert view.gather("x") == list(range(3 * len(targets) + 1))
+
+
+def test_scatter_flatten_and_fewer_items_than_engines(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    assert view["rank"] == rc.ids
+    view.scatter("y", [1, 2])
+    assert view["y"] == [[1], [2]] + [[]] * (len(rc) - 2)
+
+
+def test_numpy_scatter_sends_views_of_the_array(rc):
+    a = np.arange(len(rc) * 64 * 1024, dtype=np.float64).reshape(len(rc) * 64, 1024)
+    view = rc.broadcast_view(block=True)
+    with Sends(rc) as sends:
+        ar = view.scatter("a", a, block=False, track=True)
+        ar.wait_for_send(10)
+        ar.get(10)
+    (frames,) = sends.frames
+    shared = [f for f in frames if isinstance(f, memoryview) and np.shares_memory(np.asarray(f), a)]
+    assert len(shared) == len(rc), "each partition is sent from the array's own memory"
+    np.testing.assert_array_equal(view.gather("a"), a)
+    assert view.apply(np.shape, ipp.Reference("a")) == [(64, 1024)] * len(rc)
+
+
+def test_gather_in_target_order(rc, coalescing):
+    targets = rc.ids[::-1][::2]
+    view = rc.broadcast_view(targets, coalescing=coalescing, block=True)
+    view.scatter("a", np.arange(10 * len(targets)))
+    with Sends(rc) as sends:
+        ar = view.gather("a", block=False)
+        gathered = ar.get(10)
+    assert sends.tree == 1
+    np.testing.assert_array_equal(gathered, np.arange(10 * len(targets)))
+    assert ar.engine_id == targets
+
+
+def square(x):
+    return x * x
+
+
+def test_map_is_one_message(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    with Sends(rc) as sends:
+        assert view.map_sync(square, range(1000)) == [x * x for x in range(1000)]
+        amr = view.map_async(lambda x, y: x + y, range(50), range(50))
+        assert list(amr) == list(range(0, 100, 2))
+    assert (sends.tree, sends.mux) == (2, 0)
+    assert view.map_sync(square, []) == []
+    assert view.map_sync(square, range(2)) == [0, 1]  # fewer items than engines
+
+
+def test_map_return_exceptions(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    result = view.map(lambda x: 1 // x, range(len(rc) * 2), block=True, return_exceptions=True)
+    assert isinstance(result[0], error.RemoteError) and result[0].ename == "ZeroDivisionError"
+    # the failing chunk's items all report it, the others are results
+    with pytest.raises(error.CompositeError):
+        view.map_sync(lambda x: 1 // x, range(len(rc) * 2))
+
+
+def test_parallel_decorator_runs_through_the_tree(rc):
+    view = rc.broadcast_view()
+
+    @view.parallel(block=True)
+    def lengths(chunk):
+        return len(chunk)
+
+    with Sends(rc) as sends:
+        assert sum(lengths(range(100))) == 100
+    assert (sends.tree, sends.mux) == (1, 0)
+
+
+# ------------------------------------------------------------------ reduce
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_reduce_is_one_message_one_value(rc, op):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    before = rc._replies_received
+    with Sends(rc) as sends:
+        result = view.reduce(ipp.interactive(lambda: np.full(4, rank + 1.0)), op=op)  # noqa: F821
+    assert (sends.tree, rc._replies_received - before) == (1, 1)
+    expected = functools.reduce(OPS[op][0], [np.full(4, e + 1.0) for e in rc.ids])
+    np.testing.assert_array_equal(result, expected)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    op=st.sampled_from(sorted(OPS)),
+    dtype=st.sampled_from(["int16", "int64", "uint8", "float32", "float64"]),
+    shape=hnp.array_shapes(min_dims=0, max_dims=2, max_side=5),
+    seed=st.integers(0, 2**16),
+)
+def test_reduce_equals_combining_gathered_results(rc, op, dtype, shape, seed):
+    view = rc.broadcast_view(block=True)
+    rng = np.random.default_rng(seed)
+    values = [rng.integers(0, 5, size=shape).astype(dtype) for _ in rc.ids]
+    view.scatter("v", values, flatten=True)
+    gathered = view.pull("v")  # the client-side reference: gather, then combine
+    expected = functools.reduce(OPS[op][0], gathered)
+    result = view.reduce(ipp.interactive(lambda: v), op=op)  # noqa: F821
+    assert np.asarray(result).dtype == np.asarray(expected).dtype
+    np.testing.assert_array_equal(result, expected)
+
+
+RANK = ipp.interactive(lambda: rank)  # noqa: F821  (the engine's own variable)
+
+
+def test_reduce_python_numbers_and_concat(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    assert view.reduce(RANK, op="sum") == sum(rc.ids)
+    assert view.reduce(ipp.interactive(lambda: rank + 0.5), op="max") == max(rc.ids) + 0.5  # noqa: F821
+    assert view.reduce(lambda: 2, op="prod") == 2 ** len(rc)
+    assert view.reduce(ipp.interactive(lambda: [rank]), op="concat") == rc.ids  # noqa: F821
+    rev = rc.broadcast_view(rc.ids[::-1], block=True)
+    np.testing.assert_array_equal(
+        rev.reduce(ipp.interactive(lambda: np.array([rank, rank])), op="concat"),  # noqa: F821
+        np.repeat(rc.ids[::-1], 2),
+    )
+
+
+def test_reduce_errors_name_the_engines(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    odd = rc.ids[1]
+    with pytest.raises(ipb.ReduceError, match=rf"engines \[[^]]*\b{odd}\b[^]]*\] gave a float64 array of shape \(3,\)"):
+        view.reduce(ipp.interactive(lambda: np.zeros(3 if rank == 1 else 2)), op="sum")  # noqa: F821
+    with pytest.raises(error.CompositeError) as info:
+        view.reduce(ipp.interactive(lambda: 1 // (rank - 1)), op="sum")  # noqa: F821
+    assert [e[0] for e in info.value.elist] == ["ZeroDivisionError"]
+    with pytest.raises(error.CompositeError, match="TypeError"):
+        view.reduce(lambda: "text", op="max")
+    with pytest.raises(ValueError, match="op must be one of"):
+        view.reduce(lambda: 1, op="mean")
+    assert view.apply(lambda: 1) == [1] * len(rc)  # nothing is stuck
+
+
+# ------------------------------------------------------- partial coalescing
+def test_partial_coalescing_delivers_batch_by_batch(rc):
+    """Engines past the first two wait for a gate file: the first batch must
+    arrive, and be usable, while they are still running."""
+    gate = os.path.join(tempfile.mkdtemp(prefix="ipb-gate-"), "open")
+    first = [e for e in rc.ids if rc.tree_shape.leaf_of(e) == 0][:2]
+    view = rc.broadcast_view(coalescing=ipb.Batch(count=2))
+
+    def work(eid, fast, gate):
+        import os
+        import time
+        while eid not in fast and not os.path.exists(gate):
+            time.sleep(0.01)
+        return eid
+
+    view.scatter("eid", rc.ids, flatten=True, block=True)
+    before = rc._replies_received
+    ar = view.apply_async(work, ipp.Reference("eid"), first, gate)
+    deadline = time.monotonic() + 30
+    while not all(ar._children[rc.ids.index(e)].done() for e in first):
+        assert time.monotonic() < deadline, "the first batch never came"
+        time.sleep(0.01)
+    assert ar.progress == 2 and not ar.ready()
+    open(gate, "w").close()
+    assert ar.get(30) == rc.ids
+    per_leaf = {}
+    for e in rc.ids:
+        per_leaf[rc.tree_shape.leaf_of(e)] = per_leaf.get(rc.tree_shape.leaf_of(e), 0) + 1
+    assert rc._replies_received - before == sum(-(-n // 2) for n in per_leaf.values())
+
+
+def test_batch_and_int_settings(rc):
+    assert rc.broadcast_view(coalescing=3).coalescing == ipb.Batch(3)
+    with pytest.raises(ValueError):
+        ipb.Batch(0)
+    with pytest.raises(Exception, match="coalescing must be"):
+        rc.broadcast_view(coalescing="sometimes")
+    view = rc.broadcast_view(coalescing=ipb.Batch(3, 0.01))
+    assert view.apply_sync(lambda: 5) == [5] * len(rc)
+
+
+# ----------------------------------------------------------------- auto mode
+def test_auto_mode_rule(rc):
+    view = rc.broadcast_view(coalescing="auto")
+    before = rc._replies_received
+    view.apply_sync(lambda: 1)  # blocking, small: coalesced into one message
+    assert rc._replies_received - before == 1
+    before = rc._replies_received
+    view.apply_async(lambda: 1).get(10)  # not blocking: streamed
+    assert rc._replies_received - before == len(rc)
+    big = ipb.view.AUTO_STREAM_BYTES // len(rc) + 1024
+
+    def blob(n):
+        return b"x" * n
+
+    view.apply_sync(blob, big)  # first time: unknown size, coalesced
+    before = rc._replies_received
+    view.apply_sync(blob, big)  # now known to be large: streamed
+    assert rc._replies_received - before == len(rc)

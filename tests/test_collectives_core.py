@@ -1,0 +1,240 @@
+"""Scatter shares, batches and in-tree reduction in the pure core (no sockets)."""
+
+import functools
+import json
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from ipyparallel.serialize import serialize_object
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.reduction import OPS, Reduction, ReduceError, engine_value
+
+from treesim import TreeSim
+
+ENGINES = list(range(11))
+shapes = st.tuples(st.integers(0, 3), st.integers(2, 4))
+targets_st = st.lists(st.sampled_from(ENGINES), unique=True, min_size=1)
+
+
+def own_buffers(eid):
+    return [b"own-%d" % eid, b"more-%d" % eid] if eid % 2 else [b"own-%d" % eid]
+
+
+def frames_bytes(frames):
+    return [P.as_bytes(f) for f in frames]
+
+
+# ------------------------------------------------------------------ scatter
+@settings(max_examples=60, deadline=None)
+@given(shapes, targets_st)
+def test_each_engine_gets_shared_frames_and_only_its_own(shape, targets):
+    sim = TreeSim(*shape, ENGINES)
+    sim.request(targets, each=[own_buffers(e) for e in targets])
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == sorted(targets) and not failures and n_messages == 1
+    for eid in targets:
+        (frames,) = sim.engine_inbox[eid]
+        got = frames_bytes(frames)
+        assert got[-len(own_buffers(eid)):] == own_buffers(eid)
+        assert got[-len(own_buffers(eid)) - 1] == b"payload"  # the shared frame
+    assert sim.pending_total() == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, targets_st)
+def test_each_hop_carries_only_its_subtrees_share(shape, targets):
+    sim = TreeSim(*shape, ENGINES)
+    sim.request(targets, each=[own_buffers(e) for e in targets])
+    for path, inbox in sim.node_inbox.items():
+        served = [e for e in targets if sim.shape.serves(path, e)]
+        expected = sorted(b for e in served for b in own_buffers(e))
+        carried = sorted(b for frames in inbox for b in frames_bytes(frames) if b[:4] in (b"own-", b"more"))
+        assert carried == expected, path
+
+
+def test_each_must_match_targets():
+    sim = TreeSim(1, 2, ENGINES)
+    sim.request([0, 1], each=[[b"a"]])  # one count for two targets
+    root = sim.nodes[()]
+    assert root.dropped == 1 and not root.pending and not sim.client_inbox
+
+
+# ------------------------------------------------------------------ batches
+@settings(max_examples=60, deadline=None)
+@given(shapes, targets_st, st.integers(1, 5))
+def test_batches_of_k_per_leaf(shape, targets, k):
+    sim = TreeSim(*shape, ENGINES)
+    sim.request(targets, stream=True, batch=[k, None])
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == sorted(targets) and not failures
+    per_leaf = {}
+    for e in targets:
+        per_leaf[sim.shape.leaf_of(e)] = per_leaf.get(sim.shape.leaf_of(e), 0) + 1
+    assert n_messages == sum(-(-n // k) for n in per_leaf.values())
+    assert sim.pending_total() == 0
+
+
+def bundle_eids(frames):
+    """The engines a streamed bundle covers (its metadata, read without the codec)."""
+    _, body = P.split_idents(frames)
+    return json.loads(P.as_bytes(body[3]))["eids"]
+
+
+def test_batch_interval_sends_what_arrived():
+    sim = TreeSim(0, 2, [0, 1, 2, 3])
+    sim.hold.update({2, 3})
+    sim.request([0, 1, 2, 3], stream=True, batch=[10, 0.5])
+    assert sim.nodes[()].next_deadline() == 0.5
+    sim.tick(0.25)
+    assert not sim.client_inbox  # interval not over yet
+    sim.tick(0.25)
+    assert [bundle_eids(f) for f in sim.client_inbox] == [[0, 1]]
+    assert sim.nodes[()].next_deadline() is None
+    sim.release(2)
+    sim.kill(3)  # a failure completes the request: the rest goes up at once
+    assert [bundle_eids(f) for f in sim.client_inbox] == [[0, 1], [2, 3]]
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == [0, 1, 2] and sorted(failures) == [3] and n_messages == 2
+    assert sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("batch", [[0, None], [2, -1], [2, "soon"], [True, 1]])
+def test_bad_batches_are_dropped(batch):
+    sim = TreeSim(1, 2, ENGINES)
+    sim.request([0, 1], stream=True, batch=batch)
+    assert sim.nodes[()].dropped == 1 and not sim.client_inbox
+
+
+# ------------------------------------------------------------------- reduce
+def value_answer(values):
+    """Engines answer with ``engine_value`` buffers of ``values[eid]``."""
+    def answer(eid, request):
+        return {"status": "ok"}, serialize_object(engine_value(lambda: values[eid]))
+    return answer
+
+
+def reduce_outcome(sim):
+    (frames,) = sim.client_inbox
+    msg = sim.codec.unpack(P.split_idents(frames)[1])
+    state, value, raised, failed = P.reduced_parts(msg)
+    r = Reduction(state["op"])
+    r.add_partial(state, value)
+    return r, raised, failed
+
+
+dtypes = st.sampled_from(["int8", "int32", "uint16", "int64", "float32", "float64", "complex128"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(shapes, targets_st, st.sampled_from(sorted(OPS)), dtypes, hnp.array_shapes(min_dims=0, max_dims=3, max_side=4), st.data())
+def test_tree_reduce_equals_combining_gathered_results(shape, targets, op, dtype, ashape, data):
+    # small integer-valued elements: every combination order gives exact results
+    low = 0 if dtype.startswith("u") else -4
+    values = {e: data.draw(hnp.arrays(dtype, ashape, elements=st.integers(low, 4))) for e in targets}
+    sim = TreeSim(*shape, ENGINES)
+    sim.answer_with = value_answer(values)
+    sim.request(targets, reduce=op)
+    r, raised, failed = reduce_outcome(sim)
+    ufunc = OPS[op][0]
+    expected = functools.reduce(ufunc, [values[e] for e in targets])
+    result = r.result()
+    assert result.dtype == expected.dtype and result.shape == expected.shape
+    np.testing.assert_array_equal(result, expected)
+    assert sorted(r.eids) == sorted(targets) and not raised and not failed
+    assert sim.pending_total() == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes, targets_st, st.sampled_from(sorted(OPS)), st.data())
+def test_tree_reduce_of_python_numbers(shape, targets, op, data):
+    values = {e: data.draw(st.one_of(st.integers(-10**20, 10**20), st.floats(-1e3, 1e3), st.booleans())) for e in targets}
+    sim = TreeSim(*shape, ENGINES)
+    sim.answer_with = value_answer(values)
+    sim.request(targets, reduce=op)
+    r, _, _ = reduce_outcome(sim)
+    ordered = [values[e] for e in targets]
+    expected = functools.reduce(OPS[op][1], ordered)
+    if any(type(v) is float for v in ordered) and op in ("sum", "prod"):
+        assert r.result() == pytest.approx(expected, rel=1e-9)
+    else:
+        assert r.result() == expected
+
+
+def test_mismatched_shapes_name_the_engines():
+    values = {0: np.zeros(3), 1: np.zeros(3), 2: np.zeros(4), 3: np.zeros(3)}
+    sim = TreeSim(1, 2, list(values))
+    sim.answer_with = value_answer(values)
+    sim.request(list(values), reduce="sum")
+    r, _, _ = reduce_outcome(sim)
+    with pytest.raises(ReduceError) as info:
+        r.result()
+    message = str(info.value)
+    assert "[2]" in message and "shape (4,)" in message and "shape (3,)" in message
+
+
+def test_mismatched_dtypes_and_kinds():
+    for values in ({0: np.zeros(2, "int32"), 1: np.zeros(2, "float32")}, {0: 1, 1: np.float64(1)}):
+        sim = TreeSim(0, 2, list(values))
+        sim.answer_with = value_answer(values)
+        sim.request(list(values), reduce="max")
+        r, _, _ = reduce_outcome(sim)
+        with pytest.raises(ReduceError, match=r"engines \[0\] gave .* engines \[1\] gave"):
+            r.result()
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("code ran in a relay node",))
+
+
+def test_no_code_runs_in_the_tree(capsys):
+    """A value that would run code when unpickled is refused, naming the engine."""
+    def answer(eid, request):
+        if eid == 1:
+            return {"status": "ok"}, [pickle.dumps(("py", Evil()))]
+        return {"status": "ok"}, serialize_object(engine_value(lambda: 2))
+    sim = TreeSim(1, 2, [0, 1, 2])
+    sim.answer_with = answer
+    sim.request([0, 1, 2], reduce="sum")
+    r, _, _ = reduce_outcome(sim)
+    with pytest.raises(ReduceError, match="engine 1 .*refused to load builtins.print"):
+        r.result()
+    assert "code ran" not in capsys.readouterr().out
+    assert sim.pending_total() == 0
+
+
+def test_raised_engines_go_up_raw_and_others_still_combine():
+    def answer(eid, request):
+        if eid == 3:
+            return {"status": "error", "ename": "ZeroDivisionError", "evalue": "x", "traceback": []}, []
+        return {"status": "ok"}, serialize_object(engine_value(lambda: eid))
+    sim = TreeSim(2, 2, list(range(6)))
+    sim.answer_with = answer
+    sim.request(list(range(6)), reduce="sum")
+    r, raised, failed = reduce_outcome(sim)
+    assert r.result() == 0 + 1 + 2 + 4 + 5
+    (body,) = raised
+    assert sim.codec.unpack(body)["content"]["ename"] == "ZeroDivisionError"
+
+
+def test_reduce_with_dead_engine():
+    sim = TreeSim(1, 2, [0, 1, 2, 3])
+    sim.answer_with = value_answer({e: e for e in range(4)})
+    sim.hold.add(2)
+    sim.request([0, 1, 2, 3], reduce="sum")
+    sim.kill(2)
+    r, raised, failed = reduce_outcome(sim)
+    assert r.result() == 0 + 1 + 3 and [f[0] for f in failed] == [2]
+    assert sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("bad", [dict(reduce="mean"), dict(reduce="sum", stream=True)])
+def test_bad_reduce_requests_are_dropped(bad):
+    sim = TreeSim(1, 2, [0, 1])
+    sim.request([0, 1], **bad)
+    assert sim.nodes[()].dropped == 1 and not sim.client_inbox

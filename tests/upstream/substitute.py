@@ -1,0 +1,43 @@
+"""Run an upstream ``ClusterTestCase`` with our BroadcastView for every view.
+
+Mixed in before an ipyparallel test class: its client is an
+``ipyparallel_broadcast.Client`` and every view it makes (``client[...]``,
+``client.direct_view``, int targets included) is a ``BroadcastView`` with the
+class's ``coalescing`` mode. Nothing of the upstream tests is copied.
+"""
+
+import ipyparallel_broadcast as ipb
+
+MODES = {
+    "Coalescing": True,
+    "Streaming": False,
+    "Partial": ipb.Batch(count=2, interval=0.05),
+}
+
+
+class BroadcastSubstitution:
+    coalescing = True
+
+    def connect_client(self):
+        client = ipb.Client(profile="iptest", context=self.context)
+        client.wait = lambda *a, **kw: self.client_wait(client, *a, **kw)
+        return client
+
+    def setup_method(self):
+        super().setup_method()
+        coalescing = self.coalescing
+
+        def direct_view(targets="all", **kwargs):
+            return self.client.broadcast_view(targets, coalescing=coalescing, **kwargs)
+
+        self.client.direct_view = direct_view
+        assert isinstance(self.client[:], ipb.BroadcastView)
+        assert isinstance(self.client[-1], ipb.BroadcastView)
+
+
+def substituted(upstream_class, namespace):
+    """Define ``Test<Name><Mode>`` in ``namespace`` for each reply mode."""
+    base = upstream_class.__name__.removeprefix("Test")
+    for mode, coalescing in MODES.items():
+        name = f"Test{base}{mode}"
+        namespace[name] = type(name, (BroadcastSubstitution, upstream_class), {"coalescing": coalescing})
