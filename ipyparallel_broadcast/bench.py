@@ -2,6 +2,7 @@
 BroadcastView, measured interleaved in one run.
 
     python -m ipyparallel_broadcast.bench --engines 8 16 32 --depth 1
+    python -m ipyparallel_broadcast.bench --suite collectives --engines 32
 
 Two clusters run side by side with N engines each: ours (relay tree of the
 given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
@@ -13,6 +14,7 @@ drift hits all views alike; the table shows medians and ratios to DirectView
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -24,14 +26,25 @@ import numpy as np
 import ipyparallel as ipp
 
 from .launcher import Cluster
+from .view import Batch, BroadcastView
 
 ECHO = np.ones(128)  # 1 kB
 PUSH = np.ones(131072)  # 1 MB
 MANY = 20
+MAP_ITEMS = 10_000
 
 
 def echo(x):
     return x
+
+
+def cheap(x):
+    return x + 1
+
+
+@ipp.interactive
+def local_array():
+    return R  # noqa: F821  (pushed to every engine by prepare())
 
 
 def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
@@ -54,14 +67,19 @@ def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
     return clients
 
 
-def views(ours, stock) -> Dict[str, object]:
-    return {
+def views(ours, stock, suite="calls") -> Dict[str, object]:
+    vs = {
         "DirectView": stock[:],
         "ipp BroadcastView coalescing": stock.broadcast_view(is_coalescing=True),
         "ipp BroadcastView non-coalescing": stock.broadcast_view(is_coalescing=False),
         "ours coalescing": ours.broadcast_view(coalescing=True),
         "ours streaming": ours.broadcast_view(coalescing=False),
+        "ours auto": ours.broadcast_view(coalescing="auto"),
     }
+    if suite == "collectives":
+        del vs["ipp BroadcastView non-coalescing"]  # same code path as coalescing here
+        vs["ours partial (Batch 8)"] = ours.broadcast_view(coalescing=Batch(8))
+    return vs
 
 
 def t_echo(view) -> float:
@@ -85,22 +103,75 @@ def t_push(view) -> float:
     return time.perf_counter() - tic
 
 
-MEASURES: Dict[str, tuple] = {
-    # name: (function, unit, scale, higher_is_better)
-    "echo 1kB": (t_echo, "ms", 1e3, False),
-    "many msgs": (t_many, "msg/eng/s", 1.0, True),
-    "push 1MB": (t_push, "ms", 1e3, False),
+def chunks(view) -> np.ndarray:
+    """One 1 MB chunk per engine of the view."""
+    return np.ones((len(view) * 128, 1024))
+
+
+def t_scatter(view) -> float:
+    data = chunks(view)
+    tic = time.perf_counter()
+    view.scatter("g", data, block=True)
+    return time.perf_counter() - tic
+
+
+def t_gather(view) -> float:
+    tic = time.perf_counter()
+    view.gather("g", block=True)
+    return time.perf_counter() - tic
+
+
+def t_map(view) -> float:
+    tic = time.perf_counter()
+    view.map_sync(cheap, range(MAP_ITEMS))
+    return time.perf_counter() - tic
+
+
+def t_reduce(view) -> float:
+    """Sum of one 1 MB array per engine: in the tree for ours, else on the client."""
+    tic = time.perf_counter()
+    if isinstance(view, BroadcastView):
+        view.reduce(local_array, op="sum", block=True)
+    else:
+        functools.reduce(np.add, view.apply_sync(local_array))
+    return time.perf_counter() - tic
+
+
+SUITES: Dict[str, Dict[str, tuple]] = {
+    # suite: {name: (function, unit, scale, higher_is_better)}
+    "calls": {
+        "echo 1kB": (t_echo, "ms", 1e3, False),
+        "many msgs": (t_many, "msg/eng/s", 1.0, True),
+        "push 1MB": (t_push, "ms", 1e3, False),
+    },
+    "collectives": {
+        "scatter N x 1MB": (t_scatter, "ms", 1e3, False),
+        "gather N x 1MB": (t_gather, "ms", 1e3, False),
+        f"map {MAP_ITEMS} items": (t_map, "ms", 1e3, False),
+        "reduce(sum) 1MB": (t_reduce, "ms", 1e3, False),
+    },
 }
+MEASURES = SUITES["calls"]
 
 
-def measure(vs: Dict[str, object], reps: int) -> Dict[str, Dict[str, float]]:
-    """Median of reps interleaved rounds, per measure and view."""
-    samples: Dict[str, Dict[str, List[float]]] = {m: {v: [] for v in vs} for m in MEASURES}
-    for view in vs.values():  # warm up: imports, connections
+def prepare(vs: Dict[str, object], suite: str):
+    """Warm every view up (imports, connections) and give engines their data."""
+    for view in vs.values():
         t_echo(view)
-        t_push(view)
+        if suite == "collectives":
+            view.execute("import numpy as np; R = np.ones(131072)", block=True)
+            t_scatter(view)
+        else:
+            t_push(view)
+
+
+def measure(vs: Dict[str, object], reps: int, suite: str = "calls") -> Dict[str, Dict[str, float]]:
+    """Median of reps interleaved rounds, per measure and view."""
+    measures = SUITES[suite]
+    samples: Dict[str, Dict[str, List[float]]] = {m: {v: [] for v in vs} for m in measures}
+    prepare(vs, suite)
     for _ in range(reps):
-        for m, (fn, *_rest) in MEASURES.items():
+        for m, (fn, *_rest) in measures.items():
             for name, view in vs.items():
                 samples[m][name].append(fn(view))
     return {m: {v: statistics.median(s) for v, s in by.items()} for m, by in samples.items()}
@@ -109,12 +180,13 @@ def measure(vs: Dict[str, object], reps: int) -> Dict[str, Dict[str, float]]:
 def table(n: int, depth: int, medians) -> str:
     names = list(next(iter(medians.values())))
     head = f"N={n} engines, depth {depth}"
-    cols = [f"{m} ({MEASURES[m][1]})" for m in MEASURES]
+    measures = next(s for s in SUITES.values() if set(s) == set(medians))
+    cols = [f"{m} ({measures[m][1]})" for m in measures]
     width = max(len(x) for x in names) + 2
     lines = [head, "view".ljust(width) + "".join(c.rjust(28) for c in cols)]
     for name in names:
         cells = []
-        for m, (_, _, scale, _) in MEASURES.items():
+        for m, (_, _, scale, _) in measures.items():
             value = medians[m][name]
             ratio = value / medians[m]["DirectView"]
             cells.append(f"{value * scale:10.2f} ({ratio:5.2f}x DV)".rjust(28))
@@ -122,12 +194,13 @@ def table(n: int, depth: int, medians) -> str:
     return "\n".join(lines)
 
 
-def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = print):
+def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = print,
+        suite: str = "calls"):
     results = {}
     for n in engine_counts:
         with ExitStack() as stack:
             ours, stock = start_clusters(stack, n, depth, fanout)
-            results[n] = medians = measure(views(ours, stock), reps)
+            results[n] = medians = measure(views(ours, stock, suite), reps, suite)
             out(table(n, depth, medians) + "\n")
     return results
 
@@ -138,9 +211,10 @@ def main(argv=None):
     parser.add_argument("--depth", type=int, default=1)
     parser.add_argument("--fanout", type=int, default=2)
     parser.add_argument("--reps", type=int, default=25)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="calls")
     args = parser.parse_args(argv)
     print(__doc__.split("\n\n")[-1])
-    run(args.engines, args.depth, args.reps, args.fanout)
+    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite)
 
 
 if __name__ == "__main__":

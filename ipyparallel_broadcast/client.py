@@ -336,7 +336,7 @@ class Client(ipp.Client):
             log.error("Dropped an invalid reduction reply: %s", e)
             return
         errors = [error.unwrap_exception(self._codec.unpack(r)["content"]) for r in raised]
-        errors += [error.unwrap_exception(self._engine_error(*f[:3])) for f in failed]
+        errors += [error.unwrap_exception(self._engine_error(*f[:3], "apply")) for f in failed]
         order = {eid: i for i, eid in enumerate(future.targets)}
         errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
         try:
@@ -347,11 +347,13 @@ class Client(ipp.Client):
             future.set_result(e)
 
     @staticmethod
-    def _engine_error(eid, uuid, message):
+    def _engine_error(eid, uuid, message, method):
+        """Error content for an engine that cannot answer (as an engine's own,
+        ``engine_info`` with ``method``, which rendering the error needs)."""
         try:
             raise error.EngineError(message)
         except error.EngineError:
-            return error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid))
+            return error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid, method=method))
 
     def _engine_reply(self, msg_id, reply):
         if reply["parent_header"].get("msg_id") != msg_id:
@@ -372,7 +374,8 @@ class Client(ipp.Client):
         vid = f"{msg_id}_{uuid}"
         if uuid is None or vid not in self.outstanding:
             return
-        reply = self.session.msg("apply_reply", content=self._engine_error(eid, uuid, message))
+        method = self._broadcasts[msg_id]["msg_type"].split("_")[0]  # apply or execute
+        reply = self.session.msg("apply_reply", content=self._engine_error(eid, uuid, message, method))
         reply["parent_header"]["msg_id"] = vid
         reply["metadata"]["engine"] = uuid
         self._handle_apply_reply(reply)

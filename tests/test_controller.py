@@ -78,7 +78,7 @@ def test_our_view_on_a_stock_controller_fails_clearly():
             cluster.stop_cluster_sync()
 
 
-@pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", "streaming"])
+@pytest.mark.parametrize("coalescing", [True, False, 2], ids=["coalescing", "streaming", "partial"])
 def test_engine_killed_mid_request(coalescing):
     """Survivors' results arrive, the dead engine gives an EngineError, no hang."""
     with running_cluster(4, 1, 2) as rc:
@@ -90,8 +90,10 @@ def test_engine_killed_mid_request(coalescing):
         results = ar.get(timeout=60, return_exceptions=True)
         assert results[0] == results[2] == results[3] == "done"
         assert isinstance(results[1], error.RemoteError) and results[1].ename == "EngineError"
-        with pytest.raises(error.CompositeError):
+        assert "Engine 1" in "".join(results[1].render_traceback())
+        with pytest.raises(error.CompositeError) as info:
             ar.get()
+        assert "EngineError" in str(info.value)  # renders (needs engine_info["method"])
         # later broadcasts skip nothing silently: the dead engine is gone from rc.ids
         deadline = time.time() + 30
         while len(rc.ids) > 3 and time.time() < deadline:
