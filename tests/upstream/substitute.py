@@ -6,6 +6,10 @@ Mixed in before an ipyparallel test class: its client is an
 class's ``coalescing`` mode. Nothing of the upstream tests is copied.
 """
 
+import time
+
+import ipyparallel as ipp
+
 import ipyparallel_broadcast as ipb
 
 MODES = {
@@ -24,6 +28,7 @@ class BroadcastSubstitution:
         return client
 
     def setup_method(self):
+        settle_engines()
         super().setup_method()
         coalescing = self.coalescing
 
@@ -41,3 +46,30 @@ def substituted(upstream_class, namespace):
     for mode, coalescing in MODES.items():
         name = f"Test{base}{mode}"
         namespace[name] = type(name, (BroadcastSubstitution, upstream_class), {"coalescing": coalescing})
+
+
+def settle_engines(timeout=15):
+    """Wait until engines a previous test killed are unregistered.
+
+    Upstream's setup counts registered engines to decide how many to start;
+    right after a test SIGKILLs engines, dead ones may still be registered,
+    none get started, and the setup then finds no engines at all.
+    """
+    rc = ipp.Client(profile="iptest")
+    try:
+        ids = rc.ids
+        if not ids:
+            return
+        ar = rc[ids].apply_async(int)
+        try:
+            ar.get(timeout=5)
+            return
+        except Exception:
+            pass
+        dead = [eid for eid, child in zip(ids, ar._children)
+                if not child.done() or isinstance(child.result(), Exception)]
+        deadline = time.monotonic() + timeout
+        while set(dead) & set(rc.ids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        rc.close()
