@@ -3,6 +3,7 @@ coalescing and auto mode, at depths 0, 1 and 2."""
 
 import functools
 import os
+import re
 import tempfile
 import time
 
@@ -270,3 +271,67 @@ def test_auto_mode_rule(rc):
     before = rc._replies_received
     view.apply_sync(blob, big)  # now known to be large: streamed
     assert rc._replies_received - before == len(rc)
+
+
+# ------------------------------------------------------ magics and datapub
+@pytest.fixture(scope="module")
+def shell(tmp_path_factory):
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+    from traitlets.config import Config
+
+    os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
+    config = Config()
+    config.TerminalInteractiveShell.simple_prompt = True
+    yield TerminalInteractiveShell.instance(config=config)
+    TerminalInteractiveShell.clear_instance()
+
+
+def out_lines(text):
+    """``(engine id, value)`` of each ``Out[engine:count]: value`` line, in order."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)  # IPython colors the prompt
+    return [(int(e), int(v)) for e, v in re.findall(r"Out\[(\d+):\d+\]: *(\d+)", plain)]
+
+
+def test_px_magics_in_target_order(rc, coalescing, shell):
+    from IPython.utils.io import capture_output
+
+    targets = rc.ids[::-1]
+    view = rc.broadcast_view(targets, coalescing=coalescing, block=True)
+    view.scatter("rank", targets, flatten=True)
+    view.activate("_t")
+    with capture_output(display=False) as io:
+        shell.run_cell_magic("px_t", "--no-stream", "print('rank', rank)\nrank * 10")
+    assert [int(e) for e in re.findall(r"\[stdout:(\d+)\]", io.stdout)] == targets
+    assert re.findall(r"rank (\d+)", io.stdout) == [str(t) for t in targets]
+    assert out_lines(io.stdout) == [(t, 10 * t) for t in targets]
+
+    with capture_output(display=False):
+        shell.run_line_magic("autopx_t", "")
+        shell.run_cell("doubled = rank * 2")
+        shell.run_line_magic("autopx_t", "")
+    assert view["doubled"] == [2 * t for t in targets]
+
+    view.block = False
+    with capture_output(display=False):
+        shell.run_line_magic("px_t", "rank + 1")
+    rc.wait(timeout=10)
+    with capture_output(display=False) as io:
+        shell.run_line_magic("pxresult_t", "")
+    assert out_lines(io.stdout) == [(t, t + 1) for t in targets]
+
+
+def test_publish_data(rc, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+
+    def publish():
+        from ipyparallel.datapub import publish_data
+
+        publish_data({"step": 1})
+        return 1
+
+    ar = view.apply_async(publish)
+    assert ar.get(10) == [1] * len(rc)
+    deadline = time.monotonic() + 10
+    while not all(d.get("step") == 1 for d in ar.data) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [d.get("step") for d in ar.data] == [1] * len(rc)
