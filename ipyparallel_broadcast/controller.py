@@ -9,7 +9,6 @@ is their index modulo the number of leaves.
 
 from __future__ import annotations
 
-import logging
 from multiprocessing import Process
 
 from traitlets import Integer, default, validate

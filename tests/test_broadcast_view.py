@@ -1,8 +1,6 @@
 """BroadcastView on real clusters: every operation, both reply modes, several
 tree shapes, target subsets (including all targets under one leaf)."""
 
-import sys
-
 import numpy as np
 import pytest
 
