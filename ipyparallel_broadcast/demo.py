@@ -1,15 +1,17 @@
-"""The main job: a local cluster, broadcasts in both reply modes, and a
-comparison with DirectView and ipyparallel's own BroadcastView, measured in
-the same run. ``python -m ipyparallel_broadcast.demo [--engines 8 --depth 2]``
+"""The main job: a local cluster, broadcasts in both reply modes, collectives,
+and a comparison with DirectView and ipyparallel's own BroadcastView, measured
+in the same run. ``python -m ipyparallel_broadcast.demo [--engines 8 --depth 2]``
 """
 
 import argparse
 import os
 from contextlib import ExitStack
 
+import ipyparallel as ipp
 import numpy as np
 
 from . import bench
+from .view import Batch
 
 
 def show_broadcasts(rc):
@@ -30,6 +32,18 @@ def show_broadcasts(rc):
         print(f"remote errors come back per engine ({mode}): {errors[0]!r}\n")
 
 
+def show_collectives(rc):
+    view = rc.broadcast_view(coalescing=Batch(count=2), block=True)
+    print(f"--- collectives, one client message each, {view!r}")
+    data = np.arange(len(rc) * 4.0)
+    view.scatter("part", data)
+    print(f"scatter(arange({data.size})) -> engine 0 has {rc[0]['part']}")
+    print(f"gather -> {view.gather('part')}")
+    print(f"map(x + 1, range(10)) -> {view.map(bench.cheap, range(10))}")
+    total = view.reduce(ipp.interactive(lambda: part.sum()), op="sum")  # noqa: F821
+    print(f"reduce(part.sum(), op='sum'), combined in the tree -> {total} (= {data.sum()})\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=8)
@@ -42,8 +56,12 @@ def main(argv=None):
               f"(relay tree depth {args.depth}) and stock ipyparallel (same depth)...")
         ours, stock = bench.start_clusters(stack, args.engines, args.depth)
         show_broadcasts(ours)
+        show_collectives(ours)
         print(f"Timing, {args.reps} interleaved rounds (medians):\n")
         medians = bench.measure(bench.views(ours, stock), args.reps)
+        print(bench.table(args.engines, args.depth, medians) + "\n")
+        suite = "collectives"
+        medians = bench.measure(bench.views(ours, stock, suite), max(args.reps // 3, 3), suite)
         print(bench.table(args.engines, args.depth, medians))
         print("\nShutting the clusters down.")
     print("Done.")
