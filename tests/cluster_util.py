@@ -30,6 +30,7 @@ def running_cluster(n, depth, fanout, **kwargs):
             **kwargs,
         )
         rc = cluster.start_and_connect_sync()
+        rc.test_profile_dir = profile_dir  # tests find connection files here
         try:
             rc.wait_for_engines(n, timeout=60)
             yield rc

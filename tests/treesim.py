@@ -93,7 +93,10 @@ class TreeSim:
         idents, body = P.split_idents(frames[1:])
         if eid not in self.engine_codecs:  # each engine has its own session
             self.engine_codecs[eid] = P.Codec(Session(key=self.session.key))
-        request = self.engine_codecs[eid].unpack(body)
+        try:
+            request = self.engine_codecs[eid].unpack(body)
+        except P.ProtocolError:
+            return  # a real engine drops what it cannot read, and never answers
         content, buffers = {"status": "ok", "eid": eid}, []
         if self.answer_with is not None:
             content, buffers = self.answer_with(eid, request)

@@ -140,6 +140,11 @@ class RelayNode:
 
     # -------------------------------------------------------------- down path
     def _start(self, route, content, inner, compat=None) -> List[Send]:
+        if compat is None:  # the client's own request: checked once, at the root
+            if len(inner) < 5:
+                raise P.ProtocolError(f"the request inside has {len(inner)} frames, needs 5")
+            if self.is_root:
+                self.codec.check_signature(inner[:5])
         key = f"r{next(self._keys)}" if self.is_root else content.get("req")
         if not isinstance(key, str) or key in self.pending:
             return self._drop(f"request key {key!r} missing or in use")
@@ -273,7 +278,8 @@ class RelayNode:
         meta = msg["metadata"]
         if msg["header"].get("msg_type") != P.BUNDLE or not isinstance(meta, dict):
             raise P.ProtocolError("expected a bundle from a child")
-        p = self.pending.get(meta.get("req"))
+        req = meta.get("req")
+        p = self.pending.get(req) if isinstance(req, str) else None
         if p is None or digit not in p.waiting:
             raise P.ProtocolError(f"unexpected bundle for {meta.get('req')!r}")
         if p.reduction is not None:

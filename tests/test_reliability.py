@@ -1,0 +1,100 @@
+"""Reliability on real clusters: bad input on the nodes' real sockets, and
+several clients broadcasting through one tree at once."""
+
+import glob
+import json
+import os
+import threading
+import time
+
+import zmq
+from jupyter_client.session import Session
+
+import ipyparallel_broadcast as ipb
+
+from cluster_util import running_cluster
+from test_fuzz_core import Fuzzer
+
+
+def connection(rc, kind):
+    (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", f"*-{kind}.json"))
+    with open(path) as f:
+        return json.load(f)
+
+
+def controller_log(rc):
+    (path,) = glob.glob(os.path.join(rc.test_profile_dir, "log", "ipcontroller-*.log"))
+    with open(path) as f:
+        return f.read()
+
+
+class _Keyed:
+    def __init__(self, key):
+        self.session = Session(key=key.encode())
+
+
+def test_fuzzing_the_nodes_sockets_drops_everything_and_serving_goes_on():
+    per_socket = 2000
+    with running_cluster(4, 1, 2) as rc:
+        info = connection(rc, "engine")
+        urls = [rc._config["broadcast"]]  # the root's client side
+        urls += [p if "://" in str(p) else f"{info['interface']}:{p}" for p in info["broadcast"]]  # leaves
+        fuzzer = Fuzzer(_Keyed(info["key"]), seed=7)
+        ctx = zmq.Context()
+        try:
+            for url in urls:
+                sock = ctx.socket(zmq.DEALER)
+                sock.IDENTITY = b"fuzzer-" + url.rsplit(":", 1)[1].encode()
+                sock.LINGER = 0
+                sock.connect(url)
+                for _ in range(per_socket):
+                    frames = fuzzer.message()
+                    sock.send_multipart(frames or [b""])
+                sock.close()
+        finally:
+            ctx.term()
+        # every node still serves, in every mode (4 engines cover both leaves)
+        for coalescing in (True, False, 2):
+            assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 7) == [7] * 4
+        deadline = time.monotonic() + 10
+        while controller_log(rc).count("dropped a message") < 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert controller_log(rc).count("dropped a message") >= 100  # drops are logged
+
+
+def tag(client, call):
+    return (client, call)
+
+
+def test_concurrent_clients_never_receive_each_others_results():
+    """4 clients x 200 interleaved requests, each client in its own thread and
+    its own reply mode: each gets exactly its own replies, no more messages."""
+    calls = 200
+    modes = [True, False, ipb.Batch(2), "auto"]
+    with running_cluster(4, 1, 2) as rc:
+        clients = [rc] + [ipb.Client(connection(rc, "client")) for _ in range(3)]
+        for c in clients[1:]:
+            c.wait_for_engines(4, timeout=30)
+        results = {}
+        start = threading.Barrier(len(clients))
+
+        def run(k):
+            view = clients[k].broadcast_view(coalescing=modes[k])
+            start.wait()
+            ars = [view.apply_async(tag, k, i) for i in range(calls)]
+            results[k] = [ar.get(60) for ar in ars]
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(clients))]
+        before = [c._replies_received for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for k in range(len(clients)):
+            assert results[k] == [[(k, i)] * 4 for i in range(calls)]
+        # replies per call: coalescing 1, streaming 4, Batch(2) one per leaf (2),
+        # auto streams non-blocking calls (4)
+        expected = [calls, 4 * calls, 2 * calls, 4 * calls]
+        assert [c._replies_received - b for c, b in zip(clients, before)] == expected
+        for c in clients[1:]:
+            c.close()
