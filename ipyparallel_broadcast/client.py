@@ -103,6 +103,7 @@ class Client(ipp.Client):
         self._recent: Dict[str, tuple] = {}  # per-engine id -> (result, metadata), recent calls
         self._recent_calls: deque = deque()
         self._replies_received = 0  # messages from the tree (tests count them)
+        self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
 
     # ----------------------------------------------------------------- views
     @property
@@ -141,6 +142,21 @@ class Client(ipp.Client):
             coalescing=coalescing,
             **kwargs,
         )
+
+    def broadcast_stats(self, timeout: float = 10) -> List[dict]:
+        """Every relay node's own state, gathered up the tree in one round trip:
+        ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``
+        (bad messages refused), ``engines`` (leaves), ``rss`` and ``pid``.
+        A node that cannot answer appears with an ``error``."""
+        self.tree_shape  # a clear error on a stock controller
+        msg = self.session.msg(P.STATS, content={})
+        msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
+        self._surveys[msg_id] = survey = Future()
+        self._io_loop.add_callback(self._broadcast_stream.send_multipart, self.session.serialize(msg))
+        try:
+            return sorted(survey.result(timeout), key=lambda n: str(n.get("node")))
+        finally:
+            self._surveys.pop(msg_id, None)
 
     def broadcast_tree(self) -> TreeLayout:
         """Depth, fan-out, and the engines under each leaf."""
@@ -302,6 +318,11 @@ class Client(ipp.Client):
         try:
             _, body = P.split_idents(frames)
             msg = self._codec.unpack(body)
+            if msg["header"].get("msg_type") == P.STATS_REPLY:
+                survey = self._surveys.get(msg["content"].get("msg_id"))
+                if survey is not None and not survey.done():
+                    survey.set_result(msg["content"].get("nodes", []))
+                return
             if msg["header"].get("msg_type") != P.BUNDLE:
                 return self._dispatch_reply(frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")

@@ -33,6 +33,10 @@ Jupyter message whose buffers follow):
     parts are raw replies of engines whose function raised.
     ``failed``: ``[[engine_id, uuid, message, code], ...]`` engines that cannot
     answer; ``code`` is ``died`` (the hub unregistered it), ``unreachable`` or ``unknown``.
+
+``ipb_stats``  client -> root -> ... -> leaves, content ``{msg_id}`` (``req`` below the root)
+``ipb_stats_reply``  back up, content ``{msg_id, req, nodes: [{node, pending, ...}]}``:
+    every node's own state (pending requests, drops, RSS), gathered up the tree.
     ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
     a coalesced bundle carries the whole subtree).
 """
@@ -48,7 +52,7 @@ from jupyter_client.session import DELIM, Session
 
 REQUEST = "ipb_request"
 BUNDLE = "ipb_bundle"
-HELLO = "ipb_hello"
+STATS, STATS_REPLY = "ipb_stats", "ipb_stats_reply"  # survey of every node's state
 COALESCE, STREAM = "coalesce", "stream"
 REDUCE_OPS = ("sum", "prod", "min", "max")  # combined in the tree ("concat" is not: see view)
 DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes

@@ -133,7 +133,8 @@ def test_forged_and_malformed_requests_are_dropped():
 def test_replayed_request_is_dropped():
     node, _ = node_and_codec()
     good = P.Codec(Session(key=b"secret"))
-    frames = [b"c"] + good.pack(P.REQUEST, P.request_content("m", [0, 1], P.COALESCE))
+    inner = good.session.serialize(good.session.msg("apply_request", content={}))[1:]
+    frames = [b"c"] + good.pack(P.REQUEST, P.request_content("m", [0, 1], P.COALESCE), inner)
     assert node.on_up(list(frames))
     assert node.on_up(list(frames)) == []
     assert node.dropped == 1
@@ -261,3 +262,42 @@ def test_interior_nodes_do_not_parse_results():
     assert [P.as_bytes(f) for f in outer["buffers"]].count(b"opaque, not JSON") == 2
     with pytest.raises(P.ProtocolError):
         list(P.iter_bundle(sim.codec, outer))  # the client, not the root, finds it bad
+
+
+def survey(sim):
+    root = sim.nodes[()]
+    sim.client_inbox.clear()
+    sim._run(root, root.on_up([b"c"] + sim.codec.pack(P.STATS, {"msg_id": "q"})), ())
+    (reply,) = sim.client_inbox
+    msg = sim.codec.unpack(P.split_idents(reply)[1])
+    assert msg["header"]["msg_type"] == P.STATS_REPLY and msg["content"]["msg_id"] == "q"
+    return {n["node"]: n for n in msg["content"]["nodes"]}
+
+
+@pytest.mark.parametrize("depth,fanout", [(0, 2), (1, 3), (2, 2)])
+def test_stats_survey_reaches_every_node(depth, fanout):
+    sim = TreeSim(depth, fanout, ENGINES)
+    sim.hold.add(3)
+    sim.request(ENGINES)
+    nodes = survey(sim)
+    assert sorted(nodes) == sorted(n.name for n in sim.nodes.values())
+    leaf3 = sim.nodes[sim.shape.leaf_path(3)].name
+    busy = {name for name, n in nodes.items() if n["pending"]}
+    assert leaf3 in busy and "root" in busy  # the request waits for engine 3 there
+    served = {sim.nodes[p].name: len(es) for p, es in sim.shape.layout(ENGINES).items()}
+    assert all(nodes[name]["engines"] == n for name, n in served.items())
+    sim.release(3)
+    assert all(n["pending"] == 0 and n["surveys"] == 0 for n in survey(sim).values())
+
+
+def test_stats_survey_reports_a_lost_child():
+    shape = TreeShape(1, 2)
+    root = RelayNode(P.Codec(Session(key=b"k")), shape, ())
+    client = P.Codec(Session(key=b"k"))
+    sends = root.on_up([b"c"] + client.pack(P.STATS, {"msg_id": "q"}))
+    assert [s.socket for s in sends] == ["down", "down"]
+    assert root.on_child_lost(0) == []  # child 1 still owes its part
+    (reply,) = root.on_child_lost(1, "was killed")
+    nodes = client.unpack(P.split_idents(reply.frames)[1])["content"]["nodes"]
+    assert [n["node"] for n in nodes] == ["root", "0", "1"]
+    assert "relay node 1 was killed" in nodes[2]["error"] and not root.surveys

@@ -75,6 +75,8 @@ class RelayNode:
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
         self.dropped = 0  # messages dropped as malformed or unexpected
+        self.surveys: Dict[str, list] = {}  # stats key -> [route, msg_id, digits owed, nodes]
+        self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         self._keys = count()
 
     # ------------------------------------------------------------------ events
@@ -87,6 +89,8 @@ class RelayNode:
             if msg_type == P.REQUEST:
                 content = P.validate_request(msg["content"])
                 return self._start(route, content, msg["buffers"])
+            if msg_type == P.STATS:
+                return self._survey(route, msg["content"])
             if self.is_root and msg_type in CompatRequest.msg_types:
                 compat = CompatRequest.parse(msg, body)
                 return self._start(route, compat.content, compat.inner, compat)
@@ -131,12 +135,59 @@ class RelayNode:
         return min((p.deadline for p in self.pending.values() if p.deadline is not None),
                    default=None)
 
+    def stats(self) -> dict:
+        """This node's own state, as a survey reports it."""
+        return dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
+                    surveys=len(self.surveys), dropped=self.dropped,
+                    engines=sum(self.shape.serves(self.path, e) for e in self.engines)
+                    if self.is_leaf else None, **self.probe())
+
     def on_child_lost(self, digit: int, why: str = "is unreachable") -> List[Send]:
         child = node_name(self.path + (digit,))
-        return self._fail_dest(
+        sends = []
+        for key, survey in list(self.surveys.items()):
+            if digit in survey[2]:
+                survey[2].discard(digit)
+                survey[3].append(dict(node=child, error=f"relay node {child} {why}"))
+                sends += self._survey_done(key)
+        return sends + self._fail_dest(
             digit, P.UNREACHABLE,
             lambda eid: f"Relay node {child} {why}; engine {eid} did not answer",
         )
+
+    # ----------------------------------------------------------------- survey
+    def _survey(self, route, content) -> List[Send]:
+        if not isinstance(content, dict):
+            raise P.ProtocolError("stats request content is not a dict")
+        key = f"s{next(self._keys)}" if self.is_root else content.get("req")
+        if not isinstance(key, str) or key in self.surveys:
+            raise P.ProtocolError("stats request without a usable key")
+        digits = set() if self.is_leaf else set(self.children.values())
+        self.surveys[key] = [route, content.get("msg_id"), digits, [self.stats()]]
+        down = self.codec.pack(P.STATS, dict(req=key))
+        return [Send(DOWN, [ident] + down) for ident in self.children if not self.is_leaf] \
+            + self._survey_done(key)
+
+    def _survey_reply(self, digit, msg) -> List[Send]:
+        try:
+            content = self.codec.session.unpack(P.as_bytes(msg["content"]))
+        except Exception as e:
+            raise P.ProtocolError(f"bad stats reply: {e}") from e
+        key, nodes = content.get("req"), content.get("nodes")
+        survey = self.surveys.get(key) if isinstance(key, str) else None
+        if survey is None or digit not in survey[2] or not isinstance(nodes, list):
+            raise P.ProtocolError(f"unexpected stats reply for {key!r}")
+        survey[2].discard(digit)
+        survey[3].extend(n for n in nodes if isinstance(n, dict))
+        return self._survey_done(key)
+
+    def _survey_done(self, key) -> List[Send]:
+        route, msg_id, owed, nodes = self.surveys[key]
+        if owed:
+            return []
+        del self.surveys[key]
+        reply = dict(req=key, msg_id=msg_id, nodes=nodes)
+        return [Send(UP, route + self.codec.pack(P.STATS_REPLY, reply))]
 
     # -------------------------------------------------------------- down path
     def _start(self, route, content, inner, compat=None) -> List[Send]:
@@ -275,6 +326,8 @@ class RelayNode:
         if digit is None:
             raise P.ProtocolError(f"bundle from unknown peer {idents!r}")
         msg = self.codec.unpack(body, content=False)  # results stay unparsed
+        if msg["header"].get("msg_type") == P.STATS_REPLY:
+            return self._survey_reply(digit, msg)
         meta = msg["metadata"]
         if msg["header"].get("msg_type") != P.BUNDLE or not isinstance(meta, dict):
             raise P.ProtocolError("expected a bundle from a child")

@@ -13,6 +13,7 @@ import signal
 import time
 from typing import List
 
+import psutil
 import zmq
 from jupyter_client.session import Session
 
@@ -43,6 +44,8 @@ class NodeShell:
         self.log = logging.getLogger(f"ipyparallel_broadcast.node.{node_name(path)}")
         self.codec = P.Codec(session_from(spec))
         self.node = RelayNode(self.codec, shape, path)
+        process = psutil.Process()
+        self.node.probe = lambda: dict(rss=process.memory_info().rss, pid=process.pid)
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),
             curve_publickey=spec.get("curve_publickey"),
