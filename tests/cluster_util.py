@@ -17,15 +17,16 @@ def quiet_config():
 
 
 @contextlib.contextmanager
-def running_cluster(n, depth, fanout, **kwargs):
-    """Start a broadcast cluster of n engines; yield a connected ipb.Client."""
+def running_cluster(n, depth, fanout, config=None, **kwargs):
+    """Start a broadcast cluster of n engines; yield a connected ipb.Client.
+    ``config``: the cluster's config (default: ``quiet_config()``)."""
     with tempfile.TemporaryDirectory(prefix="ipb-test-", dir=os.environ.get("IPB_TEST_DIR")) as profile_dir:
         cluster = ipb.Cluster(
             n=n,
             depth=depth,
             fanout=fanout,
             profile_dir=profile_dir,
-            config=quiet_config(),
+            config=quiet_config() if config is None else config,
             log_level=int(os.environ.get("IPB_TEST_LOG_LEVEL", 40)),
             **kwargs,
         )

@@ -8,8 +8,11 @@ import signal
 import threading
 import time
 
+import psutil
 import zmq
+from ipyparallel import error
 from jupyter_client.session import Session
+from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
 
@@ -131,3 +134,25 @@ def test_ten_thousand_broadcasts_leave_no_state_and_bounded_memory():
         print("RSS growth per node after 10,000 broadcasts (MiB):", growth)
         assert max(growth.values()) < 10
         assert rc.broadcast_view(coalescing=True).apply_sync(lambda: 1) == [1] * len(rc.ids)
+
+
+def test_host_loss_is_detected_within_seconds_with_default_heartbeats():
+    """The engine and its nanny die together (as when a host is lost): the
+    survivors' results arrive and the dead engine's EngineError follows, with
+    the controller's default heartbeat settings (no test tuning)."""
+    with running_cluster(4, 1, 2, config=Config()) as rc:
+        view = rc.broadcast_view(coalescing=True)
+        pids = view.apply_sync(os.getpid)
+        ar = view.apply_async(lambda: __import__("time").sleep(1) or "done")
+        time.sleep(0.3)
+        victim = psutil.Process(pids[2])
+        for proc in victim.children(recursive=True) + [victim]:  # the nanny, then the kernel
+            proc.kill()
+        killed = time.monotonic()
+        results = ar.get(timeout=60, return_exceptions=True)
+        detected = time.monotonic() - killed
+        print(f"host loss detected after {detected:.2f} s")
+        assert [r for i, r in enumerate(results) if i != 2] == ["done"] * 3
+        assert isinstance(results[2], error.RemoteError) and results[2].ename == "EngineError"
+        assert detected < 15  # ~3.5 s by design (0.8 s x 3 heartbeats); generous against load
+        assert all(n["pending"] == 0 for n in rc.broadcast_stats())
