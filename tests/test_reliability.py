@@ -15,6 +15,7 @@ from jupyter_client.session import Session
 from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast import protocol as P
 
 from cluster_util import running_cluster
 from test_fuzz_core import Fuzzer
@@ -156,3 +157,33 @@ def test_host_loss_is_detected_within_seconds_with_default_heartbeats():
         assert isinstance(results[2], error.RemoteError) and results[2].ename == "EngineError"
         assert detected < 15  # ~3.5 s by design (0.8 s x 3 heartbeats); generous against load
         assert all(n["pending"] == 0 for n in rc.broadcast_stats())
+
+
+def test_curve_end_to_end_through_every_hop():
+    """With CurveZMQ on (and so no HMAC key, as ipyparallel does), broadcasts go
+    through a depth-2 tree; a plain, non-curve socket gets nothing from the root."""
+    with running_cluster(4, 2, 2, controller_args=["--IPController.enable_curve=True"]) as rc:
+        assert rc._config.get("curve_serverkey")
+        for coalescing in (True, False, 2):
+            view = rc.broadcast_view(coalescing=coalescing)
+            assert view.apply_sync(lambda x: x + 1, 1) == [2] * 4
+        view.scatter("x", list(range(8)), block=True)
+        assert view.gather("x", block=True) == list(range(8))
+        assert view.reduce(lambda: 1, op="sum", block=True) == 4
+        nodes = rc.broadcast_stats()
+        session = Session(key=b"")
+        ctx = zmq.Context()
+        try:  # without the curve handshake nothing reaches a node, root or internal link
+            for url in [rc._config["broadcast"]] + [n["down_url"] for n in nodes]:
+                plain = ctx.socket(zmq.DEALER)
+                plain.LINGER = 0
+                plain.IDENTITY = b"ipb-node:0"  # even posing as a child
+                plain.connect(url)
+                plain.send_multipart(session.serialize(session.msg(P.STATS, content={"msg_id": "x"})))
+                assert plain.poll(500) == 0
+                plain.close()
+        finally:
+            ctx.term()
+        after = rc.broadcast_stats()
+        assert [n["dropped"] for n in after] == [n["dropped"] for n in nodes] == [0] * len(nodes)
+        assert all(n["pending"] == 0 and "error" not in n for n in after)

@@ -4,6 +4,9 @@ Sockets:
   up    root: ROUTER bound for clients; others: DEALER to the parent's ``down``
   down  ROUTER (``ROUTER_MANDATORY``) bound for children, or for engines at a leaf
   hub   leaves only: SUB to the hub's notifications, DEALER to its registrar
+
+With ``enable_curve`` every one of them, links between nodes included, uses
+CurveZMQ with the controller's keys, as the rest of the controller does.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class NodeShell:
         self.codec = P.Codec(session_from(spec))
         self.node = RelayNode(self.codec, shape, path)
         process = psutil.Process()
-        self.node.probe = lambda: dict(rss=process.memory_info().rss, pid=process.pid)
+        self.node.probe = lambda: dict(
+            rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"]
+        )
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),
             curve_publickey=spec.get("curve_publickey"),
@@ -58,13 +63,10 @@ class NodeShell:
         else:
             self.up = ctx.socket(zmq.DEALER)
             self.up.IDENTITY = node_identity(path)
-            self.up.connect(spec["up_url"])
+            util.connect(self.up, spec["up_url"], **curve)  # links between nodes: curve too
         self.down = ctx.socket(zmq.ROUTER)
         self.down.ROUTER_MANDATORY = 1
-        if self.node.is_leaf:
-            util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
-        else:
-            self.down.bind(spec["down_url"])
+        util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
         for s in (self.up, self.down):
             s.SNDHWM = s.RCVHWM = 0
             s.LINGER = 0

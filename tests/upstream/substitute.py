@@ -39,6 +39,10 @@ class BroadcastSubstitution:
         assert isinstance(self.client[:], ipb.BroadcastView)
         assert isinstance(self.client[-1], ipb.BroadcastView)
 
+    def teardown_method(self):
+        settle_engines(self.client)  # upstream's teardown broadcasts to client[:]
+        super().teardown_method()
+
 
 def substituted(upstream_class, namespace):
     """Define ``Test<Name><Mode>`` in ``namespace`` for each reply mode."""
@@ -48,12 +52,13 @@ def substituted(upstream_class, namespace):
         namespace[name] = type(name, (BroadcastSubstitution, upstream_class), {"coalescing": coalescing})
 
 
-def settle_engines(timeout=15):
-    """Wait until engines a previous test killed are unregistered.
+def settle_engines(*clients, timeout=15):
+    """Wait until engines a test killed are unregistered, also in ``clients``.
 
-    Upstream's setup counts registered engines to decide how many to start;
-    right after a test SIGKILLs engines, dead ones may still be registered,
-    none get started, and the setup then finds no engines at all.
+    Upstream's setup counts registered engines to decide how many to start, and
+    its teardown broadcasts to ``client[:]``: right after a test SIGKILLs
+    engines, dead ones may still be registered, and either step races with
+    their unregistration.
     """
     rc = ipp.Client(profile="iptest")
     try:
@@ -69,7 +74,7 @@ def settle_engines(timeout=15):
         dead = [eid for eid, child in zip(ids, ar._children)
                 if not child.done() or isinstance(child.result(), Exception)]
         deadline = time.monotonic() + timeout
-        while set(dead) & set(rc.ids) and time.monotonic() < deadline:
+        while any(set(dead) & set(c.ids) for c in (rc, *clients)) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         rc.close()
