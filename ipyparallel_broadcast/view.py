@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
-from ipyparallel import util
+from ipyparallel import error, util
 from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
 from ipyparallel.client.map import Map, dists
 from ipyparallel.client.remotefunction import ParallelFunction, _map, getname, sync_view_results
@@ -42,6 +42,26 @@ class Batch:
             raise ValueError(f"Batch count must be a positive int, not {self.count!r}")
         if self.interval is not None and not self.interval >= 0:
             raise ValueError(f"Batch interval must be >= 0 seconds, not {self.interval!r}")
+
+
+class _Survivors:
+    """A ``CompositeError`` from ``get()`` keeps every engine's outcome in
+    ``.results``: the survivors' results, with the errors in place."""
+
+    def _collect_exceptions(self, results):
+        try:
+            return super()._collect_exceptions(results)
+        except error.CompositeError as e:
+            e.results = list(results)
+            raise
+
+
+class TreeAsyncResult(_Survivors, AsyncResult):
+    pass
+
+
+class TreeAsyncMapResult(_Survivors, AsyncMapResult):
+    pass
 
 
 def reply_mode(coalescing) -> tuple:
@@ -116,12 +136,12 @@ class BroadcastView(DirectView):
             reply=reply, track=track, each=each, batch=batch, reduce=reduce,
         )
         if reduce:
-            return AsyncResult(self.client, futures[0], fname=fname, targets=eids, owner=True)
+            return TreeAsyncResult(self.client, futures[0], fname=fname, targets=eids, owner=True)
         if self.coalescing == AUTO:
             futures[-1].add_done_callback(lambda _: self._learn_size(fname, futures))
         if isinstance(targets, int):
             futures = futures[0]
-        return AsyncResult(self.client, futures, fname=fname, targets=eids, owner=True)
+        return TreeAsyncResult(self.client, futures, fname=fname, targets=eids, owner=True)
 
     def _learn_size(self, fname, futures):
         known = [f.reply_bytes for f in futures if f.reply_bytes is not None]
@@ -206,7 +226,7 @@ class BroadcastView(DirectView):
         eids = self.client._build_targets(self.targets if targets is None else targets)[1]
         ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
         ar.owner = False
-        return _maybe_get(AsyncMapResult(self.client, ar._children, dists[dist](), fname="gather"), block)
+        return _maybe_get(TreeAsyncMapResult(self.client, ar._children, dists[dist](), fname="gather"), block)
 
     @sync_results
     def map(self, f, *sequences, block=None, track=False, return_exceptions=False, label=None):
@@ -239,7 +259,7 @@ class BroadcastView(DirectView):
                 ar = self._apply(f, eids, [PrePickled(a) for a in args], kwargs, block=block,
                                  fname="reduce")
             ar.owner = False
-            return _maybe_get(AsyncMapResult(self.client, ar._children, Map(), fname="reduce"), block)
+            return _maybe_get(TreeAsyncMapResult(self.client, ar._children, Map(), fname="reduce"), block)
         if op not in OPS:
             raise ValueError(f"op must be one of {sorted(OPS) + ['concat']}, not {op!r}")
         ar = self._apply(partial(engine_value, f), targets, args, kwargs, block=block,
@@ -276,7 +296,7 @@ class TreeParallelFunction(ParallelFunction):
         ar = view._apply(f, used, each=each, track=flags.get("track", False),
                          label=flags.get("label"), block=self.block, fname=getname(self.func))
         ar.owner = False
-        r = AsyncMapResult(
+        r = TreeAsyncMapResult(
             view.client, ar._children, self.mapObject, fname=getname(self.func),
             ordered=self.ordered, return_exceptions=self.return_exceptions,
             chunk_sizes={c.msg_id: n for c, n in zip(ar._children, sizes)},

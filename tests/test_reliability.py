@@ -9,6 +9,7 @@ import threading
 import time
 
 import psutil
+import pytest
 import zmq
 from ipyparallel import error
 from jupyter_client.session import Session
@@ -137,12 +138,13 @@ def test_ten_thousand_broadcasts_leave_no_state_and_bounded_memory():
         assert rc.broadcast_view(coalescing=True).apply_sync(lambda: 1) == [1] * len(rc.ids)
 
 
-def test_host_loss_is_detected_within_seconds_with_default_heartbeats():
+@pytest.mark.parametrize("coalescing", [True, False, ipb.Batch(2)], ids=["coalescing", "streaming", "partial"])
+def test_host_loss_is_detected_within_seconds_with_default_heartbeats(coalescing):
     """The engine and its nanny die together (as when a host is lost): the
     survivors' results arrive and the dead engine's EngineError follows, with
     the controller's default heartbeat settings (no test tuning)."""
     with running_cluster(4, 1, 2, config=Config()) as rc:
-        view = rc.broadcast_view(coalescing=True)
+        view = rc.broadcast_view(coalescing=coalescing)
         pids = view.apply_sync(os.getpid)
         ar = view.apply_async(lambda: __import__("time").sleep(1) or "done")
         time.sleep(0.3)

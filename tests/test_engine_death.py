@@ -1,0 +1,86 @@
+"""An engine SIGKILLed mid-request (its nanny reports it), in every operation
+and reply mode: survivors' results arrive, the dead engine gives an
+EngineError in its place, and no node keeps state for the request."""
+
+import os
+import signal
+import time
+
+import pytest
+from ipyparallel import error
+
+import ipyparallel_broadcast as ipb
+
+from cluster_util import running_cluster
+
+MODES = {"coalescing": True, "streaming": False, "partial": ipb.Batch(2)}
+N = 4  # engines per trial
+
+
+@pytest.fixture(scope="module")
+def rc():
+    with running_cluster(N + 2, 1, 2) as client:
+        yield client
+
+
+def fresh_targets(rc):
+    """N live engines, starting a new one for each killed before."""
+    if len(rc.ids) < N + 1:
+        rc.cluster.start_engines_sync(N + 2 - len(rc.ids))
+        rc.wait_for_engines(N + 2, timeout=60)
+    return rc.ids[-N:]
+
+
+def slow(x=1):
+    import time
+
+    time.sleep(1.5)
+    return x
+
+
+def start(op, view):
+    """Start ``op`` on the view, the engines still busy when the victim dies."""
+    if op == "apply":
+        return view.apply_async(slow, 1)
+    if op == "execute":
+        return view.execute("import time; time.sleep(1.5); y = 1", block=False)
+    if op == "scatter":
+        view.apply_async(slow)  # the push queues behind it
+        return view.scatter("part", list(range(2 * N)), block=False)
+    if op == "map":
+        return view.map_async(slow, range(N))
+    if op == "reduce":
+        return view.reduce(slow, 1, op="sum", block=False)
+    raise ValueError(op)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["apply", "execute", "scatter", "map", "reduce"])
+def test_engine_killed_mid_request(rc, op, mode):
+    targets = fresh_targets(rc)
+    view = rc.broadcast_view(targets, coalescing=MODES[mode])
+    pids = view.apply_sync(os.getpid)
+    ar = start(op, view)
+    time.sleep(0.3)
+    os.kill(pids[1], signal.SIGKILL)  # targets[1] dies with the request running
+    with pytest.raises(error.CompositeError) as info:
+        ar.get(timeout=60)
+    assert [e[0] for e in info.value.elist] == ["EngineError"]
+    if op == "reduce":
+        assert info.value.partial == N - 1  # what the three survivors combined
+        outcomes = None
+    elif op == "map":  # one chunk per engine, the dead one's an error
+        outcomes = info.value.results
+        assert [r for i, r in enumerate(outcomes) if i != 1] == [[0], [2], [3]]
+    else:
+        outcomes = ar.get(return_exceptions=True)
+        assert info.value.results == outcomes
+        if op == "apply":
+            assert [r for i, r in enumerate(outcomes) if i != 1] == [1] * (N - 1)
+    if outcomes is not None:
+        dead = [i for i, r in enumerate(outcomes) if isinstance(r, Exception)]
+        assert dead == [1] and outcomes[1].ename == "EngineError"
+    assert [n["pending"] for n in rc.broadcast_stats()] == [0] * (1 + 2)  # root + 2 leaves
+    deadline = time.monotonic() + 30
+    while targets[1] in rc.ids and time.monotonic() < deadline:
+        time.sleep(0.05)  # the next trial must not pick the dead engine
