@@ -143,6 +143,17 @@ class Client(ipp.Client):
             **kwargs,
         )
 
+    def _build_targets(self, targets):
+        """ipyparallel's, with a clear error for an engine that is not registered
+        (it died or never came) instead of a bare ``KeyError``."""
+        try:
+            return super()._build_targets(targets)
+        except KeyError as e:
+            raise IndexError(
+                f"Engine {e.args[0]!r} is not registered: it died or never registered "
+                f"(registered engines: {self.ids})"
+            ) from None
+
     def broadcast_stats(self, timeout: float = 10) -> List[dict]:
         """Every relay node's own state, gathered up the tree in one round trip:
         ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``

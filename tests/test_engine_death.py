@@ -84,3 +84,23 @@ def test_engine_killed_mid_request(rc, op, mode):
     deadline = time.monotonic() + 30
     while targets[1] in rc.ids and time.monotonic() < deadline:
         time.sleep(0.05)  # the next trial must not pick the dead engine
+
+
+def test_dead_or_unknown_targets_are_refused_up_front(rc):
+    targets = fresh_targets(rc)
+    pid = rc[targets[0]].apply_sync(os.getpid)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while targets[0] in rc.ids and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pending = set(rc._broadcasts)
+    refused = r"is not registered: it died or never registered"
+    stale = rc.broadcast_view(targets[1:])
+    stale.targets = targets  # set while the dead engine was still listed
+    with pytest.raises(IndexError, match=refused):
+        stale.apply_sync(os.getpid)
+    for bad in ([targets[0]], [targets[1], targets[0]], [10_000]):
+        with pytest.raises(IndexError, match=refused):
+            rc.broadcast_view(bad)
+    assert set(rc._broadcasts) <= pending  # nothing was sent
+    assert len(rc.broadcast_view(targets[1:]).apply_sync(os.getpid)) == N - 1
