@@ -55,6 +55,16 @@ class Pending:
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
 
 
+@dataclass
+class Survey:
+    """A stats request in flight at a node (see ``protocol``: ``ipb_stats``)."""
+
+    route: list
+    msg_id: object
+    owed: Set[int]  # children that have not answered
+    nodes: list  # the stats gathered so far, this node's first
+
+
 class RelayNode:
     """Routing, fan-out and coalescing for one node of the tree."""
 
@@ -75,7 +85,7 @@ class RelayNode:
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
         self.dropped = 0  # messages dropped as malformed or unexpected
-        self.surveys: Dict[str, list] = {}  # stats key -> [route, msg_id, digits owed, nodes]
+        self.surveys: Dict[str, Survey] = {}
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         self._keys = count()
 
@@ -146,9 +156,9 @@ class RelayNode:
         child = node_name(self.path + (digit,))
         sends = []
         for key, survey in list(self.surveys.items()):
-            if digit in survey[2]:
-                survey[2].discard(digit)
-                survey[3].append(dict(node=child, error=f"relay node {child} {why}"))
+            if digit in survey.owed:
+                survey.owed.discard(digit)
+                survey.nodes.append(dict(node=child, error=f"relay node {child} {why}"))
                 sends += self._survey_done(key)
         return sends + self._fail_dest(
             digit, P.UNREACHABLE,
@@ -162,8 +172,8 @@ class RelayNode:
         key = f"s{next(self._keys)}" if self.is_root else content.get("req")
         if not isinstance(key, str) or key in self.surveys:
             raise P.ProtocolError("stats request without a usable key")
-        digits = set() if self.is_leaf else set(self.children.values())
-        self.surveys[key] = [route, content.get("msg_id"), digits, [self.stats()]]
+        owed = set() if self.is_leaf else set(self.children.values())
+        self.surveys[key] = Survey(route, content.get("msg_id"), owed, [self.stats()])
         down = self.codec.pack(P.STATS, dict(req=key))
         return [Send(DOWN, [ident] + down) for ident in self.children if not self.is_leaf] \
             + self._survey_done(key)
@@ -175,19 +185,19 @@ class RelayNode:
             raise P.ProtocolError(f"bad stats reply: {e}") from e
         key, nodes = content.get("req"), content.get("nodes")
         survey = self.surveys.get(key) if isinstance(key, str) else None
-        if survey is None or digit not in survey[2] or not isinstance(nodes, list):
+        if survey is None or digit not in survey.owed or not isinstance(nodes, list):
             raise P.ProtocolError(f"unexpected stats reply for {key!r}")
-        survey[2].discard(digit)
-        survey[3].extend(n for n in nodes if isinstance(n, dict))
+        survey.owed.discard(digit)
+        survey.nodes.extend(n for n in nodes if isinstance(n, dict))
         return self._survey_done(key)
 
     def _survey_done(self, key) -> List[Send]:
-        route, msg_id, owed, nodes = self.surveys[key]
-        if owed:
+        survey = self.surveys[key]
+        if survey.owed:
             return []
         del self.surveys[key]
-        reply = dict(req=key, msg_id=msg_id, nodes=nodes)
-        return [Send(UP, route + self.codec.pack(P.STATS_REPLY, reply))]
+        reply = dict(req=key, msg_id=survey.msg_id, nodes=survey.nodes)
+        return [Send(UP, survey.route + self.codec.pack(P.STATS_REPLY, reply))]
 
     # -------------------------------------------------------------- down path
     def _start(self, route, content, inner, compat=None) -> List[Send]:
