@@ -376,7 +376,7 @@ class Client(ipp.Client):
                 error.collect_exceptions(errors, "reduce")
             future.set_result(reduction.result())
         except error.CompositeError as e:  # keep what the survivors combined
-            e.partial = reduction.result() if reduction.error is None and reduction.sig else None
+            e.partial = reduction.partial()
             future.set_result(e)
         except Exception as e:
             future.set_result(e)

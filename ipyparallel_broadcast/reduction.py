@@ -196,5 +196,9 @@ class Reduction:
             raise ReduceError(f"reduce('{self.op}'): no engine returned a value")
         return self._final()
 
+    def partial(self):
+        """What was combined so far, or ``None`` if nothing or incompatible."""
+        return self._final() if self.error is None and self.sig is not None else None
+
     def _final(self):
         return self.value[()] if self.sig[-1] is True else self.value
