@@ -3,6 +3,7 @@
 import contextlib
 import os
 import tempfile
+import time
 
 from traitlets.config import Config
 
@@ -39,3 +40,18 @@ def running_cluster(n, depth, fanout, config=None, **kwargs):
             rc.close()
             cluster.stop_cluster_sync()
             os.environ.pop("IPP_CLUSTER_ID", None)
+
+
+def settled_stats(rc, timeout=10):
+    """Every node's stats once none has a request pending (or at the timeout).
+
+    A client can learn of a dead engine from the hub, and finish, a moment
+    before the leaf hears of it and releases the request: state must be gone
+    soon after, not necessarily at that instant. A leak still fails.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = rc.broadcast_stats()
+        if all(n.get("pending") == 0 for n in nodes) or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.05)

@@ -11,7 +11,7 @@ from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
 
-from cluster_util import running_cluster
+from cluster_util import running_cluster, settled_stats
 
 MODES = {"coalescing": True, "streaming": False, "partial": ipb.Batch(2)}
 N = 4  # engines per trial
@@ -80,7 +80,7 @@ def test_engine_killed_mid_request(rc, op, mode):
     if outcomes is not None:
         dead = [i for i, r in enumerate(outcomes) if isinstance(r, Exception)]
         assert dead == [1] and outcomes[1].ename == "EngineError"
-    assert [n["pending"] for n in rc.broadcast_stats()] == [0] * (1 + 2)  # root + 2 leaves
+    assert [n["pending"] for n in settled_stats(rc)] == [0] * (1 + 2)  # root + 2 leaves
     deadline = time.monotonic() + 30
     while targets[1] in rc.ids and time.monotonic() < deadline:
         time.sleep(0.05)  # the next trial must not pick the dead engine

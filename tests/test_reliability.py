@@ -18,7 +18,7 @@ from traitlets.config import Config
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast import protocol as P
 
-from cluster_util import running_cluster
+from cluster_util import running_cluster, settled_stats
 from test_fuzz_core import Fuzzer
 
 
@@ -158,7 +158,7 @@ def test_host_loss_is_detected_within_seconds_with_default_heartbeats(coalescing
         assert [r for i, r in enumerate(results) if i != 2] == ["done"] * 3
         assert isinstance(results[2], error.RemoteError) and results[2].ename == "EngineError"
         assert detected < 15  # ~3.5 s by design (0.8 s x 3 heartbeats); generous against load
-        assert all(n["pending"] == 0 for n in rc.broadcast_stats())
+        assert all(n["pending"] == 0 for n in settled_stats(rc))
 
 
 def test_curve_end_to_end_through_every_hop():
