@@ -17,6 +17,8 @@ from typing import Dict, List
 
 import zmq
 from traitlets import Integer
+from zmq.eventloop.zmqstream import ZMQStream
+from zmq.utils.monitor import parse_monitor_message
 
 import ipyparallel as ipp
 from ipyparallel import error
@@ -203,7 +205,7 @@ class Client(ipp.Client):
         if reduce is not None:
             request["reduce"] = reduce
             futures = self._reduce_future(msg_id, inner["header"], track)
-            futures[0].targets = list(eids)
+            futures[0].targets, futures[0].op = list(eids), reduce
         else:
             futures = self._engine_futures(msg_id, inner["header"], uuids, track)
         envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))
@@ -323,6 +325,37 @@ class Client(ipp.Client):
         super()._setup_streams()
         self._broadcast_stream.on_recv(self._dispatch_broadcast, copy=False)
         self._broadcast_stream.on_send(self._broadcast_sent)
+        # the root is this socket's only peer: its link closing means it died
+        monitor = self._broadcast_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._root_monitor = ZMQStream(monitor, self._io_loop)
+        self._root_monitor.on_recv(self._root_lost)
+
+    def close(self, linger=None):
+        if not self._closed:
+            self._stop_io_thread()  # closes the streams' sockets, the monitor's too
+            if not self._broadcast_socket.closed:
+                self._broadcast_socket.disable_monitor()
+            self._root_monitor.socket.close(linger=0)
+        super().close(linger)
+
+    def _root_lost(self, frames):
+        """The link to the root closed: nothing in flight can come back."""
+        if parse_monitor_message(frames)["event"] != zmq.EVENT_DISCONNECTED:
+            return
+        why = "Relay node root is down (its link is closed)"
+        log.error("%s: failing %d broadcast(s) in flight", why, len(self._broadcasts) + len(self._reductions))
+        uuids = {u: e for e, u in self._engines.items()}
+        for vid, msg_id in list(self._real_ids.items()):
+            uuid = vid[len(msg_id) + 1:]
+            eid = uuids.get(uuid)
+            self._engine_failed(msg_id, eid, uuid, f"{why}; engine {eid} did not answer", P.UNREACHABLE)
+        for msg_id, future in list(self._reductions.items()):
+            failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
+            del self._reductions[msg_id]
+            self._resolve_reduction(future, Reduction(future.op), [], failed)
+        for survey in self._surveys.values():
+            if not survey.done():
+                survey.set_exception(ConnectionError(why))
 
     def _dispatch_broadcast(self, frames):
         self._replies_received += 1
@@ -367,6 +400,9 @@ class Client(ipp.Client):
         except (P.ProtocolError, ValueError) as e:
             log.error("Dropped an invalid reduction reply: %s", e)
             return
+        self._resolve_reduction(future, reduction, raised, failed)
+
+    def _resolve_reduction(self, future, reduction, raised, failed):
         errors = [error.unwrap_exception(self._codec.unpack(r)["content"]) for r in raised]
         errors += [error.unwrap_exception(self._engine_error(*f[:3], "apply")) for f in failed]
         order = {eid: i for i, eid in enumerate(future.targets)}
@@ -406,6 +442,7 @@ class Client(ipp.Client):
             self._handle_apply_reply(reply)
 
     def _engine_failed(self, msg_id, eid, uuid, message, code=None):
+        uuid = uuid or self._engines.get(eid)  # interior nodes know engines by id only
         vid = f"{msg_id}_{uuid}"
         if uuid is None or vid not in self.outstanding:
             return

@@ -5,13 +5,18 @@ mux, control, task and IOPub queues. In place of its broadcast schedulers we
 start one process per node of a tree of ``depth`` levels and ``fanout``
 children per node; ``fanout ** depth`` leaves each serve the engines whose id
 is their index modulo the number of leaves.
+
+A relay node process that dies is restarted in place (same ports, same
+place in the tree): engines and child nodes reconnect to it by themselves,
+and its parent fails what was waiting on the old one (see ``schedulers.core``).
 """
 
 from __future__ import annotations
 
 from multiprocessing import Process
 
-from traitlets import Integer, default, validate
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float, Integer, default, validate
 
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
@@ -31,6 +36,15 @@ class BroadcastController(IPController):
 
     depth = Integer(1, config=True, help="Levels of relay nodes below the root (0: root only).")
     fanout = Integer(2, config=True, help="Children per relay node (at least 2).")
+    ping_interval = Float(0.5, config=True, help="Seconds between a relay node's pings to its children.")
+    node_timeout = Float(
+        10.0, config=True,
+        help="A child relay node silent for this many seconds is lost: what waits on it fails. "
+        "(A node that dies is noticed at the next ping: its link closes.)",
+    )
+    node_restarts = Integer(
+        10, config=True, help="How many times a dead relay node is restarted before the controller gives up on it."
+    )
 
     @validate("depth")
     def _valid_depth(self, proposal):
@@ -88,6 +102,8 @@ class BroadcastController(IPController):
             packer=session.packer,
             unpacker=session.unpacker,
             log_level=self.log_level,
+            ping_interval=self.ping_interval,
+            node_timeout=self.node_timeout,
         )
         if path:
             spec["up_url"] = self._internal_url(path[:-1])
@@ -118,15 +134,44 @@ class BroadcastController(IPController):
             self.shape.n_nodes,
             self.shape.n_leaves,
         )
-        for path in self.shape.nodes():
-            children.append(
-                Process(
-                    target=run_node,
-                    kwargs=dict(spec=self.node_spec(path, monitor_url)),
-                    name=f"RelayNode({node_name(path)})",
-                    daemon=True,
-                )
-            )
+        self.node_specs = {path: self.node_spec(path, monitor_url) for path in self.shape.nodes()}
+        self.node_processes = {path: self._node_process(path) for path in self.node_specs}
+        self.node_restarts_done = dict.fromkeys(self.node_specs, 0)
+        children.extend(self.node_processes.values())
+
+    def _node_process(self, path) -> Process:
+        spec = self.node_specs[path]
+        return Process(target=run_node, kwargs=dict(spec=spec), name=f"RelayNode({node_name(path)})", daemon=True)
+
+    # --------------------------------------------------- restarting dead nodes
+    _stopping = False
+
+    def start(self):
+        PeriodicCallback(self.restart_dead_nodes, 250).start()
+        super().start()
+
+    def restart_dead_nodes(self):
+        """Start a new process for each relay node that exited (not at shutdown)."""
+        for path, process in list(self.node_processes.items()):
+            if self._stopping or process.exitcode is None:
+                continue
+            name = node_name(path)
+            if self.node_restarts_done[path] >= self.node_restarts:
+                self.log.critical("relay node %s exited (%s); restarted %d times, giving up",
+                                  name, process.exitcode, self.node_restarts)
+                del self.node_processes[path]
+                continue
+            self.node_restarts_done[path] += 1
+            new = self._node_process(path)
+            new.start()
+            self.log.error("relay node %s (pid %s) exited with code %s; restarted as pid %s",
+                           name, process.pid, process.exitcode, new.pid)
+            self.children[self.children.index(process)] = new
+            self.node_processes[path] = new
+
+    def terminate_children(self):
+        self._stopping = True
+        super().terminate_children()
 
 
 def main(*args, **kwargs):

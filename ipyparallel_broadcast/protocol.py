@@ -39,6 +39,12 @@ Jupyter message whose buffers follow):
     every node's own state (pending requests, drops, RSS), gathered up the tree.
     ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
     a coalesced bundle carries the whole subtree).
+
+``ipb_ping``  parent -> child, every ``ping_interval``; ``ipb_pong``  child -> parent,
+    in answer and once when the child starts, content ``{node, boot}``: ``boot`` is
+    new each time the process starts, so a parent sees a restart at once. A child
+    that cannot be reached, restarts, or stays silent for ``node_timeout`` is lost:
+    requests waiting on it fail with an error naming it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from jupyter_client.session import DELIM, Session
 REQUEST = "ipb_request"
 BUNDLE = "ipb_bundle"
 STATS, STATS_REPLY = "ipb_stats", "ipb_stats_reply"  # survey of every node's state
+PING, PONG = "ipb_ping", "ipb_pong"  # liveness of the links between nodes
 COALESCE, STREAM = "coalesce", "stream"
 REDUCE_OPS = ("sum", "prod", "min", "max")  # combined in the tree ("concat" is not: see view)
 DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes

@@ -25,10 +25,9 @@ class TreeSim:
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
         self.now = 0.0  # the nodes' clock; advance with tick()
-        self.nodes = {
-            path: RelayNode(P.Codec(Session(key=key)), self.shape, path, clock=lambda: self.now)
-            for path in self.shape.nodes()
-        }
+        self.key = key
+        self.nodes = {path: self._new_node(path) for path in self.shape.nodes()}
+        self.down_nodes = {}  # path -> "dead" (its link is closed) or "hung" (silent)
         self.node_inbox = {path: [] for path in self.nodes}  # requests each node got
         self.answer_with = None  # eid, request -> (content, buffers); default: ok, no buffers
         self.engines = {eid: engine_uuid(eid) for eid in engine_ids}
@@ -45,6 +44,17 @@ class TreeSim:
         self.queue = deque()
         self.hub_lookups = 0
         self.engine_codecs = {}
+
+    def _new_node(self, path):
+        return RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now)
+
+    def restart(self, path):
+        """Node ``path`` comes back as a new process (new state, new boot) and says hello."""
+        self.down_nodes.pop(path, None)
+        node = self.nodes[path] = self._new_node(path)
+        if node.is_leaf:
+            node.on_registry({e: u for e, u in self.engines.items() if self.shape.serves(path, e)})
+        self._run(node, node.hello(), path)
 
     # -- client side --------------------------------------------------------
     def request(self, targets, stream=False, inner=None, route=(b"client-1",), each=None, **extra):
@@ -135,6 +145,8 @@ class TreeSim:
         while self.queue:
             path, send = self.queue.popleft()
             node = self.nodes[path]
+            if path in self.down_nodes:
+                continue  # a dead or hung node sends nothing
             if send.socket == UP:
                 if node.is_root:
                     self.client_inbox.append(send.frames)
@@ -146,7 +158,13 @@ class TreeSim:
                 if node.is_leaf:
                     self._engine_receive(path, send.frames)
                 else:
-                    child = path + (node.children[send.frames[0]],)
+                    digit = node.children[send.frames[0]]
+                    child = path + (digit,)
+                    if self.down_nodes.get(child) == "dead":  # the shell's EHOSTUNREACH
+                        self.queue.extend((path, s) for s in node.on_child_lost(digit, "is down"))
+                        continue
+                    if child in self.down_nodes:
+                        continue
                     self.node_inbox[child].append(send.frames[1:])
                     self.queue.extend((child, s) for s in self.nodes[child].on_up(send.frames[1:]))
             elif send.socket == HUB:

@@ -7,12 +7,18 @@ shell learned, and each returns the list of ``Send`` the shell performs.
 
 A request is *pending* at a node from dispatch until every target's outcome
 (a reply or a failure) has gone up; then its state is dropped.
+
+Interior nodes ping their children every ``ping_interval`` seconds (driven by
+``on_tick``). A child that restarts (its ``boot`` changes), cannot be reached
+(the shell calls ``on_child_lost``) or is silent for ``node_timeout`` is lost:
+what waits on it fails at once, naming it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Callable, Dict, List, Optional, Set
@@ -69,7 +75,8 @@ class RelayNode:
     """Routing, fan-out and coalescing for one node of the tree."""
 
     def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 ping_interval: float = 0.5, node_timeout: float = 10.0):
         self.codec = codec
         self.clock = clock
         self.shape = shape
@@ -88,6 +95,11 @@ class RelayNode:
         self.surveys: Dict[str, Survey] = {}
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         self._keys = count()
+        self.boot = uuidlib.uuid4().hex  # this process's life: a restart changes it
+        self.ping_interval, self.node_timeout = ping_interval, node_timeout
+        self.heard = {d: clock() for d in self.children.values()}  # child -> last message
+        self.boots: Dict[int, str] = {}  # child -> the boot it last reported
+        self._next_ping = clock() if not self.is_leaf and ping_interval else None
 
     # ------------------------------------------------------------------ events
     def on_up(self, frames) -> List[Send]:
@@ -101,6 +113,8 @@ class RelayNode:
                 return self._start(route, content, msg["buffers"])
             if msg_type == P.STATS:
                 return self._survey(route, msg["content"])
+            if msg_type == P.PING and not self.is_root:
+                return self.hello()
             if self.is_root and msg_type in CompatRequest.msg_types:
                 compat = CompatRequest.parse(msg, body)
                 return self._start(route, compat.content, compat.inner, compat)
@@ -135,15 +149,25 @@ class RelayNode:
         return self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
 
     def on_tick(self) -> List[Send]:
-        """Time passed: send up batches whose interval is over."""
+        """Time passed: send up batches whose interval is over; ping children."""
         now = self.clock()
-        return [s for p in list(self.pending.values())
-                if p.deadline is not None and p.deadline <= now for s in self._flush(p)]
+        sends = [s for p in list(self.pending.values())
+                 if p.deadline is not None and p.deadline <= now for s in self._flush(p)]
+        if self._next_ping is not None and self._next_ping <= now:
+            sends += self._ping(now)
+        return sends
 
     def next_deadline(self) -> Optional[float]:
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
-        return min((p.deadline for p in self.pending.values() if p.deadline is not None),
+        times = [p.deadline for p in self.pending.values() if p.deadline is not None]
+        return min(times + [self._next_ping] if self._next_ping is not None else times,
                    default=None)
+
+    def hello(self) -> List[Send]:
+        """Tell the parent this node is alive, and which life of it this is."""
+        if self.is_root:
+            return []
+        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot)))]
 
     def stats(self) -> dict:
         """This node's own state, as a survey reports it."""
@@ -164,6 +188,29 @@ class RelayNode:
             digit, P.UNREACHABLE,
             lambda eid: f"Relay node {child} {why}; engine {eid} did not answer",
         )
+
+    # --------------------------------------------------------------- liveness
+    def _ping(self, now) -> List[Send]:
+        self._next_ping = now + self.ping_interval
+        sends = []
+        for ident, digit in self.children.items():
+            if now - self.heard[digit] > self.node_timeout:
+                self.heard[digit] = now  # one report per silent spell
+                sends += self.on_child_lost(digit, f"has not answered for {self.node_timeout:g} s")
+            sends.append(Send(DOWN, [ident] + self.codec.pack(P.PING, {})))
+        return sends
+
+    def _pong(self, digit, msg) -> List[Send]:
+        try:
+            boot = self.codec.session.unpack(P.as_bytes(msg["content"])).get("boot")
+        except Exception as e:
+            raise P.ProtocolError(f"bad pong: {e}") from e
+        if not isinstance(boot, str):
+            raise P.ProtocolError("pong without a boot id")
+        known, self.boots[digit] = self.boots.get(digit), boot
+        if known is not None and known != boot:
+            return self.on_child_lost(digit, "restarted")
+        return []
 
     # ----------------------------------------------------------------- survey
     def _survey(self, route, content) -> List[Send]:
@@ -336,6 +383,9 @@ class RelayNode:
         if digit is None:
             raise P.ProtocolError(f"bundle from unknown peer {idents!r}")
         msg = self.codec.unpack(body, content=False)  # results stay unparsed
+        self.heard[digit] = self.clock()
+        if msg["header"].get("msg_type") == P.PONG:
+            return self._pong(digit, msg)
         if msg["header"].get("msg_type") == P.STATS_REPLY:
             return self._survey_reply(digit, msg)
         meta = msg["metadata"]

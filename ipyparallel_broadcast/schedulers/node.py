@@ -46,7 +46,11 @@ class NodeShell:
         shape = TreeShape(spec["depth"], spec["fanout"])
         self.log = logging.getLogger(f"ipyparallel_broadcast.node.{node_name(path)}")
         self.codec = P.Codec(session_from(spec))
-        self.node = RelayNode(self.codec, shape, path)
+        self.node = RelayNode(
+            self.codec, shape, path,
+            ping_interval=spec.get("ping_interval", 0.5),
+            node_timeout=spec.get("node_timeout", 10.0),
+        )
         process = psutil.Process()
         self.node.probe = lambda: dict(
             rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"]
@@ -66,6 +70,7 @@ class NodeShell:
             util.connect(self.up, spec["up_url"], **curve)  # links between nodes: curve too
         self.down = ctx.socket(zmq.ROUTER)
         self.down.ROUTER_MANDATORY = 1
+        self.down.ROUTER_HANDOVER = 1  # a restarted child takes its identity back
         util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
         for s in (self.up, self.down):
             s.SNDHWM = s.RCVHWM = 0
@@ -138,12 +143,13 @@ class NodeShell:
     def _unreachable(self, peer) -> List[Send]:
         if self.node.is_leaf:
             return self.node.on_engine_lost(P.as_bytes(peer).decode(), "is not connected")
-        return self.node.on_child_lost(self.node.children[peer], "is not connected")
+        return self.node.on_child_lost(self.node.children[peer], "is down (its link is closed)")
 
     # ------------------------------------------------------------------ loop
     def start(self):
         if self.node.is_leaf:
             self.ask_hub()
+        self.perform(self.node.hello())
         self.log.info(
             "relay node %s up (%s), %d engine(s) known",
             self.node.name,
@@ -174,6 +180,8 @@ class NodeShell:
 def run_node(spec: dict):
     """Process entry point: run one relay node until terminated."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGABRT):  # a restarted node is forked from the
+        signal.signal(sig, signal.SIG_DFL)  # running controller: drop its handlers
     logging.basicConfig(
         level=spec.get("log_level", logging.INFO),
         format="%(asctime)s.%(msecs).03d [%(name)s] %(message)s",

@@ -1,0 +1,121 @@
+"""A relay node process dies (SIGKILL) or hangs (SIGSTOP) with a request in
+flight, on a real depth-2 cluster: the engines under it get an EngineError
+naming the node, every other engine's result arrives, no node keeps state,
+the controller restarts a dead node in place, and later broadcasts work."""
+
+import os
+import signal
+import time
+
+import pytest
+from ipyparallel import error
+from traitlets.config import Config
+
+from cluster_util import quiet_config, running_cluster, settled_stats
+
+MODES = {"coalescing": True, "streaming": False}
+UNDER = {"0.1": [1], "1": [2, 3], "root": [0, 1, 2, 3]}  # depth 2, fan-out 2, 4 engines
+NODE_TIMEOUT = 5
+
+
+@pytest.fixture(scope="module")
+def rc():
+    config = quiet_config()
+    config.BroadcastController.node_timeout = NODE_TIMEOUT
+    with running_cluster(4, 2, 2, config=config) as client:
+        yield client
+
+
+def at_gate(path):
+    """Hold the engine until ``path`` exists."""
+    import os
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return os.getpid()
+
+
+def nodes(rc):
+    return {n["node"]: n for n in rc.broadcast_stats()}
+
+
+def until(predicate, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def held_broadcast(rc, view, gate):
+    """Start a broadcast the engines hold; return once every node has it."""
+    ar = view.apply_async(at_gate, str(gate))
+    until(lambda: all(n["pending"] == 1 for n in nodes(rc).values()))
+    return ar
+
+
+def check_outcomes(ar, lost, why):
+    with pytest.raises(error.CompositeError) as info:
+        ar.get(timeout=120)
+    assert len(info.value.elist) == len(lost)
+    results = ar.get(return_exceptions=True)
+    for eid, result in zip(ar._targets, results):
+        if eid in lost:
+            assert isinstance(result, error.RemoteError) and result.ename == "EngineError"
+            assert why in str(result.evalue)
+        else:
+            assert isinstance(result, int)  # the engine's pid: its result arrived
+
+
+def serves_again(rc, view):
+    """Later broadcasts reach every engine (engines reconnect to a restarted
+    leaf by themselves, within zmq's reconnect interval)."""
+    def ok():
+        try:
+            return len(view.apply_sync(os.getpid)) == 4
+        except error.CompositeError:
+            return False
+    until(ok)
+    assert all(n["pending"] == 0 for n in settled_stats(rc))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("victim", ["0.1", "1", "root"])
+def test_killed_node_fails_its_engines_and_is_restarted(rc, victim, mode, tmp_path):
+    view = rc.broadcast_view(coalescing=MODES[mode])
+    gate = tmp_path / "gate"
+    ar = held_broadcast(rc, view, gate)
+    before = nodes(rc)[victim]["pid"]
+    os.kill(before, signal.SIGKILL)
+    gate.touch()
+    check_outcomes(ar, UNDER[victim], f"Relay node {victim} ")
+    until(lambda: nodes(rc)[victim]["pid"] != before)  # the controller restarted it
+    serves_again(rc, view)
+
+
+def test_hung_node_is_given_up_on_after_node_timeout(rc, tmp_path):
+    view = rc.broadcast_view()
+    pid = nodes(rc)["0.1"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        ar = view.apply_async(os.getpid)
+        check_outcomes(ar, UNDER["0.1"], f"Relay node 0.1 has not answered for {NODE_TIMEOUT} s")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert nodes(rc)["0.1"]["pid"] == pid  # alive all along: not restarted
+    serves_again(rc, view)
+
+
+def test_restarts_are_logged_and_bounded():
+    config = Config()
+    config.BroadcastController.node_restarts = 1
+    with running_cluster(2, 1, 2, config=config) as rc:
+        for attempt in range(2):
+            pid = nodes(rc)["0"]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            if attempt == 0:
+                until(lambda: nodes(rc)["0"].get("pid") not in (None, pid))
+        time.sleep(1)  # a restart would come within 0.25 s
+        survey = nodes(rc)
+        assert "error" in survey["0"]  # not restarted a second time
+        assert survey["1"]["pending"] == 0
