@@ -23,7 +23,7 @@ from ipyparallel.util import disambiguate_url
 
 from .protocol import PROTOCOL_VERSION, TREE_KEY
 from .schedulers.node import run_node
-from .topology import TreeShape, node_name
+from .topology import TreeShape, balanced_id, node_name
 
 aliases = dict(ipp_aliases)
 aliases.update(depth="BroadcastController.depth", fanout="BroadcastController.fanout")
@@ -79,9 +79,19 @@ class BroadcastController(IPController):
             if name not in heartbeat:  # what the user configured wins
                 heartbeat[name] = value
         super().init_hub()
+        self.hub.new_engine_id = self.new_engine_id
         self.internal_ports = {
             path: self.next_port() for path in self.shape.nodes() if not self.shape.is_leaf(path)
         }
+
+    def new_engine_id(self, requested_id=None) -> int:
+        """The hub's numbering, placing each new engine on a least-loaded leaf
+        (see ``topology.balanced_id``); an id an engine asks for is kept."""
+        hub = self.hub
+        if requested_id is None:
+            live = list(hub.engines) + [ec.id for ec in hub.incoming_registrations.values()]
+            requested_id = balanced_id(hub._idcounter, live, self.shape.n_leaves)
+        return type(hub).new_engine_id(hub, requested_id)
 
     def save_connection_dict(self, fname, cdict):
         """Tell clients the tree's shape in the client connection file."""

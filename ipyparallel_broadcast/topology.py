@@ -5,6 +5,11 @@ Engine ``e`` connects to leaf ``e % n_leaves`` (ipyparallel's engines pick
 ``broadcast[id % len(broadcast)]``), so a node routes an engine id by the
 base-``fanout`` digits of its leaf index, most significant first.
 A node is named by its path of child digits from the root: ``()`` is the root.
+
+Leaf balance: an engine stays on its leaf for life, so balance is kept where
+engines arrive. The controller numbers each new engine with ``balanced_id``:
+the next id that lands on a least-loaded leaf (ids are never reused; an id an
+engine asks for, such as an MPI rank, is kept as is).
 """
 
 from __future__ import annotations
@@ -90,6 +95,15 @@ class TreeShape:
         for eid in sorted(engine_ids):
             leaves[self.leaf_path(self.leaf_of(eid))].append(eid)
         return leaves
+
+
+def balanced_id(next_id: int, live_ids: Iterable[int], n_leaves: int) -> int:
+    """The smallest id >= ``next_id`` on a leaf with the fewest live engines."""
+    load = [0] * n_leaves
+    for eid in live_ids:
+        load[eid % n_leaves] += 1
+    least = min(load)
+    return min(next_id + (leaf - next_id) % n_leaves for leaf in range(n_leaves) if load[leaf] == least)
 
 
 def node_name(path: Path) -> str:

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.topology import TreeShape, node_identity, node_name, render
+from ipyparallel_broadcast.topology import TreeShape, balanced_id, node_identity, node_name, render
 
 shapes = st.builds(TreeShape, depth=st.integers(0, 4), fanout=st.integers(2, 5))
 engine_lists = st.lists(st.integers(0, 5000), unique=True, max_size=60)
@@ -65,3 +65,27 @@ def test_bad_shapes():
         TreeShape(1, 1)
     with pytest.raises(ValueError):
         TreeShape(-1, 2)
+
+
+@given(st.integers(0, 50), st.sets(st.integers(0, 60)), st.integers(1, 9))
+def test_balanced_id_lands_on_a_least_loaded_leaf(next_id, live, n_leaves):
+    live = {e for e in live if e < next_id}  # ids below the counter were handed out
+    eid = balanced_id(next_id, live, n_leaves)
+    load = [sum(1 for e in live if e % n_leaves == leaf) for leaf in range(n_leaves)]
+    assert eid >= next_id and eid not in live
+    assert load[eid % n_leaves] == min(load)
+    assert eid < next_id + n_leaves  # no id is skipped needlessly
+
+
+def test_balanced_ids_are_consecutive_while_engines_only_arrive():
+    live = []
+    for _ in range(20):
+        live.append(balanced_id(len(live), live, 4))
+    assert live == list(range(20))
+
+
+def test_balanced_ids_refill_the_leaf_that_lost_engines():
+    live = [1, 3]  # engines 0 and 2 (both on leaf 0 of 2) died
+    first = balanced_id(4, live, 2)
+    second = balanced_id(first + 1, live + [first], 2)
+    assert (first, second) == (4, 6)
