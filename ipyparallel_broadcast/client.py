@@ -26,6 +26,7 @@ from ipyparallel.client.futures import MessageFuture
 from ipyparallel.util import _parse_date
 
 from . import protocol as P
+from .protocol import engine_vid
 from .reduction import Reduction
 from .topology import TreeShape, render
 
@@ -283,7 +284,7 @@ class Client(ipp.Client):
 
         self._broadcasts[msg_id] = header
         for uuid in uuids:
-            vid = f"{msg_id}_{uuid}"
+            vid = engine_vid(msg_id, uuid)
             vids.append(vid)
             self._real_ids[vid] = msg_id
             future = EngineFuture(vid, header, track=track)
@@ -429,7 +430,7 @@ class Client(ipp.Client):
     def _engine_reply(self, msg_id, reply):
         if reply["parent_header"].get("msg_id") != msg_id:
             raise P.ProtocolError("engine reply to another request")
-        vid = f"{msg_id}_{reply['metadata'].get('engine')}"
+        vid = engine_vid(msg_id, reply["metadata"].get("engine"))
         if vid not in self.outstanding:
             return  # e.g. already failed when the client saw the engine die
         future = self._futures.get(vid)
@@ -443,7 +444,7 @@ class Client(ipp.Client):
 
     def _engine_failed(self, msg_id, eid, uuid, message, code=None):
         uuid = uuid or self._engines.get(eid)  # interior nodes know engines by id only
-        vid = f"{msg_id}_{uuid}"
+        vid = engine_vid(msg_id, uuid)
         if uuid is None or vid not in self.outstanding:
             return
         method = self._broadcasts[msg_id]["msg_type"].split("_")[0]  # apply or execute
@@ -465,14 +466,6 @@ class Client(ipp.Client):
             return
         parent = msg["parent_header"]
         if parent and parent.get("msg_id") in self._broadcasts:
-            uuid = msg["metadata"].get("engine") or self._engine_of_topic(idents)
-            msg["parent_header"] = dict(parent, msg_id=f"{parent['msg_id']}_{uuid}")
+            uuid = msg["metadata"].get("engine") or self._engines.get(P.engine_of_topic(idents))
+            msg["parent_header"] = dict(parent, msg_id=engine_vid(parent["msg_id"], uuid))
         return ipp.Client._dispatch_iopub.__wrapped__(self, msg)
-
-    def _engine_of_topic(self, idents):
-        """Engine uuid from an IOPub topic ``engine.<id>.<kind>``."""
-        if idents:
-            parts = P.as_bytes(idents[0]).split(b".")
-            if len(parts) >= 2 and parts[0] == b"engine" and parts[1].isdigit():
-                return self._engines.get(int(parts[1]))
-        return None

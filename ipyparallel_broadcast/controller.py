@@ -16,12 +16,13 @@ from __future__ import annotations
 from multiprocessing import Process
 
 from tornado.ioloop import PeriodicCallback
-from traitlets import Float, Integer, default, validate
+from traitlets import Bool, Float, Integer, default, validate
 
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
 from .protocol import PROTOCOL_VERSION, TREE_KEY
+from .records import BroadcastRecords
 from .schedulers.node import run_node
 from .topology import TreeShape, balanced_id, node_name
 
@@ -41,6 +42,12 @@ class BroadcastController(IPController):
         10.0, config=True,
         help="A child relay node silent for this many seconds is lost: what waits on it fails. "
         "(A node that dies is noticed at the next ping: its link closes.)",
+    )
+    hub_records = Bool(
+        True, config=True,
+        help="Keep per-engine task records of broadcasts in the hub, as for DirectView "
+        "(rc.db_query, result_status, queue_status). The root copies each request and "
+        "leaves copy each engine reply to the hub.",
     )
     node_restarts = Integer(
         10, config=True, help="How many times a dead relay node is restarted before the controller gives up on it."
@@ -80,6 +87,8 @@ class BroadcastController(IPController):
                 heartbeat[name] = value
         super().init_hub()
         self.hub.new_engine_id = self.new_engine_id
+        if self.hub_records:
+            self.broadcast_records = BroadcastRecords(self.hub)
         self.internal_ports = {
             path: self.next_port() for path in self.shape.nodes() if not self.shape.is_leaf(path)
         }
@@ -115,6 +124,8 @@ class BroadcastController(IPController):
             ping_interval=self.ping_interval,
             node_timeout=self.node_timeout,
         )
+        if self.hub_records:
+            spec["monitor_url"] = monitor_url
         if path:
             spec["up_url"] = self._internal_url(path[:-1])
         else:

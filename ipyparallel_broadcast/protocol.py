@@ -50,7 +50,7 @@ Jupyter message whose buffers follow):
 from __future__ import annotations
 
 import hmac
-from typing import Any, Iterator, List, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import zmq
 from ipyparallel.util import _disable_session_extract_dates
@@ -60,6 +60,7 @@ REQUEST = "ipb_request"
 BUNDLE = "ipb_bundle"
 STATS, STATS_REPLY = "ipb_stats", "ipb_stats_reply"  # survey of every node's state
 PING, PONG = "ipb_ping", "ipb_pong"  # liveness of the links between nodes
+INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 COALESCE, STREAM = "coalesce", "stream"
 REDUCE_OPS = ("sum", "prod", "min", "max")  # combined in the tree ("concat" is not: see view)
 DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes
@@ -77,6 +78,19 @@ class ProtocolError(ValueError):
 
 def as_bytes(frame) -> bytes:
     return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def engine_vid(msg_id: str, uuid: str) -> str:
+    """The id of one engine's part of a broadcast: client and hub records agree."""
+    return f"{msg_id}_{uuid}"
+
+
+def engine_of_topic(topics: Sequence) -> Optional[int]:
+    """The engine id in an IOPub topic ``engine.<id>.<kind>`` (None if none)."""
+    parts = as_bytes(topics[0]).split(b".") if topics else []
+    if len(parts) >= 2 and parts[0] == b"engine" and parts[1].isdigit():
+        return int(parts[1])
+    return None
 
 
 def split_idents(frames: Sequence) -> Tuple[list, list]:

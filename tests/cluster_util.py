@@ -55,3 +55,21 @@ def settled_stats(rc, timeout=10):
         if all(n.get("pending") == 0 for n in nodes) or time.monotonic() > deadline:
             return nodes
         time.sleep(0.05)
+
+
+def until(predicate, timeout=60, what="a condition"):
+    """Wait (polling) until ``predicate()`` is true; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def at_gate(path):
+    """Engine side: hold until the file ``path`` exists; return the pid."""
+    import os
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return os.getpid()

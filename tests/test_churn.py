@@ -4,20 +4,16 @@ policy: ``topology.balanced_id``)."""
 
 import os
 import signal
-import time
 
-from cluster_util import running_cluster, settled_stats
+from cluster_util import running_cluster, settled_stats, until
 
 
 def leaf_loads(rc):
     return {n["node"]: n["engines"] for n in rc.broadcast_stats() if n["engines"] is not None}
 
 
-def wait_for_ids(rc, predicate, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not predicate(rc.ids):
-        assert time.monotonic() < deadline, f"engines now: {rc.ids}"
-        time.sleep(0.1)
+def wait_for_ids(rc, predicate):
+    until(lambda: predicate(rc.ids), what="the engines to register or unregister")
 
 
 def test_late_engines_are_reachable_and_refill_the_emptied_leaf():

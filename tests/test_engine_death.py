@@ -1,11 +1,14 @@
-"""An engine SIGKILLed mid-request (its nanny reports it), in every operation
-and reply mode: survivors' results arrive, the dead engine gives an
-EngineError in its place, and no node keeps state for the request."""
+"""An engine dies mid-request, in every operation and reply mode, both ways:
+its kernel is SIGKILLed and the nanny reports it, or kernel and nanny die
+together (host loss: only heartbeats tell). Survivors' results arrive, the
+dead engine gives an EngineError in its place, and no node keeps state for
+the request. (Host loss with the default heartbeats: test_reliability.)"""
 
 import os
 import signal
 import time
 
+import psutil
 import pytest
 from ipyparallel import error
 
@@ -38,6 +41,14 @@ def slow(x=1):
     return x
 
 
+def kill(pid, death):
+    """``kernel``: the nanny sees it die and tells the hub; ``host``: the
+    nanny dies with it, so the hub learns from missed heartbeats."""
+    victim = psutil.Process(pid)
+    for proc in (victim.children(recursive=True) if death == "host" else []) + [victim]:
+        proc.kill()
+
+
 def start(op, view):
     """Start ``op`` on the view, the engines still busy when the victim dies."""
     if op == "apply":
@@ -54,15 +65,16 @@ def start(op, view):
     raise ValueError(op)
 
 
+@pytest.mark.parametrize("death", ["kernel", "host"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", ["apply", "execute", "scatter", "map", "reduce"])
-def test_engine_killed_mid_request(rc, op, mode):
+def test_engine_killed_mid_request(rc, op, mode, death):
     targets = fresh_targets(rc)
     view = rc.broadcast_view(targets, coalescing=MODES[mode])
     pids = view.apply_sync(os.getpid)
     ar = start(op, view)
     time.sleep(0.3)
-    os.kill(pids[1], signal.SIGKILL)  # targets[1] dies with the request running
+    kill(pids[1], death)  # targets[1] dies with the request running
     with pytest.raises(error.CompositeError) as info:
         ar.get(timeout=60)
     assert [e[0] for e in info.value.elist] == ["EngineError"]

@@ -71,8 +71,11 @@ class Fuzzer:
             md = {k: rng.choice(NONSENSE) for k in rng.sample(["req", "msg_id", "kind", "eids"], 3)}
             content = {k: rng.choice(NONSENSE) for k in rng.sample(["parts", "failed", "reduce", "replies"], 2)}
             return signed(sim.session, P.BUNDLE, content, md, [self.blob() for _ in range(rng.randrange(3))])
-        if kind == 7:  # signed message of a type nodes do not take
-            return signed(sim.session, rng.choice(["apply_reply", "x", "", "shutdown_request"]), {})
+        if kind == 7:  # signed: a type nodes do not take, or control replies with nonsense
+            msg_type = rng.choice(["apply_reply", "x", "", "shutdown_request", P.PONG, P.STATS_REPLY])
+            content = {k: rng.choice([v for v in NONSENSE if not isinstance(v, str)])
+                       for k in rng.sample(["boot", "req", "nodes", "msg_id"], 2)}
+            return signed(sim.session, msg_type, content)
         frames = signed(sim.session, P.REQUEST, {})  # huge frame in a signed message
         return frames + [self.blob(big=True)]
 

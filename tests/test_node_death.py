@@ -11,7 +11,7 @@ import pytest
 from ipyparallel import error
 from traitlets.config import Config
 
-from cluster_util import quiet_config, running_cluster, settled_stats
+from cluster_util import at_gate, quiet_config, running_cluster, settled_stats, until
 
 MODES = {"coalescing": True, "streaming": False}
 UNDER = {"0.1": [1], "1": [2, 3], "root": [0, 1, 2, 3]}  # depth 2, fan-out 2, 4 engines
@@ -26,25 +26,8 @@ def rc():
         yield client
 
 
-def at_gate(path):
-    """Hold the engine until ``path`` exists."""
-    import os
-    import time
-
-    while not os.path.exists(path):
-        time.sleep(0.02)
-    return os.getpid()
-
-
 def nodes(rc):
     return {n["node"]: n for n in rc.broadcast_stats()}
-
-
-def until(predicate, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def held_broadcast(rc, view, gate):

@@ -31,12 +31,13 @@ from .compat import CompatRequest, renamer
 log = logging.getLogger(__name__)
 
 UP, DOWN, HUB = "up", "down", "hub"  # HUB: ask the hub for the engine table
+MON = "mon"  # a copy for the hub's task records (see ``records``)
 PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
 
 
 @dataclass
 class Send:
-    socket: str  # UP, DOWN or HUB
+    socket: str  # UP, DOWN, HUB or MON
     frames: list
 
 
@@ -53,6 +54,7 @@ class Pending:
     compat: Optional[CompatRequest] = None  # root: request from a stock client
     rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
     raw: bool = False  # leaf: send engine replies as signed (for a stock client)
+    stock: bool = False  # a stock client's request (no hub records: see ``records``)
     own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
     batch: Optional[tuple] = None  # streaming in batches: (count, interval)
     held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
@@ -100,6 +102,7 @@ class RelayNode:
         self.heard = {d: clock() for d in self.children.values()}  # child -> last message
         self.boots: Dict[int, str] = {}  # child -> the boot it last reported
         self._next_ping = clock() if not self.is_leaf and ping_interval else None
+        self.records = False  # copy requests (root) and engine replies (leaves) to MON
 
     # ------------------------------------------------------------------ events
     def on_up(self, frames) -> List[Send]:
@@ -109,8 +112,11 @@ class RelayNode:
             msg = self.codec.unpack(body)
             msg_type = msg["header"].get("msg_type")
             if msg_type == P.REQUEST:
-                content = P.validate_request(msg["content"])
-                return self._start(route, content, msg["buffers"])
+                content, dropped = P.validate_request(msg["content"]), self.dropped
+                sends = self._start(route, content, msg["buffers"])
+                if self.records and self.is_root and self.dropped == dropped:  # taken: filed
+                    sends.insert(0, Send(MON, [P.INBCAST] + list(frames)))
+                return sends
             if msg_type == P.STATS:
                 return self._survey(route, msg["content"])
             if msg_type == P.PING and not self.is_root:
@@ -273,6 +279,7 @@ class RelayNode:
             compat=compat,
             rename=rename,
             raw=bool(mode) or not P.splices_json(self.codec),
+            stock=bool(mode),
             own=own,
             batch=tuple(content["batch"]) if content.get("batch") else None,
             reduction=Reduction(op) if op else None,
@@ -355,13 +362,15 @@ class RelayNode:
             raise P.ProtocolError(f"unexpected reply from engine {uuid} to {key}")
         self.codec.check_signature(body)
         eids = sorted(p.waiting.pop(uuid))
+        copy = [Send(MON, [P.OUTBCAST, idents[0], P._DELIM] + body)] \
+            if self.records and not p.stock else []
         if p.reduction is not None:
             self._reduce_reply(p, eids, body)
         elif p.stream:
-            return self._emit(p, [body], [], eids) + self._finish_if_done(p)
+            return copy + self._emit(p, [body], [], eids) + self._finish_if_done(p)
         else:
             p.parts.append(body)
-        return self._finish_if_done(p)
+        return copy + self._finish_if_done(p)
 
     def _reduce_reply(self, p: Pending, eids, body):
         """Fold an engine's value into the reduction; keep raised errors raw."""

@@ -4,6 +4,7 @@ Sockets:
   up    root: ROUTER bound for clients; others: DEALER to the parent's ``down``
   down  ROUTER (``ROUTER_MANDATORY``) bound for children, or for engines at a leaf
   hub   leaves only: SUB to the hub's notifications, DEALER to its registrar
+  mon   root and leaves: PUB to the hub's monitor, copies for its task records
 
 With ``enable_curve`` every one of them, links between nodes included, uses
 CurveZMQ with the controller's keys, as the rest of the controller does.
@@ -24,7 +25,7 @@ from ipyparallel import util
 
 from .. import protocol as P
 from ..topology import TreeShape, node_identity, node_name
-from .core import DOWN, HUB, UP, RelayNode, Send
+from .core import DOWN, HUB, MON, UP, RelayNode, Send
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -85,6 +86,12 @@ class NodeShell:
             self.registrar = ctx.socket(zmq.DEALER)
             util.connect(self.registrar, spec["registration_url"], **curve)
             self.sockets += [self.notifications, self.registrar]
+        self.monitor = None
+        if spec.get("monitor_url") and (self.node.is_root or self.node.is_leaf):
+            self.monitor = ctx.socket(zmq.PUB)
+            self.monitor.SNDHWM, self.monitor.LINGER = 0, 0
+            util.connect(self.monitor, spec["monitor_url"], **curve)
+            self.node.records = True
         self.handlers = {
             self.up: self.node.on_up,
             self.down: self.node.on_down,
@@ -130,6 +137,8 @@ class NodeShell:
             send = sends.pop(0)
             if send.socket == UP:
                 self.up.send_multipart(send.frames, copy=False)
+            elif send.socket == MON:
+                self.monitor.send_multipart(send.frames, copy=False)
             elif send.socket == HUB:
                 self.ask_hub()
             elif send.socket == DOWN:
