@@ -194,7 +194,9 @@ class Client(ipp.Client):
         if not eids:  # ipyparallel's AsyncResult needs at least one engine
             raise ValueError("a broadcast needs at least one target engine")
         md = dict(metadata or {}, is_broadcast=True)
-        inner = self.session.msg(msg_type, content=content or {}, metadata=md)
+        header = self.session.msg_header(msg_type)
+        header["msg_id"] = P.BROADCAST_ID_PREFIX + header["msg_id"]
+        inner = self.session.msg(msg_type, content=content or {}, metadata=md, header=header)
         msg_id = inner["header"]["msg_id"]
         frames = self.session.serialize(inner)[1:] + list(buffers)
         request = P.request_content(msg_id, eids, reply)

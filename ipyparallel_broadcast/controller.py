@@ -86,7 +86,15 @@ class BroadcastController(IPController):
             if name not in heartbeat:  # what the user configured wins
                 heartbeat[name] = value
         super().init_hub()
-        self.hub.new_engine_id = self.new_engine_id
+        hub = self.hub
+        hub.new_engine_id = self.new_engine_id
+        unregister = hub.unregister_engine
+
+        def unregister_engine(ident, msg):  # ipyparallel never drops ids from hub.ids,
+            unregister(ident, msg)  # so queue_status() listed dead engines
+            hub.ids.intersection_update(hub.engines)
+
+        hub.unregister_engine = hub.query_handlers["unregistration_request"] = unregister_engine
         if self.hub_records:
             self.broadcast_records = BroadcastRecords(self.hub)
         self.internal_ports = {

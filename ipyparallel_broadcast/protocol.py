@@ -80,6 +80,13 @@ def as_bytes(frame) -> bytes:
     return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
 
 
+BROADCAST_ID_PREFIX = "ipb-"  # request msg_ids of broadcasts: the hub tells them apart
+
+
+def is_broadcast_id(msg_id) -> bool:
+    return isinstance(msg_id, str) and msg_id.startswith(BROADCAST_ID_PREFIX)
+
+
 def engine_vid(msg_id: str, uuid: str) -> str:
     """The id of one engine's part of a broadcast: client and hub records agree."""
     return f"{msg_id}_{uuid}"

@@ -2,6 +2,8 @@
 
 The root copies each client request to the hub's monitor socket (topic
 ``inbcast``) and leaves copy each engine reply (``outbcast``), frames untouched.
+The copies and the engines' IOPub reach the hub by different ways, in any
+order: records are merged whichever comes first.
 ``BroadcastRecords`` takes those topics over from ipyparallel's own handlers
 (which keep one record per call) and files them under each engine's id
 ``f"{msg_id}_{uuid}"``, the id the client's AsyncResult uses, so that
@@ -20,7 +22,6 @@ from ipyparallel.controller.hub import ensure_date_is_parsed, extract_dates, ini
 from . import protocol as P
 from .protocol import engine_vid
 
-RECENT = 10_000  # broadcasts whose engines' outputs are filed per engine
 EARLY = 1_000  # results held until their request's copy comes (it travels apart)
 
 
@@ -30,18 +31,17 @@ class BroadcastRecords:
     def __init__(self, hub):
         self.hub = hub
         self.log = hub.log
-        self.recent: OrderedDict = OrderedDict()  # broadcast msg_id -> None
         self.early: OrderedDict = OrderedDict()  # vid -> (eid, result) seen before its request
+        self.uuids: dict = {}  # engine id -> uuid, of every engine a broadcast targeted
         hub.monitor_handlers[P.INBCAST] = self.save_request
         hub.monitor_handlers[P.OUTBCAST] = self.save_result
         self._save_iopub = hub.save_iopub_message
         hub.save_iopub_message = self.save_iopub
 
-    @staticmethod
-    def _remember(table: OrderedDict, limit: int, key, value=None):
-        table[key] = value
-        while len(table) > limit:
-            table.popitem(last=False)
+    def _hold_early(self, vid, value):
+        self.early[vid] = value
+        while len(self.early) > EARLY:
+            self.early.popitem(last=False)
 
     def save_request(self, idents, frames):
         """A client's ``ipb_request``: one pending record per target engine."""
@@ -57,12 +57,12 @@ class BroadcastRecords:
             self.log.error("broadcast:: dropped an invalid request copy: %s", e)
             return
         msg_id = request["header"]["msg_id"]
-        self._remember(self.recent, RECENT, msg_id)
         for eid in content["targets"]:
             engine = hub.engines.get(eid)
             if engine is None:
                 continue  # the client refuses unknown engines; a race with unregistration
             vid = engine_vid(msg_id, engine.uuid)
+            self.uuids[eid] = engine.uuid  # its output may come after it unregistered
             record = init_record(request)
             record.update(
                 msg_id=vid,
@@ -103,7 +103,7 @@ class BroadcastRecords:
         if vid in hub.pending or vid in hub.all_completed:
             self._finish(vid, eid, result)
         else:
-            self._remember(self.early, EARLY, vid, (eid, result))  # its request copy is behind
+            self._hold_early(vid, (eid, result))  # its request copy is behind
 
     def _finish(self, vid, eid, result):
         hub = self.hub
@@ -137,11 +137,10 @@ class BroadcastRecords:
         """File an engine's output for a broadcast under its per-engine id."""
         parent = msg.get("parent_header") or {}
         msg_id = parent.get("msg_id")
-        if msg_id in self.recent:
-            uuid = msg["metadata"].get("engine")
-            if uuid is None:
-                engine = self.hub.engines.get(P.engine_of_topic(topics))
-                uuid = engine.uuid if engine is not None else None
-            if uuid is not None:
-                msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
+        if P.is_broadcast_id(msg_id):  # known by its id: it may come before the request
+            uuid = msg["metadata"].get("engine") or self.uuids.get(P.engine_of_topic(topics))
+            if uuid is None:  # not one of ours: a record without a request would be junk
+                self.log.debug("iopub:: output of unknown engine for broadcast %s dropped", msg_id)
+                return None
+            msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
         return self._save_iopub(topics, msg)

@@ -28,6 +28,8 @@ def test_late_engines_are_reachable_and_refill_the_emptied_leaf():
             os.kill(pids[eid], signal.SIGKILL)
         wait_for_ids(rc, lambda ids: ids == [1, 3])
         assert leaf_loads(rc) == {"0": 0, "1": 2}
+        status = rc.queue_status()
+        assert sorted(k for k in status if k != "unassigned") == [1, 3]  # dead ones gone
         rc.cluster.start_engines_sync(2)
         wait_for_ids(rc, lambda ids: len(ids) == 4)
         assert rc.ids == [1, 3, 4, 6]  # numbered onto leaf 0, the emptied one

@@ -173,6 +173,10 @@ def test_curve_end_to_end_through_every_hop():
         view.scatter("x", list(range(8)), block=True)
         assert view.gather("x", block=True) == list(range(8))
         assert view.reduce(lambda: 1, op="sum", block=True) == 4
+        ar = view.apply_async(lambda: 3)
+        ar.get(timeout=60)
+        until(lambda: len(rc.db_query({"msg_id": {"$in": ar.msg_ids}, "completed": {"$ne": None}},
+                                      keys=["msg_id"])) == 4, what="hub records over curve")
         nodes = rc.broadcast_stats()
         session = Session(key=b"")
         ctx = zmq.Context()

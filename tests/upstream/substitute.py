@@ -44,10 +44,11 @@ class BroadcastSubstitution:
         super().teardown_method()
 
 
-def substituted(upstream_class, namespace):
-    """Define ``Test<Name><Mode>`` in ``namespace`` for each reply mode."""
+def substituted(upstream_class, namespace, modes=tuple(MODES)):
+    """Define ``Test<Name><Mode>`` in ``namespace`` for each of ``modes``."""
     base = upstream_class.__name__.removeprefix("Test")
-    for mode, coalescing in MODES.items():
+    for mode in modes:
+        coalescing = MODES[mode]
         name = f"Test{base}{mode}"
         namespace[name] = type(name, (BroadcastSubstitution, upstream_class), {"coalescing": coalescing})
 
