@@ -1,0 +1,39 @@
+"""Machine profiles: which engine counts and sizes a run uses.
+
+Chosen by ``IPB_BENCH_PROFILE`` (default ``local``). The suites are the same
+everywhere; only these parameters change, so a 2-core box runs 2-16 engines
+and a 96-vCPU VM runs up to 1,024.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Tuple
+
+
+@dataclass(frozen=True)
+class Profile:
+    engines: Tuple[int, ...]  # engine counts for the view suites
+    depths: Tuple[int, ...]  # tree depths for the depth suite
+    depth_engines: int  # engine count for the depth suite
+    sizes: Tuple[int, ...]  # bytes, for push and throughput
+    many: Tuple[int, ...]  # async calls in a burst
+    max_engines: int  # real engines alive at once (clusters beyond are stopped, LRU)
+    timeout: float = 180  # seconds before asv gives up on one benchmark
+
+
+PROFILES = {
+    "ci": Profile((2,), (0, 1), 2, (1024,), (10,), 8),
+    "local": Profile((2, 8, 16), (0, 1, 2), 16, (1024, 1 << 20), (20, 100), 64),
+    "vm16": Profile((16, 32, 64), (1, 2, 3), 64, (1024, 1 << 20, 8 << 20), (100,), 160, 1200),
+    "vm32": Profile((32, 64, 128), (1, 2, 3), 128, (1024, 1 << 20, 8 << 20), (100,), 320, 1200),
+    "vm64": Profile((64, 128, 256), (1, 2, 3, 4), 256, (1024, 1 << 20, 8 << 20), (100,), 640, 1200),
+    "vm96": Profile((128, 256, 512, 1024), (1, 2, 3, 4), 512, (1024, 1 << 20, 8 << 20), (100,), 1100, 1200),
+}
+
+
+def current() -> Profile:
+    name = os.environ.get("IPB_BENCH_PROFILE", "local")
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"IPB_BENCH_PROFILE={name!r}: choose one of {sorted(PROFILES)}") from None
