@@ -160,7 +160,8 @@ class Client(ipp.Client):
     def broadcast_stats(self, timeout: float = 10) -> List[dict]:
         """Every relay node's own state, gathered up the tree in one round trip:
         ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``
-        (bad messages refused), ``engines`` (leaves), ``rss`` and ``pid``.
+        (bad messages refused), ``engines`` (leaves), ``rss``, ``pid``, ``busy``
+        (seconds spent handling messages) and ``cpu`` (process CPU seconds).
         A node that cannot answer appears with an ``error``."""
         self.tree_shape  # a clear error on a stock controller
         msg = self.session.msg(P.STATS, content={})
@@ -334,11 +335,12 @@ class Client(ipp.Client):
         self._root_monitor.on_recv(self._root_lost)
 
     def close(self, linger=None):
-        if not self._closed:
+        monitor = getattr(self, "_root_monitor", None)  # None: __init__ failed early
+        if not self._closed and monitor is not None:
             self._stop_io_thread()  # closes the streams' sockets, the monitor's too
             if not self._broadcast_socket.closed:
                 self._broadcast_socket.disable_monitor()
-            self._root_monitor.socket.close(linger=0)
+            monitor.socket.close(linger=0)
         super().close(linger)
 
     def _root_lost(self, frames):

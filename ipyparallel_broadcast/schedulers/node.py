@@ -53,8 +53,10 @@ class NodeShell:
             node_timeout=spec.get("node_timeout", 10.0),
         )
         process = psutil.Process()
+        self.busy = 0.0  # seconds spent handling messages (where the time goes)
         self.node.probe = lambda: dict(
-            rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"]
+            rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"],
+            busy=self.busy, cpu=sum(process.cpu_times()[:2]),
         )
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),
@@ -178,10 +180,12 @@ class NodeShell:
                         frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
+                    tic = time.perf_counter()
                     try:
                         self.perform(handler(frames))
                     except Exception:  # a bug must not take the node down
                         self.log.exception("error handling a message")
+                    self.busy += time.perf_counter() - tic
             if deadline is not None:
                 self.perform(self.node.on_tick())
 

@@ -1,0 +1,269 @@
+"""``SimEngines``: many simulated engines in a few processes, for scale this
+machine cannot hold with real ones (a real engine costs ~100 MB and 0.4 s).
+
+Each simulated engine does what an engine does on the wire, and no more:
+- it registers with the hub through the real registration protocol and
+  answers the heart monitor's pings, so the hub counts it like any engine;
+- it connects one shell socket (identity: its uuid) to the mux and to its
+  broadcast leaf (``id % leaves``, as real engines choose);
+- it answers ``apply_request`` and ``execute_request`` with correctly signed
+  replies (``reply_bytes`` of result, after ``delay`` seconds), and publishes
+  the IOPub ``idle`` status clients wait for.
+The task queue and control channel are not connected (no load balancing,
+abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall
+silent: it stops answering and beating, so the hub declares it dead.
+
+    python -m ipyparallel_broadcast.sim ENGINE_CONNECTION_FILE --engines 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import signal
+import uuid as uuidlib
+from datetime import datetime, timezone
+from itertools import count as counter
+from typing import Dict, List
+
+import zmq
+import zmq.asyncio
+from ipyparallel.serialize import serialize_object
+from jupyter_client.session import Session
+
+from . import protocol as P
+
+REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
+CONTENT = {"apply_reply": b'{"status": "ok"}',
+           "execute_reply": b'{"status": "ok", "execution_count": 1}',
+           "status": b'{"execution_state": "idle"}'}
+
+
+def session_from(info: dict) -> Session:
+    return Session(
+        key=info["key"].encode(),
+        signature_scheme=info.get("signature_scheme", "hmac-sha256"),
+        packer=info.get("pack", "json"),
+        unpacker=info.get("unpack", "json"),
+    )
+
+
+class SimEngine:
+    """One simulated engine's sockets and state."""
+
+    def __init__(self, ctx: zmq.asyncio.Context):
+        self.uuid = str(uuidlib.uuid4())
+        self.ident = self.uuid.encode()
+        self.id = None
+        self.alive = True
+        self.shell = ctx.socket(zmq.ROUTER)
+        self.heart = ctx.socket(zmq.DEALER)
+        for s in (self.shell, self.heart):
+            s.IDENTITY = self.ident
+            s.LINGER = 0
+        self.shell.SNDHWM = self.shell.RCVHWM = 0
+        self.task = None
+        self.msg_ids = counter()
+
+    def close(self):
+        self.alive = False
+        if self.task is not None:
+            self.task.cancel()
+        self.shell.close()
+        self.heart.close()
+
+
+class SimProcess:
+    """K simulated engines on one asyncio loop (runs in its own process)."""
+
+    def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0):
+        self.info, self.count, self.delay = info, count, delay
+        self.session = session_from(info)
+        self.ctx = zmq.asyncio.Context()
+        self.ctx.MAX_SOCKETS = 4 * count + 64
+        self.engines: Dict[int, SimEngine] = {}
+        self.result = serialize_object(b"\0" * reply_bytes)  # what apply returns: the buffers
+
+    def url(self, port) -> str:
+        return port if "://" in str(port) else f"{self.info['interface']}:{port}"
+
+    async def register(self, engine: SimEngine):
+        reg = self.ctx.socket(zmq.DEALER)
+        reg.IDENTITY, reg.LINGER = engine.ident, 0
+        reg.connect(self.url(self.info["registration"]))
+        try:
+            self.session.send(reg, "registration_request", content=dict(uuid=engine.uuid))
+            _, body = self.session.feed_identities(await reg.recv_multipart())
+            reply = self.session.deserialize(body)["content"]
+        finally:
+            reg.close()
+        if reply.get("status") != "ok":
+            raise RuntimeError(f"registration refused: {reply}")
+        engine.id = int(reply["id"])
+        leaves = self.info["broadcast"]
+        engine.shell.connect(self.url(self.info["mux"]))
+        engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
+        engine.heart.connect(self.url(self.info["hb_pong"]))
+        self.engines[engine.id] = engine
+        engine.task = asyncio.ensure_future(self.serve(engine))
+
+    async def beat(self):
+        """Forward the heart monitor's pings to every live engine's heart."""
+        ping = self.ctx.socket(zmq.SUB)
+        ping.SUBSCRIBE = b""
+        ping.connect(self.url(self.info["hb_ping"]))
+        while True:
+            frames = await ping.recv_multipart()
+            for engine in list(self.engines.values()):
+                if engine.alive:
+                    engine.heart.send_multipart(frames)
+
+    async def serve(self, engine: SimEngine):
+        while engine.alive:
+            frames = await engine.shell.recv_multipart(copy=False)
+            try:
+                idents, body = P.split_idents(frames)
+                parent = P.as_bytes(body[1])
+                header = json.loads(parent)
+            except (ValueError, IndexError):
+                continue
+            reply_type = REPLY_TYPES.get(header.get("msg_type"))
+            if reply_type is None:
+                continue
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if not engine.alive:
+                return
+            self.answer(engine, [P.as_bytes(i) for i in idents], parent, header["date"], reply_type)
+
+    def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict) -> list:
+        """``[DELIM, sig, header, parent, metadata, content]``, built without a
+        Session.msg per reply (the farm must cost far less than the engines it stands for)."""
+        header = json.dumps(dict(
+            msg_id=f"{engine.uuid}_{next(engine.msg_ids)}", msg_type=msg_type, session=engine.uuid,
+            username="sim", date=datetime.now(timezone.utc).isoformat(), version="5.3",
+        )).encode()
+        parts = [header, parent, json.dumps(metadata).encode(), CONTENT[msg_type]]
+        return [P._DELIM, self.session.sign(parts)] + parts
+
+    def answer(self, engine: SimEngine, idents, parent: bytes, started: str, reply_type):
+        md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
+        buffers = self.result if reply_type == "apply_reply" else []
+        engine.shell.send_multipart(idents + self.signed(engine, reply_type, parent, md) + buffers, copy=False)
+        topic = f"engine.{engine.id}.status".encode()
+        self.iopub.send_multipart([topic] + self.signed(engine, "status", parent, dict(engine=engine.uuid)))
+
+    def kill(self, eid: int):
+        engine = self.engines.pop(eid, None)
+        if engine is not None:
+            engine.close()
+
+    async def main(self, conn):
+        self.iopub = self.ctx.socket(zmq.PUB)
+        self.iopub.SNDHWM = 0
+        self.iopub.connect(self.url(self.info["iopub"]))
+        asyncio.ensure_future(self.beat())
+        await asyncio.gather(*(self.register(SimEngine(self.ctx)) for _ in range(self.count)))
+        conn.send(sorted(self.engines))
+        loop = asyncio.get_running_loop()
+        while True:  # commands from the parent: ("kill", eid) or ("stop",)
+            command = await loop.run_in_executor(None, conn.recv)
+            if command[0] == "kill":
+                self.kill(command[1])
+                conn.send(command[1])
+            else:
+                break
+
+
+def _run_process(info, count, reply_bytes, delay, conn):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    asyncio.run(SimProcess(info, count, reply_bytes, delay).main(conn))
+
+
+class SimEngines:
+    """A farm of ``n`` simulated engines, ``per_process`` to a process.
+
+    ``start()`` returns once every engine is registered (its ids known);
+    ``kill(eid)`` silences one engine; ``stop()`` ends the farm.
+    """
+
+    def __init__(self, connection_file: str, n: int, per_process: int = 512,
+                 reply_bytes: int = 0, delay: float = 0.0):
+        with open(connection_file) as f:
+            self.info = json.load(f)
+        self.n, self.per_process = n, per_process
+        self.reply_bytes, self.delay = reply_bytes, delay
+        self.processes: List[tuple] = []  # (process, pipe, engine ids)
+
+    def start(self, timeout: float = 600) -> List[int]:
+        left = self.n
+        while left > 0:
+            count = min(left, self.per_process)
+            here, there = multiprocessing.Pipe()
+            proc = multiprocessing.Process(
+                target=_run_process, args=(self.info, count, self.reply_bytes, self.delay, there),
+                daemon=True, name=f"SimEngines({count})",
+            )
+            proc.start()
+            self.processes.append((proc, here, []))
+            left -= count
+        for proc, pipe, ids in self.processes:
+            if not pipe.poll(timeout):
+                raise TimeoutError(f"simulated engines did not register within {timeout} s")
+            ids.extend(pipe.recv())
+        return self.ids
+
+    @property
+    def ids(self) -> List[int]:
+        return sorted(e for _, _, ids in self.processes for e in ids)
+
+    def kill(self, eid: int):
+        """Silence engine ``eid``: no more replies or heartbeats (the hub
+        unregisters it after its missed heartbeats)."""
+        for _, pipe, ids in self.processes:
+            if eid in ids:
+                pipe.send(("kill", eid))
+                pipe.recv()
+                ids.remove(eid)
+                return
+        raise KeyError(f"no simulated engine {eid}")
+
+    def stop(self):
+        for proc, pipe, _ in self.processes:
+            try:
+                pipe.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        self.processes = []
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Run simulated engines against a controller.")
+    parser.add_argument("connection_file", help="the controller's ipcontroller-engine.json")
+    parser.add_argument("--engines", type=int, default=256)
+    parser.add_argument("--per-process", type=int, default=512)
+    parser.add_argument("--reply-bytes", type=int, default=0)
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes, args.delay)
+    print(f"{len(farm.start())} simulated engines registered; Ctrl-C stops them", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        farm.stop()
+
+
+if __name__ == "__main__":
+    main()

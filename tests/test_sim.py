@@ -1,0 +1,58 @@
+"""SimEngines against a real controller: simulated engines register through
+the hub, are reached by DirectView and through the relay tree, and one can be
+killed on demand (the hub notices its silence; the others still answer)."""
+
+import glob
+import os
+import tempfile
+
+import pytest
+from ipyparallel import error
+
+import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.sim import SimEngines
+
+from cluster_util import quiet_config, until
+
+N = 48
+
+
+@pytest.fixture(scope="module")
+def farm():
+    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
+        cluster = ipb.Cluster(n=0, depth=2, fanout=2, profile_dir=profile_dir,
+                              config=quiet_config(), log_level=40)
+        cluster.start_controller_sync()
+        rc = cluster.connect_client_sync()  # once the connection files are written
+        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        sim = SimEngines(engine_file, N, per_process=N // 2, reply_bytes=1000)
+        try:
+            sim.start(timeout=120)
+            rc.wait_for_engines(N, timeout=120)
+            yield sim, rc
+            rc.close()
+        finally:
+            sim.stop()
+            cluster.stop_cluster_sync()
+
+
+def test_simulated_engines_register_and_answer_every_view(farm):
+    sim, rc = farm
+    assert sorted(rc.ids) == sim.ids and len(sim.ids) == N
+    for coalescing in (True, False, ipb.Batch(8)):
+        assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 1000] * N
+    assert rc[:].apply_sync(lambda: 1) == [b"\0" * 1000] * N
+    rc.broadcast_view().execute("x = 1", block=True)
+    stats = rc.broadcast_stats()
+    assert sum(n["engines"] for n in stats if n["engines"] is not None) == N
+    assert all(n["busy"] > 0 and n["cpu"] > 0 for n in stats)  # where the time goes
+
+
+def test_one_simulated_engine_killed_on_demand(farm):
+    sim, rc = farm
+    victim = sim.ids[5]
+    sim.kill(victim)
+    until(lambda: victim not in rc.ids, what="the hub to notice the silent engine")
+    view = rc.broadcast_view()
+    assert len(view.apply_sync(lambda: 1)) == N - 1
+    assert victim not in sim.ids
