@@ -12,42 +12,49 @@ from .profiles import current
 P = current()
 
 
-class _Sized:
-    params = (list(P.engines), list(common.VIEWS), list(P.sizes))
-    param_names = ["engines", "view", "bytes"]
+class _AllEngines:
+    """One view over all engines of a pooled cluster, warmed up, and a payload
+    of ``payload_bytes(x)`` for the third parameter ``x``."""
+
     timeout = P.timeout
 
-    def setup(self, n, view, size):
+    def payload_bytes(self, x) -> int:
+        return x
+
+    def setup(self, n, view, x):
         self.view = common.view(view, n)
-        self.data = np.ones(max(size // 8, 1))
-        self.view.apply_sync(common.noop, self.data)  # warm: imports, connections
+        self.data = np.ones(max(self.payload_bytes(x) // 8, 1))
+        self.view.apply_sync(common.echo, self.data)  # warm: imports, connections
 
 
-class Push(_Sized):
+class Push(_AllEngines):
     """A large argument out to every engine, nothing back."""
+
+    params = (list(P.engines), list(common.VIEWS), list(P.sizes))
+    param_names = ["engines", "view", "bytes"]
 
     def time_push(self, n, view, size):
         self.view.apply_sync(common.noop, self.data)
 
 
-class Throughput(_Sized):
+class Throughput(_AllEngines):
     """A large argument out and back from every engine."""
+
+    params = Push.params
+    param_names = Push.param_names
 
     def time_echo(self, n, view, size):
         self.view.apply_sync(common.echo, self.data)
 
 
-class ManyMessages:
+class ManyMessages(_AllEngines):
     """M asynchronous 1 kB echoes in flight at once, then all results."""
 
     params = (list(P.engines), list(common.VIEWS), list(P.many))
     param_names = ["engines", "view", "calls"]
-    timeout = P.timeout
 
-    def setup(self, n, view, calls):
-        self.view = common.view(view, n)
-        self.data = np.ones(128)
-        self.view.apply_sync(common.echo, self.data)
+    def payload_bytes(self, calls) -> int:
+        return 1024
 
     def time_many(self, n, view, calls):
         ars = [self.view.apply_async(common.echo, self.data) for _ in range(calls)]
