@@ -23,6 +23,7 @@ import asyncio
 import json
 import multiprocessing
 import signal
+import threading
 import uuid as uuidlib
 from datetime import datetime, timezone
 from itertools import count as counter
@@ -36,6 +37,7 @@ from jupyter_client.session import Session
 from . import protocol as P
 
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
+STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
 CONTENT = {"apply_reply": b'{"status": "ok"}',
            "execute_reply": b'{"status": "ok", "execution_count": 1}',
            "status": b'{"execution_state": "idle"}'}
@@ -53,13 +55,13 @@ def session_from(info: dict) -> Session:
 class SimEngine:
     """One simulated engine's sockets and state."""
 
-    def __init__(self, ctx: zmq.asyncio.Context):
+    def __init__(self, ctx: zmq.asyncio.Context, heart_ctx: zmq.Context):
         self.uuid = str(uuidlib.uuid4())
         self.ident = self.uuid.encode()
         self.id = None
         self.alive = True
         self.shell = ctx.socket(zmq.ROUTER)
-        self.heart = ctx.socket(zmq.DEALER)
+        self.heart = heart_ctx.socket(zmq.DEALER)  # used by the heartbeat thread
         for s in (self.shell, self.heart):
             s.IDENTITY = self.ident
             s.LINGER = 0
@@ -68,11 +70,11 @@ class SimEngine:
         self.msg_ids = counter()
 
     def close(self):
+        """Stop answering (the heartbeat thread closes the heart)."""
         self.alive = False
         if self.task is not None:
             self.task.cancel()
         self.shell.close()
-        self.heart.close()
 
 
 class SimProcess:
@@ -83,6 +85,9 @@ class SimProcess:
         self.session = session_from(info)
         self.ctx = zmq.asyncio.Context()
         self.ctx.MAX_SOCKETS = 4 * count + 64
+        self.heart_ctx = zmq.Context()  # hearts beat in their own thread, as a real engine's do
+        self.heart_ctx.MAX_SOCKETS = count + 64
+        self.dead: List[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
         self.engines: Dict[int, SimEngine] = {}
         self.result = serialize_object(b"\0" * reply_bytes)  # what apply returns: the buffers
 
@@ -109,13 +114,16 @@ class SimProcess:
         self.engines[engine.id] = engine
         engine.task = asyncio.ensure_future(self.serve(engine))
 
-    async def beat(self):
-        """Forward the heart monitor's pings to every live engine's heart."""
-        ping = self.ctx.socket(zmq.SUB)
+    def beat(self):
+        """Heartbeat thread: forward the heart monitor's pings to every live
+        engine's heart, however busy the engines' event loop is."""
+        ping = self.heart_ctx.socket(zmq.SUB)
         ping.SUBSCRIBE = b""
         ping.connect(self.url(self.info["hb_ping"]))
         while True:
-            frames = await ping.recv_multipart()
+            frames = ping.recv_multipart()
+            while self.dead:
+                self.dead.pop().heart.close()
             for engine in list(self.engines.values()):
                 if engine.alive:
                     engine.heart.send_multipart(frames)
@@ -125,7 +133,7 @@ class SimProcess:
             frames = await engine.shell.recv_multipart(copy=False)
             try:
                 idents, body = P.split_idents(frames)
-                parent = P.as_bytes(body[1])
+                parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])
                 header = json.loads(parent)
             except (ValueError, IndexError):
                 continue
@@ -136,7 +144,8 @@ class SimProcess:
                 await asyncio.sleep(self.delay)
             if not engine.alive:
                 return
-            self.answer(engine, [P.as_bytes(i) for i in idents], parent, header["date"], reply_type)
+            self.answer(engine, [P.as_bytes(i) for i in idents], parent, header["date"], reply_type, request_md)
+            await asyncio.sleep(0)  # a queued backlog would not yield: let the other engines answer too
 
     def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict) -> list:
         """``[DELIM, sig, header, parent, metadata, content]``, built without a
@@ -148,8 +157,14 @@ class SimProcess:
         parts = [header, parent, json.dumps(metadata).encode(), CONTENT[msg_type]]
         return [P._DELIM, self.session.sign(parts)] + parts
 
-    def answer(self, engine: SimEngine, idents, parent: bytes, started: str, reply_type):
+    def answer(self, engine: SimEngine, idents, parent: bytes, started: str, reply_type, request_md: bytes):
         md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
+        if b"original_msg_id" in request_md:  # ipyparallel's BroadcastView: echo its routing fields
+            try:
+                theirs = json.loads(request_md)
+            except ValueError:
+                theirs = {}
+            md.update((k, theirs.get(k)) for k in STOCK_BROADCAST_FIELDS)
         buffers = self.result if reply_type == "apply_reply" else []
         engine.shell.send_multipart(idents + self.signed(engine, reply_type, parent, md) + buffers, copy=False)
         topic = f"engine.{engine.id}.status".encode()
@@ -159,13 +174,14 @@ class SimProcess:
         engine = self.engines.pop(eid, None)
         if engine is not None:
             engine.close()
+            self.dead.append(engine)
 
     async def main(self, conn):
         self.iopub = self.ctx.socket(zmq.PUB)
         self.iopub.SNDHWM = 0
         self.iopub.connect(self.url(self.info["iopub"]))
-        asyncio.ensure_future(self.beat())
-        await asyncio.gather(*(self.register(SimEngine(self.ctx)) for _ in range(self.count)))
+        threading.Thread(target=self.beat, daemon=True, name="heartbeats").start()
+        await asyncio.gather(*(self.register(SimEngine(self.ctx, self.heart_ctx)) for _ in range(self.count)))
         conn.send(sorted(self.engines))
         loop = asyncio.get_running_loop()
         while True:  # commands from the parent: ("kill", eid) or ("stop",)
@@ -258,11 +274,19 @@ def main(argv=None):
     parser.add_argument("--delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes, args.delay)
-    print(f"{len(farm.start())} simulated engines registered; Ctrl-C stops them", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        print(f"{len(farm.start())} simulated engines registered; Ctrl-C stops them", flush=True)
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
     finally:
         farm.stop()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ killed on demand (the hub notices its silence; the others still answer)."""
 import glob
 import os
 import tempfile
+import time
 
 import pytest
 from ipyparallel import error
@@ -46,6 +47,19 @@ def test_simulated_engines_register_and_answer_every_view(farm):
     stats = rc.broadcast_stats()
     assert sum(n["engines"] for n in stats if n["engines"] is not None) == N
     assert all(n["busy"] > 0 and n["cpu"] > 0 for n in stats)  # where the time goes
+
+
+def test_streamed_replies_are_kept_when_the_client_falls_behind(farm):
+    """~19 MB of streamed replies pile up while the client stops reading: every
+    relay node's sockets queue them (none has the default high-water mark of
+    1,000 messages, past which a ROUTER drops silently) and all arrive."""
+    sim, rc = farm
+    view = rc.broadcast_view(coalescing=False)
+    ars = [view.apply_async(lambda: 1) for _ in range(200)]
+    rc._io_loop.add_callback(time.sleep, 5)  # after sending them, the client's I/O thread naps
+    for ar in ars:
+        assert ar.get(timeout=120) == [b"\0" * 1000] * N
+    assert all(n["pending"] == 0 for n in rc.broadcast_stats())
 
 
 def test_one_simulated_engine_killed_on_demand(farm):

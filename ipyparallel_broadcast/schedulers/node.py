@@ -64,34 +64,32 @@ class NodeShell:
             curve_serverkey=spec.get("curve_serverkey"),
         )
         ctx = self.context
+        # options first: a socket's pipes take the options in force when it
+        # binds or connects (a high-water mark set later would leave the
+        # default 1,000 messages, and a ROUTER silently drops past it)
+        self.up = _socket(ctx, zmq.ROUTER if self.node.is_root else zmq.DEALER)
         if self.node.is_root:
-            self.up = ctx.socket(zmq.ROUTER)
             util.bind(self.up, spec["up_url"], curve_secretkey=curve["curve_secretkey"])
         else:
-            self.up = ctx.socket(zmq.DEALER)
             self.up.IDENTITY = node_identity(path)
             util.connect(self.up, spec["up_url"], **curve)  # links between nodes: curve too
-        self.down = ctx.socket(zmq.ROUTER)
+        self.down = _socket(ctx, zmq.ROUTER)
         self.down.ROUTER_MANDATORY = 1
         self.down.ROUTER_HANDOVER = 1  # a restarted child takes its identity back
         util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
-        for s in (self.up, self.down):
-            s.SNDHWM = s.RCVHWM = 0
-            s.LINGER = 0
         self.sockets = [self.up, self.down]
         self.notifications = self.registrar = None
         self.lookup_in_flight = False
         if self.node.is_leaf and spec.get("notification_url"):
-            self.notifications = ctx.socket(zmq.SUB)
+            self.notifications = _socket(ctx, zmq.SUB)
             self.notifications.SUBSCRIBE = b""
             util.connect(self.notifications, spec["notification_url"], **curve)
-            self.registrar = ctx.socket(zmq.DEALER)
+            self.registrar = _socket(ctx, zmq.DEALER)
             util.connect(self.registrar, spec["registration_url"], **curve)
             self.sockets += [self.notifications, self.registrar]
         self.monitor = None
         if spec.get("monitor_url") and (self.node.is_root or self.node.is_leaf):
-            self.monitor = ctx.socket(zmq.PUB)
-            self.monitor.SNDHWM, self.monitor.LINGER = 0, 0
+            self.monitor = _socket(ctx, zmq.PUB)
             util.connect(self.monitor, spec["monitor_url"], **curve)
             self.node.records = True
         self.handlers = {
@@ -188,6 +186,14 @@ class NodeShell:
                     self.busy += time.perf_counter() - tic
             if deadline is not None:
                 self.perform(self.node.on_tick())
+
+
+def _socket(ctx, kind) -> zmq.Socket:
+    """A socket that never drops or blocks on a full queue, and closes at once."""
+    s = ctx.socket(kind)
+    s.SNDHWM = s.RCVHWM = 0
+    s.LINGER = 0
+    return s
 
 
 def run_node(spec: dict):
