@@ -54,7 +54,7 @@ echo "open files limit: $(ulimit -n)"
 rm -rf "$workdir"
 git clone -q "$bundle" "$workdir/src"
 cd "$workdir/src"
-git -c advice.detachedHead=false checkout -q "$commit"
+git checkout -q -B main "$commit"  # asv follows the branch named in asv.conf.json
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[bench]"
