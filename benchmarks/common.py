@@ -7,6 +7,7 @@ import ipyparallel as ipp
 import ipyparallel_broadcast as ipb
 
 from . import pool
+from .profiles import current
 
 VIEWS = (
     "DirectView",
@@ -16,16 +17,58 @@ VIEWS = (
     "ours streaming",
     "ours Batch(8)",
 )
-_clients = {}  # (kind, n, depth) -> client, for this process
+FARM_VIEWS = (
+    "DirectView",
+    "ipp BroadcastView coalescing",
+    "ipp BroadcastView non-coalescing",
+    "ours coalescing",
+    "ours streaming",
+)
+PEER_VIEWS = ("DirectView", "ipp BroadcastView coalescing", "ours coalescing", "ours streaming",
+              "Dask run", "Dask submit")
+_clients = {}  # (kind, n, depth, fanout) -> client, for this process
 
 
-def client(kind: str, n: int, depth: int = 1):
-    key = (kind, n, depth)
+def client(kind: str, n: int, depth: int = 1, fanout: int = 2):
+    key = (kind, n, depth, fanout)
     if key not in _clients:
-        path = pool.connection_file(kind, n, depth)
-        _clients[key] = (ipb.Client if kind == "ours" else ipp.Client)(path)
-        _clients[key].wait_for_engines(n, timeout=120)
+        path = pool.connection_file(kind, n, depth, fanout)
+        if kind == "dask":
+            from distributed import Client
+
+            with open(path) as f:
+                _clients[key] = Client(f.read())
+            _clients[key].wait_for_workers(n)
+        else:
+            _clients[key] = (ipb.Client if kind.startswith("ours") else ipp.Client)(path)
+            _clients[key].wait_for_engines(n, timeout=max(120, n / 10))
     return _clients[key]
+
+
+def farm_view(name: str, n: int, tree: str):
+    """The view ``name`` over n simulated engines; ``tree`` is DEPTHxFANOUT
+    (ours: the relay tree; ipyparallel's BroadcastView: its depth, fan-out 2
+    only; DirectView: the first tree only, as it has none)."""
+    depth, fanout = map(int, tree.split("x"))
+    if name.startswith("ours"):
+        rc = client("ours-sim", n, depth, fanout)
+        return rc.broadcast_view(coalescing=name == "ours coalescing")
+    if name == "DirectView":
+        if tree != current().trees[0]:
+            raise NotImplementedError("DirectView has no tree: measured with the first tree only")
+        return client("stock-sim", n, 1)[:]
+    if fanout != 2:
+        raise NotImplementedError("ipyparallel's broadcast scheduler has fan-out 2 only")
+    return client("stock-sim", n, depth).broadcast_view(is_coalescing=name.endswith(" coalescing"))
+
+
+def peer_view(name: str, n: int):
+    """A view of ``VIEWS`` or a Dask peer (``peers.DaskRun``/``DaskSubmit``) over n workers."""
+    if name.startswith("Dask"):
+        from ipyparallel_broadcast import peers
+
+        return (peers.DaskRun if name == "Dask run" else peers.DaskSubmit)(client("dask", n))
+    return view(name, n)
 
 
 def view(name: str, n: int, depth: int = 1):

@@ -7,8 +7,15 @@ JSON record per cluster under ``IPB_BENCH_POOL`` (default ``.asv/pool``).
 a new cluster would put more real engines up than the profile's
 ``max_engines``, the least recently used clusters are stopped first.
 
-kinds: ``ours`` (our controller, relay tree of ``depth``, fan-out 2) and
-``stock`` (ipyparallel's controller, ``broadcast_scheduler_depth=depth``).
+kinds:
+- ``ours``: our controller, relay tree of ``depth`` and ``fanout``;
+- ``stock``: ipyparallel's controller, ``broadcast_scheduler_depth=depth``;
+- ``ours-sim``, ``stock-sim``: the same controllers with ``n`` simulated
+  engines (``python -m ipyparallel_broadcast.sim``, a detached process);
+- ``dask``: a local Dask cluster of ``n`` workers
+  (``python -m ipyparallel_broadcast.peers dask-serve``); its
+  "connection file" holds the scheduler's address.
+Simulated engines do not count against ``max_engines``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import glob
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -29,11 +39,16 @@ from .profiles import current
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POOL = os.environ.get("IPB_BENCH_POOL", os.path.join(ROOT, ".asv", "pool"))
-KINDS = ("ours", "stock")
+KINDS = ("ours", "stock", "ours-sim", "stock-sim", "dask")
 
 
-def _path(kind, n, depth) -> str:
-    return os.path.join(POOL, f"{kind}-n{n}-d{depth}.json")
+def _path(kind, n, depth, fanout) -> str:
+    return os.path.join(POOL, f"{kind}-n{n}-d{depth}-f{fanout}.json")
+
+
+def _real(kind, n) -> int:
+    """Engines of this kind that cost a real process each."""
+    return 0 if kind.endswith("-sim") else n
 
 
 def _records():
@@ -43,14 +58,15 @@ def _records():
 
 
 def _alive(record) -> bool:
-    return psutil.pid_exists(record["controller_pid"]) and os.path.exists(record["connection_file"])
+    pids = [record["controller_pid"], *record.get("helper_pids", [])]
+    return all(psutil.pid_exists(p) for p in pids) and os.path.exists(record["connection_file"])
 
 
-def connection_file(kind: str, n: int, depth: int) -> str:
+def connection_file(kind: str, n: int, depth: int = 1, fanout: int = 2) -> str:
     """The client connection file of a running cluster, started if need be."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    path = _path(kind, n, depth)
+    path = _path(kind, n, depth, fanout)
     if os.path.exists(path):
         with open(path) as f:
             record = json.load(f)
@@ -59,29 +75,56 @@ def connection_file(kind: str, n: int, depth: int) -> str:
             _write(path, record)
             return record["connection_file"]
         _stop(path, record)
-    _make_room(n)
-    return _start(kind, n, depth, path)["connection_file"]
+    _make_room(_real(kind, n))
+    return _start(kind, n, depth, fanout, path)["connection_file"]
 
 
-def _start(kind, n, depth, path) -> dict:
-    profile_dir = tempfile.mkdtemp(prefix=f"ipb-pool-{kind}-n{n}-d{depth}-")
-    common = dict(n=n, profile_dir=profile_dir, log_level=40, shutdown_atexit=False)
-    if kind == "ours":
-        cluster = ipb.Cluster(depth=depth, fanout=2, **common)
+def _detached(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _start(kind, n, depth, fanout, path) -> dict:
+    profile_dir = tempfile.mkdtemp(prefix=f"ipb-pool-{kind}-n{n}-d{depth}-f{fanout}-")
+    record = dict(kind=kind, n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, used=time.time())
+    if kind == "dask":
+        address = os.path.join(profile_dir, "scheduler-address")
+        proc = _detached("ipyparallel_broadcast.peers", "dask-serve", "--engines", str(n), "--address-file", address)
+        _until(lambda: os.path.exists(address), timeout=max(120, n), what=f"{n} Dask workers")
+        record.update(controller_pid=proc.pid, connection_file=address)
+        _write(path, record)
+        return record
+    sim = kind.endswith("-sim")
+    common = dict(n=0 if sim else n, profile_dir=profile_dir, log_level=40, shutdown_atexit=False)
+    if kind.startswith("ours"):
+        cluster = ipb.Cluster(depth=depth, fanout=fanout, **common)
     else:
         cluster = ipp.Cluster(controller_args=[f"--IPController.broadcast_scheduler_depth={depth}"], **common)
+    if sim:  # lenient heartbeats (ipyparallel's defaults): thousands of engines share few cores
+        cluster.controller_args = list(cluster.controller_args) + [
+            "--HeartMonitor.period=3000", "--HeartMonitor.max_heartmonitor_misses=10"]
     rc = cluster.start_and_connect_sync()
+    record.update(cluster_id=cluster.cluster_id, controller_pid=cluster.controller.process.pid,
+                  connection_file=os.path.join(profile_dir, "security",
+                                               f"ipcontroller-{cluster.cluster_id}-client.json"))
     try:
-        rc.wait_for_engines(n, timeout=max(120, n))
+        if sim:
+            engine_file = record["connection_file"].replace("-client.json", "-engine.json")
+            record["helper_pids"] = [_detached("ipyparallel_broadcast.sim", engine_file, "--engines", str(n)).pid]
+            _write(path, record)  # from here on, stop() can find the farm
+        rc.wait_for_engines(n, timeout=max(120, n / 10))
     finally:
         rc.close()
-    record = dict(
-        kind=kind, n=n, depth=depth, profile_dir=profile_dir, cluster_id=cluster.cluster_id,
-        controller_pid=cluster.controller.process.pid, used=time.time(),
-        connection_file=os.path.join(profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-client.json"),
-    )
     _write(path, record)
     return record
+
+
+def _until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.2)
 
 
 def _write(path, record):
@@ -94,21 +137,35 @@ def _write(path, record):
 
 def _make_room(n):
     records = sorted(_records(), key=lambda pr: pr[1]["used"])
-    up = sum(r["n"] for _, r in records)
+    up = sum(_real(r["kind"], r["n"]) for _, r in records)
     while records and up + n > current().max_engines:
         path, record = records.pop(0)
         _stop(path, record)
-        up -= record["n"]
+        up -= _real(record["kind"], record["n"])
+
+
+def _end(pid: int, sig=signal.SIGTERM, wait: float = 10):
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(sig)
+        proc.wait(wait)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    except psutil.Error:
+        pass
 
 
 def _stop(path, record):
-    try:
-        cluster = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=record["cluster_id"])
-        cluster.stop_cluster_sync()
-    except Exception:  # already gone: make sure nothing of it is left
-        proc = psutil.Process(record["controller_pid"]) if psutil.pid_exists(record["controller_pid"]) else None
-        if proc is not None:
-            proc.kill()
+    for pid in record.get("helper_pids", []):
+        _end(pid)
+    if record["kind"] == "dask":
+        _end(record["controller_pid"])
+    else:
+        try:
+            cluster = ipp.Cluster.from_file(profile_dir=record["profile_dir"], cluster_id=record["cluster_id"])
+            cluster.stop_cluster_sync()
+        except Exception:  # already gone: make sure nothing of it is left
+            _end(record["controller_pid"], signal.SIGKILL)
     shutil.rmtree(record["profile_dir"], ignore_errors=True)
     if os.path.exists(path):
         os.remove(path)

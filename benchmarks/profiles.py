@@ -19,15 +19,23 @@ class Profile:
     many: Tuple[int, ...]  # async calls in a burst
     max_engines: int  # real engines alive at once (clusters beyond are stopped, LRU)
     timeout: float = 180  # seconds before asv gives up on one benchmark
+    farm: Tuple[int, ...] = (256,)  # simulated engines, for the farm suite
+    trees: Tuple[str, ...] = ("1x2",)  # DEPTHxFANOUT of our trees in the farm suite
+    peers: Tuple[int, ...] = (16,)  # engine (worker) counts for the peer suite
 
 
+BIG = (1024, 1 << 20, 8 << 20)
 PROFILES = {
-    "ci": Profile((2,), (0, 1), 2, (1024,), (10,), 8),
+    "ci": Profile((2,), (0, 1), 2, (1024,), (10,), 8, farm=(32,), peers=(2,)),
     "local": Profile((2, 8, 16), (0, 1, 2), 16, (1024, 1 << 20), (20, 100), 64),
-    "vm16": Profile((16, 32, 64), (1, 2, 3), 64, (1024, 1 << 20, 8 << 20), (100,), 160, 1200),
-    "vm32": Profile((32, 64, 128), (1, 2, 3), 128, (1024, 1 << 20, 8 << 20), (100,), 320, 1200),
-    "vm64": Profile((64, 128, 256), (1, 2, 3, 4), 256, (1024, 1 << 20, 8 << 20), (100,), 640, 1200),
-    "vm96": Profile((128, 256, 512, 1024), (1, 2, 3, 4), 512, (1024, 1 << 20, 8 << 20), (100,), 1100, 1200),
+    "vm16": Profile((16, 32, 64), (1, 2, 3), 64, BIG, (100,), 160, 1200, (1024, 4096), ("2x2", "2x4", "3x4"),
+                    (16, 64)),
+    "vm32": Profile((32, 64, 128), (1, 2, 3), 128, BIG, (100,), 320, 1200, (1024, 4096), ("2x2", "2x4", "3x4"),
+                    (32, 128)),
+    "vm64": Profile((64, 128, 256), (1, 2, 3, 4), 256, BIG, (100,), 640, 1200, (4096, 16384), ("2x2", "2x8", "3x8"),
+                    (64, 256)),
+    "vm96": Profile((128, 256, 512, 1024), (1, 2, 3, 4), 512, BIG, (100,), 1100, 1200, (4096, 16384),
+                    ("2x2", "2x8", "3x8"), (128, 512)),
 }
 
 

@@ -3,6 +3,11 @@ BroadcastView, measured interleaved in one run.
 
     python -m ipyparallel_broadcast.bench --engines 8 16 32 --depth 1
     python -m ipyparallel_broadcast.bench --suite collectives --engines 32
+    python -m ipyparallel_broadcast.bench --engines 16 --peers
+
+With ``--peers``, a local Dask cluster of N workers joins the rounds
+(``Client.run`` and ``submit`` pinned per worker), and an MPI job of N+1
+ranks (mpi4py ``bcast`` + ``gather``, timed inside the job) adds a row.
 
 Two clusters run side by side with N engines each: ours (relay tree of the
 given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
@@ -25,6 +30,7 @@ import numpy as np
 
 import ipyparallel as ipp
 
+from . import peers
 from .launcher import Cluster
 from .view import Batch, BroadcastView
 
@@ -88,13 +94,13 @@ def t_echo(view) -> float:
     return time.perf_counter() - tic
 
 
-def t_many(view) -> float:
-    """Messages per engine per second for MANY async echoes."""
+def t_many(view, count: int = MANY) -> float:
+    """Messages per engine per second (calls per second) for ``count`` async echoes."""
     tic = time.perf_counter()
-    ars = [view.apply_async(echo, ECHO) for _ in range(MANY)]
+    ars = [view.apply_async(echo, ECHO) for _ in range(count)]
     for ar in ars:
         ar.get()
-    return MANY / (time.perf_counter() - tic)
+    return count / (time.perf_counter() - tic)
 
 
 def t_push(view) -> float:
@@ -194,14 +200,38 @@ def table(n: int, depth: int, medians) -> str:
     return "\n".join(lines)
 
 
+def add_peers(stack: ExitStack, vs: Dict[str, object], n: int):
+    """Dask's two ways of reaching every worker, on a local Dask cluster of n workers."""
+    cluster, client = peers.dask_cluster(n)
+    stack.callback(cluster.close)
+    stack.callback(client.close)
+    vs["Dask run"] = peers.DaskRun(client)
+    vs["Dask submit"] = peers.DaskSubmit(client)
+
+
+def add_mpi(medians, n: int, reps: int, out: Callable):
+    """The MPI job's medians as one more row (measured in its own job, after the others)."""
+    if not peers.mpi_available():
+        out("(MPI row left out: mpiexec or mpi4py not installed)")
+        return
+    got = peers.mpi_job(n, reps=reps, many=MANY, echo_bytes=ECHO.nbytes, push_bytes=PUSH.nbytes)
+    for m, key in zip(SUITES["calls"], peers.MPI_MEASURES):
+        medians[m]["MPI bcast+gather"] = got[key]
+
+
 def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = print,
-        suite: str = "calls"):
+        suite: str = "calls", with_peers: bool = False):
     results = {}
     for n in engine_counts:
         with ExitStack() as stack:
             ours, stock = start_clusters(stack, n, depth, fanout)
-            results[n] = medians = measure(views(ours, stock, suite), reps, suite)
-            out(table(n, depth, medians) + "\n")
+            vs = views(ours, stock, suite)
+            if with_peers:
+                add_peers(stack, vs, n)
+            results[n] = medians = measure(vs, reps, suite)
+        if with_peers:
+            add_mpi(medians, n, reps, out)
+        out(table(n, depth, medians) + "\n")
     return results
 
 
@@ -212,9 +242,13 @@ def main(argv=None):
     parser.add_argument("--fanout", type=int, default=2)
     parser.add_argument("--reps", type=int, default=25)
     parser.add_argument("--suite", choices=sorted(SUITES), default="calls")
+    parser.add_argument("--peers", action="store_true",
+                        help="add Dask (Client.run, pinned submit) and an MPI bcast+gather job (calls suite)")
     args = parser.parse_args(argv)
+    if args.peers and args.suite != "calls":
+        parser.error("--peers goes with the calls suite")
     print(__doc__.split("\n\n")[-1])
-    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite)
+    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite, with_peers=args.peers)
 
 
 if __name__ == "__main__":
