@@ -173,11 +173,16 @@ def prepare(vs: Dict[str, object], suite: str):
 
 def measure(vs: Dict[str, object], reps: int, suite: str = "calls") -> Dict[str, Dict[str, float]]:
     """Median of reps interleaved rounds, per measure and view."""
-    measures = SUITES[suite]
-    samples: Dict[str, Dict[str, List[float]]] = {m: {v: [] for v in vs} for m in measures}
     prepare(vs, suite)
+    return interleaved(vs, {m: fn for m, (fn, *_rest) in SUITES[suite].items()}, reps)
+
+
+def interleaved(vs: Dict[str, object], fns: Dict[str, Callable], reps: int) -> Dict[str, Dict[str, float]]:
+    """Each round runs every measure on every view in turn (drift hits all
+    alike); the median of ``reps`` rounds, per measure and view."""
+    samples: Dict[str, Dict[str, List[float]]] = {m: {v: [] for v in vs} for m in fns}
     for _ in range(reps):
-        for m, (fn, *_rest) in measures.items():
+        for m, fn in fns.items():
             for name, view in vs.items():
                 samples[m][name].append(fn(view))
     return {m: {v: statistics.median(s) for v, s in by.items()} for m, by in samples.items()}

@@ -20,7 +20,6 @@ import functools
 import glob
 import json
 import os
-import statistics
 import tempfile
 import time
 from contextlib import contextmanager
@@ -128,12 +127,7 @@ def measure(vs: Dict[str, object], reps: int, many: int) -> Dict[str, Dict[str, 
     fns = {"echo": t_echo, "many": functools.partial(bench.t_many, count=many)}
     for view in vs.values():
         t_echo(view)  # warm up
-    samples = {m: {v: [] for v in vs} for m in fns}
-    for _ in range(reps):
-        for m, fn in fns.items():
-            for name, view in vs.items():
-                samples[m][name].append(fn(view))
-    return {m: {v: statistics.median(s) for v, s in by.items()} for m, by in samples.items()}
+    return bench.interleaved(vs, fns, reps)
 
 
 Row = Tuple[int, str, str, float, float]  # engines, tree, view, echo seconds, many calls/s
