@@ -96,8 +96,9 @@ def _start(kind, n, depth, fanout, path) -> dict:
         return record
     sim = kind.endswith("-sim")
     common = dict(n=0 if sim else n, profile_dir=profile_dir, log_level=40, shutdown_atexit=False)
-    if kind.startswith("ours"):
-        cluster = ipb.Cluster(depth=depth, fanout=fanout, **common)
+    if kind.startswith("ours"):  # ours-default: engines without thread limits (compose suite)
+        compose = "default" if kind == "ours-default" else None
+        cluster = ipb.Cluster(depth=depth, fanout=fanout, compose=compose, **common)
     else:
         cluster = ipp.Cluster(controller_args=[f"--IPController.broadcast_scheduler_depth={depth}"], **common)
     if sim:  # lenient heartbeats (ipyparallel's defaults): thousands of engines share few cores

@@ -4,25 +4,41 @@ tree of relay schedulers.
 >>> import ipyparallel_broadcast as ipb
 >>> rc = ipb.Cluster(n=8, depth=2).start_and_connect_sync()
 >>> rc.broadcast_view().apply_sync(lambda: 1)
+
+Names load on first use, so that an engine (``ipyparallel_broadcast.engine``)
+can set its thread limits before anything imports NumPy.
 """
 
-from .client import Client, NotABroadcastController, TreeLayout
-from .launcher import BroadcastControllerLauncher, Cluster
-from .reduction import ReduceError
-from .topology import TreeShape
-from .view import AUTO, Batch, BroadcastView
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AUTO",
-    "Batch",
-    "ReduceError",
-    "BroadcastControllerLauncher",
-    "BroadcastView",
-    "Client",
-    "Cluster",
-    "NotABroadcastController",
-    "TreeLayout",
-    "TreeShape",
-]
+_EXPORTS = {
+    "AUTO": "view",
+    "Batch": "view",
+    "BroadcastView": "view",
+    "ReduceError": "reduction",
+    "BroadcastControllerLauncher": "launcher",
+    "BroadcastEngineSetLauncher": "launcher",
+    "Cluster": "launcher",
+    "Client": "client",
+    "NotABroadcastController": "client",
+    "TreeLayout": "client",
+    "TreeShape": "topology",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name == "compose":
+        return importlib.import_module(".compose", __name__)
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,11 +1,13 @@
-"""Starting the broadcast controller: an ipyparallel launcher and ``Cluster``.
+"""Starting the broadcast controller and engines: ipyparallel launchers and ``Cluster``.
 
-``ipcluster start --controller=broadcast`` finds ``BroadcastControllerLauncher``
-through the ``ipyparallel.controller_launchers`` entry point. Settings under
-``BroadcastController`` in the cluster's config (CLI flags or config files)
-are passed on to the controller's command line.
-Other launchers (ssh, slurm, mpi, ...) run the same controller when their
-``controller_cmd`` is ``python -m ipyparallel_broadcast.controller``.
+``ipcluster start --controller=broadcast --engines=broadcast`` finds
+``BroadcastControllerLauncher`` and ``BroadcastEngineSetLauncher`` through
+ipyparallel's launcher entry points. Settings under ``BroadcastController`` and
+``BroadcastEngine`` in the cluster's config (CLI flags or config files) are
+passed on to the processes' command lines.
+Other launchers (ssh, slurm, mpi, ...) run the same processes when their
+``controller_cmd`` is ``python -m ipyparallel_broadcast.controller`` and their
+``engine_cmd`` is ``python -m ipyparallel_broadcast.engine``.
 """
 
 from __future__ import annotations
@@ -14,17 +16,26 @@ import inspect
 import sys
 
 import ipyparallel as ipp
-from ipyparallel.cluster.launcher import LocalControllerLauncher
-from traitlets import Integer, List, default
+from ipyparallel.cluster.launcher import (
+    LocalControllerLauncher,
+    LocalEngineLauncher,
+    LocalEngineSetLauncher,
+)
+from traitlets import Integer, List, Unicode, default
 
 CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
+ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
+
+
+def section_args(config, section: str) -> list:
+    """``--Section.x=y`` for each setting of ``section`` in a traitlets config."""
+    if section not in config:
+        return []
+    return [f"--{section}.{k}={v}" for k, v in config[section].items()]
 
 
 def tree_args(config) -> list:
-    """``--BroadcastController.x=y`` for each such setting in a traitlets config."""
-    if "BroadcastController" not in config:
-        return []
-    return [f"--BroadcastController.{k}={v}" for k, v in config.BroadcastController.items()]
+    return section_args(config, "BroadcastController")
 
 
 class BroadcastControllerLauncher(LocalControllerLauncher):
@@ -36,19 +47,71 @@ class BroadcastControllerLauncher(LocalControllerLauncher):
         return self.controller_cmd + self.cluster_args + tree_args(self.config) + self.controller_args
 
 
+class BroadcastEngineLauncher(LocalEngineLauncher):
+    """One ``ipyparallel_broadcast.engine``, told its set's size and its rank in it."""
+
+    def get_env(self):
+        env = super().get_env()
+        env["IPB_COMPOSE_ENGINES"] = str(self.parent.n)
+        env["IPB_COMPOSE_RANK"] = str(self.identifier)
+        return env
+
+
+class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
+    """Local engines with a composable runtime (``BroadcastEngine``).
+
+    Each learns how many engines this set starts on the host and its rank, so
+    the static budgets are right from the first request.
+    """
+
+    launcher_class = BroadcastEngineLauncher
+    engine_cmd = List(list(ENGINE_CMD), config=True)
+
+    def start(self, n):
+        args = section_args(self.config, "BroadcastEngine") + self.engine_args
+        mode = getattr(self.parent, "compose", None)  # Cluster(compose=...)
+        self.engine_args = args + ([f"--BroadcastEngine.compose={mode}"] if mode else [])
+        if self.compose_mode() == "tbb":  # refuse now, with the reasons, not after n exits
+            from .compose import ComposeError, tbbmode
+
+            found = tbbmode.problems()
+            if found:
+                raise ComposeError("tbb mode is unavailable here:\n  - " + "\n  - ".join(found))
+        return super().start(n)
+
+    def compose_mode(self):
+        """The engines' compose mode as their command line sets it (the last word wins)."""
+        mode = None
+        for arg in self.engine_args:
+            for flag in ("--BroadcastEngine.compose=", "--compose="):
+                if arg.startswith(flag):
+                    mode = arg[len(flag):]
+        return mode
+
+
 class Cluster(ipp.Cluster):
     """``ipyparallel.Cluster`` whose controller runs the broadcast tree.
 
-    ``Cluster(n=8, depth=2, fanout=2)``; ``start_and_connect_sync()`` returns an
-    ``ipyparallel_broadcast.Client``.
+    ``Cluster(n=8, depth=2, fanout=2, compose="counting")``;
+    ``start_and_connect_sync()`` returns an ``ipyparallel_broadcast.Client``.
+    Engines are ``BroadcastEngine`` processes unless another
+    ``engine_launcher_class`` is given.
     """
 
     depth = Integer(None, allow_none=True, config=True, help="Tree depth (controller default if None).")
     fanout = Integer(None, allow_none=True, config=True, help="Tree fan-out (controller default if None).")
 
+    compose = Unicode(
+        None, allow_none=True, config=True, help="Engines' compose mode (engine default if None)."
+    )
+
     @default("controller_launcher_class")
     def _broadcast_launcher(self):
         return BroadcastControllerLauncher
+
+    @default("engine_launcher_class")
+    def _broadcast_engines(self):
+        return BroadcastEngineSetLauncher
 
     async def start_controller(self, **kwargs):
         own = [f"--BroadcastController.{k}=" for k in ("depth", "fanout")]

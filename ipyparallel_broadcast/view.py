@@ -266,6 +266,20 @@ class BroadcastView(DirectView):
                          fname="reduce", reduce=op)
         return _maybe_get(ar, block)
 
+    def compose(self, mode="counting", requests=None, targets=None, **settings) -> list:
+        """Switch the target engines' compose mode; return each engine's status.
+
+        ``requests`` (default: on for ``counting``) runs every request in a
+        ``threads()`` region, so unchanged code gets the mode's threads.
+        Other settings (``factor``, ``pin``, ``strict``) as in
+        ``ipyparallel_broadcast.compose.configure``.
+        """
+        from .compose import configure
+
+        requests = mode == "counting" if requests is None else requests
+        return self._really_apply(configure, (mode,), dict(requests=requests, **settings),
+                                  targets=targets, block=True)
+
 
 class TreeParallelFunction(ParallelFunction):
     """ParallelFunction whose chunks all go out in one message through the tree."""

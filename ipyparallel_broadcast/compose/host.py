@@ -1,0 +1,192 @@
+"""What an engine knows of its host: cores, engines sharing it, its local rank.
+
+Engines of one cluster on one host meet in a directory of lock files
+(``HostDir``). Each holds an ``flock`` on ``slot-<rank>`` for its lifetime and
+on ``busy-<rank>`` while it runs a request. The kernel drops an ``flock`` when
+its process dies, so a SIGKILLed engine frees its slot at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+
+import loky
+
+# (engines on this host, local rank) as set by our launcher, Open MPI and MPICH
+HINTS = [
+    ("IPB_COMPOSE_ENGINES", "IPB_COMPOSE_RANK"),
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("MPI_LOCALNRANKS", "MPI_LOCALRANKID"),
+]
+ROOT_ENV = "IPB_COMPOSE_DIR"  # where host directories live (default /dev/shm or the temp dir)
+
+
+def cpu_count() -> int:
+    """Usable cores: CPU count, affinity mask and cgroup quota (loky's rules)."""
+    return loky.cpu_count(only_physical_cores=False)
+
+
+def launcher_hint(env=os.environ):
+    """``(engines on this host, local rank)`` from the launcher's environment, or None."""
+    for size, rank in HINTS:
+        if size in env and rank in env:
+            try:
+                return max(1, int(env[size])), int(env[rank])
+            except ValueError:
+                continue
+    return None
+
+
+def cluster_key(secret: bytes) -> str:
+    """A name shared by a cluster's engines: a digest of its session key."""
+    return hashlib.sha256(b"ipyparallel-broadcast compose\0" + secret).hexdigest()[:16]
+
+
+def default_root() -> str:
+    if ROOT_ENV in os.environ:
+        return os.environ[ROOT_ENV]
+    shm = "/dev/shm"
+    return shm if os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
+def try_lock(fd: int, shared: bool = False) -> bool:
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+class LockFiles:
+    """Open file descriptors on ``<dir>/<prefix>-<i>``, kept for the process's life."""
+
+    def __init__(self, path: str, prefix: str):
+        self.path, self.prefix = path, prefix
+        self.fds: dict[int, int] = {}
+
+    def fd(self, i: int) -> int:
+        if i not in self.fds:
+            name = os.path.join(self.path, f"{self.prefix}-{i}")
+            self.fds[i] = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return self.fds[i]
+
+    def indices(self) -> list:
+        """Indices of the files that exist (some other process may have made them)."""
+        found = set(self.fds)
+        head = self.prefix + "-"
+        for name in os.listdir(self.path):
+            if name.startswith(head) and name[len(head):].isdigit():
+                found.add(int(name[len(head):]))
+        return sorted(found)
+
+    def held_elsewhere(self, i: int) -> bool:
+        """True if another open file holds a lock on file ``i`` (a probe, not a claim)."""
+        fd = self.fd(i)
+        if not try_lock(fd, shared=True):
+            return True
+        unlock(fd)
+        return False
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def host_path(key: str, root: str | None = None) -> str:
+    return os.path.join(root or default_root(), f"ipb-compose-{os.getuid()}-{key}")
+
+
+def survey(key: str, root: str | None = None) -> dict:
+    """A look from outside (claiming nothing): engines alive and busy, tokens held."""
+    path = host_path(key, root)
+    files = {kind: LockFiles(path, kind) for kind in ("slot", "busy", "token")}
+    try:
+        return {
+            kind: sum(f.held_elsewhere(i) for i in f.indices()) for kind, f in files.items()
+        } | {"tokens": len(files["token"].indices())}
+    except FileNotFoundError:  # the last engine out removed it meanwhile
+        return {"slot": 0, "busy": 0, "token": 0, "tokens": 0}
+    finally:
+        for f in files.values():
+            f.close()
+
+
+class HostDir:
+    """This engine's slot and busy mark among the cluster's engines on this host."""
+
+    def __init__(self, key: str, root: str | None = None, rank_hint: int | None = None):
+        self.path = host_path(key, root)
+        self._alive = self._join()
+        self.host = socket.gethostname()
+        self.slots = LockFiles(self.path, "slot")
+        self.busy = LockFiles(self.path, "busy")
+        self.rank = self._claim(rank_hint)
+        self._busy_depth = 0
+
+    def _claim(self, hint):
+        """The hinted slot if it is free, else the lowest free one."""
+        order = ([hint] if hint is not None and hint >= 0 else []) + list(range(10**6))
+        for i in order:
+            if try_lock(self.slots.fd(i)):
+                return i
+            os.close(self.slots.fds.pop(i))
+        raise RuntimeError(f"no free slot in {self.path}")
+
+    def live_engines(self) -> int:
+        """Engines of this cluster alive on this host, this one included."""
+        return 1 + sum(self.slots.held_elsewhere(i) for i in self.slots.indices() if i != self.rank)
+
+    def busy_engines(self) -> int:
+        """Engines of this cluster running a request on this host, this one counted as busy."""
+        others = [i for i in self.busy.indices() if i != self.rank]
+        return 1 + sum(self.busy.held_elsewhere(i) for i in others)
+
+    def enter_busy(self):
+        if self._busy_depth == 0:
+            fcntl.flock(self.busy.fd(self.rank), fcntl.LOCK_EX)
+        self._busy_depth += 1
+
+    def leave_busy(self):
+        self._busy_depth -= 1
+        if self._busy_depth == 0:
+            unlock(self.busy.fd(self.rank))
+
+    def _join(self) -> int:
+        """A shared lock on the directory's ``alive`` file, in a directory that
+        the last engine out is not removing (checked by inode, then retried)."""
+        while True:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            name = os.path.join(self.path, "alive")
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                if os.stat(name).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def close(self):
+        """Leave; the last engine of the cluster on this host removes the directory."""
+        self.busy.close()
+        self.slots.close()
+        unlock(self._alive)
+        if try_lock(self._alive):
+            shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._alive)

@@ -1,0 +1,210 @@
+"""Composable runtimes on real engines: thread counts, affinity, tokens, modes.
+
+Counts, never times. Engines report through ``compose.status`` and
+``/proc/self/status``; each cluster's first call loads NumPy on its engines,
+so the OpenBLAS threads that loading starts can be counted.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from traitlets.config import Config
+
+import ipyparallel_broadcast as ipb
+from cluster_util import at_gate, quiet_config, running_cluster, until
+from ipyparallel_broadcast import compose
+from ipyparallel_broadcast.compose import host, limits
+from ipyparallel_broadcast.compose.host import cluster_key
+
+CORES = compose.runtime().cores
+
+
+def load_numpy():
+    """Engine side: OS threads before and after NumPy loads, and the status."""
+    from ipyparallel_broadcast.compose import limits, status
+
+    before = limits.os_threads()
+    import numpy
+
+    numpy.ones((64, 64)) @ numpy.ones((64, 64))
+    return dict(status(), started=limits.os_threads() - before)
+
+
+def blas_threads():
+    from ipyparallel_broadcast.compose import runtime
+
+    return runtime().pools.get()[0]
+
+
+def region_threads(gate=None):
+    """Engine side: BLAS threads in a region, in a nested one, and after both."""
+    from ipyparallel_broadcast.compose import runtime, threads
+
+    with threads() as n:
+        if gate:
+            at_gate(gate)
+        counting = runtime().counting
+        with counting.lock:  # the region as the rebalancer has left it
+            region = counting.current
+            held, live = (region.held, region.threads) if region else (None, None)
+        outer = runtime().pools.get()[0]
+        with threads() as m:
+            inner = runtime().pools.get()[0]
+        restored = runtime().pools.get()[0]
+    return dict(n=n, m=m, held=held, live=live, outer=outer, inner=inner, restored=restored,
+                after=runtime().pools.get()[0])
+
+
+def grown_threads(timeout=30):
+    """Engine side, in a region (a request's): BLAS threads at the start, and
+    once the region has grown to the whole host (or at the timeout)."""
+    import time
+
+    from ipyparallel_broadcast.compose import runtime
+
+    rt = runtime()
+    first, deadline = rt.pools.get()[0], time.monotonic() + timeout
+    with rt.threads() if rt.counting.current is None else _nothing():
+        while rt.pools.get()[0] < rt.cores and time.monotonic() < deadline:
+            time.sleep(0.01)  # Python steps, where a rebalance can run
+        return first, rt.pools.get()[0]
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def engine_config(**settings):
+    config = quiet_config()
+    for name, value in settings.items():
+        setattr(config.BroadcastEngine, name, value)
+    return config
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_static_is_the_default_budget_without_pinning(n):
+    with running_cluster(n, 1, 2) as rc:
+        out = rc.broadcast_view().apply_sync(load_numpy)
+    budget = max(1, CORES // n)
+    for s in out:
+        assert s["mode"] == "static" and s["engines_on_host"] == n
+        assert s["budget"] == budget
+        assert [p["num_threads"] for p in s["pools"]] == [budget]
+        assert s["started"] == budget - 1  # OpenBLAS's worker threads, none past the budget
+        assert s["affinity"] == limits.affinity()  # nothing hidden behind a pinned mask
+    assert sorted(s["rank"] for s in out) == list(range(n))
+
+
+def test_default_mode_runs_a_thread_per_core_in_every_engine():
+    with running_cluster(2, 1, 2, compose="default") as rc:
+        out = rc.broadcast_view().apply_sync(load_numpy)
+    for s in out:
+        assert s["mode"] == "default"
+        assert [p["num_threads"] for p in s["pools"]] == [CORES]
+        assert s["started"] == CORES - 1
+
+
+def test_pinned_engines_get_their_own_cores():
+    with running_cluster(2, 1, 2, config=engine_config(compose_pin=True)) as rc:
+        out = rc.broadcast_view().apply_sync(load_numpy)
+    cores = limits.affinity()
+    budget = max(1, len(cores) // 2)
+    masks = {s["rank"]: s["affinity"] for s in out}
+    assert masks == {r: sorted(limits.core_slice(cores, r, budget)) for r in range(2)}
+    if len(cores) >= 2:
+        assert not set(masks[0]) & set(masks[1])
+    for s in out:
+        assert [p["num_threads"] for p in s["pools"]] == [budget]
+
+
+def test_counting_regions_share_the_host(tmp_path):
+    with running_cluster(2, 1, 2, compose="counting") as rc:
+        view = rc.broadcast_view()
+        rest = view.apply_sync(load_numpy)
+        assert {s["budget"] for s in rest} == {max(1, CORES // 2)}
+        budget = max(1, CORES // 2)
+        alone = rc.broadcast_view(targets=[0]).apply_sync(region_threads)[0]
+        assert alone["n"] == alone["outer"] == budget  # not more, until the host is seen idle
+        assert (alone["m"], alone["inner"], alone["restored"]) == (1, 1, budget)
+        assert alone["after"] == budget
+        # one busy engine, seen idle for a while: the region grows to the whole host
+        assert rc.broadcast_view(targets=[0]).apply_sync(grown_threads)[0] == (budget, CORES)
+        gate = str(tmp_path / "gate")
+        ar = view.apply_async(region_threads, gate)
+        key = cluster_key(rc.session.key)
+        until(lambda: host.survey(key)["busy"] == 2, what="both engines in their regions")
+        # the engines are busy: we look from outside, until the rebalancers settle
+        until(lambda: host.survey(key)["token"] == min(CORES, 2), what="a token each")
+        seen = host.survey(key)
+        open(gate, "w").close()
+        both = ar.get(timeout=60)
+    until(lambda: not os.path.exists(host.host_path(key)), timeout=30,
+          what="the stopped cluster's lock files to go")
+    assert seen["slot"] == 2 and seen["tokens"] == CORES
+    assert [r["live"] for r in both] == [max(1, r["held"]) for r in both]
+    assert sum(r["held"] for r in both) == seen["token"]
+    assert sum(r["live"] for r in both) <= max(CORES, 2)  # fair shares: no oversubscription
+
+
+def test_tokens_return_when_a_holder_is_killed(tmp_path):
+    gate = str(tmp_path / "gate")
+    with running_cluster(2, 1, 2, compose="counting") as rc:
+        pid = rc.broadcast_view(targets=[0]).apply_sync(os.getpid)[0]
+        rc.broadcast_view(targets=[0]).apply_async(region_threads, gate)
+        other = rc.broadcast_view(targets=[1])
+        until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == 0,
+              what="engine 0 to hold every token")
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == CORES,
+              what="the tokens to come back")
+        assert other.apply_sync(grown_threads)[0][1] == CORES
+
+
+def test_the_view_switches_modes_and_regions_wrap_requests():
+    with running_cluster(2, 1, 2) as rc:
+        view = rc.broadcast_view()
+        view.apply_sync(load_numpy)
+        statuses = view.compose(mode="counting")
+        assert [(s["mode"], s["requests"]) for s in statuses] == [("counting", True)] * 2
+        # each request is a region: alone, an engine grows to the whole host
+        assert rc.broadcast_view(targets=[1]).apply_sync(grown_threads) == [(max(1, CORES // 2), CORES)]
+        # and a region inside it is nested: one thread
+        inner = rc.broadcast_view(targets=[1]).apply_sync(region_threads)[0]
+        assert (inner["n"], inner["outer"]) == (1, 1)
+        statuses = view.compose(mode="static", targets=[0])
+        assert [s["mode"] for s in statuses] == ["static"]
+        assert rc.broadcast_view(targets=[0]).apply_sync(blas_threads) == [max(1, CORES // 2)]
+        with pytest.raises(Exception, match="static mode only"):
+            view.compose(mode="counting", pin=True)
+
+
+def test_tbb_mode_is_refused_with_what_was_found():
+    from ipyparallel_broadcast.compose import tbbmode
+
+    found = tbbmode.problems()
+    assert found, "a working IPC TBB here? then this test must start engines under it"
+    with tempfile.TemporaryDirectory() as profile_dir:
+        cluster = ipb.Cluster(n=1, profile_dir=profile_dir, compose="tbb", config=quiet_config(),
+                              log_level=40)
+        try:
+            with pytest.raises(compose.ComposeError, match="tbb mode is unavailable") as e:
+                cluster.start_cluster_sync()
+            assert found[0] in str(e.value)
+            # an engine started some other way refuses too, and says why
+            out = subprocess.run(
+                [sys.executable, "-m", "ipyparallel_broadcast.engine", "--compose=tbb",
+                 f"--profile-dir={profile_dir}", f"--cluster-id={cluster.cluster_id}"],
+                capture_output=True, text=True, timeout=120,
+            )
+        finally:
+            cluster.stop_cluster_sync()
+    assert out.returncode == 1
+    assert "tbb mode is unavailable" in out.stderr and found[0] in out.stderr
