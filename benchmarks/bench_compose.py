@@ -33,7 +33,7 @@ class Compose:
         if mode != "default":
             kind, settings = cb.MODES[mode]
             view.compose(kind, **settings)
-        cb.run_workload(self.rc, workload, n, quick=True)  # NumPy loaded, pools warm
+        cb.warm(self.rc, n)
 
     def teardown(self, n, mode, workload):
         if mode != "default":

@@ -39,7 +39,7 @@ from .profiles import current
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POOL = os.environ.get("IPB_BENCH_POOL", os.path.join(ROOT, ".asv", "pool"))
-KINDS = ("ours", "stock", "ours-sim", "stock-sim", "dask")
+KINDS = ("ours", "ours-default", "stock", "ours-sim", "stock-sim", "dask")
 
 
 def _path(kind, n, depth, fanout) -> str:

@@ -44,7 +44,7 @@ WORKLOADS = {
     "matmul": ("matmul_work", 48, 768),
     "phases": ("matmul_work", 24, 1024),
 }
-QUICK = {"eig": 32, "qr": 16, "matmul": 16, "phases": 8}
+QUICK = {"eig": 16, "qr": 16, "matmul": 16, "phases": 8}
 
 
 def _matrix(rows, cols=None):
@@ -115,10 +115,17 @@ class Sampler:
         self._thread.join()
 
 
-def run_workload(rc, name: str, engines: int, quick: bool) -> float:
-    """Wall time of one workload on the first ``engines`` engines."""
-    fname, total, size = WORKLOADS[name]
-    total = QUICK[name] if quick else total
+def warm(rc, engines: int):
+    """Load NumPy and start every pool: each workload once, one item per engine."""
+    for name in WORKLOADS:
+        run_workload(rc, name, engines, total=engines)
+
+
+def run_workload(rc, name: str, engines: int, quick: bool = False, total: int = 0) -> float:
+    """Wall time of one workload on the first ``engines`` engines (``total``
+    items, or the workload's full or quick amount)."""
+    fname, full, size = WORKLOADS[name]
+    total = total or (QUICK[name] if quick else full)
     # by reference, from the installed module even when this one is __main__
     fn = getattr(importlib.import_module("ipyparallel_broadcast.compose_bench"), fname)
     ids = rc.ids[:engines]
@@ -139,8 +146,7 @@ def measure(clients, engines: int, modes: List[str], workloads: List[str], reps:
     ``clients``: ``{"default": client, "composed": client}``."""
     pids = {k: rc.broadcast_view().apply_sync(os.getpid) for k, rc in clients.items()}
     for rc in clients.values():
-        for name in workloads:  # load NumPy and warm every pool once
-            run_workload(rc, name, engines, quick=True)
+        warm(rc, engines)
     raw: Dict[str, Dict[str, list]] = {w: {m: [] for m in modes} for w in workloads}
     for _ in range(reps):
         for mode in modes:

@@ -186,6 +186,27 @@ def test_the_view_switches_modes_and_regions_wrap_requests():
             view.compose(mode="counting", pin=True)
 
 
+def test_ipcluster_starts_our_engines_with_a_compose_mode():
+    with tempfile.TemporaryDirectory() as profile_dir:
+        started = subprocess.run(
+            [sys.executable, "-m", "ipyparallel.cluster", "start", "-n", "2", "--daemonize",
+             f"--profile-dir={profile_dir}", "--controller=broadcast", "--engines=broadcast",
+             "--BroadcastEngine.compose=counting", "--BroadcastEngine.compose_requests=True"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert started.returncode == 0, started.stderr
+        try:
+            rc = ipb.Client(profile_dir=profile_dir)
+            rc.wait_for_engines(2, timeout=60)
+            out = rc.broadcast_view().apply_sync(compose.status)
+            rc.close()
+        finally:
+            subprocess.run([sys.executable, "-m", "ipyparallel.cluster", "stop",
+                            f"--profile-dir={profile_dir}"], capture_output=True, timeout=120)
+    assert [(s["mode"], s["requests"], s["engines_on_host"]) for s in out] == [("counting", True, 2)] * 2
+    assert sorted(s["rank"] for s in out) == [0, 1]
+
+
 def test_tbb_mode_is_refused_with_what_was_found():
     from ipyparallel_broadcast.compose import tbbmode
 

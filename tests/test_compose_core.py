@@ -278,3 +278,22 @@ def test_bad_settings_are_refused(rt, root):
     with pytest.raises(ComposeError, match="static mode only"):
         rt.configure("counting", key="k", root=root, pin=True)
     assert rt.mode == "default"
+
+
+def test_tbb_checks_name_what_they_found():
+    from importlib.util import find_spec
+
+    from ipyparallel_broadcast.compose import tbbmode
+
+    found = tbbmode.problems()
+    if find_spec("tbb") is None:
+        assert found == ["tbb4py is not installed (pip install tbb4py)"]
+        return
+    irml = tbbmode.find_irml()
+    assert irml is not None
+    missing = tbbmode.missing_symbols(irml)
+    if missing:  # the broken wheels: named, with what is missing
+        assert any("does not export" in p and missing[0] in p for p in found)
+    layers = tbbmode.blas_layers()
+    if not any(layer == "tbb" for _, layer in layers):
+        assert any("cannot run on TBB" in p and layers[0][0] in p for p in found)

@@ -106,7 +106,10 @@ class Runtime:
         """Put the budget in force: the environment, loaded pools, affinity."""
         if self.mode == "default":
             for var, value in self.original_env.items():
-                os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
         elif self.mode != "tbb":
             L.set_env(self.budget, cap=self.cores)
         if L.numeric_loaded():
