@@ -71,13 +71,22 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
         args = section_args(self.config, "BroadcastEngine") + self.engine_args
         mode = getattr(self.parent, "compose", None)  # Cluster(compose=...)
         self.engine_args = args + ([f"--BroadcastEngine.compose={mode}"] if mode else [])
-        if self.compose_mode() == "tbb":  # refuse now, with the reasons, not after n exits
-            from .compose import ComposeError, tbbmode
+        self.check_compose_mode()
+        return super().start(n)
+
+    def check_compose_mode(self):
+        """Refuse a mode the engines would refuse, now and with the reasons, not after n exits."""
+        from .compose import MODES, ComposeError
+
+        mode = self.compose_mode()
+        if mode is not None and mode not in MODES:
+            raise ComposeError(f"compose mode must be one of {MODES}, not {mode!r}")
+        if mode == "tbb":
+            from .compose import tbbmode
 
             found = tbbmode.problems()
             if found:
                 raise ComposeError("tbb mode is unavailable here:\n  - " + "\n  - ".join(found))
-        return super().start(n)
 
     def compose_mode(self):
         """The engines' compose mode as their command line sets it (the last word wins)."""

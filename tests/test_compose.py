@@ -207,6 +207,18 @@ def test_ipcluster_starts_our_engines_with_a_compose_mode():
     assert sorted(s["rank"] for s in out) == [0, 1]
 
 
+def test_an_unknown_mode_is_refused_before_any_engine_starts():
+    with tempfile.TemporaryDirectory() as profile_dir:
+        cluster = ipb.Cluster(n=2, profile_dir=profile_dir, compose="fast", config=quiet_config(),
+                              log_level=40)
+        try:
+            with pytest.raises(compose.ComposeError, match="one of .*'fast'"):
+                cluster.start_cluster_sync()
+            assert not cluster.engines or all(not s.launchers for s in cluster.engines.values())
+        finally:
+            cluster.stop_cluster_sync()
+
+
 def test_tbb_mode_is_refused_with_what_was_found():
     from ipyparallel_broadcast.compose import tbbmode
 
