@@ -4,6 +4,7 @@ BroadcastView, measured interleaved in one run.
     python -m ipyparallel_broadcast.bench --engines 8 16 32 --depth 1
     python -m ipyparallel_broadcast.bench --suite collectives --engines 32
     python -m ipyparallel_broadcast.bench --engines 16 --peers
+    python -m ipyparallel_broadcast.bench --engines 16 --cpu 200
 
 With ``--peers``, a local Dask cluster of N workers joins the rounds
 (``Client.run`` and ``submit`` pinned per worker), and an MPI job of N+1
@@ -14,12 +15,18 @@ given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
 scheduler has the same depth. Each round times every view once, in turn, so
 drift hits all views alike; the table shows medians and ratios to DirectView
 (< 1 is faster for latencies, > 1 is better for throughput).
+
+``--cpu CALLS`` adds where the CPU goes: after the rounds, each view makes
+CALLS 1 kB echo calls alone, and psutil reads the CPU time (user + system) of
+the client process, the controller's processes (hub, schedulers, relay nodes)
+and the engines (with their nannies); shown per engine per apply.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import tempfile
 import time
@@ -27,6 +34,7 @@ from contextlib import ExitStack
 from typing import Callable, Dict, List
 
 import numpy as np
+import psutil
 
 import ipyparallel as ipp
 
@@ -205,6 +213,56 @@ def table(n: int, depth: int, medians) -> str:
     return "\n".join(lines)
 
 
+def process_groups(rc, cluster) -> Dict[str, list]:
+    """The controller's processes and the engines' (nannies included)."""
+    controller = psutil.Process(cluster.controller.process.pid)
+    engines = [psutil.Process(pid) for pid in rc[:].apply_sync(os.getpid)]
+    return {
+        "controller": [controller] + controller.children(recursive=True),
+        "engines": engines + [c for e in engines for c in e.children(recursive=True)],
+    }
+
+
+def cpu_seconds(procs) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def cpu_per_apply(vs: Dict[str, object], groups: Dict[str, Dict[str, list]], calls: int):
+    """ms of CPU per engine per apply: client, controller, engines, total, for
+    each view whose cluster is in ``groups`` (keyed "ours"/"stock")."""
+    rows = {}
+    for name, view in vs.items():
+        side = "ours" if name.startswith("ours") else "stock"
+        if side not in groups or not hasattr(view, "targets"):
+            continue  # a peer
+        procs = groups[side]
+        t_echo(view)
+        before = [time.process_time(), cpu_seconds(procs["controller"]), cpu_seconds(procs["engines"])]
+        for _ in range(calls):
+            t_echo(view)
+        after = [time.process_time(), cpu_seconds(procs["controller"]), cpu_seconds(procs["engines"])]
+        n = len(view)
+        per = [1e3 * (a - b) / calls / n for a, b in zip(after, before)]
+        rows[name] = dict(client=per[0], controller=per[1], engines=per[2], total=sum(per))
+    return rows
+
+
+def cpu_table(n: int, rows) -> str:
+    width = max(len(x) for x in rows) + 2
+    lines = [f"N={n}: CPU ms per engine per apply (1 kB echo)",
+             "view".ljust(width) + "".join(c.rjust(12) for c in ("client", "controller", "engines", "total"))]
+    for name, r in rows.items():
+        lines.append(name.ljust(width) + "".join(f"{r[c]:12.3f}" for c in ("client", "controller", "engines", "total")))
+    return "\n".join(lines)
+
+
 def add_peers(stack: ExitStack, vs: Dict[str, object], n: int):
     """Dask's two ways of reaching every worker, on a local Dask cluster of n workers."""
     cluster, client = peers.dask_cluster(n)
@@ -225,7 +283,7 @@ def add_mpi(medians, n: int, reps: int, out: Callable):
 
 
 def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = print,
-        suite: str = "calls", with_peers: bool = False):
+        suite: str = "calls", with_peers: bool = False, cpu_calls: int = 0):
     results = {}
     for n in engine_counts:
         with ExitStack() as stack:
@@ -234,6 +292,10 @@ def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = p
             if with_peers:
                 add_peers(stack, vs, n)
             results[n] = medians = measure(vs, reps, suite)
+            if cpu_calls:
+                groups = {side: process_groups(rc, rc.cluster) for side, rc in (("ours", ours), ("stock", stock))}
+                rows = cpu_per_apply(vs, groups, cpu_calls)
+                out(cpu_table(n, rows) + "\n")
         if with_peers:
             add_mpi(medians, n, reps, out)
         out(table(n, depth, medians) + "\n")
@@ -247,13 +309,16 @@ def main(argv=None):
     parser.add_argument("--fanout", type=int, default=2)
     parser.add_argument("--reps", type=int, default=25)
     parser.add_argument("--suite", choices=sorted(SUITES), default="calls")
+    parser.add_argument("--cpu", type=int, default=0, metavar="CALLS",
+                        help="also measure CPU per engine per apply over CALLS echo calls per view")
     parser.add_argument("--peers", action="store_true",
                         help="add Dask (Client.run, pinned submit) and an MPI bcast+gather job (calls suite)")
     args = parser.parse_args(argv)
     if args.peers and args.suite != "calls":
         parser.error("--peers goes with the calls suite")
     print(__doc__.split("\n\n")[-1])
-    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite, with_peers=args.peers)
+    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite, with_peers=args.peers,
+        cpu_calls=args.cpu)
 
 
 if __name__ == "__main__":

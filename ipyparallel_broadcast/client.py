@@ -12,7 +12,6 @@ import logging
 from collections import deque
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
-from datetime import datetime, timezone
 from typing import Dict, List
 
 import zmq
@@ -23,25 +22,15 @@ from zmq.utils.monitor import parse_monitor_message
 import ipyparallel as ipp
 from ipyparallel import error
 from ipyparallel.client.futures import MessageFuture
-from ipyparallel.util import _parse_date
 
 from . import protocol as P
-from .protocol import engine_vid
+from .protocol import engine_vid, parse_date
 from .reduction import Reduction
 from .topology import TreeShape, render
 
 log = logging.getLogger(__name__)
 _SENT = Future()
 _SENT.set_result(None)
-
-
-def parse_date(s):
-    """ISO 8601 string to aware datetime; ``datetime.fromisoformat`` when it can."""
-    try:
-        dt = datetime.fromisoformat(s)
-    except (TypeError, ValueError):
-        return _parse_date(s)
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
 class EngineFuture(MessageFuture):
@@ -441,10 +430,28 @@ class Client(ipp.Client):
         if future is not None:  # auto mode learns reply sizes from it
             future.reply_bytes = sum(memoryview(b).nbytes for b in reply.get("buffers", ()))
         reply["parent_header"] = dict(reply["parent_header"], msg_id=vid)
+        outputs = reply["metadata"].pop(P.OUTPUTS_KEY, None)
+        if outputs is not None:  # our engine: what IOPub would have brought is here
+            self._outputs_in_reply(vid, reply, outputs)
         if reply["header"]["msg_type"] == "execute_reply":
             self._handle_execute_reply(reply)
         else:
             self._handle_apply_reply(reply)
+        if outputs is not None and not outputs.get("iopub"):
+            output = self._output_futures.get(vid)
+            if output is not None and not output.done():
+                output.set_result(None)  # no IOPub status will come
+
+    def _outputs_in_reply(self, vid, reply, outputs):
+        """File an engine's outputs, carried in its reply, as IOPub would have."""
+        md = self.metadata[vid]
+        for name in ("stdout", "stderr"):
+            text = outputs.get(name) or ""
+            if text:
+                md[name] = (md[name] or "") + text
+        md["outputs"].extend(outputs.get("outputs") or ())
+        if reply["content"].get("status") == "error":
+            md["error"] = self._unwrap_exception(reply["content"])
 
     def _engine_failed(self, msg_id, eid, uuid, message, code=None):
         uuid = uuid or self._engines.get(eid)  # interior nodes know engines by id only
@@ -469,7 +476,11 @@ class Client(ipp.Client):
             log.error("Invalid IOPub message", exc_info=True)
             return
         parent = msg["parent_header"]
-        if parent and parent.get("msg_id") in self._broadcasts:
+        msg_id = parent.get("msg_id") if parent else None
+        if msg_id in self._broadcasts:
             uuid = msg["metadata"].get("engine") or self._engines.get(P.engine_of_topic(idents))
-            msg["parent_header"] = dict(parent, msg_id=engine_vid(parent["msg_id"], uuid))
+            msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
+        elif (P.is_broadcast_id(msg_id) and msg_id not in self._reductions
+              and not msg["header"]["msg_type"].startswith("comm_")):
+            return  # output of a finished broadcast (e.g. a thread printing late)
         return ipp.Client._dispatch_iopub.__wrapped__(self, msg)

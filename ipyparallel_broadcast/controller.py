@@ -21,6 +21,7 @@ from traitlets import Bool, Float, Integer, default, validate
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
+from .logs import drop_unwritten_levels
 from .protocol import PROTOCOL_VERSION, TREE_KEY
 from .records import BroadcastRecords
 from .schedulers.node import run_node
@@ -81,6 +82,7 @@ class BroadcastController(IPController):
     HEARTBEAT_DEFAULTS = dict(period=800, max_heartmonitor_misses=3)
 
     def init_hub(self):
+        drop_unwritten_levels(self.log)  # the hub logs every monitored message at DEBUG
         heartbeat = self.config.HeartMonitor
         for name, value in self.HEARTBEAT_DEFAULTS.items():
             if name not in heartbeat:  # what the user configured wins

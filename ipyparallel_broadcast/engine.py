@@ -10,12 +10,15 @@ their ``engine_cmd`` is this module.
 
 from __future__ import annotations
 
+from ipyparallel.engine import app as ipp_engine_app
 from ipyparallel.engine.app import IPEngine
 from ipyparallel.engine.app import aliases as engine_aliases
 from traitlets import Bool, Dict, Enum, Float
 
 from . import compose
 from .compose.host import cluster_key
+from .kernel import BroadcastKernel
+from .logs import drop_unwritten_levels
 
 ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]
 
@@ -43,6 +46,7 @@ class BroadcastEngine(IPEngine):
     aliases = Dict(aliases)
 
     def init_engine(self):
+        drop_unwritten_levels(self.log)
         super().init_engine()  # reads the connection file, which has the session key
         try:
             status = compose.configure(
@@ -63,6 +67,7 @@ class BroadcastEngine(IPEngine):
         )
 
     async def complete_registration(self, *args, **kwargs):
+        ipp_engine_app.Kernel = BroadcastKernel  # the kernel class ipyparallel instantiates
         await super().complete_registration(*args, **kwargs)
         if self.kernel is not None:
             compose.runtime().attach(self.kernel)

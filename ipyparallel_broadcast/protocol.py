@@ -50,10 +50,11 @@ Jupyter message whose buffers follow):
 from __future__ import annotations
 
 import hmac
+from datetime import datetime, timezone
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import zmq
-from ipyparallel.util import _disable_session_extract_dates
+from ipyparallel.util import _disable_session_extract_dates, _parse_date
 from jupyter_client.session import DELIM, Session
 
 REQUEST = "ipb_request"
@@ -67,6 +68,9 @@ DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes
 REPLY_MODES = (COALESCE, STREAM)
 PROTOCOL_VERSION = 1
 TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
+# request metadata {OUTPUTS_KEY: "reply"}: our engines answer with outputs in the
+# reply's metadata under the same key, and publish no IOPub status (see kernel)
+OUTPUTS_KEY = "ipb_outputs"
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
 
 Frames = List[Any]  # bytes, memoryview or zmq.Frame
@@ -78,6 +82,16 @@ class ProtocolError(ValueError):
 
 def as_bytes(frame) -> bytes:
     return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def parse_date(s):
+    """ISO 8601 string to aware datetime, by the fast ``datetime.fromisoformat``
+    when it can (ipyparallel's ``dateutil`` parse otherwise)."""
+    try:
+        dt = datetime.fromisoformat(s)
+    except (TypeError, ValueError):
+        return _parse_date(s)
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
 BROADCAST_ID_PREFIX = "ipb-"  # request msg_ids of broadcasts: the hub tells them apart

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ipyparallel import util
-from ipyparallel.controller.hub import ensure_date_is_parsed, extract_dates, init_record
+from ipyparallel.controller.hub import init_record
 
 from . import protocol as P
 from .protocol import engine_vid
@@ -57,6 +57,7 @@ class BroadcastRecords:
             self.log.error("broadcast:: dropped an invalid request copy: %s", e)
             return
         msg_id = request["header"]["msg_id"]
+        request["header"]["date"] = P.parse_date(request["header"]["date"])  # once, not per record
         for eid in content["targets"]:
             engine = hub.engines.get(eid)
             if engine is None:
@@ -90,16 +91,20 @@ class BroadcastRecords:
         vid = engine_vid(msg_id, uuid)
         eid = hub.by_ident.get(uuid.encode("utf8"))
         header, md = msg["header"], msg["metadata"]
-        ensure_date_is_parsed(header)
+        header["date"] = P.parse_date(header["date"])  # dateutil's parse costs ~50 us a date
         result = dict(
             result_header=header,
             result_metadata=md,
             result_content=msg["content"],
             result_buffers=msg["buffers"],
-            started=extract_dates(md.get("started")),
+            started=P.parse_date(md.get("started")),
             completed=util.ensure_timezone(header["date"]),
             received=util.utcnow(),
         )
+        outputs = md.get(P.OUTPUTS_KEY)
+        if isinstance(outputs, dict):  # our engine's outputs, in the reply (see kernel)
+            result.update(stdout=outputs.get("stdout") or "", stderr=outputs.get("stderr") or "",
+                          outputs=list(outputs.get("outputs") or ()))
         if vid in hub.pending or vid in hub.all_completed:
             self._finish(vid, eid, result)
         else:

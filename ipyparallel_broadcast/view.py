@@ -20,7 +20,7 @@ from ipyparallel.client.map import Map, dists
 from ipyparallel.client.remotefunction import ParallelFunction, _map, getname, sync_view_results
 from ipyparallel.client.view import DirectView, save_ids, sync_results
 from ipyparallel.serialize import PrePickled, pack_apply_message
-from traitlets import Any, List, TraitError, validate
+from traitlets import Any, Bool, List, TraitError, validate
 
 from . import protocol as P
 from .reduction import OPS, engine_value
@@ -84,7 +84,13 @@ class BroadcastView(DirectView):
     """
 
     coalescing = Any(True, help="True, False, a batch size, a Batch, or 'auto'.")
-    _flag_names = List(["targets", "block", "track", "label", "coalescing"])
+    stream_outputs = Bool(
+        False,
+        help="Engines publish apply's outputs on IOPub as they come (and busy/idle "
+        "status), as for DirectView. Off: outputs come inside each reply, which costs "
+        "every engine, the controller and the client far less. execute (%%px) always streams.",
+    )
+    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs"])
 
     @validate("coalescing")
     def _valid_coalescing(self, proposal):
@@ -164,9 +170,11 @@ class BroadcastView(DirectView):
             nf = len(pf.buffers)
             own = [pack_apply_message(pf, a, k, **limits)[nf:] for a, k in each]
             buffers = pf.buffers
+        metadata = dict(label=self.label if label is None else label)
+        if not (self.stream_outputs or reduce):  # reductions' outputs stay on IOPub
+            metadata[P.OUTPUTS_KEY] = "reply"
         return self._broadcast(
-            "apply_request", targets, fname or getname(f), buffers=buffers,
-            metadata=dict(label=self.label if label is None else label), track=track,
+            "apply_request", targets, fname or getname(f), buffers=buffers, metadata=metadata, track=track,
             block=block, each=own, reduce=reduce,
         )
 

@@ -136,14 +136,14 @@ class NodeShell:
         while sends:
             send = sends.pop(0)
             if send.socket == UP:
-                self.up.send_multipart(send.frames, copy=False)
+                send_frames(self.up, send.frames)
             elif send.socket == MON:
-                self.monitor.send_multipart(send.frames, copy=False)
+                send_frames(self.monitor, send.frames)
             elif send.socket == HUB:
                 self.ask_hub()
             elif send.socket == DOWN:
                 try:
-                    self.down.send_multipart(send.frames, copy=False)
+                    send_frames(self.down, send.frames)
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
@@ -175,7 +175,7 @@ class NodeShell:
                 handler = self.handlers[sock]
                 for _ in range(BATCH):
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = recv_frames(sock)
                     except zmq.Again:
                         break
                     tic = time.perf_counter()
@@ -186,6 +186,26 @@ class NodeShell:
                     self.busy += time.perf_counter() - tic
             if deadline is not None:
                 self.perform(self.node.on_tick())
+
+
+_MORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
+
+
+def send_frames(sock: zmq.Socket, frames) -> None:
+    """``send_multipart(frames, copy=False)`` without its per-frame enum
+    arithmetic (pure Python in 3.11, a tenth of a relay node's time)."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, _MORE if i < last else 0, copy=False)
+
+
+def recv_frames(sock: zmq.Socket) -> list:
+    """``recv_multipart(NOBLOCK, copy=False)``, reading ``Frame.more`` instead
+    of a socket option per frame; raises ``zmq.Again`` if nothing is there."""
+    frames = [sock.recv(_NOBLOCK, copy=False)]
+    while frames[-1].more:
+        frames.append(sock.recv(0, copy=False))
+    return frames
 
 
 def _socket(ctx, kind) -> zmq.Socket:

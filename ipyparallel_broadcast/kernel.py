@@ -1,0 +1,153 @@
+"""The engine's kernel: ipyparallel's, with a lean path for broadcast applies.
+
+A stock engine answers each request with five messages: IOPub ``busy``, the
+outputs (each a message, through the IOPub thread, flushed with a cross-thread
+wait), the reply, then IOPub ``idle``. The controller relays and records every
+one and the client parses them, per engine.
+
+An ``apply_request`` whose metadata says ``OUTPUTS_KEY: "reply"`` (our
+BroadcastView sends that unless ``stream_outputs`` is on) is answered with the
+reply alone: what the call printed to ``sys.stdout``/``sys.stderr`` and showed
+with ``display()`` rides in the reply's metadata, errors in its content, and no
+status is published. Only if the call publishes data (``publish_data``) does
+the engine still send IOPub ``idle`` after the reply, and the reply says so, so
+the client waits for it. Everything else (execute, ``%px``, DirectView, stock
+clients) goes through ipyparallel's path unchanged.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+
+from ipyparallel.engine.kernel import IPythonParallelKernel
+from jupyter_client.session import DELIM
+
+from .protocol import OUTPUTS_KEY, as_bytes
+
+_DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
+_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'
+
+
+def wants_outputs_in_reply(frames) -> bool:
+    """Does this raw request ask for its outputs in the reply? (Looks only at
+    the small metadata frame; the signature is checked when it is parsed.)"""
+    for i, frame in enumerate(frames):
+        if len(frame) == len(_DELIM) and as_bytes(frame) == _DELIM:
+            return len(frames) > i + 4 and _MARK in as_bytes(frames[i + 4])
+    return False
+
+
+class _Displays:
+    """Stands in for the shell's display publisher during a lean request."""
+
+    def __init__(self, real):
+        self.real, self.outputs = real, []
+
+    def publish(self, data, metadata=None, transient=None, update=False, **kwargs):
+        self.outputs.append(dict(data=data, metadata=metadata or {}, transient=transient or {}))
+
+    def clear_output(self, wait=False):
+        self.outputs.clear()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class _Data:
+    """Stands in for the data publisher: data still goes out on IOPub (it is
+    pickled objects), and the reply tells the client to wait for ``idle``."""
+
+    def __init__(self, real):
+        self.real, self.used = real, False
+
+    def publish_data(self, data):
+        self.used = True
+        self.real.publish_data(data)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class Captured:
+    """Swaps in the stand-ins for one request, and restores what was there."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.stdout, self.stderr = io.StringIO(), io.StringIO()
+        self.displays = _Displays(shell.display_pub)
+        self.data = _Data(shell.data_pub)
+
+    def _showtraceback(self, etype, evalue, stb):
+        self.shell._last_traceback = stb  # the reply carries it; nothing on IOPub
+
+    def __enter__(self):
+        shell = self.shell
+        self.saved = sys.stdout, sys.stderr, shell.display_pub, shell.data_pub
+        sys.stdout, sys.stderr = self.stdout, self.stderr
+        shell.display_pub, shell.data_pub = self.displays, self.data
+        shell._showtraceback = self._showtraceback  # instance attribute hides the method
+        return self
+
+    def __exit__(self, *exc):
+        shell = self.shell
+        sys.stdout, sys.stderr, shell.display_pub, shell.data_pub = self.saved
+        del shell._showtraceback
+        return False
+
+    def outputs(self) -> dict:
+        out = dict(stdout=self.stdout.getvalue(), stderr=self.stderr.getvalue(),
+                   outputs=self.displays.outputs)
+        if self.data.used:
+            out["iopub"] = True
+        return out
+
+
+class BroadcastKernel(IPythonParallelKernel):
+    async def dispatch_shell(self, msg, *args, **kwargs):
+        if not wants_outputs_in_reply(msg):
+            return await super().dispatch_shell(msg, *args, **kwargs)
+        idents, body = self.session.feed_identities(msg, copy=False)
+        try:
+            request = self.session.deserialize(body, content=True, copy=False)
+        except Exception:
+            self.log.error("Invalid Message", exc_info=True)
+            return
+        if request["header"].get("msg_type") != "apply_request":
+            return await super().dispatch_shell(msg, *args, **kwargs)
+        self.set_parent(idents, request, channel="shell")
+        stream = self.shell_stream
+        msg_id = request["header"]["msg_id"]
+        if msg_id in self.aborted:  # as ipyparallel's should_handle, without an INFO line a call
+            self.aborted.remove(msg_id)
+            return self.reply(stream, idents, request, {"status": "aborted"}, [], None, {})
+        self.pre_handler_hook()
+        try:
+            self.apply_outputs_in_reply(stream, idents, request)
+        except Exception:
+            self.log.error("Exception in apply_request:", exc_info=True)
+        finally:
+            self.post_handler_hook()
+
+    def apply_outputs_in_reply(self, stream, ident, parent):
+        """ipyparallel's ``apply_request``, outputs captured into the reply."""
+        md = self.init_metadata(parent)
+        with Captured(self.shell) as captured:
+            self.shell_is_blocking = True
+            try:
+                content, result_buf = self.do_apply(
+                    parent["content"], parent["buffers"], parent["header"]["msg_id"], md)
+            finally:
+                self.shell_is_blocking = False
+        self.reply(stream, ident, parent, content, result_buf, md, captured.outputs())
+
+    def reply(self, stream, ident, parent, content, buffers, md, outputs):
+        """The one message a lean request gets; ``md`` None: an aborted request's."""
+        md = self.finish_metadata(parent, self.init_metadata(parent) if md is None else md, content)
+        if content["status"] == "aborted":
+            md["status"] = "aborted"
+        md[OUTPUTS_KEY] = outputs
+        self.session.send(stream, "apply_reply", content, parent=parent, ident=ident,
+                          buffers=buffers, metadata=md)
+        if outputs.get("iopub"):
+            self._publish_status("idle", "shell")

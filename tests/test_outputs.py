@@ -1,0 +1,166 @@
+"""Outputs in the reply: our engines answer a broadcast apply with one message,
+its stdout, stderr, displays and errors inside; IOPub stays silent. Stock
+engines and ``stream_outputs=True`` keep ipyparallel's IOPub path.
+
+A raw SUB socket on the client's IOPub URL counts what each request puts on
+IOPub: the counts are what the lean path is for, so they are asserted.
+"""
+
+import time
+
+import pytest
+import zmq
+from ipyparallel import error
+from jupyter_client.session import Session
+
+from cluster_util import running_cluster, until
+
+
+def talk(x):
+    import sys
+
+    from IPython.display import HTML, display
+
+    print("out", x)
+    print("err", x, file=sys.stderr)
+    display(HTML(f"<b>{x}</b>"))
+    return x * 2
+
+
+def fail():
+    print("before")
+    raise ValueError("boom")
+
+
+def publish():
+    from ipyparallel.datapub import publish_data
+
+    publish_data({"k": 5})
+    return 1
+
+
+class IOPubCounter:
+    """IOPub messages per (parent msg_id, msg_type), from a raw SUB socket."""
+
+    def __init__(self, rc):
+        self.session = Session(key=rc.session.key, signature_scheme=rc.session.signature_scheme)
+        self.socket = zmq.Context.instance().socket(zmq.SUB)
+        self.socket.linger = 0
+        self.socket.subscribe(b"")
+        self.socket.connect(rc._config["iopub"])
+        self.seen = []
+        time.sleep(0.5)  # the subscription reaches the controller's IOPub relay
+
+    def drain(self, quiet=0.5):
+        """Read until nothing has come for ``quiet`` seconds."""
+        while self.socket.poll(int(quiet * 1000)):
+            _, body = self.session.feed_identities(self.socket.recv_multipart())
+            msg = self.session.deserialize(body, content=True)
+            self.seen.append((msg["parent_header"].get("msg_id"), msg["header"]["msg_type"]))
+
+    def types(self, msg_id):
+        self.drain()
+        return sorted(t for m, t in self.seen if m == msg_id)
+
+    def close(self):
+        self.socket.close()
+
+
+@pytest.fixture(scope="module")
+def rc():
+    with running_cluster(3, 1, 2) as client:
+        yield client
+
+
+@pytest.fixture
+def iopub(rc):
+    counter = IOPubCounter(rc)
+    yield counter
+    counter.close()
+
+
+@pytest.mark.parametrize("coalescing", [True, False])
+def test_outputs_come_in_the_reply_and_iopub_is_silent(rc, iopub, coalescing):
+    view = rc.broadcast_view(coalescing=coalescing)
+    ar = view.apply_async(talk, 3)
+    assert ar.get(timeout=20) == [6] * 3
+    assert ar.stdout == ["out 3\n"] * 3  # at once: no wait_for_output needed
+    assert ar.stderr == ["err 3\n"] * 3
+    assert [[o["data"]["text/html"] for o in outs] for outs in ar.outputs] == [["<b>3</b>"]] * 3
+    ar.wait_for_output(timeout=20)  # resolved by the reply itself (nothing else comes)
+    broadcast_id = ar._children[0].msg_id.rsplit("_", 1)[0]
+    assert iopub.types(broadcast_id) == []
+
+
+def test_stream_outputs_keeps_ipyparallels_iopub_path(rc, iopub):
+    view = rc.broadcast_view(stream_outputs=True)
+    ar = view.apply_async(talk, 4)
+    assert ar.get(timeout=20) == [8] * 3
+    ar.wait_for_output(timeout=20)
+    assert ar.stdout == ["out 4\n"] * 3 and ar.stderr == ["err 4\n"] * 3
+    assert [len(outs) for outs in ar.outputs] == [1] * 3
+    broadcast_id = ar._children[0].msg_id.rsplit("_", 1)[0]
+    types = iopub.types(broadcast_id)
+    assert types.count("status") == 6 and types.count("stream") == 6  # busy + idle, out + err
+    assert types.count("display_data") == 3
+
+
+def test_errors_come_in_the_reply(rc, iopub):
+    view = rc.broadcast_view()
+    ar = view.apply_async(fail)
+    with pytest.raises(Exception) as info:
+        ar.get(timeout=20)
+    assert info.value.__class__.__name__ == "CompositeError"
+    assert ar.stdout == ["before\n"] * 3
+    assert [md["error"].ename for md in ar.metadata] == ["ValueError"] * 3
+    assert all("boom" in "".join(md["error"].traceback) for md in ar.metadata)
+    broadcast_id = ar._children[0].msg_id.rsplit("_", 1)[0]
+    assert iopub.types(broadcast_id) == []  # not even the 'error' message
+
+
+def test_published_data_still_arrives_and_is_waited_for(rc, iopub):
+    view = rc.broadcast_view()
+    ar = view.apply_async(publish)
+    assert ar.get(timeout=20) == [1] * 3
+    ar.wait_for_output(timeout=20)
+    assert ar.data == [{"k": 5}] * 3
+    broadcast_id = ar._children[0].msg_id.rsplit("_", 1)[0]
+    assert iopub.types(broadcast_id) == ["data_message"] * 3 + ["status"] * 3  # idle only
+
+
+def test_outputs_reach_the_hub_records(rc):
+    view = rc.broadcast_view()
+    ar = view.apply_async(talk, 5)
+    ar.get(timeout=20)
+    until(lambda: all(r.get("stdout") for r in rc.db_query(
+        {"msg_id": {"$in": ar.msg_ids}}, keys=["msg_id", "stdout"])), what="hub records")
+    records = rc.db_query({"msg_id": {"$in": ar.msg_ids}}, keys=["stdout", "stderr"])
+    assert [(r["stdout"], r["stderr"]) for r in records] == [("out 5\n", "err 5\n")] * 3
+
+
+def test_stock_engines_ignore_the_request_and_use_iopub():
+    with running_cluster(2, 1, 2, engine_launcher_class="local") as rc:
+        counter = IOPubCounter(rc)
+        try:
+            view = rc.broadcast_view()
+            ar = view.apply_async(talk, 6)
+            assert ar.get(timeout=20) == [12] * 2
+            ar.wait_for_output(timeout=20)
+            assert ar.stdout == ["out 6\n"] * 2 and ar.stderr == ["err 6\n"] * 2
+            broadcast_id = ar._children[0].msg_id.rsplit("_", 1)[0]
+            assert counter.types(broadcast_id).count("status") == 4
+        finally:
+            counter.close()
+
+
+def test_aborted_requests_are_answered_in_one_message(rc, iopub):
+    view = rc.broadcast_view()
+    busy = view.apply_async(time.sleep, 1)
+    queued = view.apply_async(talk, 7)
+    rc.abort(queued)
+    busy.get(timeout=20)
+    assert [type(r) for r in queued.get(timeout=20)] == [error.TaskAborted] * 3  # as for stream_outputs
+    assert queued.wait_for_output(timeout=20)  # nothing more to wait for: no hang
+    assert queued.stdout == [""] * 3
+    broadcast_id = queued._children[0].msg_id.rsplit("_", 1)[0]
+    assert iopub.types(broadcast_id) == []
