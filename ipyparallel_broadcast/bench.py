@@ -10,16 +10,16 @@ With ``--peers``, a local Dask cluster of N workers joins the rounds
 (``Client.run`` and ``submit`` pinned per worker), and an MPI job of N+1
 ranks (mpi4py ``bcast`` + ``gather``, timed inside the job) adds a row.
 
+``--cpu CALLS`` adds where the CPU goes: after the rounds, each view makes
+CALLS 1 kB echo calls alone, and psutil reads the CPU time (user + system) of
+the client process, the controller's processes (hub, schedulers, relay nodes)
+and the engines (with their nannies); shown per engine per apply.
+
 Two clusters run side by side with N engines each: ours (relay tree of the
 given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
 scheduler has the same depth. Each round times every view once, in turn, so
 drift hits all views alike; the table shows medians and ratios to DirectView
 (< 1 is faster for latencies, > 1 is better for throughput).
-
-``--cpu CALLS`` adds where the CPU goes: after the rounds, each view makes
-CALLS 1 kB echo calls alone, and psutil reads the CPU time (user + system) of
-the client process, the controller's processes (hub, schedulers, relay nodes)
-and the engines (with their nannies); shown per engine per apply.
 """
 
 from __future__ import annotations
@@ -63,22 +63,23 @@ def local_array():
 
 def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
     """(our client, stock client) for two clusters of n engines each."""
-    ours = Cluster(n=n, depth=depth, fanout=fanout, log_level=40,
+    wait = max(60, 4 * n)  # seconds for the engines to register: ~0.8 s each on 2 busy cores
+    ours = Cluster(n=n, depth=depth, fanout=fanout, log_level=40, engine_timeout=wait,
                    profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
     stock = ipp.Cluster(
-        n=n, log_level=40,
+        n=n, log_level=40, engine_timeout=wait,
         profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
         controller_args=[f"--IPController.broadcast_scheduler_depth={max(depth, 0)}"],
     )
-    clients = []
-    for cluster in (ours, stock):
+    clients = {}
+    for cluster in (stock, ours):  # the stock one first: with ours up, its 64 engines did not all register
         rc = cluster.start_and_connect_sync()
         stack.callback(cluster.stop_cluster_sync)
         stack.callback(rc.close)
-        clients.append(rc)
-    for rc in clients:
-        rc.wait_for_engines(n, timeout=max(60, n))
-    return clients
+        clients[cluster] = rc
+    for rc in clients.values():
+        rc.wait_for_engines(n, timeout=wait)
+    return clients[ours], clients[stock]
 
 
 def views(ours, stock, suite="calls") -> Dict[str, object]:
@@ -289,6 +290,9 @@ def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = p
         with ExitStack() as stack:
             ours, stock = start_clusters(stack, n, depth, fanout)
             vs = views(ours, stock, suite)
+            if depth == 0 and n == 1:  # its replies break its client (ValueError in _extract_metadata)
+                out("(ipyparallel's BroadcastView left out: at depth 0 with one engine it never returns)")
+                vs = {k: v for k, v in vs.items() if not k.startswith("ipp ")}
             if with_peers:
                 add_peers(stack, vs, n)
             results[n] = medians = measure(vs, reps, suite)

@@ -36,7 +36,7 @@ def dask_cluster(n: int):
     from distributed import Client, LocalCluster
 
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=40)
+                           dashboard_address=None, silence_logs=50)  # not the shutdown race
     client = Client(cluster)
     client.wait_for_workers(n)
     return cluster, client

@@ -8,7 +8,8 @@ Each simulated engine does what an engine does on the wire, and no more:
   broadcast leaf (``id % leaves``, as real engines choose);
 - it answers ``apply_request`` and ``execute_request`` with correctly signed
   replies (``reply_bytes`` of result, after ``delay`` seconds), and publishes
-  the IOPub ``idle`` status clients wait for.
+  the IOPub ``idle`` status clients wait for, except where our BroadcastView
+  asks for outputs in the reply (as our engines do, see ``kernel``).
 The task queue and control channel are not connected (no load balancing,
 abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall
 silent: it stops answering and beating, so the hub declares it dead.
@@ -38,6 +39,7 @@ from . import protocol as P
 
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
 STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
+OUTPUTS_MARK = f'"{P.OUTPUTS_KEY}"'.encode()
 CONTENT = {"apply_reply": b'{"status": "ok"}',
            "execute_reply": b'{"status": "ok", "execution_count": 1}',
            "status": b'{"execution_state": "idle"}'}
@@ -166,7 +168,12 @@ class SimProcess:
                 theirs = {}
             md.update((k, theirs.get(k)) for k in STOCK_BROADCAST_FIELDS)
         buffers = self.result if reply_type == "apply_reply" else []
+        lean = reply_type == "apply_reply" and OUTPUTS_MARK in request_md
+        if lean:  # as our engines (kernel.py): the outputs in the reply, no IOPub status
+            md[P.OUTPUTS_KEY] = dict(stdout="", stderr="", outputs=[])
         engine.shell.send_multipart(idents + self.signed(engine, reply_type, parent, md) + buffers, copy=False)
+        if lean:
+            return
         topic = f"engine.{engine.id}.status".encode()
         self.iopub.send_multipart([topic] + self.signed(engine, "status", parent, dict(engine=engine.uuid)))
 
