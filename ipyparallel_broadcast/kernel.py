@@ -21,21 +21,19 @@ import io
 import sys
 
 from ipyparallel.engine.kernel import IPythonParallelKernel
-from jupyter_client.session import DELIM
 
-from .protocol import OUTPUTS_KEY, as_bytes
-
-_DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
-_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'
+from . import protocol as P
+from .protocol import OUTPUTS_KEY
 
 
 def wants_outputs_in_reply(frames) -> bool:
     """Does this raw request ask for its outputs in the reply? (Looks only at
     the small metadata frame; the signature is checked when it is parsed.)"""
-    for i, frame in enumerate(frames):
-        if len(frame) == len(_DELIM) and as_bytes(frame) == _DELIM:
-            return len(frames) > i + 4 and _MARK in as_bytes(frames[i + 4])
-    return False
+    try:
+        _, body = P.split_idents(frames)  # [sig, header, parent, metadata, content, ...]
+    except P.ProtocolError:
+        return False
+    return len(body) > 3 and P.OUTPUTS_MARK in P.as_bytes(body[3])
 
 
 class _Displays:

@@ -71,6 +71,7 @@ TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
 # request metadata {OUTPUTS_KEY: "reply"}: our engines answer with outputs in the
 # reply's metadata under the same key, and publish no IOPub status (see kernel)
 OUTPUTS_KEY = "ipb_outputs"
+OUTPUTS_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'  # in a request's raw metadata JSON
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
 
 Frames = List[Any]  # bytes, memoryview or zmq.Frame

@@ -39,7 +39,6 @@ from . import protocol as P
 
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
 STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
-OUTPUTS_MARK = f'"{P.OUTPUTS_KEY}"'.encode()
 CONTENT = {"apply_reply": b'{"status": "ok"}',
            "execute_reply": b'{"status": "ok", "execution_count": 1}',
            "status": b'{"execution_state": "idle"}'}
@@ -168,7 +167,7 @@ class SimProcess:
                 theirs = {}
             md.update((k, theirs.get(k)) for k in STOCK_BROADCAST_FIELDS)
         buffers = self.result if reply_type == "apply_reply" else []
-        lean = reply_type == "apply_reply" and OUTPUTS_MARK in request_md
+        lean = reply_type == "apply_reply" and P.OUTPUTS_MARK in request_md
         if lean:  # as our engines (kernel.py): the outputs in the reply, no IOPub status
             md[P.OUTPUTS_KEY] = dict(stdout="", stderr="", outputs=[])
         engine.shell.send_multipart(idents + self.signed(engine, reply_type, parent, md) + buffers, copy=False)
