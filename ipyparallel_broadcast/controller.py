@@ -16,7 +16,7 @@ from __future__ import annotations
 from multiprocessing import Process
 
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Float, Integer, default, validate
+from traitlets import Bool, Enum, Float, Integer, Union, default, validate
 
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
@@ -25,10 +25,12 @@ from .logs import drop_unwritten_levels
 from .protocol import PROTOCOL_VERSION, TREE_KEY
 from .records import BroadcastRecords
 from .schedulers.node import run_node
-from .topology import TreeShape, balanced_id, node_name
+from .topology import TreeShape, auto_shape, balanced_id, node_name
 
 aliases = dict(ipp_aliases)
-aliases.update(depth="BroadcastController.depth", fanout="BroadcastController.fanout")
+aliases.update(
+    depth="BroadcastController.depth", fanout="BroadcastController.fanout", engines="BroadcastController.engines"
+)
 
 
 class BroadcastController(IPController):
@@ -36,8 +38,19 @@ class BroadcastController(IPController):
     description = __doc__
     aliases = aliases
 
-    depth = Integer(1, config=True, help="Levels of relay nodes below the root (0: root only).")
-    fanout = Integer(2, config=True, help="Children per relay node (at least 2).")
+    depth = Union(
+        [Integer(), Enum(["auto"])], default_value=1, config=True,
+        help="Levels of relay nodes below the root (0: root only), or 'auto' (see topology.auto_shape).",
+    )
+    fanout = Union(
+        [Integer(), Enum(["auto"])], default_value=2, config=True,
+        help="Children per relay node (at least 2), or 'auto' (see topology.auto_shape).",
+    )
+    engines = Integer(
+        64, config=True,
+        help="Engines the tree is sized for when depth or fanout is 'auto' "
+        "(ipcluster and ipyparallel_broadcast.Cluster pass their engine count).",
+    )
     ping_interval = Float(0.5, config=True, help="Seconds between a relay node's pings to its children.")
     node_timeout = Float(
         10.0, config=True,
@@ -56,16 +69,27 @@ class BroadcastController(IPController):
 
     @validate("depth")
     def _valid_depth(self, proposal):
-        TreeShape(proposal.value, 2)
+        if proposal.value != "auto":
+            TreeShape(proposal.value, 2)
         return proposal.value
 
     @validate("fanout")
     def _valid_fanout(self, proposal):
-        TreeShape(0, proposal.value)
+        if proposal.value != "auto":
+            TreeShape(0, proposal.value)
         return proposal.value
 
     @property
     def shape(self) -> TreeShape:
+        """The tree; an 'auto' depth or fanout is decided (once) here."""
+        if "auto" in (self.depth, self.fanout):
+            from .compose.host import cpu_count
+
+            fixed = [None if v == "auto" else v for v in (self.depth, self.fanout)]
+            shape = auto_shape(self.engines, cpu_count(), *fixed)
+            self.log.info("Broadcast tree 'auto' for %i engines on %i cores: depth=%i fanout=%i",
+                          self.engines, cpu_count(), shape.depth, shape.fanout)
+            self.depth, self.fanout = shape.depth, shape.fanout
         return TreeShape(self.depth, self.fanout)
 
     # upstream sizes its engine-facing broadcast ports from these
@@ -116,7 +140,8 @@ class BroadcastController(IPController):
         """Tell clients the tree's shape in the client connection file."""
         if fname == self.client_json_file:
             cdict = dict(cdict)
-            cdict[TREE_KEY] = dict(depth=self.depth, fanout=self.fanout, protocol=PROTOCOL_VERSION)
+            shape = self.shape
+            cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION)
         return super().save_connection_dict(fname, cdict)
 
     def node_spec(self, path, monitor_url) -> dict:
@@ -158,12 +183,10 @@ class BroadcastController(IPController):
         return f"tcp://127.0.0.1:{self.internal_ports[path]}"
 
     def launch_broadcast_schedulers(self, monitor_url, children):
+        shape = self.shape
         self.log.info(
             "Broadcast tree: depth=%i fanout=%i, %i relay nodes, %i leaves",
-            self.depth,
-            self.fanout,
-            self.shape.n_nodes,
-            self.shape.n_leaves,
+            shape.depth, shape.fanout, shape.n_nodes, shape.n_leaves,
         )
         self.node_specs = {path: self.node_spec(path, monitor_url) for path in self.shape.nodes()}
         self.node_processes = {path: self._node_process(path) for path in self.node_specs}

@@ -21,7 +21,7 @@ from ipyparallel.cluster.launcher import (
     LocalEngineLauncher,
     LocalEngineSetLauncher,
 )
-from traitlets import Integer, List, Unicode, default
+from traitlets import Enum, Integer, List, Union, Unicode, default
 
 CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
 ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
@@ -44,7 +44,10 @@ class BroadcastControllerLauncher(LocalControllerLauncher):
     controller_cmd = List(list(CONTROLLER_CMD), config=True)
 
     def find_args(self):
-        return self.controller_cmd + self.cluster_args + tree_args(self.config) + self.controller_args
+        # the cluster's engine count sizes an 'auto' tree (the user's own setting wins)
+        n = getattr(self.parent, "n", None)
+        sized = [f"--BroadcastController.engines={n}"] if n else []
+        return self.controller_cmd + self.cluster_args + sized + tree_args(self.config) + self.controller_args
 
 
 class BroadcastEngineLauncher(LocalEngineLauncher):
@@ -107,8 +110,14 @@ class Cluster(ipp.Cluster):
     ``engine_launcher_class`` is given.
     """
 
-    depth = Integer(None, allow_none=True, config=True, help="Tree depth (controller default if None).")
-    fanout = Integer(None, allow_none=True, config=True, help="Tree fan-out (controller default if None).")
+    depth = Union(
+        [Integer(), Enum(["auto"])], default_value=None, allow_none=True, config=True,
+        help="Tree depth, or 'auto' (controller default if None).",
+    )
+    fanout = Union(
+        [Integer(), Enum(["auto"])], default_value=None, allow_none=True, config=True,
+        help="Tree fan-out, or 'auto' (controller default if None).",
+    )
 
     compose = Unicode(
         None, allow_none=True, config=True, help="Engines' compose mode (engine default if None)."

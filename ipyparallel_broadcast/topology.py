@@ -97,6 +97,52 @@ class TreeShape:
         return leaves
 
 
+# Measured on the 2-core development machine (benchmarks/results/auto-shape.md):
+# a relay hop's fixed cost per call (receive, route, send, both ways), and a
+# node's cost per engine or child it sends to and hears from.
+HOP_MS = 1.0
+ENGINE_MS = 0.05
+MAX_DEPTH = 4
+MAX_FANOUT = 64
+
+
+def modelled_ms(shape: TreeShape, n_engines: int, cores: int, hop_ms=HOP_MS, engine_ms=ENGINE_MS) -> float:
+    """Modelled round trip of one call through ``shape``, in ms.
+
+    The slowest path: one hop per level, each node's serial sends to its
+    children, and the busiest leaf's engines. All nodes' work must also fit in
+    ``cores``: the round trip is the larger of the two.
+    """
+    per_leaf = -(-n_engines // shape.n_leaves)
+    path = (shape.depth + 1) * hop_ms + shape.depth * shape.fanout * engine_ms + per_leaf * engine_ms
+    internal = shape.n_nodes - shape.n_leaves
+    work = shape.n_nodes * hop_ms + (n_engines + internal * shape.fanout) * engine_ms
+    return max(path, work / max(1, cores))
+
+
+def auto_shape(n_engines: int, cores: int, depth=None, fanout=None, hop_ms=HOP_MS, engine_ms=ENGINE_MS) -> TreeShape:
+    """The shape with the least ``modelled_ms`` for ``n_engines`` on ``cores``.
+
+    ``depth`` or ``fanout`` given (not None) stays fixed. Ties go to the
+    smaller tree (fewer processes). A tree never has more leaves than engines
+    to serve.
+    """
+    best = None
+    depths = [depth] if depth is not None else range(MAX_DEPTH + 1)
+    fanouts = [fanout] if fanout is not None else range(2, MAX_FANOUT + 1)
+    for d in depths:
+        for f in fanouts:
+            shape = TreeShape(d, f)
+            if d and shape.n_leaves > max(1, n_engines) and not (depth is not None and fanout is not None):
+                continue
+            key = (modelled_ms(shape, n_engines, cores, hop_ms, engine_ms), shape.n_nodes, d)
+            if best is None or key < best[0]:
+                best = (key, shape)
+    if best is None:  # a fixed depth with more leaves than engines: its smallest tree
+        return TreeShape(depth, fanout or 2)
+    return best[1]
+
+
 def balanced_id(next_id: int, live_ids: Iterable[int], n_leaves: int) -> int:
     """The smallest id >= ``next_id`` on a leaf with the fewest live engines."""
     load = [0] * n_leaves

@@ -31,7 +31,12 @@ def running_cluster(n, depth, fanout, config=None, **kwargs):
             log_level=int(os.environ.get("IPB_TEST_LOG_LEVEL", 40)),
             **kwargs,
         )
-        rc = cluster.start_and_connect_sync()
+        try:
+            rc = cluster.start_and_connect_sync()
+        except TimeoutError:
+            _diagnose_connect(cluster, profile_dir)
+            cluster.stop_cluster_sync()
+            raise
         rc.test_profile_dir = profile_dir  # tests find connection files here
         try:
             rc.wait_for_engines(n, timeout=60)
@@ -40,6 +45,52 @@ def running_cluster(n, depth, fanout, config=None, **kwargs):
             rc.close()
             cluster.stop_cluster_sync()
             os.environ.pop("IPP_CLUSTER_ID", None)
+
+
+DIAGNOSES = []
+
+
+def _diagnose_connect(cluster, profile_dir):
+    """A client could not reach a live hub: record what the process and the
+    controller look like, and whether a client on a fresh zmq context can."""
+    import glob
+    import subprocess
+    import threading
+
+    import zmq
+
+    lines = [f"cluster {profile_dir}: {threading.active_count()} threads, "
+             f"{len(os.listdir('/proc/self/fd'))} fds, global context "
+             f"{len(getattr(zmq.Context.instance(), '_sockets', ()))} sockets"]
+    info = cluster.controller.get_connection_info()
+    if not isinstance(info, dict):
+        import asyncio
+        info = asyncio.run(info)
+    port = info["client"]["registration"]
+    lines.append(f"  registration port {port}")
+    try:
+        ss = subprocess.run(["ss", "-tanp"], capture_output=True, text=True).stdout
+    except OSError as e:
+        ss = f"ss: {e} :{port} "
+    lines += ["  " + ln for ln in ss.splitlines() if f":{port} " in ln][:20]
+    ctx = zmq.Context()
+    try:
+        fresh = ipb.Client(info["client"], context=ctx, timeout=10)
+        lines.append(f"  fresh-context client: connected, {len(fresh.ids)} engines")
+        fresh.close()
+    except Exception as e:
+        lines.append(f"  fresh-context client: {e!r}")
+    try:
+        again = ipb.Client(info["client"], timeout=10)
+        lines.append(f"  global-context client, second try: connected")
+        again.close()
+    except Exception as e:
+        lines.append(f"  global-context client, second try: {e!r}")
+    ctx.destroy(0)
+    for path in glob.glob(os.path.join(profile_dir, "log", "*.log"))[:3]:
+        with open(path) as f:
+            lines.append(f"  {os.path.basename(path)} tail: " + f.read()[-1500:])
+    DIAGNOSES.append("\n".join(lines))
 
 
 def settled_stats(rc, timeout=10):

@@ -64,5 +64,9 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
+    from cluster_util import DIAGNOSES
+
+    for text in DIAGNOSES[:3]:
+        terminalreporter.write_line("connect timeout at a live cluster; diagnosis: " + text)
     for text in _DIAGNOSES:  # last in the output, where a CI summary shows it
         terminalreporter.write_line("client could not reach its hub; diagnosis: " + text)

@@ -101,6 +101,21 @@ def test_engine_killed_mid_request(coalescing):
         assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [1, 1, 1]
 
 
+@pytest.mark.parametrize("n, depth", [(3, "auto"), (4, 1)])
+def test_auto_tree_is_sized_for_the_clusters_engines(n, depth):
+    """depth/fanout 'auto': the controller learns the cluster's engine count
+    and builds the shape topology.auto_shape picks for it on this host."""
+    from ipyparallel_broadcast.compose.host import cpu_count
+    from ipyparallel_broadcast.topology import auto_shape
+
+    expected = auto_shape(n, cpu_count(), depth=None if depth == "auto" else depth)
+    assert expected != auto_shape(64, cpu_count())  # the count reached the controller
+    with running_cluster(n, depth, "auto") as rc:
+        assert (rc.tree_shape.depth, rc.tree_shape.fanout) == (expected.depth, expected.fanout)
+        assert rc.broadcast_view().apply_sync(lambda: 5) == [5] * n
+        assert len(rc.broadcast_stats()) == expected.n_nodes
+
+
 def test_profile_ipcontroller_config_applies():
     """Settings in the profile's ipcontroller_config.py reach our controller."""
     with tempfile.TemporaryDirectory() as profile_dir:

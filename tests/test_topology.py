@@ -1,7 +1,17 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.topology import TreeShape, balanced_id, node_identity, node_name, render
+from ipyparallel_broadcast.topology import (
+    MAX_DEPTH,
+    MAX_FANOUT,
+    TreeShape,
+    auto_shape,
+    balanced_id,
+    modelled_ms,
+    node_identity,
+    node_name,
+    render,
+)
 
 shapes = st.builds(TreeShape, depth=st.integers(0, 4), fanout=st.integers(2, 5))
 engine_lists = st.lists(st.integers(0, 5000), unique=True, max_size=60)
@@ -89,3 +99,29 @@ def test_balanced_ids_refill_the_leaf_that_lost_engines():
     first = balanced_id(4, live, 2)
     second = balanced_id(first + 1, live + [first], 2)
     assert (first, second) == (4, 6)
+
+
+@given(st.integers(1, 20000), st.integers(1, 128))
+def test_auto_shape_is_the_best_modelled_tree_that_fits(n, cores):
+    shape = auto_shape(n, cores)
+    assert shape.depth == 0 or shape.n_leaves <= n  # no leaf is left without engines
+    best = modelled_ms(shape, n, cores)
+    for d in range(MAX_DEPTH + 1):
+        for f in range(2, MAX_FANOUT + 1):
+            other = TreeShape(d, f)
+            if d == 0 or other.n_leaves <= n:
+                assert best <= modelled_ms(other, n, cores)
+
+
+@given(st.integers(1, 5000), st.integers(1, 64), st.integers(0, 3), st.integers(2, 8))
+def test_auto_shape_keeps_what_is_fixed(n, cores, depth, fanout):
+    assert auto_shape(n, cores, depth=depth).depth == depth
+    assert auto_shape(n, cores, fanout=fanout).fanout == fanout
+    assert auto_shape(n, cores, depth, fanout) == TreeShape(depth, fanout)
+
+
+def test_auto_shape_follows_the_engine_count_and_the_cores():
+    assert auto_shape(1, 2).depth == auto_shape(16, 64).depth == 0  # few engines: the root alone
+    assert auto_shape(1024, 2).depth == 1  # as the 2-core farm sweep found
+    assert auto_shape(4096, 64).depth == 2  # many cores, many engines: a deeper tree
+    assert auto_shape(256, 16).n_leaves > auto_shape(256, 2).n_leaves  # cores for more leaves
