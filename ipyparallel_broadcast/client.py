@@ -9,9 +9,11 @@ metadata, outputs and errors behave exactly as for a DirectView.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
+from functools import partial
 from typing import Dict, List
 
 import zmq
@@ -27,6 +29,7 @@ from . import protocol as P
 from .protocol import engine_vid, parse_date
 from .reduction import Reduction
 from .topology import TreeShape, render
+from .trace import Traces, merge
 
 log = logging.getLogger(__name__)
 _SENT = Future()
@@ -47,6 +50,7 @@ class EngineFuture(MessageFuture):
         self.iopub_callbacks = []
         self.output = None
         self.reply_bytes = None  # size of the engine's reply buffers, once known
+        self.broadcast_id = None  # the msg_id of the broadcast this is part of
 
     def wait(self, timeout=None):
         try:
@@ -96,6 +100,7 @@ class Client(ipp.Client):
         self._recent_calls: deque = deque()
         self._replies_received = 0  # messages from the tree (tests count them)
         self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
+        self._traces = Traces()  # events of recent traced calls (see ``trace``)
 
     # ----------------------------------------------------------------- views
     @property
@@ -146,14 +151,21 @@ class Client(ipp.Client):
                 f"(registered engines: {self.ids})"
             ) from None
 
-    def broadcast_stats(self, timeout: float = 10) -> List[dict]:
+    def broadcast_trace(self, msg_id: str, timeout: float = 10) -> List[dict]:
+        """The events of a traced broadcast, in time order: the client's, each
+        relay node's and each engine's (see ``ipyparallel_broadcast.trace``)."""
+        if msg_id not in self._traces:
+            raise KeyError(f"no trace of {msg_id!r} (not traced, or no longer kept)")
+        return merge(self._traces.events(msg_id), self.broadcast_stats(timeout, trace=msg_id))
+
+    def broadcast_stats(self, timeout: float = 10, trace=None) -> List[dict]:
         """Every relay node's own state, gathered up the tree in one round trip:
         ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``
         (bad messages refused), ``engines`` (leaves), ``rss``, ``pid``, ``busy``
         (seconds spent handling messages) and ``cpu`` (process CPU seconds).
         A node that cannot answer appears with an ``error``."""
         self.tree_shape  # a clear error on a stock controller
-        msg = self.session.msg(P.STATS, content={})
+        msg = self.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
         msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
         self._surveys[msg_id] = survey = Future()
         self._io_loop.add_callback(self._broadcast_stream.send_multipart, self.session.serialize(msg))
@@ -169,11 +181,12 @@ class Client(ipp.Client):
     # ------------------------------------------------------------------ send
     def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
                        metadata=None, reply=P.COALESCE, track=False, each=None,
-                       batch=None, reduce=None):
+                       batch=None, reduce=None, trace=False):
         """Sign one request for ``eids`` and send it to the root of the tree.
 
         ``each``: every target's own buffers, in target order, sent after the
         shared ``buffers``. ``batch``: ``[count, interval]`` for streaming.
+        ``trace``: record the call's path (``broadcast_trace``).
         Returns one MessageFuture per engine, in target order; with ``reduce``
         (an op of ``reduction.OPS``), one future for the combined value.
         """
@@ -184,6 +197,8 @@ class Client(ipp.Client):
         if not eids:  # ipyparallel's AsyncResult needs at least one engine
             raise ValueError("a broadcast needs at least one target engine")
         md = dict(metadata or {}, is_broadcast=True)
+        if trace:
+            md[P.TRACE_KEY] = True
         header = self.session.msg_header(msg_type)
         header["msg_id"] = P.BROADCAST_ID_PREFIX + header["msg_id"]
         inner = self.session.msg(msg_type, content=content or {}, metadata=md, header=header)
@@ -195,12 +210,17 @@ class Client(ipp.Client):
             frames += [b for own in each for b in own]
         if batch is not None:
             request["batch"] = list(batch)
+        if trace:
+            request["trace"] = True
+            self._traces.start(msg_id)
         if reduce is not None:
             request["reduce"] = reduce
             futures = self._reduce_future(msg_id, inner["header"], track)
             futures[0].targets, futures[0].op = list(eids), reduce
         else:
             futures = self._engine_futures(msg_id, inner["header"], uuids, track)
+        for future in futures:
+            future.broadcast_id = msg_id
         envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))
 
         to_send = self.session.serialize(envelope) + frames
@@ -210,10 +230,15 @@ class Client(ipp.Client):
             self._tracking[id(to_send)] = (to_send, futures)
         # through the ZMQStream: a send behind its back can eat the socket's
         # edge-triggered read event, and replies would wait unread
-        self._io_loop.add_callback(
-            self._broadcast_stream.send_multipart, to_send, copy=copy, track=track
-        )
+        send = self._broadcast_stream.send_multipart
+        if trace:
+            send = partial(self._send_traced, msg_id, send)
+        self._io_loop.add_callback(send, to_send, copy=copy, track=track)
         return futures
+
+    def _send_traced(self, msg_id, send, *args, **kwargs):
+        self._traces.add(msg_id, "request out", time.time())
+        send(*args, **kwargs)
 
     def _broadcast_sent(self, msg, status):
         """ZMQStream send callback: hand the zmq MessageTracker to the futures."""
@@ -251,6 +276,7 @@ class Client(ipp.Client):
         self.history.append(msg_id)
 
         def done(_):
+            self._traces.add(msg_id, "done", time.time())
             self.outstanding.discard(msg_id)
             self._futures.pop(msg_id, None)
             self.metadata.pop(msg_id, None)
@@ -267,6 +293,7 @@ class Client(ipp.Client):
         def done(_):
             left[0] -= 1
             if not left[0]:  # the whole broadcast is finished: drop its caches
+                self._traces.add(msg_id, "done", time.time())
                 self._broadcasts.pop(msg_id, None)
                 self._keep_recent([(f.msg_id, f.result(), f.output.metadata) for f in futures])
                 for vid in vids:
@@ -352,6 +379,7 @@ class Client(ipp.Client):
                 survey.set_exception(ConnectionError(why))
 
     def _dispatch_broadcast(self, frames):
+        arrived = time.time()
         self._replies_received += 1
         try:
             _, body = P.split_idents(frames)
@@ -364,6 +392,7 @@ class Client(ipp.Client):
             if msg["header"].get("msg_type") != P.BUNDLE:
                 return self._dispatch_reply(frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")
+            self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
             if msg_id in self._reductions:
                 return self._reduced(self._reductions.pop(msg_id), msg)
             if msg_id not in self._broadcasts:
@@ -429,6 +458,8 @@ class Client(ipp.Client):
         future = self._futures.get(vid)
         if future is not None:  # auto mode learns reply sizes from it
             future.reply_bytes = sum(memoryview(b).nbytes for b in reply.get("buffers", ()))
+        if msg_id in self._traces:
+            self._traces.add_engine(msg_id, self._engines.get(reply["metadata"].get("engine")), reply)
         reply["parent_header"] = dict(reply["parent_header"], msg_id=vid)
         outputs = reply["metadata"].pop(P.OUTPUTS_KEY, None)
         if outputs is not None:  # our engine: what IOPub would have brought is here

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 
 from ipyparallel.engine.kernel import IPythonParallelKernel
 
@@ -103,6 +104,7 @@ class Captured:
 
 class BroadcastKernel(IPythonParallelKernel):
     async def dispatch_shell(self, msg, *args, **kwargs):
+        received = time.time()
         if not wants_outputs_in_reply(msg):
             return await super().dispatch_shell(msg, *args, **kwargs)
         idents, body = self.session.feed_identities(msg, copy=False)
@@ -121,15 +123,18 @@ class BroadcastKernel(IPythonParallelKernel):
             return self.reply(stream, idents, request, {"status": "aborted"}, [], None, {})
         self.pre_handler_hook()
         try:
-            self.apply_outputs_in_reply(stream, idents, request)
+            self.apply_outputs_in_reply(stream, idents, request, received)
         except Exception:
             self.log.error("Exception in apply_request:", exc_info=True)
         finally:
             self.post_handler_hook()
 
-    def apply_outputs_in_reply(self, stream, ident, parent):
-        """ipyparallel's ``apply_request``, outputs captured into the reply."""
+    def apply_outputs_in_reply(self, stream, ident, parent, received=None):
+        """ipyparallel's ``apply_request``, outputs captured into the reply
+        (and, for a traced request, when it reached this process)."""
         md = self.init_metadata(parent)
+        if parent["metadata"].get(P.TRACE_KEY):
+            md["ipb_received"] = received
         with Captured(self.shell) as captured:
             self.shell_is_blocking = True
             try:

@@ -16,6 +16,8 @@ Jupyter message whose buffers follow):
     ``batch: [count, interval]`` (streaming only): a leaf merges up to ``count``
     replies, or what arrived within ``interval`` seconds, into one bundle.
     ``reduce: op`` (coalescing only): nodes combine results; see ``reduction``.
+    ``trace: true``: every node records when the request and the replies pass
+    it (``ipb_stats`` fetches them); engines add ``ipb_received`` to replies.
 
 ``ipb_bundle``  leaf -> ... -> root -> client
     metadata ``{req, msg_id, kind, eids}``: all a relay node reads (it checks the
@@ -34,7 +36,8 @@ Jupyter message whose buffers follow):
     ``failed``: ``[[engine_id, uuid, message, code], ...]`` engines that cannot
     answer; ``code`` is ``died`` (the hub unregistered it), ``unreachable`` or ``unknown``.
 
-``ipb_stats``  client -> root -> ... -> leaves, content ``{msg_id}`` (``req`` below the root)
+``ipb_stats``  client -> root -> ... -> leaves, content ``{msg_id, trace}`` (``req`` below the root);
+    ``trace``: a traced request's msg_id, whose events each node adds to its stats.
 ``ipb_stats_reply``  back up, content ``{msg_id, req, nodes: [{node, pending, ...}]}``:
     every node's own state (pending requests, drops, RSS), gathered up the tree.
     ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
@@ -72,6 +75,7 @@ TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
 # reply's metadata under the same key, and publish no IOPub status (see kernel)
 OUTPUTS_KEY = "ipb_outputs"
 OUTPUTS_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'  # in a request's raw metadata JSON
+TRACE_KEY = "ipb_trace"  # request metadata: the engine stamps its reply ("ipb_received")
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
 
 Frames = List[Any]  # bytes, memoryview or zmq.Frame

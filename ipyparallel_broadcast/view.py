@@ -56,11 +56,21 @@ class _Survivors:
             raise
 
 
-class TreeAsyncResult(_Survivors, AsyncResult):
+class _Traced:
+    @property
+    def trace(self) -> list:
+        """When this call passed the client, each relay node and each engine
+        (a view with ``trace=True``; see ``ipyparallel_broadcast.trace``).
+        Waits for the call to finish."""
+        self.wait()
+        return self._client.broadcast_trace(getattr(self._children[0], "broadcast_id", None))
+
+
+class TreeAsyncResult(_Survivors, _Traced, AsyncResult):
     pass
 
 
-class TreeAsyncMapResult(_Survivors, AsyncMapResult):
+class TreeAsyncMapResult(_Survivors, _Traced, AsyncMapResult):
     pass
 
 
@@ -90,7 +100,13 @@ class BroadcastView(DirectView):
         "status), as for DirectView. Off: outputs come inside each reply, which costs "
         "every engine, the controller and the client far less. execute (%%px) always streams.",
     )
-    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs"])
+    trace = Bool(
+        False,
+        help="Record when each call passes the client, every relay node and every engine: "
+        "ar.trace (see ipyparallel_broadcast.trace). A flag, since apply's keyword "
+        "arguments belong to the function.",
+    )
+    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs", "trace"])
 
     @validate("coalescing")
     def _valid_coalescing(self, proposal):
@@ -139,7 +155,7 @@ class BroadcastView(DirectView):
         reply, batch = (P.COALESCE, None) if reduce else self._reply_for(fname, len(eids), block)
         futures = self.client.send_broadcast(
             msg_type, eids, uuids, content=content, buffers=buffers, metadata=metadata,
-            reply=reply, track=track, each=each, batch=batch, reduce=reduce,
+            reply=reply, track=track, each=each, batch=batch, reduce=reduce, trace=self.trace,
         )
         if reduce:
             return TreeAsyncResult(self.client, futures[0], fname=fname, targets=eids, owner=True)

@@ -264,10 +264,10 @@ def test_interior_nodes_do_not_parse_results():
         list(P.iter_bundle(sim.codec, outer))  # the client, not the root, finds it bad
 
 
-def survey(sim):
+def survey(sim, **content):
     root = sim.nodes[()]
     sim.client_inbox.clear()
-    sim._run(root, root.on_up([b"c"] + sim.codec.pack(P.STATS, {"msg_id": "q"})), ())
+    sim._run(root, root.on_up([b"c"] + sim.codec.pack(P.STATS, {"msg_id": "q", **content})), ())
     (reply,) = sim.client_inbox
     msg = sim.codec.unpack(P.split_idents(reply)[1])
     assert msg["header"]["msg_type"] == P.STATS_REPLY and msg["content"]["msg_id"] == "q"
@@ -301,3 +301,28 @@ def test_stats_survey_reports_a_lost_child():
     nodes = client.unpack(P.split_idents(reply.frames)[1])["content"]["nodes"]
     assert [n["node"] for n in nodes] == ["root", "0", "1"]
     assert "relay node 1 was killed" in nodes[2]["error"] and not root.surveys
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["coalescing", "streaming"])
+def test_a_traced_request_is_stamped_at_every_node_and_a_survey_fetches_it(stream):
+    sim = TreeSim(2, 2, ENGINES)
+    msg_id = sim.request(ENGINES, stream=stream, trace=True)
+    untraced = sim.request(ENGINES, stream=stream)
+    nodes = survey(sim, trace=msg_id)
+    assert sorted(nodes) == sorted(n.name for n in sim.nodes.values())
+    for path, node in sim.nodes.items():
+        events = nodes[node.name]["trace"]
+        kinds = [e[0] for e in events]
+        assert kinds[:2] == ["request in", "request out"] and kinds[-1] == "reply out"
+        times = [e[1] for e in events]
+        assert times == sorted(times)
+        served = [e for e in ENGINES if sim.shape.serves(path, e)]
+        below = len(served) if node.is_leaf or stream else sim.shape.fanout
+        assert kinds.count("reply in") == below  # each engine's reply, or each bundle from below
+        if node.is_leaf:
+            assert sorted(e[2] for e in events if e[0] == "reply in") == sorted(f"engine {e}" for e in served)
+    assert all(survey(sim, trace=untraced)[n]["trace"] == [] for n in nodes)  # not traced: nothing kept
+    for node in sim.nodes.values():  # finished traces are kept, a bounded number
+        node.traces_kept = 1
+    sim.request(ENGINES, stream=stream, trace=True)
+    assert all(survey(sim, trace=msg_id)[n]["trace"] == [] for n in nodes)

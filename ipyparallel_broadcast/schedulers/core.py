@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid as uuidlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Callable, Dict, List, Optional, Set
@@ -61,6 +62,7 @@ class Pending:
     deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
     reduction: Optional[Reduction] = None  # reduce: what this node combined
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
+    trace: Optional[list] = None  # traced request: [event, wall time, detail] at this node
 
 
 @dataclass
@@ -76,11 +78,15 @@ class Survey:
 class RelayNode:
     """Routing, fan-out and coalescing for one node of the tree."""
 
+    traces_kept = 64  # finished traced requests whose events a survey can still fetch
+
     def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
                  clock: Callable[[], float] = time.monotonic,
-                 ping_interval: float = 0.5, node_timeout: float = 10.0):
+                 ping_interval: float = 0.5, node_timeout: float = 10.0,
+                 wall: Callable[[], float] = time.time):
         self.codec = codec
         self.clock = clock
+        self.wall = wall  # trace timestamps: comparable across processes
         self.shape = shape
         self.path = tuple(path)
         self.name = node_name(self.path)
@@ -103,17 +109,19 @@ class RelayNode:
         self.boots: Dict[int, str] = {}  # child -> the boot it last reported
         self._next_ping = clock() if not self.is_leaf and ping_interval else None
         self.records = False  # copy requests (root) and engine replies (leaves) to MON
+        self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
 
     # ------------------------------------------------------------------ events
     def on_up(self, frames) -> List[Send]:
         """A request from above: a client (root) or the parent node."""
+        arrived = self.wall()
         try:
             route, body = P.split_idents(frames)
             msg = self.codec.unpack(body)
             msg_type = msg["header"].get("msg_type")
             if msg_type == P.REQUEST:
                 content, dropped = P.validate_request(msg["content"]), self.dropped
-                sends = self._start(route, content, msg["buffers"])
+                sends = self._start(route, content, msg["buffers"], arrived=arrived)
                 if self.records and self.is_root and self.dropped == dropped:  # taken: filed
                     sends.insert(0, Send(MON, [P.INBCAST] + list(frames)))
                 return sends
@@ -175,12 +183,23 @@ class RelayNode:
             return []
         return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot)))]
 
-    def stats(self) -> dict:
-        """This node's own state, as a survey reports it."""
-        return dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
-                    surveys=len(self.surveys), dropped=self.dropped,
-                    engines=sum(self.shape.serves(self.path, e) for e in self.engines)
-                    if self.is_leaf else None, **self.probe())
+    def stats(self, trace=None) -> dict:
+        """This node's own state, as a survey reports it; with ``trace`` (a
+        request's msg_id), the events this node recorded for that request."""
+        stats = dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
+                     surveys=len(self.surveys), dropped=self.dropped,
+                     engines=sum(self.shape.serves(self.path, e) for e in self.engines)
+                     if self.is_leaf else None, **self.probe())
+        if trace is not None:
+            events = self.traces.get(trace)
+            if events is None:  # still in flight
+                events = next((p.trace for p in self.pending.values() if p.msg_id == trace), None)
+            stats["trace"] = list(events or [])
+        return stats
+
+    def _stamp(self, p: Pending, event: str, detail=None, at=None):
+        if p.trace is not None:
+            p.trace.append([event, self.wall() if at is None else at, detail])
 
     def on_child_lost(self, digit: int, why: str = "is unreachable") -> List[Send]:
         child = node_name(self.path + (digit,))
@@ -226,8 +245,10 @@ class RelayNode:
         if not isinstance(key, str) or key in self.surveys:
             raise P.ProtocolError("stats request without a usable key")
         owed = set() if self.is_leaf else set(self.children.values())
-        self.surveys[key] = Survey(route, content.get("msg_id"), owed, [self.stats()])
-        down = self.codec.pack(P.STATS, dict(req=key))
+        trace = content.get("trace")
+        trace = trace if isinstance(trace, str) else None
+        self.surveys[key] = Survey(route, content.get("msg_id"), owed, [self.stats(trace)])
+        down = self.codec.pack(P.STATS, dict(req=key, trace=trace))
         return [Send(DOWN, [ident] + down) for ident in self.children if not self.is_leaf] \
             + self._survey_done(key)
 
@@ -253,7 +274,7 @@ class RelayNode:
         return [Send(UP, survey.route + self.codec.pack(P.STATS_REPLY, reply))]
 
     # -------------------------------------------------------------- down path
-    def _start(self, route, content, inner, compat=None) -> List[Send]:
+    def _start(self, route, content, inner, compat=None, arrived=None) -> List[Send]:
         if compat is None:  # the client's own request: checked once, at the root
             if len(inner) < 5:
                 raise P.ProtocolError(f"the request inside has {len(inner)} frames, needs 5")
@@ -283,6 +304,7 @@ class RelayNode:
             own=own,
             batch=tuple(content["batch"]) if content.get("batch") else None,
             reduction=Reduction(op) if op else None,
+            trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
         strays = [e for e in targets if not self.shape.serves(self.path, e)]
@@ -292,6 +314,7 @@ class RelayNode:
             sends += self._to_engines(p, targets)
         else:
             sends += self._to_children(p, targets, mode)
+        self._stamp(p, "request out", len(sends))
         return sends + self._finish_if_done(p)
 
     def _to_children(self, p: Pending, targets, mode) -> List[Send]:
@@ -310,6 +333,8 @@ class RelayNode:
                 content["batch"] = list(p.batch)
             if p.reduction is not None:
                 content["reduce"] = p.reduction.op
+            if p.trace is not None:
+                content["trace"] = True
             envelope = self.codec.pack(P.REQUEST, content, frames)
             sends.append(Send(DOWN, [node_identity(self.path + (digit,))] + envelope))
         return sends
@@ -362,6 +387,7 @@ class RelayNode:
             raise P.ProtocolError(f"unexpected reply from engine {uuid} to {key}")
         self.codec.check_signature(body)
         eids = sorted(p.waiting.pop(uuid))
+        self._stamp(p, "reply in", f"engine {eids[0]}")
         copy = [Send(MON, [P.OUTBCAST, idents[0], P._DELIM] + body)] \
             if self.records and not p.stock else []
         if p.reduction is not None:
@@ -404,6 +430,7 @@ class RelayNode:
         p = self.pending.get(req) if isinstance(req, str) else None
         if p is None or digit not in p.waiting:
             raise P.ProtocolError(f"unexpected bundle for {meta.get('req')!r}")
+        self._stamp(p, "reply in", f"node {node_name(self.path + (digit,))}")
         if p.reduction is not None:
             return self._reduce_bundle(p, digit, msg)
         if p.stream:
@@ -460,9 +487,12 @@ class RelayNode:
             return []
         del self.pending[p.key]
         self.parked.discard(p.key)
-        if p.stream:
-            return self._flush(p)
-        return self._deliver(p, p.parts, p.failed, None)
+        sends = self._flush(p) if p.stream else self._deliver(p, p.parts, p.failed, None)
+        if p.trace is not None:
+            self.traces[p.msg_id] = p.trace
+            while len(self.traces) > self.traces_kept:
+                self.traces.popitem(last=False)
+        return sends
 
     def _emit(self, p: Pending, parts, failed, eids) -> List[Send]:
         """Streaming: send outcomes up now, or hold them for the leaf's batch."""
@@ -484,6 +514,11 @@ class RelayNode:
 
     def _deliver(self, p: Pending, parts, failed, eids) -> List[Send]:
         """Send outcomes up: a bundle, or stock replies to a stock client."""
+        sends = self._pack_up(p, parts, failed, eids)
+        self._stamp(p, "reply out", len(parts) + len(failed))
+        return sends
+
+    def _pack_up(self, p: Pending, parts, failed, eids) -> List[Send]:
         if p.reduction is not None:
             state, frames = p.reduction.state()
             body = P.pack_reduced(self.codec, p.key, p.msg_id, state, frames, p.raised, failed)
@@ -499,6 +534,7 @@ class RelayNode:
 
     def _forward(self, p: Pending, body, msg) -> List[Send]:
         """Pass a child's streamed bundle up unchanged."""
+        self._stamp(p, "reply out", "forwarded")
         if p.compat is not None:
             return self._deliver(p, [msg], [], None)
         return [Send(UP, p.route + [P._DELIM] + body)]
