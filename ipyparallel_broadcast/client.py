@@ -17,9 +17,8 @@ from functools import partial
 from typing import Dict, List
 
 import zmq
-from traitlets import Integer
-from zmq.eventloop.zmqstream import ZMQStream
-from zmq.utils.monitor import parse_monitor_message
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float, Integer
 
 import ipyparallel as ipp
 from ipyparallel import error
@@ -28,6 +27,7 @@ from ipyparallel.client.futures import MessageFuture
 from . import protocol as P
 from .protocol import engine_vid, parse_date
 from .reduction import Reduction
+from .rootwatch import RootWatch
 from .topology import TreeShape, render
 from .trace import Traces, merge
 
@@ -88,6 +88,13 @@ class Client(ipp.Client):
         16, config=True,
         help="How many recent broadcast calls' results get_result() and %pxresult can recall.",
     )
+
+    root_ping_interval = Float(
+        0.5, config=True,
+        help="Seconds between pings to the root about requests in flight (a root that "
+        "restarted has lost them: they fail). No pings while nothing is in flight.",
+    )
+    root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -168,11 +175,13 @@ class Client(ipp.Client):
         msg = self.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
         msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
         self._surveys[msg_id] = survey = Future()
-        self._io_loop.add_callback(self._broadcast_stream.send_multipart, self.session.serialize(msg))
+        self._io_loop.add_callback(self._to_root, msg_id, self._broadcast_stream.send_multipart,
+                                   self.session.serialize(msg))
         try:
             return sorted(survey.result(timeout), key=lambda n: str(n.get("node")))
         finally:
             self._surveys.pop(msg_id, None)
+            self._root_watch.done(msg_id)
 
     def broadcast_tree(self) -> TreeLayout:
         """Depth, fan-out, and the engines under each leaf."""
@@ -233,7 +242,7 @@ class Client(ipp.Client):
         send = self._broadcast_stream.send_multipart
         if trace:
             send = partial(self._send_traced, msg_id, send)
-        self._io_loop.add_callback(send, to_send, copy=copy, track=track)
+        self._io_loop.add_callback(self._to_root, msg_id, send, to_send, copy=copy, track=track)
         return futures
 
     def _send_traced(self, msg_id, send, *args, **kwargs):
@@ -276,6 +285,7 @@ class Client(ipp.Client):
         self.history.append(msg_id)
 
         def done(_):
+            self._root_watch.done(msg_id)
             self._traces.add(msg_id, "done", time.time())
             self.outstanding.discard(msg_id)
             self._futures.pop(msg_id, None)
@@ -301,6 +311,13 @@ class Client(ipp.Client):
                     for cache in (self.results, self._futures, self._output_futures, self.metadata):
                         cache.pop(vid, None)
 
+        results_left = [len(uuids)]
+
+        def replied(_):  # every engine's outcome is in: the root holds nothing more
+            results_left[0] -= 1
+            if not results_left[0]:
+                self._root_watch.done(msg_id)
+
         self._broadcasts[msg_id] = header
         for uuid in uuids:
             vid = engine_vid(msg_id, uuid)
@@ -314,6 +331,7 @@ class Client(ipp.Client):
             self.outstanding.add(vid)
             self._outstanding_dict[uuid].add(vid)
             self.history.append(vid)
+            future.add_done_callback(replied)
             future.add_done_callback(done)
             output.add_done_callback(done)
             futures.append(future)
@@ -345,46 +363,50 @@ class Client(ipp.Client):
         super()._setup_streams()
         self._broadcast_stream.on_recv(self._dispatch_broadcast, copy=False)
         self._broadcast_stream.on_send(self._broadcast_sent)
-        # the root is this socket's only peer: its link closing means it died
-        monitor = self._broadcast_socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._root_monitor = ZMQStream(monitor, self._io_loop)
-        self._root_monitor.on_recv(self._root_lost)
+        self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
+        pings = PeriodicCallback(self._watch_root, self.root_ping_interval * 1e3, jitter=0.1)
+        self._io_loop.add_callback(pings.start)  # on this loop, once it runs
 
-    def close(self, linger=None):
-        monitor = getattr(self, "_root_monitor", None)  # None: __init__ failed early
-        if not self._closed and monitor is not None:
-            self._stop_io_thread()  # closes the streams' sockets, the monitor's too
-            if not self._broadcast_socket.closed:
-                self._broadcast_socket.disable_monitor()
-            monitor.socket.close(linger=0)
-        super().close(linger)
+    def _to_root(self, msg_id, send, *args, **kwargs):
+        """IO thread: hand a request to the socket, and watch for it."""
+        self._root_watch.sent(msg_id)
+        send(*args, **kwargs)
 
-    def _root_lost(self, frames):
-        """The link to the root closed: nothing in flight can come back."""
-        if parse_monitor_message(frames)["event"] != zmq.EVENT_DISCONNECTED:
-            return
-        why = "Relay node root is down (its link is closed)"
-        log.error("%s: failing %d broadcast(s) in flight", why, len(self._broadcasts) + len(self._reductions))
+    def _watch_root(self):
+        """Ping the root about requests waited on; fail what it lost."""
+        ids, lost = self._root_watch.tick()
+        if ids:
+            self._broadcast_stream.send_multipart(self._codec.pack(P.PING, dict(ids=ids)))
+        self._root_lost(lost)
+
+    def _root_lost(self, lost):
+        """Requests that cannot come back: every engine's part fails."""
+        if lost:
+            log.error("%s: failing %d request(s)", lost[0][1], len(lost))
         uuids = {u: e for e, u in self._engines.items()}
-        for vid, msg_id in list(self._real_ids.items()):
-            uuid = vid[len(msg_id) + 1:]
-            eid = uuids.get(uuid)
-            self._engine_failed(msg_id, eid, uuid, f"{why}; engine {eid} did not answer", P.UNREACHABLE)
-        for msg_id, future in list(self._reductions.items()):
-            failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
-            del self._reductions[msg_id]
-            self._resolve_reduction(future, Reduction(future.op), [], failed)
-        for survey in self._surveys.values():
-            if not survey.done():
+        for msg_id, why in lost:
+            for vid in [v for v, m in self._real_ids.items() if m == msg_id]:
+                uuid = vid[len(msg_id) + 1:]
+                eid = uuids.get(uuid)
+                self._engine_failed(msg_id, eid, uuid, f"{why}; engine {eid} did not answer", P.UNREACHABLE)
+            future = self._reductions.pop(msg_id, None)
+            if future is not None:
+                failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
+                self._resolve_reduction(future, Reduction(future.op), [], failed)
+            survey = self._surveys.get(msg_id)
+            if survey is not None and not survey.done():
                 survey.set_exception(ConnectionError(why))
 
     def _dispatch_broadcast(self, frames):
         arrived = time.time()
-        self._replies_received += 1
         try:
             _, body = P.split_idents(frames)
             msg = self._codec.unpack(body)
+            if msg["header"].get("msg_type") == P.PONG:  # the root's, not a reply
+                return self._root_lost(self._root_watch.pong(msg["content"].get("unknown") or ()))
+            self._replies_received += 1
             if msg["header"].get("msg_type") == P.STATS_REPLY:
+                self._root_watch.done(msg["content"].get("msg_id"))
                 survey = self._surveys.get(msg["content"].get("msg_id"))
                 if survey is not None and not survey.done():
                     survey.set_result(msg["content"].get("nodes", []))

@@ -48,6 +48,9 @@ Jupyter message whose buffers follow):
     new each time the process starts, so a parent sees a restart at once. A child
     that cannot be reached, restarts, or stays silent for ``node_timeout`` is lost:
     requests waiting on it fail with an error naming it.
+``ipb_ping``  client -> root, content ``{ids}``: requests the client waits on;
+    ``ipb_pong`` back, ``{node, boot, unknown}``: those the root does not hold
+    (lost: see ``rootwatch``).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 coalescing and auto mode, at depths 0, 1 and 2."""
 
 import functools
+import json
 import os
 import re
 import tempfile
@@ -17,6 +18,7 @@ import ipyparallel as ipp
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.reduction import OPS
 
 from cluster_util import running_cluster
@@ -39,15 +41,19 @@ def coalescing(request):
 
 
 class Sends:
-    """Counts the messages the client sends to the tree and to the mux."""
+    """Counts the requests the client sends to the tree and the messages to
+    the mux (pings to the root, while calls are in flight, apart)."""
 
     def __init__(self, rc):
-        self.rc, self.tree, self.mux, self.frames = rc, 0, 0, []
+        self.rc, self.tree, self.mux, self.frames, self.pings = rc, 0, 0, [], 0
 
     def __enter__(self):
         tree, mux = self.rc._broadcast_stream, self.rc._mux_stream
 
         def to_tree(frames, *a, **kw):
+            if json.loads(bytes(frames[2]))["msg_type"] == P.PING:
+                self.pings += 1
+                return type(tree).send_multipart(tree, frames, *a, **kw)
             self.tree += 1
             self.frames.append(frames)
             return type(tree).send_multipart(tree, frames, *a, **kw)

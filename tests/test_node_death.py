@@ -102,3 +102,42 @@ def test_restarts_are_logged_and_bounded():
         survey = nodes(rc)
         assert "error" in survey["0"]  # not restarted a second time
         assert survey["1"]["pending"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:Unregistering FD")  # sockets closed under their streams, as a GC does
+def test_a_client_ended_in_any_order_never_stalls_its_zmq_context():
+    """A client dropped without close() has its sockets closed by the garbage
+    collector, in any order. If its root dies once some are closed, zmq's I/O
+    thread must not stall: it serves every other socket of the context (the
+    process-wide one, by default). With a socket monitor on the root's link it
+    did stall (a monitor whose reader is closed blocks on its next event), and
+    every later client of the process timed out reaching its hub."""
+    import glob
+    import json
+
+    import zmq
+
+    import ipyparallel_broadcast as ipb
+
+    ctx = zmq.Context()
+    try:
+        with running_cluster(2, 0, 2) as rc:
+            (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "*-client.json"))
+            with open(path) as f:
+                dropped = ipb.Client(json.load(f), context=ctx)
+            assert dropped.broadcast_view().apply_sync(lambda: 1) == [1, 1]
+            for sock in list(ctx._sockets):
+                if sock is not dropped._broadcast_socket:  # the root's link closes last
+                    sock.close(linger=0)
+            root = nodes(rc)["root"]["pid"]
+            os.kill(root, signal.SIGKILL)  # the dropped client's link to the root closes
+            time.sleep(1)
+        a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+        port = a.bind_to_random_port("tcp://127.0.0.1")
+        b.connect(f"tcp://127.0.0.1:{port}")
+        b.send(b"still serving")
+        assert a.poll(5000), "the context's I/O thread is stalled"
+        assert a.recv() == b"still serving"
+        dropped._stop_io_thread()
+    finally:
+        ctx.destroy(linger=0)

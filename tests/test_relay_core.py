@@ -326,3 +326,18 @@ def test_a_traced_request_is_stamped_at_every_node_and_a_survey_fetches_it(strea
         node.traces_kept = 1
     sim.request(ENGINES, stream=stream, trace=True)
     assert all(survey(sim, trace=msg_id)[n]["trace"] == [] for n in nodes)
+
+
+def test_the_root_tells_a_client_which_requests_it_does_not_hold():
+    sim = TreeSim(1, 2, ENGINES)
+    sim.hold.add(3)
+    held = sim.request(ENGINES)
+    done = sim.request([0, 1])
+    root = sim.nodes[()]
+    sim.client_inbox.clear()
+    (pong,) = root.on_up([b"client-1"] + sim.codec.pack(P.PING, {"ids": [held, done, "never-sent"]}))
+    assert pong.socket == "up" and pong.frames[0] == b"client-1"
+    content = sim.codec.unpack(P.split_idents(pong.frames)[1])["content"]
+    assert content["unknown"] == [done, "never-sent"] and content["boot"] == root.boot
+    assert root.on_up([b"client-1"] + sim.codec.pack(P.PING, {"ids": "x"})) == []  # dropped
+    assert root.dropped == 1

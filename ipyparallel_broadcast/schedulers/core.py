@@ -127,8 +127,8 @@ class RelayNode:
                 return sends
             if msg_type == P.STATS:
                 return self._survey(route, msg["content"])
-            if msg_type == P.PING and not self.is_root:
-                return self.hello()
+            if msg_type == P.PING:
+                return self._client_ping(route, msg["content"]) if self.is_root else self.hello()
             if self.is_root and msg_type in CompatRequest.msg_types:
                 compat = CompatRequest.parse(msg, body)
                 return self._start(route, compat.content, compat.inner, compat)
@@ -224,6 +224,15 @@ class RelayNode:
                 sends += self.on_child_lost(digit, f"has not answered for {self.node_timeout:g} s")
             sends.append(Send(DOWN, [ident] + self.codec.pack(P.PING, {})))
         return sends
+
+    def _client_ping(self, route, content) -> List[Send]:
+        """A client lists requests it waits on: answer with those not held here."""
+        ids = content.get("ids") if isinstance(content, dict) else None
+        if not isinstance(ids, list):
+            raise P.ProtocolError("client ping without a list of ids")
+        held = {p.msg_id for p in self.pending.values()} | {s.msg_id for s in self.surveys.values()}
+        unknown = [m for m in ids if m not in held]
+        return [Send(UP, route + self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot, unknown=unknown)))]
 
     def _pong(self, digit, msg) -> List[Send]:
         try:
