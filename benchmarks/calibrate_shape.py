@@ -15,10 +15,9 @@ simulated engines (``sim.SimEngines``) and our real relay nodes.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 
+from ipyparallel_broadcast.bench import write_report
 from ipyparallel_broadcast.compose.host import cpu_count
 from ipyparallel_broadcast.farm import farm_cluster, t_echo
 from ipyparallel_broadcast.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, modelled_ms
@@ -98,13 +97,8 @@ def main(argv=None):
         if (pick.depth, pick.fanout) not in measured:
             lines.append(f"| {n} | d{pick.depth} f{pick.fanout} | - | "
                          f"{modelled_ms(pick, n, cores):.1f} | auto (not swept) |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     main()

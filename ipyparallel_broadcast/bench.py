@@ -306,6 +306,16 @@ def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = p
     return results
 
 
+def write_report(lines, path=None) -> str:
+    """Print a report's lines as one text, and write it to ``path`` if given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, nargs="+", default=[8, 16, 32])

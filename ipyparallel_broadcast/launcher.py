@@ -21,10 +21,11 @@ from ipyparallel.cluster.launcher import (
     LocalEngineLauncher,
     LocalEngineSetLauncher,
 )
-from traitlets import Enum, Integer, List, Union, Unicode, default
+from traitlets import Bool, Enum, Integer, List, Union, Unicode, default
 
 CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
 ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
+FORKED_CMD = [sys.executable, "-m", "ipyparallel_broadcast.forked"]
 
 
 def section_args(config, section: str) -> list:
@@ -55,7 +56,7 @@ class BroadcastEngineLauncher(LocalEngineLauncher):
 
     def get_env(self):
         env = super().get_env()
-        env["IPB_COMPOSE_ENGINES"] = str(self.parent.n)
+        env.setdefault("IPB_COMPOSE_ENGINES", str(self.parent.n))  # set already: forked
         env["IPB_COMPOSE_RANK"] = str(self.identifier)
         return env
 
@@ -69,13 +70,28 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
 
     launcher_class = BroadcastEngineLauncher
     engine_cmd = List(list(ENGINE_CMD), config=True)
+    fork = Bool(
+        False, config=True,
+        help="Fork the engines from one pre-imported template process "
+        "(ipyparallel_broadcast.forked): faster to start, less memory per engine.",
+    )
 
     def start(self, n):
         args = section_args(self.config, "BroadcastEngine") + self.engine_args
         mode = getattr(self.parent, "compose", None)  # Cluster(compose=...)
         self.engine_args = args + ([f"--BroadcastEngine.compose={mode}"] if mode else [])
         self.check_compose_mode()
+        if self.fork or getattr(self.parent, "fork_engines", False):
+            return self.start_forked(n)
         return super().start(n)
+
+    def start_forked(self, n):
+        """One template process that forks the ``n`` engines; it stands for all
+        of them (signals reach every engine, and it stops when they have)."""
+        self.engine_cmd = list(FORKED_CMD)
+        self.environment = dict(self.environment, IPB_FORK_ENGINES=str(n), IPB_COMPOSE_ENGINES=str(n))
+        super().start(1)
+        self.n = n
 
     def check_compose_mode(self):
         """Refuse a mode the engines would refuse, now and with the reasons, not after n exits."""
@@ -122,6 +138,7 @@ class Cluster(ipp.Cluster):
     compose = Unicode(
         None, allow_none=True, config=True, help="Engines' compose mode (engine default if None)."
     )
+    fork_engines = Bool(False, config=True, help="Fork local engines from one template process.")
 
     @default("controller_launcher_class")
     def _broadcast_launcher(self):
