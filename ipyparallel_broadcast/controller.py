@@ -16,14 +16,14 @@ from __future__ import annotations
 from multiprocessing import Process
 
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Enum, Float, Integer, Union, default, validate
+from traitlets import Bool, Enum, Float, Integer, Type, Unicode, Union, default, validate
 
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
 from .logs import drop_unwritten_levels
 from .protocol import PROTOCOL_VERSION, TREE_KEY
-from .records import BroadcastRecords
+from .records import BroadcastDictDB, BroadcastRecords
 from .schedulers.node import run_node
 from .topology import TreeShape, auto_shape, balanced_id, node_name
 
@@ -62,6 +62,11 @@ class BroadcastController(IPController):
         help="Keep per-engine task records of broadcasts in the hub, as for DirectView "
         "(rc.db_query, result_status, queue_status). The root copies each request and "
         "leaves copy each engine reply to the hub.",
+    )
+    db_class = Union(
+        [Unicode(), Type()], default_value=BroadcastDictDB, config=True,
+        help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
+        "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB).",
     )
     node_restarts = Integer(
         10, config=True, help="How many times a dead relay node is restarted before the controller gives up on it."

@@ -15,14 +15,95 @@ order: records are merged whichever comes first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
+from itertools import islice
 
 from ipyparallel import util
+from ipyparallel.controller.dictdb import DictDB
 from ipyparallel.controller.hub import init_record
 
 from . import protocol as P
 from .protocol import engine_vid
 
 EARLY = 1_000  # results held until their request's copy comes (it travels apart)
+
+
+class _RecentSet:
+    """A set that forgets its oldest members past ``bound``."""
+
+    def __init__(self, bound: int):
+        self.bound, self._items = bound, OrderedDict()
+
+    def add(self, item):
+        self._items[item] = None
+        while len(self._items) > self.bound:
+            self._items.popitem(last=False)
+
+    def __contains__(self, item):
+        return item in self._items
+
+    def __len__(self):
+        return len(self._items)
+
+
+class BroadcastDictDB(DictDB):
+    """ipyparallel's in-memory DictDB, for a hub that files a record per engine
+    of each broadcast (the controller's default).
+
+    - Culls the oldest records in the order they were added. DictDB sorts every
+      record by date at each cull; with 1,024 engines a call, that was a third
+      of the hub's time.
+    - Remembers the ids it culled for a bounded while (DictDB keeps all of them,
+      in a set shared by every instance: a leak of one id per engine per call).
+    - Never holds more than ``record_limit`` records (DictDB culls none when
+      ``record_limit * cull_fraction`` is below one).
+    - Counts buffer bytes and reads its limits without traitlets per record.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._culled_ids = _RecentSet(10 * max(self.record_limit, 1))
+        # plain attributes: DictDB keeps its byte count in a trait, and every
+        # record's += and limit check went through traitlets' machinery
+        self._bytes = 0
+        self._limits = (self.record_limit, self.size_limit, self.cull_fraction)
+
+    @staticmethod
+    def _nbytes(rec) -> int:
+        return sum(len(buf) for key in ("buffers", "result_buffers") for buf in rec.get(key) or ())
+
+    def _add_bytes(self, rec):
+        self._bytes += self._nbytes(rec)
+        self._maybe_cull()
+
+    def _drop_bytes(self, rec):
+        self._bytes -= self._nbytes(rec)
+
+    def _maybe_cull(self):
+        count, size, fraction = self._limits
+        if len(self._records) > count:
+            self._cull_oldest(int(fraction * count))
+        if self._bytes > size:
+            before, n = self._bytes, len(self._records)
+            while self._bytes > size * (1 - fraction) and self._records:
+                self._cull_oldest(1)
+            self.log.info("%i records with %i buffer bytes exceed the limit of %i: culled the oldest %i",
+                          n, before, size, n - len(self._records))
+
+    def _cull_oldest(self, n=1):
+        n = max(n, len(self._records) - self._limits[0])  # DictDB culls 0 when limit*fraction < 1
+        for msg_id in list(islice(self._records, n)):
+            self._culled_ids.add(msg_id)
+            self.drop_record(msg_id)
+
+    def add_or_fill(self, msg_id, rec):
+        """Add a record, or fill the empty fields of one already there (its
+        engine's output may come before the request), without copying it."""
+        existing = self._records.get(msg_id)
+        if existing is None:
+            self.add_record(msg_id, rec)
+        else:
+            self.update_record(msg_id, {k: v for k, v in rec.items() if not existing.get(k)})
 
 
 class BroadcastRecords:
@@ -58,8 +139,10 @@ class BroadcastRecords:
             return
         msg_id = request["header"]["msg_id"]
         request["header"]["date"] = P.parse_date(request["header"]["date"])  # once, not per record
+        # the hub's traits, read once (each read goes through traitlets)
+        engines, pending, queues, store = hub.engines, hub.pending, hub.queues, self._storer(hub.db)
         for eid in content["targets"]:
-            engine = hub.engines.get(eid)
+            engine = engines.get(eid)
             if engine is None:
                 continue  # the client refuses unknown engines; a race with unregistration
             vid = engine_vid(msg_id, engine.uuid)
@@ -72,9 +155,9 @@ class BroadcastRecords:
                 queue="broadcast",
                 buffers=request["buffers"] + (own[eid] if own else []),
             )
-            self._store(vid, record)
-            hub.pending.add(vid)
-            hub.queues[eid].append(vid)
+            store(vid, record)
+            pending.add(vid)
+            queues[eid].append(vid)
             if vid in self.early:
                 self._finish(vid, *self.early.pop(vid))
 
@@ -121,11 +204,18 @@ class BroadcastRecords:
                 hub.completed[eid].append(vid)
         try:
             hub.db.update_record(vid, result)
+        except KeyError:  # culled (the DB's record limit) before its result came
+            self.log.debug("broadcast:: no record %r to save the result in", vid)
         except Exception:
             self.log.error("DB Error saving broadcast result %r", vid, exc_info=True)
 
-    def _store(self, vid, record):
-        db = self.hub.db
+    def _storer(self, db):
+        """How to file a new record in ``db``: ours adds or fills in place."""
+        if isinstance(db, BroadcastDictDB):
+            return db.add_or_fill
+        return partial(self._store, db)
+
+    def _store(self, db, vid, record):
         try:
             existing = db.get_record(vid)  # IOPub may come first
         except KeyError:
