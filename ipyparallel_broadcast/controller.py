@@ -84,6 +84,8 @@ class BroadcastController(IPController):
             TreeShape(0, proposal.value)
         return proposal.value
 
+    auto_inputs = None  # engines and cores an 'auto' shape was picked for
+
     @property
     def shape(self) -> TreeShape:
         """The tree; an 'auto' depth or fanout is decided (once) here."""
@@ -92,6 +94,7 @@ class BroadcastController(IPController):
 
             fixed = [None if v == "auto" else v for v in (self.depth, self.fanout)]
             shape = auto_shape(self.engines, cpu_count(), *fixed)
+            self.auto_inputs = dict(engines=self.engines, cores=cpu_count())
             self.log.info("Broadcast tree 'auto' for %i engines on %i cores: depth=%i fanout=%i",
                           self.engines, cpu_count(), shape.depth, shape.fanout)
             self.depth, self.fanout = shape.depth, shape.fanout
@@ -147,6 +150,8 @@ class BroadcastController(IPController):
             cdict = dict(cdict)
             shape = self.shape
             cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION)
+            if self.auto_inputs:  # what an 'auto' shape was picked for
+                cdict[TREE_KEY]["auto"] = self.auto_inputs
         return super().save_connection_dict(fname, cdict)
 
     def node_spec(self, path, monitor_url) -> dict:

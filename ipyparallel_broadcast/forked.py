@@ -16,6 +16,7 @@ when they have all exited, with the worst exit status. The launcher is
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -100,6 +101,8 @@ def main(argv=None):
     n = int(os.environ.get(ENGINES_ENV, "1"))
     first = int(os.environ.get("IPB_COMPOSE_RANK", "0"))
     preimport()
+    gc.collect()
+    gc.freeze()  # the collector never touches (and so never copies) the template's objects
     children = []
     for i in range(n):
         sys.stdout.flush()

@@ -99,9 +99,9 @@ class TreeShape:
 
 # Measured on the 2-core development machine (benchmarks/results/auto-shape.md):
 # a relay hop's fixed cost per call (receive, route, send, both ways), and a
-# node's cost per engine or child it sends to and hears from.
-HOP_MS = 1.0
-ENGINE_MS = 0.05
+# node's cost per engine or child it sends to and hears from (CPU ms per call).
+HOP_MS = 1.7
+ENGINE_MS = 0.15
 MAX_DEPTH = 4
 MAX_FANOUT = 64
 
@@ -111,13 +111,14 @@ def modelled_ms(shape: TreeShape, n_engines: int, cores: int, hop_ms=HOP_MS, eng
 
     The slowest path: one hop per level, each node's serial sends to its
     children, and the busiest leaf's engines. All nodes' work must also fit in
-    ``cores``: the round trip is the larger of the two.
+    the ``cores`` of the controller's host but one (the hub's): the round trip
+    is the larger of the two.
     """
     per_leaf = -(-n_engines // shape.n_leaves)
     path = (shape.depth + 1) * hop_ms + shape.depth * shape.fanout * engine_ms + per_leaf * engine_ms
     internal = shape.n_nodes - shape.n_leaves
     work = shape.n_nodes * hop_ms + (n_engines + internal * shape.fanout) * engine_ms
-    return max(path, work / max(1, cores))
+    return max(path, work / max(1, cores - 1))
 
 
 def auto_shape(n_engines: int, cores: int, depth=None, fanout=None, hop_ms=HOP_MS, engine_ms=ENGINE_MS) -> TreeShape:

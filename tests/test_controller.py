@@ -109,9 +109,9 @@ def test_auto_tree_is_sized_for_the_clusters_engines(n, depth):
     from ipyparallel_broadcast.topology import auto_shape
 
     expected = auto_shape(n, cpu_count(), depth=None if depth == "auto" else depth)
-    assert expected != auto_shape(64, cpu_count())  # the count reached the controller
     with running_cluster(n, depth, "auto") as rc:
         assert (rc.tree_shape.depth, rc.tree_shape.fanout) == (expected.depth, expected.fanout)
+        assert rc._config["broadcast_tree"]["auto"] == dict(engines=n, cores=cpu_count())
         assert rc.broadcast_view().apply_sync(lambda: 5) == [5] * n
         assert len(rc.broadcast_stats()) == expected.n_nodes
 

@@ -122,6 +122,6 @@ def test_auto_shape_keeps_what_is_fixed(n, cores, depth, fanout):
 
 def test_auto_shape_follows_the_engine_count_and_the_cores():
     assert auto_shape(1, 2).depth == auto_shape(16, 64).depth == 0  # few engines: the root alone
-    assert auto_shape(1024, 2).depth == 1  # as the 2-core farm sweep found
+    assert auto_shape(1024, 2).depth == 0  # as the 2-core sweep measured: no core to spare for relays
     assert auto_shape(4096, 64).depth == 2  # many cores, many engines: a deeper tree
     assert auto_shape(256, 16).n_leaves > auto_shape(256, 2).n_leaves  # cores for more leaves
