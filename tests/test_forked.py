@@ -9,7 +9,6 @@ import time
 import psutil
 import pytest
 from ipyparallel import error
-from traitlets.config import Config
 
 from ipyparallel_broadcast import compose
 
