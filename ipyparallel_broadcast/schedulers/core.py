@@ -396,7 +396,8 @@ class RelayNode:
             raise P.ProtocolError(f"unexpected reply from engine {uuid} to {key}")
         self.codec.check_signature(body)
         eids = sorted(p.waiting.pop(uuid))
-        self._stamp(p, "reply in", f"engine {eids[0]}")
+        if p.trace is not None:  # the detail is formatted only for a traced request
+            self._stamp(p, "reply in", f"engine {eids[0]}")
         copy = [Send(MON, [P.OUTBCAST, idents[0], P._DELIM] + body)] \
             if self.records and not p.stock else []
         if p.reduction is not None:
@@ -439,7 +440,8 @@ class RelayNode:
         p = self.pending.get(req) if isinstance(req, str) else None
         if p is None or digit not in p.waiting:
             raise P.ProtocolError(f"unexpected bundle for {meta.get('req')!r}")
-        self._stamp(p, "reply in", f"node {node_name(self.path + (digit,))}")
+        if p.trace is not None:
+            self._stamp(p, "reply in", f"node {node_name(self.path + (digit,))}")
         if p.reduction is not None:
             return self._reduce_bundle(p, digit, msg)
         if p.stream:
