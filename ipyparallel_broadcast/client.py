@@ -26,12 +26,16 @@ from ipyparallel.client.futures import MessageFuture
 
 from . import protocol as P
 from .protocol import engine_vid, parse_date
+from .guard import contained, guarded_callback
 from .reduction import Reduction
 from .rootwatch import RootWatch
 from .topology import TreeShape, render
 from .trace import Traces, merge
 
 log = logging.getLogger(__name__)
+# ipyparallel's IOPub handling of a parsed message, taken once: a rebound
+# ``ipyparallel.Client`` (a user's subclass, a mock) must not change it
+_UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
 _SENT = Future()
 _SENT.set_result(None)
 
@@ -97,8 +101,8 @@ class Client(ipp.Client):
     root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._codec = P.Codec(self.session)
+        # our state first: the parent connects and starts the I/O thread, and
+        # a message may reach our handlers before its __init__ returns
         self._broadcasts: Dict[str, dict] = {}  # msg_id -> request header, until all done
         self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
         self._real_ids: Dict[str, str] = {}  # per-engine id -> broadcast msg_id, until done
@@ -108,6 +112,7 @@ class Client(ipp.Client):
         self._replies_received = 0  # messages from the tree (tests count them)
         self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
+        super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- views
     @property
@@ -360,12 +365,65 @@ class Client(ipp.Client):
 
     # --------------------------------------------------------------- receive
     def _setup_streams(self):
-        super()._setup_streams()
-        self._broadcast_stream.on_recv(self._dispatch_broadcast, copy=False)
-        self._broadcast_stream.on_send(self._broadcast_sent)
+        """IO thread, before its loop runs: the parent's streams, each read by
+        a ``contained`` handler (an exception is logged, never stops a stream)."""
+        self._codec = P.Codec(self.session)
         self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
-        pings = PeriodicCallback(self._watch_root, self.root_ping_interval * 1e3, jitter=0.1)
+        super()._setup_streams()
+        handlers = [
+            (self._query_stream, self._dispatch_single_reply, "query", None),
+            (self._control_stream, self._dispatch_single_reply, "control", self._reply_failed),
+            (self._mux_stream, self._dispatch_reply, "mux", self._reply_failed),
+            (self._task_stream, self._dispatch_reply, "task", self._reply_failed),
+            (self._iopub_stream, self._dispatch_iopub, "IOPub", self._iopub_failed),
+            (self._notification_stream, self._dispatch_notification, "notification", None),
+            (self._broadcast_stream, self._dispatch_broadcast, "broadcast", None),
+        ]
+        for stream, handler, what, on_error in handlers:
+            stream.on_recv(contained(handler, self.session, what, on_error), copy=False)
+        self._broadcast_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
+        pings = PeriodicCallback(guarded_callback(self._watch_root, "root watch"),
+                                 self.root_ping_interval * 1e3, jitter=0.1)
         self._io_loop.add_callback(pings.start)  # on this loop, once it runs
+
+    def _parent_id(self, frames):
+        """The msg_id a raw message answers, or None if it cannot be read."""
+        try:
+            body = P.split_idents(frames)[1]
+            return (self.session.unpack(P.as_bytes(body[2])) or {}).get("msg_id")
+        except Exception:
+            return None
+
+    def _reply_failed(self, frames, exc):
+        """A reply that could not be handled fails its own request, at once."""
+        msg_id = self._parent_id(frames)
+        future = self._futures.get(msg_id)
+        if future is not None and not future.done():  # an error result, as ipyparallel's
+            failure = RuntimeError(f"the client could not handle the reply: {exc!r}")
+            self.results[msg_id] = failure
+            self.outstanding.discard(msg_id)
+            future.set_result(failure)
+        output = self._output_futures.get(msg_id)
+        if output is not None and not output.done():
+            output.set_result(None)
+
+    def _iopub_failed(self, frames, exc):
+        """An IOPub message that could not be handled is dropped; if it was the
+        ``status`` that ends a request's output, that output is complete."""
+        try:
+            idents, body = P.split_idents(frames)
+            header, parent, metadata = (self.session.unpack(P.as_bytes(b)) for b in body[1:4])
+        except Exception:
+            return
+        if header.get("msg_type") != "status":
+            return
+        msg_id = (parent or {}).get("msg_id")
+        if msg_id in self._broadcasts:  # one engine's part of a broadcast
+            uuid = metadata.get("engine") or self._engines.get(P.engine_of_topic(idents))
+            msg_id = engine_vid(msg_id, uuid)
+        output = self._output_futures.get(msg_id)
+        if output is not None and not output.done():
+            output.set_result(None)
 
     def _to_root(self, msg_id, send, *args, **kwargs):
         """IO thread: hand a request to the socket, and watch for it."""
@@ -425,16 +483,29 @@ class Client(ipp.Client):
             log.error("Dropped an invalid broadcast reply: %s", e)
             return
         for what, item in outcomes:
+            reply = None
             try:
                 if what == "parsed":  # spliced by the leaf, signed with the bundle
+                    reply = item
                     item["parent_header"] = self._broadcasts[msg_id]
-                    self._engine_reply(msg_id, item)
                 elif what == "reply":
-                    self._engine_reply(msg_id, self._codec.unpack(item))
+                    reply = self._codec.unpack(item)
                 else:
                     self._engine_failed(msg_id, *item)
-            except Exception:
-                log.error("Dropped an invalid engine reply in a bundle", exc_info=True)
+                    continue
+                self._engine_reply(msg_id, reply)
+            except Exception as e:
+                log.error("Dropped an engine reply in a bundle of %s", msg_id, exc_info=True)
+                self._unhandled_reply(msg_id, reply, e)
+
+    def _unhandled_reply(self, msg_id, reply, exc):
+        """An engine's reply that could not be handled fails that engine; one
+        that could not even be read is failed by the root watch (the root no
+        longer holds the request)."""
+        uuid = ((reply or {}).get("metadata") or {}).get("engine")
+        if isinstance(uuid, str) and msg_id in self._broadcasts:
+            eid = {u: e for e, u in self._engines.items()}.get(uuid)
+            self._engine_failed(msg_id, eid, uuid, f"its reply could not be handled: {exc!r}")
 
     def _reduced(self, future, msg):
         """Resolve a reduction: its value, or the engines' errors."""
@@ -525,8 +596,8 @@ class Client(ipp.Client):
         try:
             idents, body = self.session.feed_identities(frames, copy=False)
             msg = self.session.deserialize(body, content=True, copy=False)
-        except Exception:
-            log.error("Invalid IOPub message", exc_info=True)
+        except Exception as e:
+            log.error("Dropped an invalid IOPub message: %s", e)
             return
         parent = msg["parent_header"]
         msg_id = parent.get("msg_id") if parent else None
@@ -536,4 +607,4 @@ class Client(ipp.Client):
         elif (P.is_broadcast_id(msg_id) and msg_id not in self._reductions
               and not msg["header"]["msg_type"].startswith("comm_")):
             return  # output of a finished broadcast (e.g. a thread printing late)
-        return ipp.Client._dispatch_iopub.__wrapped__(self, msg)
+        return _UPSTREAM_IOPUB(self, msg)

@@ -21,6 +21,7 @@ import io
 import sys
 import time
 
+from ipyparallel import error
 from ipyparallel.engine.kernel import IPythonParallelKernel
 
 from . import protocol as P
@@ -124,8 +125,10 @@ class BroadcastKernel(IPythonParallelKernel):
         self.pre_handler_hook()
         try:
             self.apply_outputs_in_reply(stream, idents, request, received)
-        except Exception:
-            self.log.error("Exception in apply_request:", exc_info=True)
+        except Exception:  # our plumbing failed, not the call: the client still gets a reply
+            self.log.error("Exception in apply_request %s:", msg_id, exc_info=True)
+            content = error.wrap_exception(self.get_engine_info(method="apply"))
+            self.reply(stream, idents, request, content, [], None, {})
         finally:
             self.post_handler_hook()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import multiprocessing
 import signal
 import threading
@@ -37,6 +38,7 @@ from jupyter_client.session import Session
 
 from . import protocol as P
 
+log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
 STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
 CONTENT = {"apply_reply": b'{"status": "ok"}',
@@ -123,11 +125,14 @@ class SimProcess:
         ping.connect(self.url(self.info["hb_ping"]))
         while True:
             frames = ping.recv_multipart()
-            while self.dead:
-                self.dead.pop().heart.close()
-            for engine in list(self.engines.values()):
-                if engine.alive:
-                    engine.heart.send_multipart(frames)
+            try:
+                while self.dead:
+                    self.dead.pop().heart.close()
+                for engine in list(self.engines.values()):
+                    if engine.alive:
+                        engine.heart.send_multipart(frames)
+            except Exception:  # the thread must go on: without it every engine is declared dead
+                log.exception("heartbeat forwarding failed once")
 
     async def serve(self, engine: SimEngine):
         while engine.alive:
@@ -136,16 +141,21 @@ class SimProcess:
                 idents, body = P.split_idents(frames)
                 parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])
                 header = json.loads(parent)
-            except (ValueError, IndexError):
+                reply_type = REPLY_TYPES.get(header.get("msg_type"))
+                started = header["date"]
+            except (ValueError, IndexError, KeyError, AttributeError) as e:
+                log.warning("engine %s dropped a malformed request: %r", engine.id, e)
                 continue
-            reply_type = REPLY_TYPES.get(header.get("msg_type"))
             if reply_type is None:
                 continue
             if self.delay:
                 await asyncio.sleep(self.delay)
             if not engine.alive:
                 return
-            self.answer(engine, [P.as_bytes(i) for i in idents], parent, header["date"], reply_type, request_md)
+            try:
+                self.answer(engine, [P.as_bytes(i) for i in idents], parent, started, reply_type, request_md)
+            except Exception:  # one bad request must not silence this engine for good
+                log.exception("engine %s could not answer %s", engine.id, header.get("msg_id"))
             await asyncio.sleep(0)  # a queued backlog would not yield: let the other engines answer too
 
     def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict) -> list:

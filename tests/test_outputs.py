@@ -164,3 +164,29 @@ def test_aborted_requests_are_answered_in_one_message(rc, iopub):
     assert queued.stdout == [""] * 3
     broadcast_id = queued._children[0].msg_id.rsplit("_", 1)[0]
     assert iopub.types(broadcast_id) == []
+
+
+def break_reply_outputs(broken):
+    """Engine side: make (or stop making) the lean path's own plumbing raise."""
+    from ipyparallel_broadcast import kernel
+
+    if broken:
+        kernel.Captured._real_outputs = kernel.Captured.outputs
+        kernel.Captured.outputs = lambda self: 1 / 0
+    else:
+        kernel.Captured.outputs = kernel.Captured._real_outputs
+
+
+def test_an_engine_whose_lean_path_fails_still_answers(rc):
+    """A failure in the engine's lean path (not in the user's call) is logged
+    and answered with an error reply: the client never waits on that engine."""
+    view = rc.broadcast_view()
+    try:
+        ar = view.apply_async(break_reply_outputs, True)  # its own reply is the first to fail
+        ar.wait(timeout=30)
+        assert ar.ready(), "an engine that failed in its lean path never answered"
+        results = ar.get(return_exceptions=True)
+        assert all(isinstance(r, error.RemoteError) and r.ename == "ZeroDivisionError" for r in results)
+    finally:
+        rc[:].apply_sync(break_reply_outputs, False)  # DirectView: not the lean path
+    assert view.apply_sync(lambda: 2) == [2] * len(rc.ids)
