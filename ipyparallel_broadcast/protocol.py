@@ -48,6 +48,14 @@ Jupyter message whose buffers follow):
     new each time the process starts, so a parent sees a restart at once. A child
     that cannot be reached, restarts, or stays silent for ``node_timeout`` is lost:
     requests waiting on it fail with an error naming it.
+``ipb_host``  host relay -> its leaf, content ``{host, engines: {eid: uuid}, token}``: the
+    engines behind the relay (all of them, each time). The leaf routes them to it
+    and passes ``ipb_route {add, remove, to, host, token}`` up (``to``: the leaf's
+    path); each node overrides its split for them (see ``schedulers.routes``).
+    The root answers ``ipb_route_ack {to, host, token}``, sent down along ``to``
+    to the relay. ``ipb_lost {uuid, why}``: leaf -> host relay, an engine the hub
+    lost. ``ipb_join {eid, uuid}`` / ``ipb_joined {boot}``: an engine and the
+    relay on its host (see ``hostrelay``).
 ``ipb_ping``  client -> root, content ``{ids}``: requests the client waits on;
     ``ipb_pong`` back, ``{node, boot, unknown}``: those the root does not hold
     (lost: see ``rootwatch``).
@@ -67,7 +75,11 @@ REQUEST = "ipb_request"
 BUNDLE = "ipb_bundle"
 STATS, STATS_REPLY = "ipb_stats", "ipb_stats_reply"  # survey of every node's state
 PING, PONG = "ipb_ping", "ipb_pong"  # liveness of the links between nodes
+HOST, LOST = "ipb_host", "ipb_lost"  # host relay <-> leaf: its engines; an engine lost
+ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowledged down
+JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
+OUTBUNDLE = b"ipb_outbundle"  # a host relay's bundle of its engines' replies, for the records
 COALESCE, STREAM = "coalesce", "stream"
 REDUCE_OPS = ("sum", "prod", "min", "max")  # combined in the tree ("concat" is not: see view)
 DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes

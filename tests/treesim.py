@@ -11,7 +11,8 @@ from collections import deque
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.schedulers.core import DOWN, HUB, UP, RelayNode
+from ipyparallel_broadcast.schedulers.core import DOWN, HUB, JOINED, UP, RelayNode
+from ipyparallel_broadcast.schedulers.routes import HOST_PREFIX, host_ident
 from ipyparallel_broadcast.topology import TreeShape, node_identity
 
 
@@ -20,7 +21,9 @@ def engine_uuid(eid: int) -> str:
 
 
 class TreeSim:
-    def __init__(self, depth, fanout, engine_ids, key=b"secret"):
+    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None):
+        """``hosts``: {label: (leaf index, [engine ids])}: those engines sit
+        behind a host relay under that leaf (keyed ``("h", label)``)."""
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
@@ -44,6 +47,22 @@ class TreeSim:
         self.queue = deque()
         self.hub_lookups = 0
         self.engine_codecs = {}
+        self.joined = []  # tokens host relays were told their route is complete
+        self.host_leaf = {}  # ("h", label) -> the leaf path it hangs under
+        for label, (leaf, eids) in (hosts or {}).items():
+            self.add_host(label, leaf, eids)
+
+    def add_host(self, label, leaf_index, eids):
+        """A host relay comes up under a leaf, and its engines join it."""
+        key = ("h", label)
+        leaf = self.host_leaf[key] = self.shape.leaf_path(leaf_index)
+        node = self.nodes[key] = RelayNode(P.Codec(Session(key=self.key)), self.shape, leaf,
+                                           clock=lambda: self.now, host=label)
+        self.node_inbox[key] = []
+        self._run(node, node.hello(), key)
+        for eid in eids:
+            self._run(node, node.on_join(eid, self.engines[eid]), key)
+        return node
 
     def _new_node(self, path):
         return RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now)
@@ -51,6 +70,9 @@ class TreeSim:
     def restart(self, path):
         """Node ``path`` comes back as a new process (new state, new boot) and says hello."""
         self.down_nodes.pop(path, None)
+        if path in self.host_leaf:  # a host relay: its engines join it again
+            old = self.nodes[path]
+            return self.add_host(path[1], self.shape.leaf_index(self.host_leaf[path]), list(old.engines))
         node = self.nodes[path] = self._new_node(path)
         if node.is_leaf:
             node.on_registry({e: u for e, u in self.engines.items() if self.shape.serves(path, e)})
@@ -135,8 +157,8 @@ class TreeSim:
         uuid = self.engines.pop(eid)
         self.hub_engines.pop(eid, None)
         self.held.pop(eid, None)
-        for path, node in self.nodes.items():
-            if node.is_leaf:
+        for path, node in list(self.nodes.items()):
+            if node.is_leaf and not node.host:  # host relays hear of it from their leaf
                 self._run(node, node.on_engine_lost(uuid), path)
 
     # -- routing ------------------------------------------------------------
@@ -150,10 +172,25 @@ class TreeSim:
             if send.socket == UP:
                 if node.is_root:
                     self.client_inbox.append(send.frames)
+                elif node.host:
+                    parent = self.host_leaf[path]
+                    frames = [host_ident(node.host)] + send.frames
+                    self.queue.extend((parent, s) for s in self.nodes[parent].on_down(frames))
                 else:
                     parent = path[:-1]
                     frames = [node_identity(path)] + send.frames
                     self.queue.extend((parent, s) for s in self.nodes[parent].on_down(frames))
+            elif send.socket == JOINED:
+                self.joined.append((path, send.frames[0]))
+            elif send.socket == DOWN and node.is_leaf and P.as_bytes(send.frames[0]).startswith(HOST_PREFIX):
+                host = ("h", P.as_bytes(send.frames[0])[len(HOST_PREFIX):].decode())
+                if self.down_nodes.get(host) == "dead":  # the shell's EHOSTUNREACH
+                    self.queue.extend((path, s) for s in node.on_child_lost(send.frames[0], "is down"))
+                    continue
+                if host in self.down_nodes:
+                    continue
+                self.node_inbox[host].append(send.frames[1:])
+                self.queue.extend((host, s) for s in self.nodes[host].on_up(send.frames[1:]))
             elif send.socket == DOWN:
                 if node.is_leaf:
                     self._engine_receive(path, send.frames)

@@ -28,11 +28,13 @@ from .. import protocol as P
 from ..reduction import Reduction, decode_engine
 from ..topology import Path, TreeShape, node_identity, node_name
 from .compat import CompatRequest, renamer
+from .routes import HOST_PREFIX, Key, Routes
 
 log = logging.getLogger(__name__)
 
 UP, DOWN, HUB = "up", "down", "hub"  # HUB: ask the hub for the engine table
 MON = "mon"  # a copy for the hub's task records (see ``records``)
+JOINED = "joined"  # host relay: engines whose join (frames: [token]) is routed end to end
 PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
 
 
@@ -51,6 +53,7 @@ class Pending:
     inner: list  # the request frames engines get (shared by all of them)
     waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
     parts: list = field(default_factory=list)  # coalesced so far
+    bundles: list = field(default_factory=list)  # leaf: host relays' bundles, coalesced so far
     failed: list = field(default_factory=list)  # coalesced so far
     compat: Optional[CompatRequest] = None  # root: request from a stock client
     rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
@@ -83,19 +86,26 @@ class RelayNode:
     def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
                  clock: Callable[[], float] = time.monotonic,
                  ping_interval: float = 0.5, node_timeout: float = 10.0,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, host: Optional[str] = None):
         self.codec = codec
         self.clock = clock
         self.wall = wall  # trace timestamps: comparable across processes
         self.shape = shape
-        self.path = tuple(path)
-        self.name = node_name(self.path)
-        self.is_root = not self.path
-        self.is_leaf = shape.is_leaf(self.path)
+        self.path = tuple(path)  # a host relay: its leaf's
+        self.host = host  # a host relay's label: it serves the engines that joined it
+        self.name = f"host {host}" if host else node_name(self.path)
+        self.is_root = not self.path and not host
+        self.is_leaf = bool(host) or shape.is_leaf(self.path)
         self.kind = "engines" if self.is_leaf else "bundles"
-        self.children = {
+        self.children: Dict[bytes, Key] = {} if self.is_leaf else {
             node_identity(self.path + (d,)): d for d in range(shape.fanout)
-        }
+        }  # a leaf's children are the host relays that said hello
+        self.idents: Dict[Key, bytes] = {k: i for i, k in self.children.items()}
+        self.child_names: Dict[Key, str] = {  # as their stats name them: "0.1", "host h1"
+            d: node_name(self.path + (d,)) for d in self.children.values()}
+        self.routes = Routes(shape, self.path, self.is_leaf)
+        self.parent_boot: Optional[str] = None  # a new one: the parent restarted
+        self._route_tokens = count()
         self.pending: Dict[str, Pending] = {}
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
@@ -107,7 +117,7 @@ class RelayNode:
         self.ping_interval, self.node_timeout = ping_interval, node_timeout
         self.heard = {d: clock() for d in self.children.values()}  # child -> last message
         self.boots: Dict[int, str] = {}  # child -> the boot it last reported
-        self._next_ping = clock() if not self.is_leaf and ping_interval else None
+        self._next_ping = clock() if self.children and ping_interval else None  # leaves: once a host relay comes
         self.records = False  # copy requests (root) and engine replies (leaves) to MON
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
 
@@ -128,7 +138,15 @@ class RelayNode:
             if msg_type == P.STATS:
                 return self._survey(route, msg["content"])
             if msg_type == P.PING:
-                return self._client_ping(route, msg["content"]) if self.is_root else self.hello()
+                return self._client_ping(route, msg["content"]) if self.is_root \
+                    else self._parent_ping(msg["content"])
+            if msg_type == P.ROUTE_ACK and not self.is_root:
+                return self._route_ack(msg["content"])
+            if msg_type == P.LOST and self.host:
+                content = msg["content"]
+                if not isinstance(content, dict) or not isinstance(content.get("uuid"), str):
+                    raise P.ProtocolError("engine-lost notice without a uuid")
+                return self.on_engine_lost(content["uuid"], content.get("why") or P.DIED)
             if self.is_root and msg_type in CompatRequest.msg_types:
                 compat = CompatRequest.parse(msg, body)
                 return self._start(route, compat.content, compat.inner, compat)
@@ -137,11 +155,11 @@ class RelayNode:
             return self._drop(f"request: {e}")
 
     def on_down(self, frames) -> List[Send]:
-        """A reply from below: an engine's (leaf) or a child node's bundle."""
+        """A reply from below: an engine's, or a child node's or host relay's."""
         try:
-            if self.is_leaf:
+            if self.is_leaf and not P.as_bytes(frames[0]).startswith(HOST_PREFIX):
                 return self._engine_reply(frames)
-            return self._child_bundle(frames)
+            return self._child_message(frames)
         except P.ProtocolError as e:
             return self._drop(f"reply: {e}")
 
@@ -156,9 +174,17 @@ class RelayNode:
 
     def on_engine_lost(self, uuid: str, why: str = P.DIED) -> List[Send]:
         """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
-        unregistered it) or a phrase such as "is not connected"."""
+        unregistered it) or a phrase such as "is not connected". An engine
+        behind a host relay is failed by that relay, told here."""
+        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        host = self.routes.via.get(eid)
         if why == P.DIED:
             self.engines = {e: u for e, u in self.engines.items() if u != uuid}
+            if host is not None:
+                self.routes.host_lost_engine(eid)
+        if host is not None and host in self.children:
+            notice = Send(DOWN, [host] + self.codec.pack(P.LOST, dict(uuid=uuid, why=why)))
+            return [notice] + (self._announce([], [eid]) if why == P.DIED else [])
         code = P.DIED if why == P.DIED else P.UNREACHABLE
         return self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
 
@@ -183,13 +209,90 @@ class RelayNode:
             return []
         return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot)))]
 
+    # ---------------------------------------------------------------- routes
+    def on_join(self, eid: int, uuid: str) -> List[Send]:
+        """Host relay: an engine on this host joined (again). Its leaf learns
+        all of them; ``Send(JOINED, [token])`` says when the route is complete."""
+        self.engines[eid] = uuid
+        return self._host_announce()
+
+    def _host_announce(self) -> List[Send]:
+        token = f"{self.boot}:{next(self._route_tokens)}"
+        engines = {str(e): u for e, u in self.engines.items()}
+        return [Send(UP, self.codec.pack(P.HOST, dict(host=self.host, engines=engines, token=token)))]
+
+    def _host_engines(self, key: bytes, content) -> List[Send]:
+        """Leaf: a host relay's engines; route them to it and tell the tree."""
+        engines = content.get("engines") if isinstance(content, dict) else None
+        try:
+            eids = {int(e): u for e, u in engines.items() if isinstance(u, str)}
+        except (AttributeError, TypeError, ValueError) as e:
+            raise P.ProtocolError(f"bad host engine list: {e}") from e
+        for eid, uuid in eids.items():
+            self.engines.setdefault(eid, uuid)
+        _, gone = self.routes.host_engines(key, eids)
+        return self._announce(sorted(eids), gone, key, content.get("token"))
+
+    def _announce(self, add, remove, host: Optional[bytes] = None, token=None) -> List[Send]:
+        """Tell the parent which engines are under this node now (or gone)."""
+        content = dict(add=add, remove=remove, to=list(self.path),
+                       host=host.decode() if host else None, token=token)
+        if self.is_root:  # nothing above: the route is complete
+            return self._route_ack(content)
+        return [Send(UP, self.codec.pack(P.ROUTE, content))]
+
+    def _child_route(self, digit: int, content) -> List[Send]:
+        add, remove = (content.get(k) if isinstance(content, dict) else None for k in ("add", "remove"))
+        if not all(isinstance(x, list) and all(type(e) is int for e in x) for x in (add, remove)):
+            raise P.ProtocolError("route announcement without engine id lists")
+        self.routes.learn(digit, add, remove)
+        if self.is_root:
+            return self._route_ack(content)
+        return [Send(UP, self.codec.pack(P.ROUTE, content))]
+
+    def _route_ack(self, content) -> List[Send]:
+        """The root saw a route: pass the acknowledgement down to its host relay."""
+        to, host = content.get("to"), content.get("host")
+        if self.host:
+            return [Send(JOINED, [content.get("token")])]
+        if self.is_leaf:
+            ident = host.encode() if isinstance(host, str) else None
+            if ident not in self.children:
+                return []  # an engine gone, or a host relay gone since
+            return [Send(DOWN, [ident] + self.codec.pack(P.ROUTE_ACK, content))]
+        if not isinstance(to, list) or len(to) <= len(self.path) or to[len(self.path)] not in self.idents:
+            raise P.ProtocolError(f"route acknowledgement to a bad path {to!r}")
+        return [Send(DOWN, [self.idents[to[len(self.path)]]] + self.codec.pack(P.ROUTE_ACK, content))]
+
+    def _parent_ping(self, content) -> List[Send]:
+        """Answer the parent; a parent that restarted hears our routes again."""
+        boot = content.get("boot") if isinstance(content, dict) else None
+        sends = self.hello()
+        if isinstance(boot, str):
+            known, self.parent_boot = self.parent_boot, boot
+            if known is not None and known != boot:
+                sends += self._host_announce() if self.host else self._announce(self.routes.announced(), [])
+        return sends
+
+    def _add_host(self, ident: bytes) -> bytes:
+        """Leaf: a host relay said hello; it is a child from now on."""
+        self.children[ident] = ident
+        self.idents[ident] = ident
+        self.child_names[ident] = f"host {ident[len(HOST_PREFIX):].decode(errors='replace')}"
+        if self._next_ping is None and self.ping_interval:
+            self._next_ping = self.clock()
+        return ident
+
     def stats(self, trace=None) -> dict:
         """This node's own state, as a survey reports it; with ``trace`` (a
         request's msg_id), the events this node recorded for that request."""
         stats = dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
                      surveys=len(self.surveys), dropped=self.dropped,
-                     engines=sum(self.shape.serves(self.path, e) for e in self.engines)
-                     if self.is_leaf else None, **self.probe())
+                     engines=self._engines_served() if self.is_leaf else None, **self.probe())
+        if self.host:
+            stats["host"] = self.host
+        elif self.is_leaf:
+            stats["hosts"] = sorted(self.child_names[k][5:] for k in self.children)
         if trace is not None:
             events = self.traces.get(trace)
             if events is None:  # still in flight
@@ -197,32 +300,54 @@ class RelayNode:
             stats["trace"] = list(events or [])
         return stats
 
+    def _engines_served(self) -> int:
+        if self.host:
+            return len(self.engines)
+        via = self.routes.via
+        return sum(1 for e in self.engines if e not in via and self.shape.serves(self.path, e))
+
+    def _serves(self, eid: int) -> bool:
+        return eid in self.engines if self.host else self.routes.serves(eid)
+
     def _stamp(self, p: Pending, event: str, detail=None, at=None):
         if p.trace is not None:
             p.trace.append([event, self.wall() if at is None else at, detail])
 
-    def on_child_lost(self, digit: int, why: str = "is unreachable") -> List[Send]:
-        child = node_name(self.path + (digit,))
+    def on_child_lost(self, key: Key, why: str = "is unreachable") -> List[Send]:
+        """A child (relay node or host relay) cannot answer: what waits on it fails."""
+        node = self.child_names.get(key, repr(key))
+        child = f"Host relay {node[5:]}" if isinstance(key, bytes) else f"Relay node {node}"
         sends = []
-        for key, survey in list(self.surveys.items()):
-            if digit in survey.owed:
-                survey.owed.discard(digit)
-                survey.nodes.append(dict(node=child, error=f"relay node {child} {why}"))
-                sends += self._survey_done(key)
+        for skey, survey in list(self.surveys.items()):
+            if key in survey.owed:
+                survey.owed.discard(key)
+                survey.nodes.append(dict(node=node, error=f"{child[0].lower()}{child[1:]} {why}"))
+                sends += self._survey_done(skey)
         return sends + self._fail_dest(
-            digit, P.UNREACHABLE,
-            lambda eid: f"Relay node {child} {why}; engine {eid} did not answer",
+            key, P.UNREACHABLE,
+            lambda eid: f"{child} {why}; engine {eid} did not answer",
         )
+
+    def _forget_host(self, key: bytes):
+        """A host relay gone for good, with no engine routed to it: drop it."""
+        for table in (self.children, self.idents, self.child_names, self.heard, self.boots):
+            table.pop(key, None)
 
     # --------------------------------------------------------------- liveness
     def _ping(self, now) -> List[Send]:
         self._next_ping = now + self.ping_interval
         sends = []
-        for ident, digit in self.children.items():
-            if now - self.heard[digit] > self.node_timeout:
-                self.heard[digit] = now  # one report per silent spell
-                sends += self.on_child_lost(digit, f"has not answered for {self.node_timeout:g} s")
-            sends.append(Send(DOWN, [ident] + self.codec.pack(P.PING, {})))
+        ping = self.codec.pack(P.PING, dict(boot=self.boot))
+        for ident, key in list(self.children.items()):
+            if now - self.heard[key] > self.node_timeout:
+                self.heard[key] = now  # one report per silent spell
+                sends += self.on_child_lost(key, f"has not answered for {self.node_timeout:g} s")
+                if isinstance(key, bytes) and key not in self.routes.via.values():
+                    self._forget_host(key)
+                    continue
+            sends.append(Send(DOWN, [ident] + ping))
+        if not self.children:
+            self._next_ping = None
         return sends
 
     def _client_ping(self, route, content) -> List[Send]:
@@ -253,13 +378,12 @@ class RelayNode:
         key = f"s{next(self._keys)}" if self.is_root else content.get("req")
         if not isinstance(key, str) or key in self.surveys:
             raise P.ProtocolError("stats request without a usable key")
-        owed = set() if self.is_leaf else set(self.children.values())
+        owed = set(self.children.values())  # a leaf's: its host relays
         trace = content.get("trace")
         trace = trace if isinstance(trace, str) else None
         self.surveys[key] = Survey(route, content.get("msg_id"), owed, [self.stats(trace)])
         down = self.codec.pack(P.STATS, dict(req=key, trace=trace))
-        return [Send(DOWN, [ident] + down) for ident in self.children if not self.is_leaf] \
-            + self._survey_done(key)
+        return [Send(DOWN, [ident] + down) for ident in self.children] + self._survey_done(key)
 
     def _survey_reply(self, digit, msg) -> List[Send]:
         try:
@@ -316,21 +440,24 @@ class RelayNode:
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
-        strays = [e for e in targets if not self.shape.serves(self.path, e)]
+        strays = [e for e in targets if not self._serves(e)]
         sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
-        targets = [e for e in targets if self.shape.serves(self.path, e)]
-        if self.is_leaf:
-            sends += self._to_engines(p, targets)
-        else:
-            sends += self._to_children(p, targets, mode)
+        if strays:
+            targets = [e for e in targets if self._serves(e)]
+        groups = self.routes.split(targets) if not self.host else {None: targets}
+        direct = groups.pop(None, None)
+        if direct:
+            sends += self._to_engines(p, direct)
+        sends += self._to_children(p, groups, mode)
         self._stamp(p, "request out", len(sends))
         return sends + self._finish_if_done(p)
 
-    def _to_children(self, p: Pending, targets, mode) -> List[Send]:
+    def _to_children(self, p: Pending, groups: Dict[Key, List[int]], mode) -> List[Send]:
+        """One request to each child (relay node or host relay) for its targets."""
         sends = []
         reply = P.STREAM if p.stream else P.COALESCE
-        for digit, sub in self.shape.split(self.path, targets).items():
-            p.waiting[digit] = set(sub)
+        for key, sub in groups.items():
+            p.waiting[key] = set(sub)
             content = P.request_content(p.msg_id, sub, reply, req=p.key)
             frames = p.inner
             if mode:
@@ -345,7 +472,7 @@ class RelayNode:
             if p.trace is not None:
                 content["trace"] = True
             envelope = self.codec.pack(P.REQUEST, content, frames)
-            sends.append(Send(DOWN, [node_identity(self.path + (digit,))] + envelope))
+            sends.append(Send(DOWN, [self.idents[key]] + envelope))
         return sends
 
     def _to_engines(self, p: Pending, targets) -> List[Send]:
@@ -361,7 +488,9 @@ class RelayNode:
             if p.own is not None:
                 inner = inner + p.own.pop(eid)
             sends.append(Send(DOWN, [uuid.encode(), key, P._DELIM] + inner))
-        if unknown:
+        if unknown and self.host:  # a host relay knows its engines: no hub to ask
+            sends += self._fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
+        elif unknown:
             p.waiting.setdefault(PARKED, set()).update(unknown)
             self.parked.add(p.key)
             sends.append(Send(HUB, []))
@@ -422,28 +551,40 @@ class RelayNode:
         except ValueError as e:
             p.reduction.add_error(eids, f"reduce: engine {eids[0]} returned {e}")
 
-    def _child_bundle(self, frames) -> List[Send]:
+    def _child_message(self, frames) -> List[Send]:
+        """From a child node or host relay: a bundle, pong, survey reply or route."""
         idents, body = P.split_idents(frames)
-        digit = self.children.get(P.as_bytes(idents[0])) if len(idents) == 1 else None
-        if digit is None:
-            raise P.ProtocolError(f"bundle from unknown peer {idents!r}")
+        ident = P.as_bytes(idents[0]) if len(idents) == 1 else None
+        digit = self.children.get(ident)
         msg = self.codec.unpack(body, content=False)  # results stay unparsed
+        msg_type = msg["header"].get("msg_type")
+        if digit is None:
+            if not (self.is_leaf and ident.startswith(HOST_PREFIX) and msg_type in (P.PONG, P.HOST)):
+                raise P.ProtocolError(f"message from unknown peer {idents!r}")
+            digit = self._add_host(ident)
         self.heard[digit] = self.clock()
-        if msg["header"].get("msg_type") == P.PONG:
+        if msg_type == P.PONG:
             return self._pong(digit, msg)
-        if msg["header"].get("msg_type") == P.STATS_REPLY:
+        if msg_type == P.STATS_REPLY:
             return self._survey_reply(digit, msg)
+        if msg_type == P.HOST and isinstance(digit, bytes):
+            return self._host_engines(digit, self._content(msg))
+        if msg_type == P.ROUTE and isinstance(digit, int):
+            return self._child_route(digit, self._content(msg))
         meta = msg["metadata"]
-        if msg["header"].get("msg_type") != P.BUNDLE or not isinstance(meta, dict):
+        if msg_type != P.BUNDLE or not isinstance(meta, dict):
             raise P.ProtocolError("expected a bundle from a child")
         req = meta.get("req")
         p = self.pending.get(req) if isinstance(req, str) else None
         if p is None or digit not in p.waiting:
             raise P.ProtocolError(f"unexpected bundle for {meta.get('req')!r}")
         if p.trace is not None:
-            self._stamp(p, "reply in", f"node {node_name(self.path + (digit,))}")
+            self._stamp(p, "reply in", f"node {self.child_names[digit]}")
         if p.reduction is not None:
             return self._reduce_bundle(p, digit, msg)
+        # a host relay's engines' replies, for the hub's records (as a leaf copies its own)
+        copy = [Send(MON, [P.OUTBUNDLE, P._DELIM] + list(body))] \
+            if self.records and isinstance(digit, bytes) and not p.stock else []
         if p.stream:
             eids = meta.get("eids")
             if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
@@ -452,10 +593,19 @@ class RelayNode:
             p.waiting[digit].difference_update(eids)
             if not p.waiting[digit]:
                 del p.waiting[digit]
-            return self._forward(p, body, msg) + self._finish_if_done(p)
+            return copy + self._forward(p, body, msg) + self._finish_if_done(p)
         del p.waiting[digit]
-        p.parts.append(msg if p.compat else body)  # a parsed bundle is not parsed twice
-        return self._finish_if_done(p)
+        (p.bundles if self.is_leaf else p.parts).append(msg if p.compat else body)
+        return copy + self._finish_if_done(p)
+
+    def _content(self, msg) -> dict:
+        try:
+            content = self.codec.session.unpack(P.as_bytes(msg["content"]))
+        except Exception as e:
+            raise P.ProtocolError(f"unreadable content: {e}") from e
+        if not isinstance(content, dict):
+            raise P.ProtocolError("content is not a dict")
+        return content
 
     def _reduce_bundle(self, p: Pending, digit, msg) -> List[Send]:
         if msg["metadata"].get("kind") != "reduced":
@@ -523,31 +673,44 @@ class RelayNode:
         p.held, p.deadline = [[], [], []], None
         return self._deliver(p, parts, failed, sorted(eids)) if eids else []
 
-    def _deliver(self, p: Pending, parts, failed, eids) -> List[Send]:
+    def _deliver(self, p: Pending, parts, failed, eids, kind=None) -> List[Send]:
         """Send outcomes up: a bundle, or stock replies to a stock client."""
-        sends = self._pack_up(p, parts, failed, eids)
+        sends = self._pack_up(p, parts, failed, eids, kind)
         self._stamp(p, "reply out", len(parts) + len(failed))
         return sends
 
-    def _pack_up(self, p: Pending, parts, failed, eids) -> List[Send]:
+    def _pack_up(self, p: Pending, parts, failed, eids, kind=None) -> List[Send]:
+        kind = kind or self.kind
         if p.reduction is not None:
             state, frames = p.reduction.state()
             body = P.pack_reduced(self.codec, p.key, p.msg_id, state, frames, p.raised, failed)
             return [Send(UP, p.route + [P._DELIM] + body)]
+        if p.bundles and kind == "engines":  # a leaf with host relays: its own engines nest too
+            parts = ([self._own_bundle(p, parts)] if parts else []) + p.bundles
+            kind = "bundles"
         if p.compat is not None:
-            bodies = p.compat.replies(self.codec, self.kind, parts, failed)
+            bodies = p.compat.replies(self.codec, kind, parts, failed)
             return [Send(UP, p.route + [P._DELIM] + b) for b in bodies]
-        if self.is_leaf and not p.raw:
+        if kind == "engines" and not p.raw:
             body = P.pack_replies(self.codec, p.key, p.msg_id, parts, failed, eids)
         else:
-            body = P.pack_bundle(self.codec, p.key, p.msg_id, self.kind, parts, failed, eids)
+            body = P.pack_bundle(self.codec, p.key, p.msg_id, kind, parts, failed, eids)
         return [Send(UP, p.route + [P._DELIM] + body)]
+
+    def _own_bundle(self, p: Pending, parts):
+        """A leaf's direct engines' replies as one nested bundle (parsed, for a
+        stock client's root)."""
+        if p.raw:
+            body = P.pack_bundle(self.codec, p.key, p.msg_id, "engines", parts, [])
+        else:
+            body = P.pack_replies(self.codec, p.key, p.msg_id, parts, [])
+        return self.codec.unpack(body) if p.compat is not None else body
 
     def _forward(self, p: Pending, body, msg) -> List[Send]:
         """Pass a child's streamed bundle up unchanged."""
         self._stamp(p, "reply out", "forwarded")
         if p.compat is not None:
-            return self._deliver(p, [msg], [], None)
+            return self._deliver(p, [msg], [], None, "bundles")
         return [Send(UP, p.route + [P._DELIM] + body)]
 
     def _drop(self, why: str) -> List[Send]:

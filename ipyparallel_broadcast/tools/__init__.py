@@ -1,0 +1,1 @@
+"""Tools that serve the product but are not part of it: test beds, runners."""

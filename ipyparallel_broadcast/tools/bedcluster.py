@@ -1,0 +1,135 @@
+"""A real cluster spread over a ``NetBed``: the controller on the bed's
+controller host, engines (ours, stock ``ipengine``s or simulated) on the
+engine hosts, and a client in the test's own process.
+
+    with NetBed(hosts=3) as bed, BedCluster(bed, depth=1) as cluster:
+        for host in bed.hosts:
+            cluster.start_engines(host, 3)
+        rc = cluster.client(wait_for=9)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+from .netbed import Host, NetBed
+
+ENGINE_CMDS = {
+    "broadcast": [sys.executable, "-m", "ipyparallel_broadcast.engine"],
+    "stock": [sys.executable, "-m", "ipyparallel.engine"],
+}
+
+
+class BedCluster:
+    """A broadcast controller on ``bed.controller`` and engines on its hosts."""
+
+    def __init__(self, bed: NetBed, depth=1, fanout=2, controller_args: Sequence[str] = (),
+                 log_level: int = 30, stock: bool = False):
+        self.bed, self.depth, self.fanout = bed, depth, fanout
+        self.controller_args, self.log_level, self.stock = list(controller_args), log_level, stock
+        self._tmp = tempfile.TemporaryDirectory(prefix="ipb-bed-")
+        self.profile_dir = self._tmp.name
+        self.processes: List[subprocess.Popen] = []
+        self.clients = []
+
+    def __enter__(self) -> "BedCluster":
+        try:
+            self.start_controller()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------ processes
+    def _log(self, name: str):
+        return open(os.path.join(self.profile_dir, f"{name}.log"), "ab")
+
+    def _popen(self, host: Host, argv, name) -> subprocess.Popen:
+        with self._log(name) as log:
+            p = self.bed.popen(host, argv, stdout=log, stderr=subprocess.STDOUT)
+        self.processes.append(p)
+        return p
+
+    def start_controller(self, timeout: float = 60):
+        host = self.bed.controller
+        if self.stock:
+            argv = [sys.executable, "-m", "ipyparallel.controller",
+                    f"--IPController.broadcast_scheduler_depth={self.depth}"]
+        else:
+            argv = [sys.executable, "-m", "ipyparallel_broadcast.controller",
+                    f"--BroadcastController.depth={self.depth}",
+                    f"--BroadcastController.fanout={self.fanout}"]
+        argv += [f"--profile-dir={self.profile_dir}", f"--ip={host.addr}",
+                 f"--log-level={self.log_level}", "--HeartMonitor.period=800",
+                 *self.controller_args]
+        p = self._popen(host, argv, "controller")
+        deadline = time.monotonic() + timeout
+        while not (self._file("client") and self._file("engine")):
+            if p.poll() is not None:
+                raise RuntimeError(f"the controller exited ({p.returncode}); see {self.profile_dir}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the controller wrote no connection files")
+            time.sleep(0.05)
+        self._wait_complete(self._file("client"))
+        self._wait_complete(self._file("engine"))
+
+    def _file(self, kind) -> Optional[str]:
+        found = glob.glob(os.path.join(self.profile_dir, "security", f"ipcontroller-{kind}.json"))
+        return found[0] if found else None
+
+    @staticmethod
+    def _wait_complete(path, timeout=10):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with open(path) as f:
+                    return json.load(f)
+            except ValueError:  # written but not yet whole
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def start_engines(self, host: Host, n: int, kind: str = "broadcast") -> List[subprocess.Popen]:
+        """``n`` real engines on ``host``: ``kind`` is "broadcast" (ours) or "stock"."""
+        argv = ENGINE_CMDS[kind] + [f"--file={self._file('engine')}",
+                                    f"--profile-dir={self.profile_dir}",
+                                    f"--log-level={self.log_level}"]
+        return [self._popen(host, argv, f"engine-{host.name}-{i}") for i in range(n)]
+
+    def start_sim(self, host: Host, n: int, per_process: int = 512) -> subprocess.Popen:
+        """``n`` simulated engines (``ipyparallel_broadcast.sim``) on ``host``."""
+        argv = [sys.executable, "-m", "ipyparallel_broadcast.sim", self._file("engine"),
+                "--engines", str(n), "--per-process", str(per_process)]
+        return self._popen(host, argv, f"sim-{host.name}")
+
+    def client(self, wait_for: int = 0, timeout: float = 120):
+        """A client in this (the root) namespace; ``wait_for`` engines first."""
+        from ..client import Client
+
+        rc = Client(self._file("client"))
+        self.clients.append(rc)
+        if wait_for:
+            rc.wait_for_engines(wait_for, timeout=timeout)
+        return rc
+
+    def close(self):
+        for rc in self.clients:
+            rc.close()
+        for p in self.processes:  # each leads its own group: relay nodes, nannies go too
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        self._tmp.cleanup()

@@ -1,0 +1,183 @@
+"""Host relays in the pure core: the whole tree in memory, hosts included.
+
+A host relay hangs under one leaf and serves the engines that joined it,
+whatever their ids; the tree routes to them by what was announced, and one
+request crosses each host's link per call.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ipyparallel.serialize import serialize_object
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.reduction import Reduction, engine_value
+
+from treesim import TreeSim, stock_request
+
+ENGINES = list(range(12))
+# ids 0..5 on two hosts whose leaves the modulo rule does not always pick; 6.. direct
+HOSTS = {"h1": (0, [0, 1, 2]), "h2": (1, [3, 4, 5])}
+
+
+def hosted(depth=1, fanout=2, hosts=HOSTS):
+    return TreeSim(depth, fanout, ENGINES, hosts=hosts)
+
+
+def wait(sim, seconds):
+    """Let time pass in ping intervals: live nodes keep answering."""
+    step = sim.nodes[()].ping_interval
+    for _ in range(int(seconds / step) + 1):
+        sim.tick(step)
+
+
+def requests_at(sim, key):
+    return [f for f in sim.node_inbox[key]
+            if sim.codec.unpack(P.split_idents(f)[1], content=False)["header"]["msg_type"] == P.REQUEST]
+
+
+def test_every_host_relay_learned_its_route_end_to_end():
+    sim = hosted(depth=2)
+    assert sorted(k for k, _ in sim.joined) == [("h", "h1")] * 3 + [("h", "h2")] * 3
+    root = sim.nodes[()]
+    assert root.routes.learned.keys() >= {0, 1, 2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+@pytest.mark.parametrize("stream", [False, True])
+def test_one_request_per_host_and_every_target_answered_once(depth, stream):
+    sim = hosted(depth)
+    sim.request(ENGINES, stream=stream)
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == ENGINES and not failures
+    assert len(requests_at(sim, ("h", "h1"))) == len(requests_at(sim, ("h", "h2"))) == 1
+    assert all(len(sim.engine_inbox[e]) == 1 for e in ENGINES)
+    assert n_messages == (len(ENGINES) if stream else 1)
+    assert sim.pending_total() == 0
+
+
+def test_scatter_sends_each_host_only_its_engines_shares():
+    sim = hosted()
+    each = [[f"part-{e}".encode()] for e in ENGINES]
+    sim.request(ENGINES, each=each)
+    (h1,) = requests_at(sim, ("h", "h1"))
+    shares = {P.as_bytes(f) for f in h1 if P.as_bytes(f).startswith(b"part-")}
+    assert shares == {b"part-0", b"part-1", b"part-2"}
+    for e in ENGINES:
+        assert P.as_bytes(sim.engine_inbox[e][0][-1]) == f"part-{e}".encode()
+
+
+def test_reduce_combines_on_each_host():
+    sim = hosted()
+    sim.answer_with = lambda eid, request: ({"status": "ok"}, serialize_object(engine_value(lambda: eid)))
+    sim.request(ENGINES, reduce="sum")
+    (frames,) = sim.client_inbox
+    state, value, raised, failed = P.reduced_parts(sim.codec.unpack(P.split_idents(frames)[1]))
+    r = Reduction("sum")
+    r.add_partial(state, value)
+    assert r.result() == sum(ENGINES) and not raised and not failed
+    for key in (("h", "h1"), ("h", "h2")):  # each host sent one combined value up
+        assert sim.nodes[key].pending == {}
+
+
+def test_a_dead_host_relay_fails_its_engines_by_name_and_comes_back():
+    sim = hosted()
+    sim.hold.update({0, 1, 2})
+    sim.request(ENGINES)
+    sim.down_nodes[("h", "h1")] = "hung"
+    wait(sim, sim.nodes[(0,)].node_timeout + 1)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [0, 1, 2] and sorted(replies) == list(range(3, 12))
+    assert all("Host relay h1 has not answered" in f[2] for f in failures.values())
+    assert not any(n.pending for k, n in sim.nodes.items() if k != ("h", "h1"))
+    sim.hold.clear()
+    sim.restart(("h", "h1"))  # its engines join the new relay
+    sim.client_inbox.clear()
+    sim.request([0, 1, 2, 6])
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == [0, 1, 2, 6] and not failures
+
+
+def test_an_unreachable_host_relay_fails_at_once():
+    sim = hosted()
+    sim.down_nodes[("h", "h2")] = "dead"
+    sim.request(ENGINES)
+    replies, failures, n = sim.outcomes()
+    assert sorted(failures) == [3, 4, 5] and n == 1
+    assert all("Host relay h2 is down" in f[2] for f in failures.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_that_dies_behind_a_host_relay_fails_there_once(stream):
+    sim = hosted()
+    sim.hold.add(4)
+    sim.request(ENGINES, stream=stream)
+    sim.kill(4)
+    replies, failures, _ = sim.outcomes()  # outcomes() asserts each engine counted once
+    assert sorted(failures) == [4] and "died" in failures[4][2]
+    assert sorted(replies) == [e for e in ENGINES if e != 4]
+    assert 4 not in sim.nodes[(1,)].routes.via and 4 not in sim.nodes[("h", "h2")].engines
+    assert sim.pending_total() == 0
+
+
+def test_a_restarted_root_learns_the_routes_again_at_its_first_ping():
+    sim = hosted(depth=2)
+    sim.restart(())
+    assert not sim.nodes[()].routes.learned
+    sim.tick(sim.nodes[()].ping_interval)  # new boot in the ping: children announce again
+    sim.request(ENGINES)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == ENGINES and not failures
+
+
+def test_a_silent_host_relay_with_no_engines_left_is_forgotten():
+    sim = hosted()
+    sim.down_nodes[("h", "h1")] = "hung"
+    for eid in (0, 1, 2):
+        sim.kill(eid)
+    leaf = sim.nodes[(0,)]
+    wait(sim, leaf.node_timeout + 1)
+    assert not leaf.children and leaf.next_deadline() is None
+
+
+def test_stats_survey_reaches_the_host_relays():
+    sim = hosted(depth=2)
+    root = sim.nodes[()]
+    sim._run(root, root.on_up([b"client"] + sim.codec.pack(P.STATS, dict(msg_id="s"))), ())
+    (frames,) = sim.client_inbox
+    nodes = {n["node"]: n for n in sim.codec.unpack(P.split_idents(frames)[1])["content"]["nodes"]}
+    assert nodes["host h1"]["engines"] == 3 and nodes["host h1"]["host"] == "h1"
+    assert any(n.get("hosts") == ["h1"] for n in nodes.values())
+
+
+@pytest.mark.parametrize("coalescing", [True, False])
+def test_stock_clients_are_served_through_host_relays(coalescing):
+    sim = hosted(depth=0)
+    stock_request(sim, ENGINES, coalescing)
+    assert len(sim.client_inbox) == (1 if coalescing else len(ENGINES))
+    for frames in sim.client_inbox:
+        msg = sim.codec.unpack(P.split_idents(frames)[1])
+        assert msg["content"]["status"] == "ok"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 3), st.integers(2, 3), st.data())
+def test_any_placement_of_engines_on_hosts_routes(depth, fanout, data):
+    """Engines on hosts under any leaf, whatever their ids (an MPI rank, say):
+    every target answered once, one request per host per call."""
+    n_leaves = fanout ** depth
+    placement = data.draw(st.lists(st.sampled_from(["direct", "a", "b", "c"]),
+                                   min_size=len(ENGINES), max_size=len(ENGINES)))
+    leaves = {h: data.draw(st.integers(0, n_leaves - 1)) for h in "abc"}
+    hosts = {h: (leaves[h], [e for e, p in zip(ENGINES, placement) if p == h])
+             for h in "abc" if h in placement}
+    sim = TreeSim(depth, fanout, ENGINES, hosts=hosts)
+    targets = data.draw(st.lists(st.sampled_from(ENGINES), unique=True))
+    stream = data.draw(st.booleans())
+    sim.request(targets, stream=stream)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == sorted(targets) and not failures
+    for h, (_, eids) in hosts.items():
+        assert len(requests_at(sim, ("h", h))) == (1 if set(eids) & set(targets) else 0)
+    assert sim.pending_total() == 0
