@@ -22,6 +22,7 @@ from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
 from .logs import drop_unwritten_levels
+from .hostrelay import HOST_KEY, host_label
 from .protocol import PROTOCOL_VERSION, TREE_KEY
 from .records import BroadcastDictDB, BroadcastRecords
 from .schedulers.node import run_node
@@ -145,13 +146,15 @@ class BroadcastController(IPController):
         return type(hub).new_engine_id(hub, requested_id)
 
     def save_connection_dict(self, fname, cdict):
-        """Tell clients the tree's shape in the client connection file."""
-        if fname == self.client_json_file:
-            cdict = dict(cdict)
-            shape = self.shape
-            cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION)
-            if self.auto_inputs:  # what an 'auto' shape was picked for
-                cdict[TREE_KEY]["auto"] = self.auto_inputs
+        """Tell clients and engines the tree's shape; engines also learn the
+        controller's host (an engine elsewhere runs a host relay, see ``hostrelay``)."""
+        cdict = dict(cdict)
+        shape = self.shape
+        cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION)
+        if self.auto_inputs:  # what an 'auto' shape was picked for
+            cdict[TREE_KEY]["auto"] = self.auto_inputs
+        if fname != self.client_json_file:
+            cdict[HOST_KEY] = host_label()
         return super().save_connection_dict(fname, cdict)
 
     def node_spec(self, path, monitor_url) -> dict:

@@ -10,14 +10,20 @@ their ``engine_cmd`` is this module.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+
 from ipyparallel.engine import app as ipp_engine_app
 from ipyparallel.engine.app import IPEngine
 from ipyparallel.engine.app import aliases as engine_aliases
-from traitlets import Bool, Dict, Enum, Float
+from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float
 
 from . import compose
 from .compose.host import cluster_key
+from .hostrelay import HOST_KEY, HostLink, Place, host_label
 from .kernel import BroadcastKernel
+from .protocol import TREE_KEY
+from .topology import TreeShape
 from .logs import drop_unwritten_levels
 
 ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]
@@ -43,7 +49,14 @@ class BroadcastEngine(IPEngine):
     compose_strict = Bool(
         False, config=True, help="Counting mode: regions wait for at least one token."
     )
+    host_relay = CaselessStrEnum(
+        ["auto", "always", "never"], "auto", config=True,
+        help="""Reach the broadcast tree through a relay on this host (one per host,
+        started by its engines; see ipyparallel_broadcast.hostrelay): 'auto' on a
+        host other than the controller's, 'always', or 'never' (straight to a leaf).""",
+    )
     aliases = Dict(aliases)
+    host_link = None
 
     def init_engine(self):
         drop_unwritten_levels(self.log)
@@ -66,11 +79,51 @@ class BroadcastEngine(IPEngine):
             status["host"], status["rank"],
         )
 
-    async def complete_registration(self, *args, **kwargs):
+    def _use_host_relay(self) -> bool:
+        info = self.connection_info
+        if self.host_relay == "never" or TREE_KEY not in info or self.using_ssh:
+            return False
+        return self.host_relay == "always" or info.get(HOST_KEY) != host_label()
+
+    async def complete_registration(self, msg, connect, maybe_tunnel):
         ipp_engine_app.Kernel = BroadcastKernel  # the kernel class ipyparallel instantiates
-        await super().complete_registration(*args, **kwargs)
+        if self._use_host_relay():
+            connect = await self._join_host_relay(msg, connect)
+        await super().complete_registration(msg, connect, maybe_tunnel)
         if self.kernel is not None:
             compose.runtime().attach(self.kernel)
+
+    async def _join_host_relay(self, msg, connect):
+        """Join this host's relay (started if need be); return a ``connect``
+        that takes the broadcast socket to it instead of to a leaf."""
+        content = self.session.unpack(self.session.feed_identities(msg)[1][4])
+        if content.get("status") != "ok":
+            return connect  # ipyparallel reports the refusal
+        info, eid, uuid = self.connection_info, content["id"], self.bident.decode()
+        leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]
+        tree = TreeShape(info[TREE_KEY]["depth"], info[TREE_KEY]["fanout"])
+        place = Place(self.session.key, host_label(), curve=bool(self.curve_serverkey))
+        link = self.host_link = HostLink(dict(
+            key=self.session.key.decode(), signature_scheme=self.session.signature_scheme,
+            packer=self.session.packer, unpacker=self.session.unpacker, host=place.label,
+            depth=tree.depth, fanout=tree.fanout, down_url=place.down_url, log_level=self.log_level,
+            curve_serverkey=self.curve_serverkey.decode() if self.curve_serverkey else None,
+        ), place)
+        index = link.leaf_index(eid % len(leaves))
+        link.spec.update(path=list(tree.leaf_path(index)), up_url=leaves[index])
+        await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)
+        atexit.register(link.leave, uuid)
+        self.log.info("broadcasts reach this engine through the relay of host %s", place.label)
+
+        def via_relay(sock, url, curve_serverkey=None):
+            if url not in leaves:
+                return connect(sock, url, curve_serverkey=curve_serverkey)
+            if place.public:
+                sock.curve_serverkey = place.public
+                sock.curve_publickey, sock.curve_secretkey = self.curve_publickey, self.curve_secretkey
+            sock.connect(place.down_url)
+
+        return via_relay
 
 
 main = launch_new_instance = BroadcastEngine.launch_instance

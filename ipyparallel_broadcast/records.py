@@ -116,6 +116,8 @@ class BroadcastRecords:
         self.uuids: dict = {}  # engine id -> uuid, of every engine a broadcast targeted
         hub.monitor_handlers[P.INBCAST] = self.save_request
         hub.monitor_handlers[P.OUTBCAST] = self.save_result
+        hub.monitor_handlers[P.OUTBUNDLE] = self.save_bundle
+        self.codec = P.Codec(hub.session)
         self._save_iopub = hub.save_iopub_message
         hub.save_iopub_message = self.save_iopub
 
@@ -171,6 +173,27 @@ class BroadcastRecords:
         except Exception as e:
             self.log.error("broadcast:: dropped an invalid result copy: %s", e)
             return
+        self._save_reply(msg_id, uuid, msg)
+
+    def save_bundle(self, idents, frames):
+        """A host relay's bundle of its engines' replies: each one is filed."""
+        try:
+            msg = self.codec.unpack(frames, content=False)
+            msg_id = msg["metadata"]["msg_id"]
+            outcomes = list(P.iter_bundle(self.codec, msg))
+        except Exception as e:
+            self.log.error("broadcast:: dropped an invalid bundle copy: %s", e)
+            return
+        for what, item in outcomes:
+            try:
+                reply = self.codec.unpack(item) if what == "reply" else item if what == "parsed" else None
+                if reply is not None:
+                    self._save_reply(msg_id, reply["metadata"]["engine"], reply)
+            except Exception as e:
+                self.log.error("broadcast:: dropped a reply in a bundle copy: %s", e)
+
+    def _save_reply(self, msg_id, uuid, msg):
+        hub = self.hub
         vid = engine_vid(msg_id, uuid)
         eid = hub.by_ident.get(uuid.encode("utf8"))
         header, md = msg["header"], msg["metadata"]

@@ -39,7 +39,7 @@ def requests_at(sim, key):
 
 def test_every_host_relay_learned_its_route_end_to_end():
     sim = hosted(depth=2)
-    assert sorted(k for k, _ in sim.joined) == [("h", "h1")] * 3 + [("h", "h2")] * 3
+    assert sorted(sim.joined) == [(("h", "h1"), e) for e in (0, 1, 2)] + [(("h", "h2"), e) for e in (3, 4, 5)]
     root = sim.nodes[()]
     assert root.routes.learned.keys() >= {0, 1, 2, 3, 4, 5}
 

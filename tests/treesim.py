@@ -61,7 +61,7 @@ class TreeSim:
         self.node_inbox[key] = []
         self._run(node, node.hello(), key)
         for eid in eids:
-            self._run(node, node.on_join(eid, self.engines[eid]), key)
+            self._run(node, node.on_join(eid, self.engines[eid], who=eid), key)
         return node
 
     def _new_node(self, path):
@@ -181,7 +181,7 @@ class TreeSim:
                     frames = [node_identity(path)] + send.frames
                     self.queue.extend((parent, s) for s in self.nodes[parent].on_down(frames))
             elif send.socket == JOINED:
-                self.joined.append((path, send.frames[0]))
+                self.joined.extend((path, who) for who in send.frames)
             elif send.socket == DOWN and node.is_leaf and P.as_bytes(send.frames[0]).startswith(HOST_PREFIX):
                 host = ("h", P.as_bytes(send.frames[0])[len(HOST_PREFIX):].decode())
                 if self.down_nodes.get(host) == "dead":  # the shell's EHOSTUNREACH

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 UP, DOWN, HUB = "up", "down", "hub"  # HUB: ask the hub for the engine table
 MON = "mon"  # a copy for the hub's task records (see ``records``)
-JOINED = "joined"  # host relay: engines whose join (frames: [token]) is routed end to end
+JOINED = "joined"  # host relay: engines (frames: who joined) now reachable through the tree
 PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
 
 
@@ -106,6 +106,7 @@ class RelayNode:
         self.routes = Routes(shape, self.path, self.is_leaf)
         self.parent_boot: Optional[str] = None  # a new one: the parent restarted
         self._route_tokens = count()
+        self._joining: Dict[str, list] = {}  # host relay: announcement token -> who joined
         self.pending: Dict[str, Pending] = {}
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
@@ -210,14 +211,15 @@ class RelayNode:
         return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot)))]
 
     # ---------------------------------------------------------------- routes
-    def on_join(self, eid: int, uuid: str) -> List[Send]:
+    def on_join(self, eid: int, uuid: str, who=None) -> List[Send]:
         """Host relay: an engine on this host joined (again). Its leaf learns
-        all of them; ``Send(JOINED, [token])`` says when the route is complete."""
+        all of them; once the root has the route, ``Send(JOINED, [who, ...])``."""
         self.engines[eid] = uuid
-        return self._host_announce()
+        return self._host_announce([who] if who is not None else [])
 
-    def _host_announce(self) -> List[Send]:
+    def _host_announce(self, joining=()) -> List[Send]:
         token = f"{self.boot}:{next(self._route_tokens)}"
+        self._joining[token] = list(joining)
         engines = {str(e): u for e, u in self.engines.items()}
         return [Send(UP, self.codec.pack(P.HOST, dict(host=self.host, engines=engines, token=token)))]
 
@@ -254,7 +256,9 @@ class RelayNode:
         """The root saw a route: pass the acknowledgement down to its host relay."""
         to, host = content.get("to"), content.get("host")
         if self.host:
-            return [Send(JOINED, [content.get("token")])]
+            token = content.get("token")
+            joined = self._joining.pop(token, []) if isinstance(token, str) else []
+            return [Send(JOINED, joined)] if joined else []
         if self.is_leaf:
             ident = host.encode() if isinstance(host, str) else None
             if ident not in self.children:

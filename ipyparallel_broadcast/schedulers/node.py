@@ -25,7 +25,8 @@ from ipyparallel import util
 
 from .. import protocol as P
 from ..topology import TreeShape, node_identity, node_name
-from .core import DOWN, HUB, MON, UP, RelayNode, Send
+from .core import DOWN, HUB, JOINED, MON, UP, RelayNode, Send
+from .routes import HOST_PREFIX
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -51,6 +52,7 @@ class NodeShell:
             self.codec, shape, path,
             ping_interval=spec.get("ping_interval", 0.5),
             node_timeout=spec.get("node_timeout", 10.0),
+            host=spec.get("host"),
         )
         process = psutil.Process()
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
@@ -63,6 +65,9 @@ class NodeShell:
             curve_publickey=spec.get("curve_publickey"),
             curve_serverkey=spec.get("curve_serverkey"),
         )
+        self.open_sockets(spec, curve)
+
+    def open_sockets(self, spec, curve):
         ctx = self.context
         # options first: a socket's pipes take the options in force when it
         # binds or connects (a high-water mark set later would leave the
@@ -71,7 +76,7 @@ class NodeShell:
         if self.node.is_root:
             util.bind(self.up, spec["up_url"], curve_secretkey=curve["curve_secretkey"])
         else:
-            self.up.IDENTITY = node_identity(path)
+            self.up.IDENTITY = node_identity(self.node.path)
             util.connect(self.up, spec["up_url"], **curve)  # links between nodes: curve too
         self.down = _socket(ctx, zmq.ROUTER)
         self.down.ROUTER_MANDATORY = 1
@@ -141,6 +146,8 @@ class NodeShell:
                 send_frames(self.monitor, send.frames)
             elif send.socket == HUB:
                 self.ask_hub()
+            elif send.socket == JOINED:
+                self.on_joined(send.frames)
             elif send.socket == DOWN:
                 try:
                     send_frames(self.down, send.frames)
@@ -149,9 +156,15 @@ class NodeShell:
                         raise
                     sends.extend(self._unreachable(send.frames[0]))
 
+    def on_joined(self, who: list):
+        """Engines whose join is complete (host relays answer them)."""
+
     def _unreachable(self, peer) -> List[Send]:
+        peer = P.as_bytes(peer)
+        if peer.startswith(HOST_PREFIX):
+            return self.node.on_child_lost(peer, "is down (its link is closed)")
         if self.node.is_leaf:
-            return self.node.on_engine_lost(P.as_bytes(peer).decode(), "is not connected")
+            return self.node.on_engine_lost(peer.decode(), "is not connected")
         return self.node.on_child_lost(self.node.children[peer], "is down (its link is closed)")
 
     # ------------------------------------------------------------------ loop
@@ -168,8 +181,8 @@ class NodeShell:
         poller = zmq.Poller()
         for s in self.sockets:
             poller.register(s, zmq.POLLIN)
-        while True:
-            deadline = self.node.next_deadline()
+        while self.running():
+            deadline = self.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1e3
             for sock, _ in poller.poll(timeout):
                 handler = self.handlers[sock]
@@ -186,6 +199,12 @@ class NodeShell:
                     self.busy += time.perf_counter() - tic
             if deadline is not None:
                 self.perform(self.node.on_tick())
+
+    def running(self) -> bool:
+        return True
+
+    def next_deadline(self):
+        return self.node.next_deadline()
 
 
 _MORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
@@ -216,8 +235,9 @@ def _socket(ctx, kind) -> zmq.Socket:
     return s
 
 
-def run_node(spec: dict):
-    """Process entry point: run one relay node until terminated."""
+def run_node(spec: dict, shell=None):
+    """Process entry point: run one relay node until terminated (a host
+    relay: until its last engine is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGABRT):  # a restarted node is forked from the
         signal.signal(sig, signal.SIG_DFL)  # running controller: drop its handlers
@@ -226,4 +246,4 @@ def run_node(spec: dict):
         format="%(asctime)s.%(msecs).03d [%(name)s] %(message)s",
         datefmt="%H:%M:%S",
     )
-    NodeShell(spec).start()
+    (shell or NodeShell)(spec).start()
