@@ -71,15 +71,19 @@ class NotABroadcastController(RuntimeError):
 
 
 class TreeLayout:
-    """The tree in use and which leaf serves which engines."""
+    """The tree in use: which leaf serves which engines, and the host relays
+    (``hosts``: ``{label: (leaf index, engine ids)}``) with theirs."""
 
-    def __init__(self, shape: TreeShape, engine_ids):
+    def __init__(self, shape: TreeShape, engine_ids, hosts=None):
         self.shape = shape
         self.depth, self.fanout = shape.depth, shape.fanout
+        self.hosts = dict(hosts or {})
+        hosted = {e for _, eids in self.hosts.values() for e in eids}
         self.leaves = {
-            shape.leaf_index(path): eids for path, eids in shape.layout(engine_ids).items()
+            shape.leaf_index(path): eids
+            for path, eids in shape.layout(e for e in engine_ids if e not in hosted).items()
         }
-        self._text = render(shape, engine_ids)
+        self._text = render(shape, engine_ids, self.hosts)
 
     def __repr__(self):
         return self._text
@@ -188,9 +192,18 @@ class Client(ipp.Client):
             self._surveys.pop(msg_id, None)
             self._root_watch.done(msg_id)
 
-    def broadcast_tree(self) -> TreeLayout:
-        """Depth, fan-out, and the engines under each leaf."""
-        return TreeLayout(self.tree_shape, self.ids)
+    def broadcast_tree(self, timeout: float = 10) -> TreeLayout:
+        """Depth, fan-out, the engines under each leaf, and the host relays
+        under the leaves with their engines (asked of the tree itself)."""
+        shape, hosts = self.tree_shape, {}
+        nodes = self.broadcast_stats(timeout)
+        leaf_of_host = {h: n["node"] for n in nodes for h in n.get("hosts") or ()}
+        for n in nodes:
+            if n.get("host") in leaf_of_host:
+                path = () if leaf_of_host[n["host"]] == "root" else \
+                    tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
+                hosts[n["host"]] = (shape.leaf_index(path), n.get("eids") or [])
+        return TreeLayout(shape, self.ids, hosts)
 
     # ------------------------------------------------------------------ send
     def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
@@ -353,6 +366,17 @@ class Client(ipp.Client):
             ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [job]
             msg_ids.extend(self._real_ids.get(i, i) if isinstance(i, str) else i for i in ids)
         return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
+
+    def _handle_stranded_msgs(self, eid, uuid):
+        """ipyparallel's, less the parts of broadcasts: the tree fails those a
+        moment later, and says more (the host, its relay)."""
+        outstanding = self._outstanding_dict[uuid]
+        ours = {vid for vid in outstanding if vid in self._real_ids}
+        outstanding.difference_update(ours)
+        try:
+            super()._handle_stranded_msgs(eid, uuid)
+        finally:
+            outstanding.update(ours)
 
     def _extract_metadata(self, msg):
         """ipyparallel's, with the engine's start time parsed by the fast C parser."""

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 GRACE = 5.0  # seconds a relay with no engine waits for one before it exits
 HOST_KEY = "ipb_host"  # in the engine connection file: the controller's host label
 JOIN_TIMEOUT = 30.0
+PROBE_INTERVAL = 0.05  # a restarted relay looks for its engines' reconnections this often
 
 
 def host_label() -> str:
@@ -110,8 +111,31 @@ class HostRelayShell(NodeShell):
         self.sockets = [self.up, self.down, self.joins]
         self.handlers = {self.up: self.node.on_up, self.down: self.node.on_down, self.joins: self.on_join}
         self.empty_since: Optional[float] = time.monotonic()
-        for engine in self.joined_engines():  # a restarted relay: its engines are here already
-            self.perform(self.node.on_join(engine["eid"], engine["uuid"]))
+        # a restarted relay: its engines are here already, and reconnect by themselves;
+        # each is announced once a probe shows it connected
+        self.expected = {e["uuid"]: e for e in self.joined_engines()}
+        self.next_probe: Optional[float] = time.monotonic() if self.expected else None
+
+    def probe(self):
+        """Announce the expected engines that are connected again (a send to
+        one that is not fails at once: ROUTER_MANDATORY)."""
+        for uuid, engine in list(self.expected.items()):
+            try:
+                self.down.send_multipart([uuid.encode(), P.PROBE], zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                if not _alive(engine["pid"]):
+                    del self.expected[uuid]
+                continue
+            del self.expected[uuid]
+            self.perform(self.node.on_join(engine["eid"], uuid))
+        self.next_probe = time.monotonic() + PROBE_INTERVAL if self.expected else None
+
+    def on_tick(self):
+        if self.next_probe is not None and self.next_probe <= time.monotonic():
+            self.probe()
+        super().on_tick()
 
     def joined_engines(self):
         """The join files of engines that are still alive."""
@@ -120,10 +144,10 @@ class HostRelayShell(NodeShell):
             try:
                 with open(os.path.join(self.place.joins, name)) as f:
                     engine = json.load(f)
-                os.kill(engine["pid"], 0)
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError):
                 continue
-            engines.append(engine)
+            if isinstance(engine, dict) and _alive(engine.get("pid")):
+                engines.append(engine)
         return engines
 
     def on_join(self, frames):
@@ -141,7 +165,7 @@ class HostRelayShell(NodeShell):
                 self.joins.send_multipart(idents + self.codec.pack(P.JOINED, dict(boot=self.node.boot)))
 
     def running(self) -> bool:
-        if self.node.engines:
+        if self.node.engines or self.expected:
             self.empty_since = None
         elif self.empty_since is None:
             self.empty_since = time.monotonic()
@@ -151,11 +175,18 @@ class HostRelayShell(NodeShell):
         return True
 
     def next_deadline(self):
-        deadline = self.node.next_deadline()
+        times = [t for t in (self.node.next_deadline(), self.next_probe) if t is not None]
         if self.empty_since is not None:
-            grace = self.empty_since + GRACE + 0.01
-            deadline = grace if deadline is None else min(deadline, grace)
-        return deadline
+            times.append(self.empty_since + GRACE + 0.01)
+        return min(times, default=None)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
 
 
 def main():

@@ -78,6 +78,7 @@ PING, PONG = "ipb_ping", "ipb_pong"  # liveness of the links between nodes
 HOST, LOST = "ipb_host", "ipb_lost"  # host relay <-> leaf: its engines; an engine lost
 ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowledged down
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
+PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a host relay's bundle of its engines' replies, for the records
 COALESCE, STREAM = "coalesce", "stream"

@@ -163,9 +163,12 @@ def node_identity(path: Path) -> bytes:
     return b"ipb-node:" + node_name(path).encode()
 
 
-def render(shape: TreeShape, engine_ids: Iterable[int]) -> str:
-    """Text picture of the tree and the engines under each leaf."""
-    layout = shape.layout(engine_ids)
+def render(shape: TreeShape, engine_ids: Iterable[int], hosts=None) -> str:
+    """Text picture of the tree and the engines under each leaf; ``hosts``:
+    ``{label: (leaf index, engine ids)}``, host relays and their engines."""
+    hosts = hosts or {}
+    hosted = {e for _, eids in hosts.values() for e in eids}
+    layout = shape.layout(e for e in engine_ids if e not in hosted)
     lines = [
         f"broadcast tree: depth={shape.depth} fanout={shape.fanout} "
         f"nodes={shape.n_nodes} leaves={shape.n_leaves}"
@@ -176,6 +179,9 @@ def render(shape: TreeShape, engine_ids: Iterable[int]) -> str:
         if shape.is_leaf(path):
             eids = layout[path]
             lines.append(f"{indent}{label} (leaf {shape.leaf_index(path)}): engines {eids}")
+            for host, (leaf, host_eids) in sorted(hosts.items()):
+                if leaf == shape.leaf_index(path):
+                    lines.append(f"{indent}  host {host}: engines {sorted(host_eids)}")
         else:
             lines.append(f"{indent}{label}")
     return "\n".join(lines)

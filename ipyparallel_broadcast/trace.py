@@ -82,7 +82,8 @@ def merge(client_events: list, nodes: list) -> List[dict]:
     """The client's events and each surveyed node's, in time order."""
     events = list(client_events)
     for node in nodes:
-        name = "root" if node.get("node") == "root" else f"node {node.get('node')}"
+        name = node.get("node")
+        name = name if name == "root" or str(name).startswith("host ") else f"node {name}"
         for what, time, detail in node.get("trace") or ():
             events.append(event(name, what, time, detail))
     return sorted(events, key=lambda e: e["time"])

@@ -181,3 +181,21 @@ def test_any_placement_of_engines_on_hosts_routes(depth, fanout, data):
     for h, (_, eids) in hosts.items():
         assert len(requests_at(sim, ("h", h))) == (1 if set(eids) & set(targets) else 0)
     assert sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engines_of_a_cut_off_host_fail_as_the_hub_drops_them_naming_the_host(stream):
+    """A host whose link is down: its relay falls silent, then the hub drops
+    its engines (heartbeats); they fail at once, well before ``node_timeout``."""
+    sim = hosted()
+    sim.hold.update({0, 1, 2})
+    sim.request(ENGINES, stream=stream)
+    sim.down_nodes[("h", "h1")] = "hung"
+    wait(sim, 3)  # under node_timeout: the leaf has not given up on the relay
+    assert len(sim.client_inbox) == (9 if stream else 0)  # nothing failed yet
+    for eid in (0, 1, 2):
+        sim.kill(eid)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [0, 1, 2] and sorted(replies) == list(range(3, 12))
+    assert all("on host h1 died" in f[2] for f in failures.values())
+    assert not any(n.pending for k, n in sim.nodes.items() if k != ("h", "h1"))

@@ -54,6 +54,7 @@ class Pending:
     waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
     parts: list = field(default_factory=list)  # coalesced so far
     bundles: list = field(default_factory=list)  # leaf: host relays' bundles, coalesced so far
+    settled: Set[int] = field(default_factory=set)  # leaf: engines a host owed, failed here
     failed: list = field(default_factory=list)  # coalesced so far
     compat: Optional[CompatRequest] = None  # root: request from a stock client
     rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
@@ -183,10 +184,16 @@ class RelayNode:
             self.engines = {e: u for e, u in self.engines.items() if u != uuid}
             if host is not None:
                 self.routes.host_lost_engine(eid)
+        code = P.DIED if why == P.DIED else P.UNREACHABLE
         if host is not None and host in self.children:
             notice = Send(DOWN, [host] + self.codec.pack(P.LOST, dict(uuid=uuid, why=why)))
-            return [notice] + (self._announce([], [eid]) if why == P.DIED else [])
-        code = P.DIED if why == P.DIED else P.UNREACHABLE
+            sends = [notice] + (self._announce([], [eid]) if why == P.DIED else [])
+            silent = self.clock() - self.heard[host]
+            if silent > 2 * self.ping_interval:  # its relay is not answering either (a host cut off)
+                where = f"on host {self.child_names[host][5:]}"
+                sends += self._fail_via(host, eid, uuid, code, f"Engine {eid} {where} {why} before "
+                                        f"replying (its host relay silent for {silent:.1f} s)")
+            return sends
         return self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
 
     def on_tick(self) -> List[Send]:
@@ -294,7 +301,7 @@ class RelayNode:
                      surveys=len(self.surveys), dropped=self.dropped,
                      engines=self._engines_served() if self.is_leaf else None, **self.probe())
         if self.host:
-            stats["host"] = self.host
+            stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:
             stats["hosts"] = sorted(self.child_names[k][5:] for k in self.children)
         if trace is not None:
@@ -587,12 +594,12 @@ class RelayNode:
         if p.reduction is not None:
             return self._reduce_bundle(p, digit, msg)
         # a host relay's engines' replies, for the hub's records (as a leaf copies its own)
-        copy = [Send(MON, [P.OUTBUNDLE, P._DELIM] + list(body))] \
+        copy = [Send(MON, [P.OUTBUNDLE, digit, P._DELIM] + list(body))] \
             if self.records and isinstance(digit, bytes) and not p.stock else []
         if p.stream:
             eids = meta.get("eids")
             if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
-                    or not set(eids) <= p.waiting[digit]:
+                    or not set(eids) <= p.waiting[digit] | p.settled:
                 raise P.ProtocolError("streamed bundle names engines not owed")
             p.waiting[digit].difference_update(eids)
             if not p.waiting[digit]:
@@ -636,6 +643,21 @@ class RelayNode:
             return self._emit(p, [], failed, [f[0] for f in failed])
         p.failed.extend(failed)
         return []
+
+    def _fail_via(self, host: bytes, eid: int, uuid: str, code, message) -> List[Send]:
+        """Fail one engine that a host relay owes, here (the relay may still
+        answer for it later: that outcome then comes twice, and is tolerated)."""
+        sends = []
+        for p in list(self.pending.values()):
+            owed = p.waiting.get(host)
+            if owed and eid in owed:
+                owed.discard(eid)
+                if not owed:
+                    del p.waiting[host]
+                p.settled.add(eid)
+                sends += self._record_failures(p, [[eid, uuid, message, code]])
+                sends += self._finish_if_done(p)
+        return sends
 
     def _fail_dest(self, dest, code, message: Callable[[int], str]) -> List[Send]:
         sends = []

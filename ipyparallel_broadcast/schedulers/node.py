@@ -198,7 +198,10 @@ class NodeShell:
                         self.log.exception("error handling a message")
                     self.busy += time.perf_counter() - tic
             if deadline is not None:
-                self.perform(self.node.on_tick())
+                self.on_tick()
+
+    def on_tick(self):
+        self.perform(self.node.on_tick())
 
     def running(self) -> bool:
         return True

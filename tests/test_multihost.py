@@ -1,0 +1,161 @@
+"""Across hosts, on the multi-host test bed: a controller host and three
+engine hosts, each a network namespace, real engines on each (issue 16).
+
+Each engine host runs one host relay, started by its engines; one request
+crosses each host's link per call. Needs root (network namespaces): CI has
+it and must not skip (``CI=true`` turns a skip into a failure).
+"""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from ipyparallel import error
+
+from ipyparallel_broadcast.tools.bedcluster import BedCluster
+from ipyparallel_broadcast.tools.netbed import NetBed
+
+from cluster_util import until
+
+PER_HOST = 3
+MODES = [True, False]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    why = NetBed.available()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the multi-host tests: {why}")
+        pytest.skip(why)
+    with NetBed(hosts=3) as bed, BedCluster(bed, depth=1, fanout=2) as cluster:
+        for host in bed.hosts:
+            cluster.start_engines(host, PER_HOST)
+        cluster.rc = cluster.client(wait_for=3 * PER_HOST)
+        yield cluster
+
+
+def relays(rc):
+    """Host relays by label, from a stats survey: {label: stats}."""
+    return {n["host"]: n for n in rc.broadcast_stats() if n.get("host")}
+
+
+def test_each_host_runs_one_relay_serving_its_engines(bed):
+    rc = bed.rc
+    found = relays(rc)
+    assert len(found) == 3 and all(n["engines"] == PER_HOST for n in found.values())
+    assert sorted(e for n in found.values() for e in n["eids"]) == rc.ids
+    layout = rc.broadcast_tree()
+    assert set(layout.hosts) == set(found)
+    for label in found:
+        assert f"host {label}: engines" in repr(layout)
+
+
+def test_one_copy_of_a_push_crosses_each_host_link(bed):
+    rc, hosts = bed.rc, bed.bed.hosts
+    data = np.zeros(4 * 2**20, dtype=np.uint8)
+    before = [bed.bed.link_bytes(h)[0] for h in hosts]
+    rc.broadcast_view().push(dict(data=data), block=True)
+    received = [bed.bed.link_bytes(h)[0] - b for h, b in zip(hosts, before)]
+    assert all(data.nbytes <= r < 1.1 * data.nbytes for r in received), received
+
+
+@pytest.mark.parametrize("coalescing", MODES, ids=["coalescing", "streaming"])
+def test_every_operation_through_host_relays(bed, coalescing):
+    rc = bed.rc
+    view = rc.broadcast_view(coalescing=coalescing)
+    assert view.apply_sync(lambda x: x + 1, 1) == [2] * len(rc.ids)
+    view.execute("import os; here = os.getpid()", block=True)
+    pids = view.pull("here", block=True)
+    assert len(set(pids)) == len(rc.ids)
+    view.push(dict(a=7), block=True)
+    assert view.pull("a", block=True) == [7] * len(rc.ids)
+    view.scatter("part", list(range(3 * len(rc.ids))), block=True)
+    assert view.gather("part", block=True) == list(range(3 * len(rc.ids)))
+    assert view.map_sync(lambda x: x * x, range(20)) == [x * x for x in range(20)]
+    if coalescing:
+        assert view.reduce(lambda: 2, op="sum", block=True) == 2 * len(rc.ids)
+    targets = rc.ids[1::2]
+    assert rc.broadcast_view(targets, coalescing=coalescing).apply_sync(lambda: 1) == [1] * len(targets)
+
+
+def test_outputs_errors_and_hub_records_through_host_relays(bed):
+    rc = bed.rc
+    ar = rc.broadcast_view().apply_async(lambda: print("hello") or 1 / 0)
+    with pytest.raises(error.CompositeError):
+        ar.get(30)
+    assert ar.stdout == ["hello\n"] * len(rc.ids)
+    query = {"msg_id": {"$in": ar.msg_ids}}
+    until(lambda: len(rc.db_query(query, keys=["completed"])) == len(rc.ids)
+          and all(r["completed"] for r in rc.db_query(query, keys=["completed"])),
+          what="the hub to file every engine's result from the host bundles")
+
+
+def test_a_traced_call_is_stamped_by_the_host_relays(bed):
+    rc = bed.rc
+    ar = rc.broadcast_view(trace=True).apply_async(lambda: 1)
+    ar.get(30)
+    places = {e["where"] for e in ar.trace}
+    assert {f"host {label}" for label in relays(rc)} <= places
+
+
+def _gate_until(path):
+    import os
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return os.getpid()
+
+
+@pytest.mark.parametrize("coalescing", MODES, ids=["coalescing", "streaming"])
+def test_a_killed_host_relay_fails_its_engines_by_name_and_comes_back(bed, coalescing, tmp_path):
+    rc = bed.rc
+    label, victim = sorted(relays(rc).items())[0]
+    gate = tmp_path / "gate"
+    ar = rc.broadcast_view(coalescing=coalescing).apply_async(_gate_until, str(gate))
+    os.kill(victim["pid"], signal.SIGKILL)
+    gate.touch()
+    by_engine = dict(zip(rc.ids, ar.get(timeout=60, return_exceptions=True)))
+    for eid, r in by_engine.items():
+        if eid in victim["eids"]:
+            assert isinstance(r, error.RemoteError) and f"Host relay {label}" in str(r), r
+        else:
+            assert isinstance(r, int), r
+    until(lambda: relays(rc).get(label, {}).get("pid") not in (None, victim["pid"]),
+          what="the host's engines to start its relay again")
+    until(lambda: relays(rc)[label]["engines"] == PER_HOST, what="the engines to be back")
+    assert rc.broadcast_view(victim["eids"]).apply_sync(lambda: 5) == [5] * PER_HOST
+
+
+def label_of(bed, host):
+    import subprocess
+    import sys
+
+    code = "from ipyparallel_broadcast.hostrelay import host_label; print(host_label())"
+    return subprocess.run(["ip", "netns", "exec", host.netns, sys.executable, "-c", code],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_path):
+    """Last in this module: the cut-off host's engines are gone afterwards."""
+    rc, host = bed.rc, bed.bed.hosts[-1]
+    label = label_of(bed.bed, host)
+    cut = relays(rc)[label]["eids"]
+    gate, targets = tmp_path / "gate", list(rc.ids)
+    ar = rc.broadcast_view(targets).apply_async(_gate_until, str(gate))
+    bed.bed.set_link(host, False)
+    gate.touch()
+    results = dict(zip(targets, ar.get(timeout=60, return_exceptions=True)))
+    for eid, r in results.items():
+        if eid in cut:
+            assert isinstance(r, error.RemoteError) and label in str(r), r
+        else:
+            assert isinstance(r, int), r
+    live = [e for e in rc.ids if e not in cut]
+    assert rc.broadcast_view(live).apply_sync(lambda: 3) == [3] * len(live)
+    bed.bed.set_link(host, True)
+    until(lambda: not set(cut) & set(rc.ids), what="the hub to drop the cut-off engines")
+    until(lambda: all(n["pending"] == 0 for n in rc.broadcast_stats()), what="no request left pending")
+    assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
