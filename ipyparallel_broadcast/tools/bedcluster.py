@@ -100,11 +100,12 @@ class BedCluster:
                     raise
                 time.sleep(0.05)
 
-    def start_engines(self, host: Host, n: int, kind: str = "broadcast") -> List[subprocess.Popen]:
+    def start_engines(self, host: Host, n: int, kind: str = "broadcast",
+                      args: Sequence[str] = ()) -> List[subprocess.Popen]:
         """``n`` real engines on ``host``: ``kind`` is "broadcast" (ours) or "stock"."""
         argv = ENGINE_CMDS[kind] + [f"--file={self._file('engine')}",
                                     f"--profile-dir={self.profile_dir}",
-                                    f"--log-level={self.log_level}"]
+                                    f"--log-level={self.log_level}", *args]
         return [self._popen(host, argv, f"engine-{host.name}-{i}") for i in range(n)]
 
     def start_sim(self, host: Host, n: int, per_process: int = 512) -> subprocess.Popen:
