@@ -20,7 +20,7 @@ import tempfile
 import time
 from typing import List, Optional, Sequence
 
-from .netbed import Host, NetBed
+from .netbed import Host, Managed, NetBed
 
 ENGINE_CMDS = {
     "broadcast": [sys.executable, "-m", "ipyparallel_broadcast.engine"],
@@ -28,7 +28,7 @@ ENGINE_CMDS = {
 }
 
 
-class BedCluster:
+class BedCluster(Managed):
     """A broadcast controller on ``bed.controller`` and engines on its hosts."""
 
     def __init__(self, bed: NetBed, depth=1, fanout=2, controller_args: Sequence[str] = (),
@@ -40,16 +40,8 @@ class BedCluster:
         self.processes: List[subprocess.Popen] = []
         self.clients = []
 
-    def __enter__(self) -> "BedCluster":
-        try:
-            self.start_controller()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def start(self):
+        self.start_controller()
 
     # ------------------------------------------------------------ processes
     def _log(self, name: str):

@@ -64,7 +64,22 @@ class Host:
         return f"{self.name} ({self.addr})"
 
 
-class NetBed:
+class Managed:
+    """``with`` it: ``start()`` (``close()`` if that fails), then ``close()``."""
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class NetBed(Managed):
     """``hosts`` engine hosts and a controller host on one bridge."""
 
     def __init__(self, hosts: int = 3, controller: bool = True):
@@ -88,17 +103,6 @@ class NetBed:
         except (OSError, subprocess.CalledProcessError, NetBedError) as e:
             return f"iproute2 (ip, tc) is not usable: {e}"
         return None
-
-    def __enter__(self) -> "NetBed":
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def start(self):
         sweep_stale()
