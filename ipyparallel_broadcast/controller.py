@@ -22,7 +22,7 @@ from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
 from .logs import drop_unwritten_levels
-from .hostrelay import HOST_KEY, host_label
+from .hostlink import HOST_KEY, host_label
 from .protocol import PROTOCOL_VERSION, TREE_KEY
 from .records import BroadcastDictDB, BroadcastRecords
 from .schedulers.node import run_node

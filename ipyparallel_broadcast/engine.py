@@ -20,7 +20,7 @@ from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float
 
 from . import compose
 from .compose.host import cluster_key
-from .hostrelay import HOST_KEY, HostLink, Place, host_label
+from .hostlink import HOST_KEY, HostLink, Place, host_label
 from .kernel import BroadcastKernel
 from .protocol import TREE_KEY
 from .topology import TreeShape
