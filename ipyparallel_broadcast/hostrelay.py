@@ -32,7 +32,7 @@ import zmq
 from . import protocol as P
 from .hostlink import Place, _alive
 from .schedulers.node import NodeShell, _socket, run_node
-from .schedulers.routes import host_ident
+from .topology import host_ident
 
 GRACE = 5.0  # seconds a relay with no engine waits for one before it exits
 PROBE_INTERVAL = 0.05  # a restarted relay looks for its engines' reconnections this often

@@ -171,6 +171,16 @@ class Codec:
         msg["buffers"] = list(body[5:])
         return msg
 
+    def content(self, msg: dict) -> dict:
+        """The content of a message unpacked with ``content=False``, parsed."""
+        try:
+            content = self.session.unpack(as_bytes(msg["content"]))
+        except Exception as e:
+            raise ProtocolError(f"unreadable content: {e}") from e
+        if not isinstance(content, dict):
+            raise ProtocolError("content is not a dict")
+        return content
+
     def check_signature(self, body: Sequence) -> None:
         """Verify a raw message's HMAC without parsing it."""
         if len(body) < 5:
@@ -180,6 +190,21 @@ class Codec:
         expected = self.session.sign([as_bytes(f) for f in body[1:5]])
         if not hmac.compare_digest(as_bytes(body[0]), expected):
             raise ProtocolError("invalid signature")
+
+
+def to_engine(uuid: str, key: bytes, inner: Sequence) -> Frames:
+    """A request as a leaf sends it to one engine: idents ``[uuid, key]``."""
+    return [uuid.encode(), key, _DELIM] + list(inner)
+
+
+def with_route(route: Sequence, body: Sequence) -> Frames:
+    """``[*route, DELIM, *body]``: a message body sent back along ``route``."""
+    return list(route) + [_DELIM] + list(body)
+
+
+def record_copy(topic: bytes, ident, body: Sequence) -> Frames:
+    """A copy for the hub's monitor (task records): ``[topic, ident, DELIM, *body]``."""
+    return [topic, ident, _DELIM] + list(body)
 
 
 def request_content(msg_id: str, targets: Sequence[int], reply: str, **extra) -> dict:

@@ -21,6 +21,8 @@ import numpy as np
 from ipyparallel.serialize.canning import CannedArray
 from ipyparallel.serialize.serialize import _restore_buffers
 
+from . import protocol as P
+
 OPS = {  # op -> (NumPy ufunc, Python function)
     "sum": (np.add, operator.add),
     "prod": (np.multiply, operator.mul),
@@ -202,3 +204,34 @@ class Reduction:
 
     def _final(self):
         return self.value[()] if self.sig[-1] is True else self.value
+
+
+# ------------------------------------------------------------ at a relay node
+def fold_reply(reduction: "Reduction", eids, body, codec) -> bool:
+    """Fold an engine's raw reply into ``reduction``. False if the engine's
+    function raised: its reply is then passed up raw, as it came."""
+    try:
+        status = codec.session.unpack(P.as_bytes(body[4])).get("status")
+    except Exception:
+        status = None
+    if status != "ok":
+        return False
+    try:
+        reduction.add(eids, decode_engine(body[5:]))
+    except ValueError as e:
+        reduction.add_error(eids, f"reduce: engine {eids[0]} returned {e}")
+    return True
+
+
+def fold_bundle(reduction: "Reduction", msg: dict, codec) -> tuple:
+    """Fold a child's ``reduced`` bundle (content unparsed) into ``reduction``;
+    return the raw replies of its engines that raised and its failures."""
+    if msg["metadata"].get("kind") != "reduced":
+        raise P.ProtocolError("expected a reduced bundle")
+    try:
+        msg["content"] = codec.session.unpack(P.as_bytes(msg["content"]))
+        state, value, raised, failed = P.reduced_parts(msg)
+        reduction.add_partial(state, value)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise P.ProtocolError(f"bad reduced bundle: {e}") from e
+    return raised, failed

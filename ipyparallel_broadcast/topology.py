@@ -163,6 +163,14 @@ def node_identity(path: Path) -> bytes:
     return b"ipb-node:" + node_name(path).encode()
 
 
+HOST_PREFIX = b"ipb-host:"
+
+
+def host_ident(label: str) -> bytes:
+    """zmq identity a host relay uses on the link to its leaf."""
+    return HOST_PREFIX + label.encode()
+
+
 def render(shape: TreeShape, engine_ids: Iterable[int], hosts=None) -> str:
     """Text picture of the tree and the engines under each leaf; ``hosts``:
     ``{label: (leaf index, engine ids)}``, host relays and their engines."""

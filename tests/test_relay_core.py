@@ -323,7 +323,7 @@ def test_a_traced_request_is_stamped_at_every_node_and_a_survey_fetches_it(strea
             assert sorted(e[2] for e in events if e[0] == "reply in") == sorted(f"engine {e}" for e in served)
     assert all(survey(sim, trace=untraced)[n]["trace"] == [] for n in nodes)  # not traced: nothing kept
     for node in sim.nodes.values():  # finished traces are kept, a bounded number
-        node.traces_kept = 1
+        node.inflight.traces_kept = 1
     sim.request(ENGINES, stream=stream, trace=True)
     assert all(survey(sim, trace=msg_id)[n]["trace"] == [] for n in nodes)
 

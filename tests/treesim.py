@@ -11,8 +11,9 @@ from collections import deque
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.schedulers.core import DOWN, HUB, JOINED, UP, RelayNode
-from ipyparallel_broadcast.schedulers.routes import HOST_PREFIX, host_ident
+from ipyparallel_broadcast.schedulers.core import RelayNode
+from ipyparallel_broadcast.schedulers.events import DOWN, HUB, JOINED, UP
+from ipyparallel_broadcast.topology import HOST_PREFIX, host_ident
 from ipyparallel_broadcast.topology import TreeShape, node_identity
 
 
@@ -195,7 +196,7 @@ class TreeSim:
                 if node.is_leaf:
                     self._engine_receive(path, send.frames)
                 else:
-                    digit = node.children[send.frames[0]]
+                    digit = node.children.key_of(send.frames[0])
                     child = path + (digit,)
                     if self.down_nodes.get(child) == "dead":  # the shell's EHOSTUNREACH
                         self.queue.extend((path, s) for s in node.on_child_lost(digit, "is down"))

@@ -25,8 +25,9 @@ from ipyparallel import util
 
 from .. import protocol as P
 from ..topology import TreeShape, node_identity, node_name
-from .core import DOWN, HUB, JOINED, MON, UP, RelayNode, Send
-from .routes import HOST_PREFIX
+from .core import RelayNode
+from .events import DOWN, HUB, JOINED, MON, UP, Send
+from ..topology import HOST_PREFIX
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -100,36 +101,14 @@ class NodeShell:
         self.handlers = {
             self.up: self.node.on_up,
             self.down: self.node.on_down,
-            self.notifications: self.on_notification,
+            self.notifications: self.node.on_hub,
             self.registrar: self.on_registry,
         }
 
     # --------------------------------------------------------------- events
-    def on_notification(self, frames) -> List[Send]:
-        msg = self._unpack(frames)
-        if msg is None:
-            return []
-        kind, content = msg["header"]["msg_type"], msg["content"]
-        if kind == "registration_notification":
-            return self.node.on_engine_registered(int(content["id"]), content["uuid"])
-        if kind == "unregistration_notification":
-            return self.node.on_engine_lost(content["uuid"], P.DIED)
-        return []
-
     def on_registry(self, frames) -> List[Send]:
         self.lookup_in_flight = False
-        msg = self._unpack(frames)
-        if msg is None or msg["content"].get("status") != "ok":
-            return []
-        engines = {int(k): v for k, v in msg["content"]["engines"].items()}
-        return self.node.on_registry(engines)
-
-    def _unpack(self, frames):
-        try:
-            return self.codec.unpack(P.split_idents(frames)[1])
-        except P.ProtocolError as e:
-            self.log.warning("dropped a hub message: %s", e)
-            return None
+        return self.node.on_hub(frames)
 
     def ask_hub(self):
         if self.registrar is not None and not self.lookup_in_flight:
@@ -165,7 +144,7 @@ class NodeShell:
             return self.node.on_child_lost(peer, "is down (its link is closed)")
         if self.node.is_leaf:
             return self.node.on_engine_lost(peer.decode(), "is not connected")
-        return self.node.on_child_lost(self.node.children[peer], "is down (its link is closed)")
+        return self.node.on_child_lost(self.node.children.key_of(peer), "is down (its link is closed)")
 
     # ------------------------------------------------------------------ loop
     def start(self):

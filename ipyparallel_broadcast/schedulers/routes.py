@@ -12,17 +12,14 @@ learns when its engines can be reached through the whole tree.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple, Union
+from itertools import count
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
+from .. import protocol as P
 from ..topology import Path, TreeShape
+from .events import DOWN, JOINED, UP, Send
 
 Key = Union[int, bytes]  # a child: its digit (a relay node) or its identity (a host relay)
-HOST_PREFIX = b"ipb-host:"
-
-
-def host_ident(label: str) -> bytes:
-    """The zmq identity of a host relay on the link to its leaf."""
-    return HOST_PREFIX + label.encode()
 
 
 class Routes:
@@ -91,3 +88,68 @@ class Routes:
     def announced(self) -> List[int]:
         """Engines this node would announce to a parent that restarted."""
         return sorted(set(self.via) | set(self.learned))
+
+
+class Announcements:
+    """The messages that keep routes: a host relay's engine list (``ipb_host``),
+    announcements up the tree (``ipb_route``), the root's acknowledgement down
+    (``ipb_route_ack``), and who waits on it (engines joining a host relay)."""
+
+    def __init__(self, codec, routes: Routes, is_root: bool, host: Optional[str], boot: str):
+        self.codec, self.routes, self.is_root, self.host = codec, routes, is_root, host
+        self.boot, self._tokens = boot, count()
+        self.joining: Dict[str, list] = {}  # host relay: announcement token -> who joined
+
+    def host_engines(self, engines: Dict[int, str], joining=()) -> List[Send]:
+        """Host relay: tell the leaf all of this host's engines."""
+        token = f"{self.boot}:{next(self._tokens)}"
+        self.joining[token] = list(joining)
+        listed = {str(e): u for e, u in engines.items()}
+        return [Send(UP, self.codec.pack(P.HOST, dict(host=self.host, engines=listed, token=token)))]
+
+    def from_host(self, key: bytes, content: dict) -> Tuple[Dict[int, str], List[Send]]:
+        """Leaf: a host relay's engine list; route them to it and tell the tree."""
+        try:
+            eids = {int(e): u for e, u in content.get("engines").items() if isinstance(u, str)}
+        except (AttributeError, TypeError, ValueError) as e:
+            raise P.ProtocolError(f"bad host engine list: {e}") from e
+        _, gone = self.routes.host_engines(key, eids)
+        return eids, self.up(sorted(eids), gone, key, content.get("token"))
+
+    def up(self, add, remove, host: Optional[bytes] = None, token=None) -> List[Send]:
+        """Tell the parent which engines are under this node now (or gone)."""
+        content = dict(add=add, remove=remove, to=list(self.routes.path),
+                       host=host.decode() if host else None, token=token)
+        if self.is_root:  # nothing above: the route is complete
+            return self.ack(content, {})
+        return [Send(UP, self.codec.pack(P.ROUTE, content))]
+
+    def from_child(self, digit: int, content: dict, idents) -> List[Send]:
+        add, remove = content.get("add"), content.get("remove")
+        if not all(isinstance(x, list) and all(type(e) is int for e in x) for x in (add, remove)):
+            raise P.ProtocolError("route announcement without engine id lists")
+        self.routes.learn(digit, add, remove)
+        if self.is_root:
+            return self.ack(content, idents)
+        return [Send(UP, self.codec.pack(P.ROUTE, content))]
+
+    def ack(self, content: dict, idents) -> List[Send]:
+        """Pass the root's acknowledgement down ``to`` its host relay, which
+        answers the engines that joined (``Send(JOINED, [who, ...])``)."""
+        to, host, depth = content.get("to"), content.get("host"), len(self.routes.path)
+        if self.host:
+            token = content.get("token")
+            joined = self.joining.pop(token, []) if isinstance(token, str) else []
+            return [Send(JOINED, joined)] if joined else []
+        if self.routes.is_leaf:
+            ident = host.encode() if isinstance(host, str) else None
+            if ident not in idents:
+                return []  # an engine gone, or a host relay gone since
+            return [Send(DOWN, [ident] + self.codec.pack(P.ROUTE_ACK, content))]
+        if not isinstance(to, list) or len(to) <= depth or to[depth] not in idents:
+            raise P.ProtocolError(f"route acknowledgement to a bad path {to!r}")
+        return [Send(DOWN, [idents[to[depth]]] + self.codec.pack(P.ROUTE_ACK, content))]
+
+    def again(self, engines: Dict[int, str]) -> List[Send]:
+        """The parent restarted: it hears this node's routes again."""
+        return self.host_engines(engines) if self.host else self.up(self.routes.announced(), [])

@@ -1,0 +1,196 @@
+"""A request in flight at a node, and how its outcomes are packed to go up.
+
+A request is *pending* from dispatch until every target's outcome (a reply
+or a failure) has gone up; ``waiting`` maps each destination (an engine's
+uuid, a child's key, or ``PARKED``) to the engines still owed from it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Set
+
+from .. import protocol as P
+from ..reduction import Reduction
+from .compat import CompatRequest
+from .events import UP, Send
+
+PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
+
+
+@dataclass
+class Pending:
+    key: str
+    msg_id: str
+    stream: bool
+    route: list  # idents replies go up with (at the root: the client's)
+    inner: list  # the request frames engines get (shared by all of them)
+    waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
+    parts: list = field(default_factory=list)  # coalesced so far
+    bundles: list = field(default_factory=list)  # leaf: host relays' bundles, coalesced so far
+    settled: Set[int] = field(default_factory=set)  # leaf: engines a host owed, failed here
+    failed: list = field(default_factory=list)  # coalesced so far
+    compat: Optional[CompatRequest] = None  # root: request from a stock client
+    rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
+    raw: bool = False  # leaf: send engine replies as signed (for a stock client)
+    stock: bool = False  # a stock client's request (no hub records: see ``records``)
+    own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
+    batch: Optional[tuple] = None  # streaming in batches: (count, interval)
+    held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
+    deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
+    reduction: Optional[Reduction] = None  # reduce: what this node combined
+    raised: list = field(default_factory=list)  # reduce: replies of engines that raised
+    trace: Optional[list] = None  # traced request: [event, wall time, detail] at this node
+
+    def request_for(self, sub: List[int], mode) -> tuple:
+        """Content and frames of this request for a child serving ``sub``."""
+        content = P.request_content(self.msg_id, sub, P.STREAM if self.stream else P.COALESCE,
+                                    req=self.key)
+        frames = self.inner
+        if mode:
+            content["compat"] = mode
+        if self.own is not None:  # only this subtree's share goes down
+            content["each"] = [len(self.own[e]) for e in sub]
+            frames = self.inner + [f for e in sub for f in self.own.pop(e)]
+        if self.batch:
+            content["batch"] = list(self.batch)
+        if self.reduction is not None:
+            content["reduce"] = self.reduction.op
+        if self.trace is not None:
+            content["trace"] = True
+        return content, frames
+
+
+def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> List[Send]:
+    """Outcomes going up: one bundle, or stock replies for a stock client."""
+    if p.reduction is not None:
+        state, frames = p.reduction.state()
+        body = P.pack_reduced(codec, p.key, p.msg_id, state, frames, p.raised, failed)
+        return [Send(UP, P.with_route(p.route, body))]
+    if p.bundles and kind == "engines":  # a leaf with host relays: its own engines nest too
+        parts = ([own_bundle(codec, p, parts)] if parts else []) + p.bundles
+        kind = "bundles"
+    if p.compat is not None:
+        return [Send(UP, P.with_route(p.route, b)) for b in p.compat.replies(codec, kind, parts, failed)]
+    if kind == "engines" and not p.raw:
+        body = P.pack_replies(codec, p.key, p.msg_id, parts, failed, eids)
+    else:
+        body = P.pack_bundle(codec, p.key, p.msg_id, kind, parts, failed, eids)
+    return [Send(UP, P.with_route(p.route, body))]
+
+
+def own_bundle(codec: P.Codec, p: Pending, parts):
+    """A leaf's direct engines' replies as one nested bundle (parsed, for a
+    stock client's root)."""
+    if p.raw:
+        body = P.pack_bundle(codec, p.key, p.msg_id, "engines", parts, [])
+    else:
+        body = P.pack_replies(codec, p.key, p.msg_id, parts, [])
+    return codec.unpack(body) if p.compat is not None else body
+
+
+class InFlight:
+    """A node's pending requests: outcomes recorded, batched, packed and sent
+    up, and each request dropped once every target's outcome has gone up.
+    Finished traced requests' events are kept for surveys (``traces``)."""
+
+    traces_kept = 64  # finished traced requests whose events a survey can still fetch
+
+    def __init__(self, codec: P.Codec, kind: str, batches: bool, clock, wall):
+        self.codec, self.kind, self.batches, self.clock, self.wall = codec, kind, batches, clock, wall
+        self.requests: Dict[str, Pending] = {}
+        self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
+        self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
+
+    def stamp(self, p: Pending, event: str, detail=None):
+        if p.trace is not None:
+            p.trace.append([event, self.wall(), detail])
+
+    def trace_of(self, msg_id) -> list:
+        events = self.traces.get(msg_id)
+        if events is None:  # still in flight
+            events = next((p.trace for p in self.requests.values() if p.msg_id == msg_id), None)
+        return list(events or [])
+
+    def record_failures(self, p: Pending, failed) -> List[Send]:
+        if not failed:
+            return []
+        if p.stream:
+            return self.emit(p, [], failed, [f[0] for f in failed])
+        p.failed.extend(failed)
+        return []
+
+    def fail_dest(self, dest, failure: Callable[[int], list]) -> List[Send]:
+        """Every request waiting on ``dest``: its engines there fail."""
+        sends = []
+        for p in list(self.requests.values()):
+            eids = p.waiting.pop(dest, None)
+            if eids:
+                sends += self.record_failures(p, [failure(e) for e in sorted(eids)]) + self.finish_if_done(p)
+        return sends
+
+    def fail_via(self, host: bytes, eid: int, failure: list) -> List[Send]:
+        """Fail one engine that a host relay owes, here (the relay may still
+        answer for it later: that outcome then comes twice, and is tolerated)."""
+        sends = []
+        for p in list(self.requests.values()):
+            owed = p.waiting.get(host)
+            if owed and eid in owed:
+                owed.discard(eid)
+                if not owed:
+                    del p.waiting[host]
+                p.settled.add(eid)
+                sends += self.record_failures(p, [failure]) + self.finish_if_done(p)
+        return sends
+
+    def finish_if_done(self, p: Pending) -> List[Send]:
+        if p.waiting or self.requests.get(p.key) is not p:
+            return []
+        del self.requests[p.key]
+        self.parked.discard(p.key)
+        sends = self.flush(p) if p.stream else self.deliver(p, p.parts, p.failed, None)
+        if p.trace is not None:
+            self.traces[p.msg_id] = p.trace
+            while len(self.traces) > self.traces_kept:
+                self.traces.popitem(last=False)
+        return sends
+
+    def emit(self, p: Pending, parts, failed, eids) -> List[Send]:
+        """Streaming: send outcomes up now, or hold them for the leaf's batch."""
+        if not (self.batches and p.batch):
+            return self.deliver(p, parts, failed, eids)
+        for held, new in zip(p.held, (parts, failed, eids)):
+            held.extend(new)
+        count_, interval = p.batch
+        if len(p.held[2]) >= count_:
+            return self.flush(p)
+        if p.deadline is None and interval is not None:
+            p.deadline = self.clock() + interval
+        return []
+
+    def flush(self, p: Pending) -> List[Send]:
+        parts, failed, eids = p.held
+        p.held, p.deadline = [[], [], []], None
+        return self.deliver(p, parts, failed, sorted(eids)) if eids else []
+
+    def due(self, now) -> List[Send]:
+        """Batches whose interval is over."""
+        return [s for p in list(self.requests.values())
+                if p.deadline is not None and p.deadline <= now for s in self.flush(p)]
+
+    def next_deadline(self) -> Optional[float]:
+        return min((p.deadline for p in self.requests.values() if p.deadline is not None), default=None)
+
+    def deliver(self, p: Pending, parts, failed, eids, kind=None) -> List[Send]:
+        """Send outcomes up: a bundle, or stock replies to a stock client."""
+        sends = pack_up(self.codec, p, parts, failed, eids, kind or self.kind)
+        self.stamp(p, "reply out", len(parts) + len(failed))
+        return sends
+
+    def forward(self, p: Pending, msg: dict, body: list) -> List[Send]:
+        """Pass a child's streamed bundle up unchanged."""
+        self.stamp(p, "reply out", "forwarded")
+        if p.compat is not None:
+            return self.deliver(p, [msg], [], None, "bundles")
+        return [Send(UP, P.with_route(p.route, body))]
