@@ -47,6 +47,19 @@ def running_cluster(n, depth, fanout, config=None, **kwargs):
             os.environ.pop("IPP_CLUSTER_ID", None)
 
 
+@contextlib.contextmanager
+def terminal_shell():
+    """An IPython shell for magics (``%px``), cleared afterwards."""
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    config = Config()
+    config.TerminalInteractiveShell.simple_prompt = True
+    try:
+        yield TerminalInteractiveShell.instance(config=config)
+    finally:
+        TerminalInteractiveShell.clear_instance()
+
+
 DIAGNOSES = []
 
 

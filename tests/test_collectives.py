@@ -21,7 +21,7 @@ import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.reduction import OPS
 
-from cluster_util import running_cluster
+from cluster_util import running_cluster, terminal_shell
 
 SHAPES = [(4, 0, 2), (6, 1, 2), (8, 2, 2)]
 MODES = [True, False, ipb.Batch(2, 0.02)]
@@ -282,14 +282,9 @@ def test_auto_mode_rule(rc):
 # ------------------------------------------------------ magics and datapub
 @pytest.fixture(scope="module")
 def shell(tmp_path_factory):
-    from IPython.terminal.interactiveshell import TerminalInteractiveShell
-    from traitlets.config import Config
-
     os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
-    config = Config()
-    config.TerminalInteractiveShell.simple_prompt = True
-    yield TerminalInteractiveShell.instance(config=config)
-    TerminalInteractiveShell.clear_instance()
+    with terminal_shell() as shell:
+        yield shell
 
 
 def out_lines(text):

@@ -7,6 +7,7 @@ it and must not skip (``CI=true`` turns a skip into a failure).
 """
 
 import os
+import re
 import signal
 
 import numpy as np
@@ -16,7 +17,7 @@ from ipyparallel import error
 from ipyparallel_broadcast.tools.bedcluster import BedCluster
 from ipyparallel_broadcast.tools.netbed import NetBed
 
-from cluster_util import until
+from cluster_util import terminal_shell, until
 
 PER_HOST = 3
 MODES = [True, False]
@@ -127,6 +128,36 @@ def test_a_killed_host_relay_fails_its_engines_by_name_and_comes_back(bed, coale
           what="the host's engines to start its relay again")
     until(lambda: relays(rc)[label]["engines"] == PER_HOST, what="the engines to be back")
     assert rc.broadcast_view(victim["eids"]).apply_sync(lambda: 5) == [5] * PER_HOST
+
+
+@pytest.fixture
+def shell(tmp_path):
+    os.environ["IPYTHONDIR"] = str(tmp_path / "ipython")
+    with terminal_shell() as shell:
+        yield shell
+
+
+def test_curve_on_every_link_stock_engines_beside_ours_and_px(shell):
+    """CurveZMQ on: the hosts' links and the host relays' local links are
+    encrypted too. Stock ipengines on one host reach the controller-side leaves
+    beside our engines (behind their relay) on another; ``%px`` reaches all."""
+    from IPython.utils.io import capture_output
+
+    if NetBed.available():
+        pytest.skip(NetBed.available())  # the module fixture already failed under CI
+    with NetBed(hosts=2) as bed, BedCluster(bed, controller_args=["--IPController.enable_curve=True"]) as cluster:
+        cluster.start_engines(bed.hosts[0], 2)
+        cluster.start_engines(bed.hosts[1], 2, kind="stock")
+        rc = cluster.client(wait_for=4)
+        found = relays(rc)
+        assert len(found) == 1 and next(iter(found.values()))["engines"] == 2
+        for coalescing in MODES:
+            view = rc.broadcast_view(coalescing=coalescing, block=True)
+            assert view.apply_sync(lambda: 1) == [1] * 4
+        view.activate("_bed")
+        with capture_output(display=False) as io:
+            shell.run_cell_magic("px_bed", "--no-stream", "import os; print('pid', os.getpid())")
+        assert len(re.findall(r"pid (\d+)", io.stdout)) == 4
 
 
 def label_of(bed, host):
