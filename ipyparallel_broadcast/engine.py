@@ -20,10 +20,9 @@ from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float
 
 from . import compose
 from .compose.host import cluster_key
-from .hostlink import HOST_KEY, HostLink, Place, host_label
+from .hostlink import HOST_KEY, HostLink, host_label
 from .kernel import BroadcastKernel
 from .protocol import TREE_KEY
-from .topology import TreeShape
 from .logs import drop_unwritten_levels
 
 ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]
@@ -99,18 +98,11 @@ class BroadcastEngine(IPEngine):
         content = self.session.unpack(self.session.feed_identities(msg)[1][4])
         if content.get("status") != "ok":
             return connect  # ipyparallel reports the refusal
-        info, eid, uuid = self.connection_info, content["id"], self.bident.decode()
-        leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]
-        tree = TreeShape(info[TREE_KEY]["depth"], info[TREE_KEY]["fanout"])
-        place = Place(self.session.key, host_label(), curve=bool(self.curve_serverkey))
-        link = self.host_link = HostLink(dict(
-            key=self.session.key.decode(), signature_scheme=self.session.signature_scheme,
-            packer=self.session.packer, unpacker=self.session.unpacker, host=place.label,
-            depth=tree.depth, fanout=tree.fanout, down_url=place.down_url, log_level=self.log_level,
-            curve_serverkey=self.curve_serverkey.decode() if self.curve_serverkey else None,
-        ), place)
-        index = link.leaf_index(eid % len(leaves))
-        link.spec.update(path=list(tree.leaf_path(index)), up_url=leaves[index])
+        eid, uuid = content["id"], self.bident.decode()
+        link = self.host_link = HostLink.from_connection(
+            self.connection_info, self.session, host_label(), self.curve_serverkey, self.log_level)
+        link.attach(eid)
+        place, leaves = link.place, link.leaves
         await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)
         atexit.register(link.leave, uuid)
         self.log.info("broadcasts reach this engine through the relay of host %s", place.label)

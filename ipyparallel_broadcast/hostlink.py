@@ -75,6 +75,32 @@ class HostLink:
         self.spec, self.place = spec, place  # spec: the relay's, less its leaf
         os.makedirs(place.joins, mode=0o700, exist_ok=True)
         self.stopped = threading.Event()
+        self.watching = False
+
+    @classmethod
+    def from_connection(cls, info: dict, session, label: str, curve_serverkey=None,
+                        log_level=30) -> "HostLink":
+        """The link of an engine whose engine connection file is ``info``."""
+        from .protocol import TREE_KEY
+
+        place = Place(session.key, label, curve=bool(curve_serverkey))
+        link = cls(dict(
+            key=session.key.decode(), signature_scheme=session.signature_scheme,
+            packer=session.packer, unpacker=session.unpacker, host=label,
+            depth=info[TREE_KEY]["depth"], fanout=info[TREE_KEY]["fanout"],
+            down_url=place.down_url, log_level=log_level,
+            curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
+        ), place)
+        link.leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]
+        return link
+
+    def attach(self, eid: int):
+        """Place the relay under its leaf: the one the host's first engine picked."""
+        from .topology import TreeShape
+
+        index = self.leaf_index(eid % len(self.leaves))
+        path = TreeShape(self.spec["depth"], self.spec["fanout"]).leaf_path(index)
+        self.spec.update(path=list(path), up_url=self.leaves[index])
 
     def leaf_index(self, proposed: int) -> int:
         """The leaf this host's relay hangs under: the first engine's choice, kept."""
@@ -130,7 +156,7 @@ class HostLink:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.place.public, public, secret
             sock.connect(self.place.join_url)
             try:
-                sock.send_multipart(codec.pack(P.JOIN, dict(eid=eid, uuid=uuid)))
+                sock.send_multipart(codec.pack(P.JOIN, dict(eid=eid, uuid=uuid, pid=os.getpid())))
                 if sock.poll(1000):
                     msg = codec.unpack(P.split_idents(sock.recv_multipart())[1])
                     if msg["header"].get("msg_type") == P.JOINED:
@@ -140,7 +166,9 @@ class HostLink:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the host relay of {self.place.label} did not take engine {eid} "
                                    f"in {timeout:g} s; see {self.place.log_path}")
-        threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()
+        if not self.watching:
+            self.watching = True
+            threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()
 
     def _watch(self):
         while not self.stopped.is_set():  # blocks while a relay holds the lock

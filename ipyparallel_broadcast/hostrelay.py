@@ -67,6 +67,8 @@ class HostRelayShell(NodeShell):
         # each is announced once a probe shows it connected
         self.expected = {e["uuid"]: e for e in self.joined_engines()}
         self.next_probe: Optional[float] = time.monotonic() if self.expected else None
+        self.pids: dict = {}  # uuid -> the pid of the engine's process
+        self.next_check = time.monotonic() + GRACE
 
     def probe(self):
         """Announce the expected engines that are connected again (a send to
@@ -81,13 +83,26 @@ class HostRelayShell(NodeShell):
                     del self.expected[uuid]
                 continue
             del self.expected[uuid]
+            self.pids[uuid] = engine.get("pid")
             self.perform(self.node.on_join(engine["eid"], uuid))
         self.next_probe = time.monotonic() + PROBE_INTERVAL if self.expected else None
 
     def on_tick(self):
-        if self.next_probe is not None and self.next_probe <= time.monotonic():
+        now = time.monotonic()
+        if self.next_probe is not None and self.next_probe <= now:
             self.probe()
+        if self.next_check <= now:
+            self.check_engines()
         super().on_tick()
+
+    def check_engines(self):
+        """Engines whose process is gone are lost, even if nobody tells us
+        (the controller may be gone too): the last one out stops the relay."""
+        self.next_check = time.monotonic() + GRACE
+        for uuid, pid in list(self.pids.items()):
+            if pid is not None and not _alive(pid):
+                del self.pids[uuid]
+                self.perform(self.node.on_engine_lost(uuid, P.DIED))
 
     def joined_engines(self):
         """The join files of engines that are still alive."""
@@ -108,7 +123,9 @@ class HostRelayShell(NodeShell):
         content = msg["content"]
         if msg["header"].get("msg_type") != P.JOIN or type(content.get("eid")) is not int \
                 or not isinstance(content.get("uuid"), str):
-            raise P.ProtocolError("expected ipb_join {eid, uuid}")
+            raise P.ProtocolError("expected ipb_join {eid, uuid, pid}")
+        pid = content.get("pid")
+        self.pids[content["uuid"]] = pid if type(pid) is int else None
         return self.node.on_join(content["eid"], content["uuid"], who=list(idents))
 
     def on_joined(self, who):
@@ -127,7 +144,7 @@ class HostRelayShell(NodeShell):
         return True
 
     def next_deadline(self):
-        times = [t for t in (self.node.next_deadline(), self.next_probe) if t is not None]
+        times = [t for t in (self.node.next_deadline(), self.next_probe, self.next_check) if t is not None]
         if self.empty_since is not None:
             times.append(self.empty_since + GRACE + 0.01)
         return min(times, default=None)

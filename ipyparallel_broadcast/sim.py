@@ -10,8 +10,11 @@ Each simulated engine does what an engine does on the wire, and no more:
   replies (``reply_bytes`` of result, after ``delay`` seconds), and publishes
   the IOPub ``idle`` status clients wait for, except where our BroadcastView
   asks for outputs in the reply (as our engines do, see ``kernel``).
-The task queue and control channel are not connected (no load balancing,
-abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall
+With ``hosts=True`` each process is a host of its own: it runs a host relay
+(``hostrelay``; labelled ``<host>-sim<k>``, so that processes on one machine are
+told apart) and its engines reach the tree through it, as real engines on
+another host do. The task queue and control channel are not connected (no load
+balancing, abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall
 silent: it stops answering and beating, so the hub declares it dead.
 
     python -m ipyparallel_broadcast.sim ENGINE_CONNECTION_FILE --engines 1024
@@ -29,7 +32,7 @@ import threading
 import uuid as uuidlib
 from datetime import datetime, timezone
 from itertools import count as counter
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import zmq
 import zmq.asyncio
@@ -37,6 +40,7 @@ from ipyparallel.serialize import serialize_object
 from jupyter_client.session import Session
 
 from . import protocol as P
+from .hostlink import host_label
 
 log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
@@ -83,8 +87,14 @@ class SimEngine:
 class SimProcess:
     """K simulated engines on one asyncio loop (runs in its own process)."""
 
-    def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0):
+    def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0,
+                 host: Optional[str] = None):
         self.info, self.count, self.delay = info, count, delay
+        self.link = None
+        if host is not None:  # this process is a host: its engines are behind its relay
+            from .hostlink import HostLink
+
+            self.link = HostLink.from_connection(info, session_from(info), host)
         self.session = session_from(info)
         self.ctx = zmq.asyncio.Context()
         self.ctx.MAX_SOCKETS = 4 * count + 64
@@ -112,7 +122,13 @@ class SimProcess:
         engine.id = int(reply["id"])
         leaves = self.info["broadcast"]
         engine.shell.connect(self.url(self.info["mux"]))
-        engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
+        if self.link is None:
+            engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
+        else:  # joined once the whole tree routes to it, as a real engine does
+            self.link.attach(engine.id)
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.link.join, engine.id, engine.uuid, self.session)
+            engine.shell.connect(self.link.place.down_url)
         engine.heart.connect(self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
         engine.task = asyncio.ensure_future(self.serve(engine))
@@ -137,6 +153,8 @@ class SimProcess:
     async def serve(self, engine: SimEngine):
         while engine.alive:
             frames = await engine.shell.recv_multipart(copy=False)
+            if P.as_bytes(frames[-1]) == P.PROBE:  # a restarted host relay looking for us
+                continue
             try:
                 idents, body = P.split_idents(frames)
                 parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])
@@ -209,9 +227,9 @@ class SimProcess:
                 break
 
 
-def _run_process(info, count, reply_bytes, delay, conn):
+def _run_process(info, count, reply_bytes, delay, host, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(SimProcess(info, count, reply_bytes, delay).main(conn))
+    asyncio.run(SimProcess(info, count, reply_bytes, delay, host).main(conn))
 
 
 class SimEngines:
@@ -222,10 +240,10 @@ class SimEngines:
     """
 
     def __init__(self, connection_file: str, n: int, per_process: int = 512,
-                 reply_bytes: int = 0, delay: float = 0.0):
+                 reply_bytes: int = 0, delay: float = 0.0, hosts: bool = False):
         with open(connection_file) as f:
             self.info = json.load(f)
-        self.n, self.per_process = n, per_process
+        self.n, self.per_process, self.hosts = n, per_process, hosts
         self.reply_bytes, self.delay = reply_bytes, delay
         self.processes: List[tuple] = []  # (process, pipe, engine ids)
 
@@ -234,8 +252,9 @@ class SimEngines:
         while left > 0:
             count = min(left, self.per_process)
             here, there = multiprocessing.Pipe()
+            host = f"{host_label()}-sim{len(self.processes)}" if self.hosts else None
             proc = multiprocessing.Process(
-                target=_run_process, args=(self.info, count, self.reply_bytes, self.delay, there),
+                target=_run_process, args=(self.info, count, self.reply_bytes, self.delay, host, there),
                 daemon=True, name=f"SimEngines({count})",
             )
             proc.start()
@@ -288,8 +307,11 @@ def main(argv=None):
     parser.add_argument("--per-process", type=int, default=512)
     parser.add_argument("--reply-bytes", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--hosts", action="store_true",
+                        help="each process is a host, with its own host relay")
     args = parser.parse_args(argv)
-    farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes, args.delay)
+    farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes,
+                      args.delay, args.hosts)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print(f"{len(farm.start())} simulated engines registered; Ctrl-C stops them", flush=True)

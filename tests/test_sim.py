@@ -7,6 +7,7 @@ import os
 import tempfile
 import time
 
+import psutil
 import pytest
 from ipyparallel import error
 
@@ -70,3 +71,30 @@ def test_one_simulated_engine_killed_on_demand(farm):
     view = rc.broadcast_view()
     assert len(view.apply_sync(lambda: 1)) == N - 1
     assert victim not in sim.ids
+
+
+def test_simulated_hosts_each_run_a_host_relay():
+    """``hosts=True``: each simulated process is a host with its own relay, on
+    the same path as real engines on another host."""
+    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
+        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir,
+                              config=quiet_config(), log_level=40)
+        cluster.start_controller_sync()
+        rc = cluster.connect_client_sync()
+        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        sim = SimEngines(engine_file, 12, per_process=4, reply_bytes=10, hosts=True)
+        try:
+            sim.start(timeout=120)
+            rc.wait_for_engines(12, timeout=120)
+            for coalescing in (True, False):
+                assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
+            relays = [n for n in rc.broadcast_stats() if n.get("host")]
+            assert len(relays) == 3 and sorted(e for n in relays for e in n["eids"]) == rc.ids
+            assert sorted(len(n["eids"]) for n in relays) == [4, 4, 4]
+            rc.close()
+        finally:
+            sim.stop()
+            cluster.stop_cluster_sync()
+        # the last engine out stops its relay, though nobody is left to tell it
+        until(lambda: not any(psutil.pid_exists(n["pid"]) for n in relays), timeout=60,
+              what="the host relays to exit once their engines are gone")
