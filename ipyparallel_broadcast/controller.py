@@ -52,6 +52,12 @@ class BroadcastController(IPController):
         help="Engines the tree is sized for when depth or fanout is 'auto' "
         "(ipcluster and ipyparallel_broadcast.Cluster pass their engine count).",
     )
+    hosts = Integer(
+        1, config=True,
+        help="Engine hosts the tree is sized for when depth or fanout is 'auto'. Engines on "
+        "hosts other than the controller's reach it through one host relay per host "
+        "(see hostrelay), so the controller-side leaves serve hosts, not engines.",
+    )
     ping_interval = Float(0.5, config=True, help="Seconds between a relay node's pings to its children.")
     node_timeout = Float(
         10.0, config=True,
@@ -94,10 +100,14 @@ class BroadcastController(IPController):
             from .compose.host import cpu_count
 
             fixed = [None if v == "auto" else v for v in (self.depth, self.fanout)]
-            shape = auto_shape(self.engines, cpu_count(), *fixed)
+            # engines on other hosts sit behind one relay a host: the leaves serve hosts
+            served = self.hosts if self.hosts > 1 else self.engines
+            shape = auto_shape(served, cpu_count(), *fixed)
             self.auto_inputs = dict(engines=self.engines, cores=cpu_count())
-            self.log.info("Broadcast tree 'auto' for %i engines on %i cores: depth=%i fanout=%i",
-                          self.engines, cpu_count(), shape.depth, shape.fanout)
+            if self.hosts > 1:
+                self.auto_inputs["hosts"] = self.hosts
+            self.log.info("Broadcast tree 'auto' for %i %s on %i cores: depth=%i fanout=%i", served,
+                          "hosts" if self.hosts > 1 else "engines", cpu_count(), shape.depth, shape.fanout)
             self.depth, self.fanout = shape.depth, shape.fanout
         return TreeShape(self.depth, self.fanout)
 

@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -125,3 +126,15 @@ def test_auto_shape_follows_the_engine_count_and_the_cores():
     assert auto_shape(1024, 2).depth == 0  # as the 2-core sweep measured: no core to spare for relays
     assert auto_shape(4096, 64).depth == 2  # many cores, many engines: a deeper tree
     assert auto_shape(256, 16).n_leaves > auto_shape(256, 2).n_leaves  # cores for more leaves
+
+
+@pytest.mark.parametrize("hosts", [1, 16])
+def test_auto_tree_serves_hosts_when_engines_are_behind_host_relays(hosts):
+    """With engines on many hosts (one relay each), the controller-side leaves
+    serve hosts: 'auto' sizes the tree for the hosts, not the engines."""
+    from ipyparallel_broadcast.compose.host import cpu_count
+    from ipyparallel_broadcast.controller import BroadcastController
+
+    controller = BroadcastController(depth="auto", fanout="auto", engines=4096, hosts=hosts)
+    assert controller.shape == auto_shape(4096 if hosts == 1 else hosts, cpu_count())
+    assert controller.auto_inputs.get("hosts") == (hosts if hosts > 1 else None)
