@@ -12,7 +12,10 @@ import signal
 
 import numpy as np
 import pytest
+import ipyparallel as ipp
 from ipyparallel import error
+
+import ipyparallel_broadcast as ipb
 
 from ipyparallel_broadcast.tools.bedcluster import BedCluster
 from ipyparallel_broadcast.tools.netbed import NetBed
@@ -20,7 +23,8 @@ from ipyparallel_broadcast.tools.netbed import NetBed
 from cluster_util import terminal_shell, until
 
 PER_HOST = 3
-MODES = [True, False]
+MODES = [True, False, ipb.Batch(2)]
+MODE_IDS = ["coalescing", "streaming", "batch2"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +66,7 @@ def test_one_copy_of_a_push_crosses_each_host_link(bed):
     assert all(data.nbytes <= r < 1.1 * data.nbytes for r in received), received
 
 
-@pytest.mark.parametrize("coalescing", MODES, ids=["coalescing", "streaming"])
+@pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
 def test_every_operation_through_host_relays(bed, coalescing):
     rc = bed.rc
     view = rc.broadcast_view(coalescing=coalescing)
@@ -75,7 +79,7 @@ def test_every_operation_through_host_relays(bed, coalescing):
     view.scatter("part", list(range(3 * len(rc.ids))), block=True)
     assert view.gather("part", block=True) == list(range(3 * len(rc.ids)))
     assert view.map_sync(lambda x: x * x, range(20)) == [x * x for x in range(20)]
-    if coalescing:
+    if coalescing is True:
         assert view.reduce(lambda: 2, op="sum", block=True) == 2 * len(rc.ids)
     targets = rc.ids[1::2]
     assert rc.broadcast_view(targets, coalescing=coalescing).apply_sync(lambda: 1) == [1] * len(targets)
@@ -110,7 +114,19 @@ def _gate_until(path):
     return os.getpid()
 
 
-@pytest.mark.parametrize("coalescing", MODES, ids=["coalescing", "streaming"])
+@pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", "streaming"])
+def test_stock_clients_broadcast_view_through_host_relays(bed, coalescing):
+    """ipyparallel's own BroadcastView (a stock client) through our tree and
+    its host relays: replies as the engines signed them, in target order."""
+    rc = ipp.Client(bed._file("client"))
+    try:
+        view = rc.broadcast_view(is_coalescing=coalescing)
+        assert view.apply_sync(lambda x: x * 2, 4) == [8] * len(rc.ids)
+    finally:
+        rc.close()
+
+
+@pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
 def test_a_killed_host_relay_fails_its_engines_by_name_and_comes_back(bed, coalescing, tmp_path):
     rc = bed.rc
     label, victim = sorted(relays(rc).items())[0]
