@@ -39,6 +39,19 @@ def commit() -> str:
     return sha + (" (with uncommitted changes)" if dirty else "")
 
 
+def report(script: str, argv, title: str, lines, out=None) -> str:
+    """Print a result file's text, headed by its title, command and commit;
+    write it to ``out`` too."""
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    text = "\n".join([f"# {title}", "", f"Command: `python benchmarks/{script} {args}`",
+                       f"Commit: {commit()}", "", *lines]) + "\n"
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+    return text
+
+
 def measure(layout, args) -> dict:
     n = args.hosts * args.per_host
     data = np.zeros(int(args.push_mb * 2**20), dtype=np.uint8)
@@ -84,11 +97,6 @@ def main(argv=None):
     results = {layout: measure(layout, args) for layout in LAYOUTS}
     n = args.hosts * args.per_host
     lines = [
-        f"# Across hosts: {n} engines on {args.hosts} hosts, {args.push_mb:g} MB push",
-        "",
-        f"Command: `python benchmarks/multihost.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
-        f"Commit: {commit()}",
-        "",
         f"NetBed (network namespaces, one core pair for everything); tree depth {args.depth}, "
         f"fan-out {args.fanout}; links {args.rate or 'unlimited'}; medians of {args.reps} rounds.",
         "",
@@ -101,11 +109,8 @@ def main(argv=None):
                 continue  # DirectView does not use the tree: measured once
             lines.append(f"| {layout} | {view} | {m['bytes'] / 1e6:.2f} | {m['push'] * 1e3:.0f} | "
                          f"{m['echo'] * 1e3:.1f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    report("multihost.py", argv, f"Across hosts: {n} engines on {args.hosts} hosts, {args.push_mb:g} MB push",
+           lines, args.out)
 
 
 if __name__ == "__main__":

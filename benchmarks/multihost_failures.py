@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from multihost import commit  # noqa: E402
+from multihost import report  # noqa: E402
 
 from ipyparallel_broadcast.tools.bedcluster import BedCluster  # noqa: E402
 from ipyparallel_broadcast.tools.netbed import NetBed  # noqa: E402
@@ -113,11 +113,6 @@ def main(argv=None):
             rows.append((f"host link down mid-call, {mode}", link_down(bed, rc, host, coalescing, gate), None, 1))
     n = args.hosts * args.per_host
     lines = [
-        f"# Failures across hosts: {n} engines on {args.hosts} hosts",
-        "",
-        f"Command: `python benchmarks/multihost_failures.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
-        f"Commit: {commit()}",
-        "",
         "NetBed; controller defaults (heartbeats 0.8 s x 3, node_timeout 10 s); seconds from the kill "
         "or the cut.",
         "",
@@ -126,11 +121,8 @@ def main(argv=None):
     ]
     for what, done, back, runs in rows:
         lines.append(f"| {what} | {done:.2f} | {'-' if back is None else f'{back:.2f}'} | {runs} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    report("multihost_failures.py", argv, f"Failures across hosts: {n} engines on {args.hosts} hosts",
+           lines, args.out)
 
 
 if __name__ == "__main__":
