@@ -79,6 +79,7 @@ HOST, LOST = "ipb_host", "ipb_lost"  # host relay <-> leaf: its engines; an engi
 ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowledged down
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
 PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
+DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): it exits
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a host relay's bundle of its engines' replies, for the records
 COALESCE, STREAM = "coalesce", "stream"

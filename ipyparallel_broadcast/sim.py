@@ -155,6 +155,9 @@ class SimProcess:
             frames = await engine.shell.recv_multipart(copy=False)
             if P.as_bytes(frames[-1]) == P.PROBE:  # a restarted host relay looking for us
                 continue
+            if len(frames) > 3 and P.DROPPED.encode() in P.as_bytes(frames[3]):  # the hub dropped it
+                self.kill(engine.id)
+                return
             try:
                 idents, body = P.split_idents(frames)
                 parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])

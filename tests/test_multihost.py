@@ -202,7 +202,13 @@ def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_p
             assert isinstance(r, int), r
     live = [e for e in rc.ids if e not in cut]
     assert rc.broadcast_view(live).apply_sync(lambda: 3) == [3] * len(live)
-    bed.bed.set_link(host, True)
     until(lambda: not set(cut) & set(rc.ids), what="the hub to drop the cut-off engines")
-    until(lambda: all(n["pending"] == 0 for n in rc.broadcast_stats()), what="no request left pending")
+    bed.bed.set_link(host, True)
+    # the relay hears they were dropped and tells them; they exit, and so does it
+    until(lambda: not bed.bed.pids(host), what="the cut-off host's engines and relay to exit")
+    def nothing_left():  # no request pending, and no leaf keeps the host
+        nodes = rc.broadcast_stats()
+        return all(n.get("pending") == 0 and label not in (n.get("hosts") or ()) for n in nodes)
+
+    until(nothing_left, what="nothing left of the cut-off host at the controller")
     assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)

@@ -115,7 +115,11 @@ class TreeSim:
     # -- engines ------------------------------------------------------------
     def _engine_receive(self, leaf_path, frames):
         uuid = P.as_bytes(frames[0]).decode()
-        eid = next(e for e, u in self.engines.items() if u == uuid)
+        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        if eid is None:  # a dead engine: the shell's EHOSTUNREACH
+            node = self.nodes[leaf_path]
+            self.queue.extend((leaf_path, s) for s in node.on_engine_lost(uuid, "is not connected"))
+            return
         self.engine_inbox[eid].append(frames)
         if eid in self.hold:
             self.held.setdefault(eid, []).append((leaf_path, frames))

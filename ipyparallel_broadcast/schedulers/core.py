@@ -134,7 +134,10 @@ class RelayNode:
                 self.routes.host_lost_engine(eid)
         code = P.DIED if why == P.DIED else P.UNREACHABLE
         if host is None or host not in self.children:
-            return self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
+            sends = self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
+            if self.host and why == P.DIED:  # alive, maybe, but the hub will not take it back
+                sends.append(Send(DOWN, [uuid.encode()] + self.codec.pack(P.DROPPED, {})))
+            return sends
         sends = [Send(DOWN, [host] + self.codec.pack(P.LOST, dict(uuid=uuid, why=why)))]
         if why == P.DIED:
             sends += self.announce.up([], [eid])
@@ -156,7 +159,10 @@ class RelayNode:
         child = self.children.phrase(key)
         sends = self.surveys.child_lost(key, self.children.names.get(key, repr(key)),
                                         f"{child[0].lower()}{child[1:]} {why}")
-        return sends + self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
+        sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
+        if isinstance(key, bytes) and key not in self.routes.via.values():
+            self.children.forget(key)  # a host relay gone, with no engine routed to it
+        return sends
 
     def on_tick(self) -> List[Send]:
         """Time passed: send up batches whose interval is over; ping children."""
@@ -196,8 +202,6 @@ class RelayNode:
         sends = []
         for key in self.children.silent(now):
             sends += self.on_child_lost(key, f"has not answered for {self.node_timeout:g} s")
-            if isinstance(key, bytes) and key not in self.routes.via.values():
-                self.children.forget(key)  # a host relay gone, with no engine routed to it
         ping = self.codec.pack(P.PING, dict(boot=self.boot))
         sends += [Send(DOWN, [ident] + ping) for ident in self.children.idents.values()]
         self.children.after_pings()

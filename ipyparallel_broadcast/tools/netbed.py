@@ -146,6 +146,10 @@ class NetBed(Managed):
         kwargs.setdefault("start_new_session", True)
         return subprocess.Popen(["ip", "netns", "exec", host.netns] + list(argv), **kwargs)
 
+    def pids(self, host: Host) -> List[int]:
+        """The processes running in ``host``'s namespace."""
+        return [int(p) for p in _ip("netns", "pids", host.netns, check=False).split()]
+
     def link_bytes(self, host: Host) -> Tuple[int, int]:
         """Bytes (into, out of) ``host`` over its link so far."""
         stats = f"/sys/class/net/{host.veth}/statistics"
