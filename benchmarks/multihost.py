@@ -34,8 +34,8 @@ LAYOUTS = {"host relays": [], "controller-side tree": ["--BroadcastEngine.host_r
 def commit() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
+                           cwd=here, capture_output=True, text=True).stdout.strip()  # results are outputs
     return sha + (" (with uncommitted changes)" if dirty else "")
 
 

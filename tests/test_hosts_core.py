@@ -37,11 +37,12 @@ def requests_at(sim, key):
             if sim.codec.unpack(P.split_idents(f)[1], content=False)["header"]["msg_type"] == P.REQUEST]
 
 
-def test_every_host_relay_learned_its_route_end_to_end():
-    sim = hosted(depth=2)
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_every_host_relay_learned_its_route_end_to_end(depth):
+    sim = hosted(depth=depth)
     assert sorted(sim.joined) == [(("h", "h1"), e) for e in (0, 1, 2)] + [(("h", "h2"), e) for e in (3, 4, 5)]
     root = sim.nodes[()]
-    assert root.routes.learned.keys() >= {0, 1, 2, 3, 4, 5}
+    assert (root.routes.via if depth == 0 else root.routes.learned).keys() >= {0, 1, 2, 3, 4, 5}
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2])

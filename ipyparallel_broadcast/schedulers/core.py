@@ -51,7 +51,7 @@ class RelayNode:
         self.children = Children(self.path, [] if self.is_leaf else range(shape.fanout),
                                  clock, ping_interval, node_timeout)
         self.routes = Routes(shape, self.path, self.is_leaf)
-        self.announce = Announcements(codec, self.routes, self.is_root, host, self.boot)
+        self.announce = Announcements(codec, self.routes, self.children.idents, self.is_root, host, self.boot)
         self.surveys = Surveys(codec)
         self.parent_boot: Optional[str] = None  # a new one: the parent restarted
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
@@ -83,7 +83,7 @@ class RelayNode:
             if isinstance(event, E.Ping):
                 return self._client_ping(event) if self.is_root else self._parent_ping(event.content)
             if isinstance(event, E.RouteAck):
-                return self.announce.ack(event.content, self.children.idents)
+                return self.announce.ack(event.content)
             return self.on_engine_lost(event.uuid, event.why)  # E.Lost
         except P.ProtocolError as e:
             return self._drop(f"request: {e}")
@@ -355,7 +355,7 @@ class RelayNode:
                 self.engines.setdefault(eid, uuid)
             return sends
         if m.kind == P.ROUTE and isinstance(child, int):
-            return self.announce.from_child(child, m.content(self.codec), self.children.idents)
+            return self.announce.from_child(child, m.content(self.codec))
         return self._child_bundle(child, m)
 
     def _child_bundle(self, child: Key, m: E.ChildMessage) -> List[Send]:

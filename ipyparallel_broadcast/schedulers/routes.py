@@ -95,8 +95,10 @@ class Announcements:
     announcements up the tree (``ipb_route``), the root's acknowledgement down
     (``ipb_route_ack``), and who waits on it (engines joining a host relay)."""
 
-    def __init__(self, codec, routes: Routes, is_root: bool, host: Optional[str], boot: str):
+    def __init__(self, codec, routes: Routes, idents: Dict[object, bytes], is_root: bool,
+                 host: Optional[str], boot: str):
         self.codec, self.routes, self.is_root, self.host = codec, routes, is_root, host
+        self.idents = idents  # the node's children: key -> identity (host relays come and go)
         self.boot, self._tokens = boot, count()
         self.joining: Dict[str, list] = {}  # host relay: announcement token -> who joined
 
@@ -121,22 +123,22 @@ class Announcements:
         content = dict(add=add, remove=remove, to=list(self.routes.path),
                        host=host.decode() if host else None, token=token)
         if self.is_root:  # nothing above: the route is complete
-            return self.ack(content, {})
+            return self.ack(content)
         return [Send(UP, self.codec.pack(P.ROUTE, content))]
 
-    def from_child(self, digit: int, content: dict, idents) -> List[Send]:
+    def from_child(self, digit: int, content: dict) -> List[Send]:
         add, remove = content.get("add"), content.get("remove")
         if not all(isinstance(x, list) and all(type(e) is int for e in x) for x in (add, remove)):
             raise P.ProtocolError("route announcement without engine id lists")
         self.routes.learn(digit, add, remove)
         if self.is_root:
-            return self.ack(content, idents)
+            return self.ack(content)
         return [Send(UP, self.codec.pack(P.ROUTE, content))]
 
-    def ack(self, content: dict, idents) -> List[Send]:
+    def ack(self, content: dict) -> List[Send]:
         """Pass the root's acknowledgement down ``to`` its host relay, which
         answers the engines that joined (``Send(JOINED, [who, ...])``)."""
-        to, host, depth = content.get("to"), content.get("host"), len(self.routes.path)
+        to, host, depth, idents = content.get("to"), content.get("host"), len(self.routes.path), self.idents
         if self.host:
             token = content.get("token")
             joined = self.joining.pop(token, []) if isinstance(token, str) else []
