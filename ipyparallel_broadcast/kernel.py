@@ -108,8 +108,8 @@ class BroadcastKernel(IPythonParallelKernel):
         received = time.time()
         if P.as_bytes(msg[-1]) == P.PROBE:  # a restarted host relay looking for its engines
             return
-        if len(msg) > 3 and P.DROPPED.encode() in P.as_bytes(msg[3]):  # in the header: a peek
-            return self._dropped(msg)
+        if len(msg) > 3 and P.DROPPED.encode() in P.as_bytes(msg[3]) and self._dropped(msg):
+            return
         if not wants_outputs_in_reply(msg):
             return await super().dispatch_shell(msg, *args, **kwargs)
         idents, body = self.session.feed_identities(msg, copy=False)
@@ -136,18 +136,21 @@ class BroadcastKernel(IPythonParallelKernel):
         finally:
             self.post_handler_hook()
 
-    def _dropped(self, msg):
+    def _dropped(self, msg) -> bool:
         """The hub dropped this engine (its host was cut off) and will not take
-        it back, as its host relay tells it: exit cleanly, as a lost engine should."""
+        it back, as its host relay tells it: exit cleanly, as a lost engine should.
+        False if the message is something else (it is then handled as usual)."""
         try:
             _, body = self.session.feed_identities(msg, copy=False)
-            if self.session.deserialize(body, content=False, copy=False)["header"]["msg_type"] != P.DROPPED:
-                return
+            if self.session.unpack(P.as_bytes(body[1])).get("msg_type") != P.DROPPED:
+                return False
+            self.session.deserialize(body, content=False, copy=False)  # its signature
         except Exception:
             self.log.error("Invalid Message", exc_info=True)
-            return
+            return True
         self.log.critical("the hub dropped this engine (its host was cut off); exiting")
         self.io_loop.add_callback(self.io_loop.stop)
+        return True
 
     def apply_outputs_in_reply(self, stream, ident, parent, received=None):
         """ipyparallel's ``apply_request``, outputs captured into the reply
