@@ -106,9 +106,9 @@ class Captured:
 class BroadcastKernel(IPythonParallelKernel):
     async def dispatch_shell(self, msg, *args, **kwargs):
         received = time.time()
-        if P.as_bytes(msg[-1]) == P.PROBE:  # a restarted host relay looking for its engines
+        if P.is_probe(msg):  # a restarted host relay looking for its engines
             return
-        if len(msg) > 3 and P.DROPPED.encode() in P.as_bytes(msg[3]) and self._dropped(msg):
+        if P.may_be_dropped(msg) and self._dropped(msg):
             return
         if not wants_outputs_in_reply(msg):
             return await super().dispatch_shell(msg, *args, **kwargs)

@@ -153,9 +153,9 @@ class SimProcess:
     async def serve(self, engine: SimEngine):
         while engine.alive:
             frames = await engine.shell.recv_multipart(copy=False)
-            if P.as_bytes(frames[-1]) == P.PROBE:  # a restarted host relay looking for us
+            if P.is_probe(frames):  # a restarted host relay looking for us
                 continue
-            if len(frames) > 3 and P.DROPPED.encode() in P.as_bytes(frames[3]):  # the hub dropped it
+            if P.may_be_dropped(frames):  # the hub dropped it
                 self.kill(engine.id)
                 return
             try:
