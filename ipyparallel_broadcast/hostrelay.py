@@ -133,6 +133,29 @@ class HostRelayShell(NodeShell):
             if idents:
                 self.joins.send_multipart(idents + self.codec.pack(P.JOINED, dict(boot=self.node.boot)))
 
+    def start(self):
+        super().start()
+        self.clean_up()
+
+    def clean_up(self):
+        """The last one out: the host's files for this cluster go too (a relay
+        started later makes them again; two cannot run: the socket is taken)."""
+        place = self.place
+        for name in os.listdir(place.joins) if os.path.isdir(place.joins) else ():
+            try:
+                os.unlink(os.path.join(place.joins, name))
+            except OSError:
+                pass
+        for path in (place.leaf_path, place.log_path, place.lock_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            os.rmdir(place.joins)
+        except OSError:
+            pass
+
     def running(self) -> bool:
         if self.node.engines or self.expected:
             self.empty_since = None
