@@ -47,14 +47,22 @@ def host_label() -> str:
 class Place:
     """Where a cluster's relay lives on this host: names, keys, files."""
 
+    @staticmethod
+    def base() -> str:
+        return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(),
+                            "ipyparallel-broadcast")
+
+    @staticmethod
+    def prefix(key: bytes) -> str:
+        """What every name of this cluster's relays starts with."""
+        return f"ipb-{hashlib.sha256(b'ipyparallel-broadcast host' + bytes(1) + key).hexdigest()[:12]}-"
+
     def __init__(self, key: bytes, label: str, curve: bool):
         self.label = label
-        cluster = hashlib.sha256(b"ipyparallel-broadcast host\0" + key).hexdigest()[:12]
-        self.name = f"ipb-{cluster}-{label}"
+        self.name = f"{self.prefix(key)}{label}"
         self.down_url = f"ipc://@{self.name}"
         self.join_url = f"ipc://@{self.name}-join"
-        base = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(),
-                            "ipyparallel-broadcast")
+        base = self.base()
         os.makedirs(base, mode=0o700, exist_ok=True)
         self.lock_path = os.path.join(base, f"{self.name}.lock")
         self.leaf_path = os.path.join(base, f"{self.name}.leaf")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,18 @@ class BedCluster(Managed):
                 "--engines", str(n), "--per-process", str(per_process)]
         return self._popen(host, argv, f"sim-{host.name}")
 
+    def _remove_relay_files(self):
+        """Relays killed with their namespaces leave their files on the shared disk."""
+        from ..hostlink import Place
+
+        path = self._file("engine")
+        if path is None:
+            return
+        with open(path) as f:
+            key = json.load(f)["key"].encode()
+        for stale in glob.glob(os.path.join(Place.base(), Place.prefix(key) + "*")):
+            shutil.rmtree(stale, ignore_errors=True) if os.path.isdir(stale) else os.unlink(stale)
+
     def client(self, wait_for: int = 0, timeout: float = 120):
         """A client in this (the root) namespace; ``wait_for`` engines first."""
         from ..client import Client
@@ -125,4 +138,5 @@ class BedCluster(Managed):
             except ProcessLookupError:
                 pass
             p.wait()
+        self._remove_relay_files()
         self._tmp.cleanup()
