@@ -26,6 +26,7 @@ from ipyparallel.engine.kernel import IPythonParallelKernel
 
 from . import protocol as P
 from .protocol import OUTPUTS_KEY
+from .zmqframes import Direct
 
 
 def wants_outputs_in_reply(frames) -> bool:
@@ -173,7 +174,8 @@ class BroadcastKernel(IPythonParallelKernel):
         if content["status"] == "aborted":
             md["status"] = "aborted"
         md[OUTPUTS_KEY] = outputs
-        self.session.send(stream, "apply_reply", content, parent=parent, ident=ident,
-                          buffers=buffers, metadata=md)
+        # at once on the socket, by this (the loop's) thread: one event-loop turn less
+        self.session.send(Direct(getattr(stream, "socket", stream)), "apply_reply", content,
+                          parent=parent, ident=ident, buffers=buffers, metadata=md)
         if outputs.get("iopub"):
             self._publish_status("idle", "shell")

@@ -28,6 +28,7 @@ from ..topology import TreeShape, node_identity, node_name
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, UP, Send
 from ..topology import HOST_PREFIX
+from ..zmqframes import recv_frames, send_frames
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -187,26 +188,6 @@ class NodeShell:
 
     def next_deadline(self):
         return self.node.next_deadline()
-
-
-_MORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
-
-
-def send_frames(sock: zmq.Socket, frames) -> None:
-    """``send_multipart(frames, copy=False)`` without its per-frame enum
-    arithmetic (pure Python in 3.11, a tenth of a relay node's time)."""
-    last = len(frames) - 1
-    for i, frame in enumerate(frames):
-        sock.send(frame, _MORE if i < last else 0, copy=False)
-
-
-def recv_frames(sock: zmq.Socket) -> list:
-    """``recv_multipart(NOBLOCK, copy=False)``, reading ``Frame.more`` instead
-    of a socket option per frame; raises ``zmq.Again`` if nothing is there."""
-    frames = [sock.recv(_NOBLOCK, copy=False)]
-    while frames[-1].more:
-        frames.append(sock.recv(0, copy=False))
-    return frames
 
 
 def _socket(ctx, kind) -> zmq.Socket:
