@@ -64,11 +64,15 @@ Jupyter message whose buffers follow):
 from __future__ import annotations
 
 import hmac
+import itertools
+import os
+from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import zmq
 from ipyparallel.util import _disable_session_extract_dates, _parse_date
+from jupyter_client._version import protocol_version as JUPYTER_PROTOCOL
 from jupyter_client.session import DELIM, Session
 
 REQUEST = "ipb_request"
@@ -155,37 +159,103 @@ def split_idents(frames: Sequence) -> Tuple[list, list]:
     raise ProtocolError("no <IDS|MSG> delimiter")
 
 
+def _keyed_hmac(key: bytes, digest_mod):
+    """An HMAC keyed once, to ``copy()`` per message: OpenSSL's own object
+    where there is one (its copy and update stay in C)."""
+    try:
+        import _hashlib
+
+        return _hashlib.hmac_new(key, digestmod=digest_mod().name)
+    except Exception:
+        return hmac.new(key, digestmod=digest_mod)
+
+
 class Codec:
-    """Packs and unpacks signed messages with a ``jupyter_client`` Session."""
+    """Signed messages of a ``jupyter_client`` Session's wire format, packed and
+    checked with the session's key, digest and packers read once (each Session
+    attribute is a traitlet, and its ``msg``/``serialize``/``deserialize`` read
+    dozens per message: most of a relay node's time per message)."""
+
+    history_size = 2**16  # signatures remembered against replays, as Session's
 
     def __init__(self, session: Session):
         self.session = session
         _disable_session_extract_dates()  # dates stay strings: parsing them is wasted work
+        self.key = session.key or b""
+        self._auth = _keyed_hmac(self.key, session.digest_mod) if self.key else None
+        self.pack_json, self.unpack_json = session.pack, session.unpack
+        self._user, self._id = session.username, session.session
+        self._metadata = dict(session.metadata)
+        self._count = itertools.count()
+        self._seen: set = set()  # signatures of unpacked messages (replays are refused)
+        self._seen_order: deque = deque()
+        self.json = session.packer == "json" and session.unpacker == "json"  # see splices_json
+
+    def sign(self, parts: Sequence[bytes]) -> bytes:
+        """The HMAC of ``[header, parent, metadata, content]`` (b"" without a key)."""
+        if self._auth is None:
+            return b""
+        h = self._auth.copy()  # keyed once: no key schedule per message
+        h.update(b"".join(parts))
+        return h.hexdigest().encode()
+
+    def header(self, msg_type: str) -> dict:
+        """A new message header, as ``Session.msg_header`` makes it."""
+        return dict(msg_id=f"{self._id}_{os.getpid()}_{next(self._count)}", msg_type=msg_type,
+                    username=self._user, session=self._id,
+                    date=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
+                    version=JUPYTER_PROTOCOL)
+
+    def serialize(self, msg_type: str, content, parent=None, metadata=None, header=None) -> Frames:
+        """``[DELIM, sig, header, parent, metadata, content]``, as ``Session.serialize``
+        of ``Session.msg`` gives; ``content`` may be packed already (bytes)."""
+        md = dict(self._metadata, **metadata) if metadata else self._metadata
+        parts = [self.pack_json(header or self.header(msg_type)), self.pack_json(parent or {}),
+                 self.pack_json(md), content if isinstance(content, bytes) else self.pack_json(content)]
+        return [_DELIM, self.sign(parts)] + parts
 
     def pack(self, msg_type: str, content: dict, buffers: Sequence = (), parent=None) -> Frames:
         """``[DELIM, sig, header, parent, metadata, content, *buffers]``."""
-        msg = self.session.msg(msg_type, content=content, parent=parent or {})
-        return self.session.serialize(msg) + list(buffers)
+        return self.serialize(msg_type, content, parent) + list(buffers)
 
     def unpack(self, body: Sequence, content: bool = True) -> dict:
         """Check the signature of ``[sig, header, parent, metadata, content, *buffers]``
         and parse it (the content stays bytes if ``content=False``); buffers stay
-        the frames they came in as."""
+        the frames they came in as. A signature seen before is a replay, refused
+        (as ``Session.deserialize`` does)."""
         if len(body) < 5:
             raise ProtocolError(f"message has {len(body)} frames, needs at least 5")
+        parts = [as_bytes(f) for f in body[:5]]
+        if self.key:
+            signature = parts[0]
+            if not signature:
+                raise ProtocolError("unsigned message")
+            if signature in self._seen:
+                raise ProtocolError("duplicate signature (a replay)")
+            if not hmac.compare_digest(signature, self.sign(parts[1:5])):
+                raise ProtocolError("invalid signature")
+            if content:
+                self._remember(signature)
         try:
-            msg = self.session.deserialize(
-                [as_bytes(f) for f in body[:5]], content=content, copy=True
-            )
+            header = self.unpack_json(parts[1])
+            msg = dict(header=header, msg_id=header["msg_id"], msg_type=header["msg_type"],
+                       parent_header=self.unpack_json(parts[2]), metadata=self.unpack_json(parts[3]),
+                       content=self.unpack_json(parts[4]) if content else parts[4])
         except Exception as e:
             raise ProtocolError(f"bad message: {e}") from e
         msg["buffers"] = list(body[5:])
         return msg
 
+    def _remember(self, signature: bytes):
+        self._seen.add(signature)
+        self._seen_order.append(signature)
+        if len(self._seen_order) > self.history_size:
+            self._seen.discard(self._seen_order.popleft())
+
     def content(self, msg: dict) -> dict:
         """The content of a message unpacked with ``content=False``, parsed."""
         try:
-            content = self.session.unpack(as_bytes(msg["content"]))
+            content = self.unpack_json(as_bytes(msg["content"]))
         except Exception as e:
             raise ProtocolError(f"unreadable content: {e}") from e
         if not isinstance(content, dict):
@@ -196,10 +266,9 @@ class Codec:
         """Verify a raw message's HMAC without parsing it."""
         if len(body) < 5:
             raise ProtocolError(f"message has {len(body)} frames, needs at least 5")
-        if self.session.auth is None:
+        if not self.key:
             return
-        expected = self.session.sign([as_bytes(f) for f in body[1:5]])
-        if not hmac.compare_digest(as_bytes(body[0]), expected):
+        if not hmac.compare_digest(as_bytes(body[0]), self.sign([as_bytes(f) for f in body[1:5]])):
             raise ProtocolError("invalid signature")
 
 
@@ -279,12 +348,9 @@ def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
 
 def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Frames:
     """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``."""
-    msg = codec.session.msg(
-        BUNDLE,
-        content=dict(parts=[len(p) for p in parts], failed=failed),
-        metadata=bundle_metadata(req, msg_id, kind, eids),
-    )
-    return codec.session.serialize(msg)[1:] + [frame for part in parts for frame in part]
+    content = dict(parts=[len(p) for p in parts], failed=failed)
+    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, kind, eids))[1:]
+            + [frame for part in parts for frame in part])
 
 
 def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
@@ -293,23 +359,18 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
     entries = b",".join(
         b"[%s,%s,%s]" % (as_bytes(b[1]), as_bytes(b[3]), as_bytes(b[4])) for b in bodies
     )
-    content = codec.session.pack(head)[:-1] + b', "replies": [' + entries + b"]}"
-    msg = codec.session.msg(
-        BUNDLE, content=content, metadata=bundle_metadata(req, msg_id, "replies", eids)
-    )
-    return codec.session.serialize(msg)[1:] + [frame for b in bodies for frame in b[5:]]
+    content = codec.pack_json(head)[:-1] + b', "replies": [' + entries + b"]}"
+    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "replies", eids))[1:]
+            + [frame for b in bodies for frame in b[5:]])
 
 
 def pack_reduced(codec: Codec, req, msg_id, state, value_frames, raised, failed) -> Frames:
     """Frames (no DELIM) of a ``reduced`` bundle: a node's combined value and the
     raw replies of engines whose function raised."""
     parts = ([value_frames] if state.get("value") is not None else []) + list(raised)
-    msg = codec.session.msg(
-        BUNDLE,
-        content=dict(parts=[len(p) for p in parts], failed=failed, reduce=state),
-        metadata=bundle_metadata(req, msg_id, "reduced"),
-    )
-    return codec.session.serialize(msg)[1:] + [frame for part in parts for frame in part]
+    content = dict(parts=[len(p) for p in parts], failed=failed, reduce=state)
+    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "reduced"))[1:]
+            + [frame for part in parts for frame in part])
 
 
 def reduced_parts(msg: dict) -> Tuple[dict, list, list, list]:
@@ -330,7 +391,7 @@ def reduced_parts(msg: dict) -> Tuple[dict, list, list, list]:
 
 def splices_json(codec: Codec) -> bool:
     """Whether engine replies can be spliced as JSON text (the default packer)."""
-    return codec.session.packer == "json" and codec.session.unpacker == "json"
+    return codec.json
 
 
 def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
@@ -338,7 +399,7 @@ def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
     content, buffers, kind = msg["content"], msg["buffers"], msg["metadata"].get("kind")
     if isinstance(content, bytes):  # checked by a relay node, parsed only here
         try:
-            content = codec.session.unpack(content)
+            content = codec.unpack_json(content)
         except Exception as e:
             raise ProtocolError(f"bundle content is not valid: {e}") from e
     if not isinstance(content, dict):

@@ -211,7 +211,7 @@ def fold_reply(reduction: "Reduction", eids, body, codec) -> bool:
     """Fold an engine's raw reply into ``reduction``. False if the engine's
     function raised: its reply is then passed up raw, as it came."""
     try:
-        status = codec.session.unpack(P.as_bytes(body[4])).get("status")
+        status = codec.unpack_json(P.as_bytes(body[4])).get("status")
     except Exception:
         status = None
     if status != "ok":
@@ -229,7 +229,7 @@ def fold_bundle(reduction: "Reduction", msg: dict, codec) -> tuple:
     if msg["metadata"].get("kind") != "reduced":
         raise P.ProtocolError("expected a reduced bundle")
     try:
-        msg["content"] = codec.session.unpack(P.as_bytes(msg["content"]))
+        msg["content"] = codec.unpack_json(P.as_bytes(msg["content"]))
         state, value, raised, failed = P.reduced_parts(msg)
         reduction.add_partial(state, value)
     except (ValueError, TypeError, AttributeError) as e:

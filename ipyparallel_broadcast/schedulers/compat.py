@@ -26,8 +26,9 @@ def renamer(codec: P.Codec, inner):
     msg["metadata"]["original_msg_id"] = original
 
     def rename(uuid: str) -> list:
-        msg["header"] = dict(header, msg_id=f"{original}_{uuid}")
-        return codec.session.serialize(msg)[1:] + buffers
+        renamed = dict(header, msg_id=f"{original}_{uuid}")
+        return codec.serialize(header["msg_type"], msg["content"], msg["parent_header"], msg["metadata"],
+                               header=renamed)[1:] + buffers
 
     return rename
 
@@ -109,13 +110,8 @@ class CompatRequest:
         original = self.header["msg_id"]
         parent = dict(self.header, msg_id=f"{original}_{uuid}")
         metadata = dict(engine=uuid, is_broadcast=True, status="error")
-        msg = codec.session.msg(
-            self.reply_type,
-            content=self._error_content(eid, uuid, message),
-            parent=parent,
-            metadata=metadata,
-        )
-        return codec.session.serialize(msg)[1:]
+        content = self._error_content(eid, uuid, message)
+        return codec.serialize(self.reply_type, content, parent, metadata)[1:]
 
     def _coalesced_body(self, codec, outcomes) -> list:
         by_uuid, errors = {}, []
@@ -139,7 +135,4 @@ class CompatRequest:
         buffers = [] if errors else [b for r in replies for b in r["buffers"]]
         content = errors[0] if errors else dict(status="ok")
         metadata["status"] = content["status"]
-        msg = codec.session.msg(
-            self.reply_type, content=content, parent=self.header, metadata=metadata
-        )
-        return codec.session.serialize(msg)[1:] + buffers
+        return codec.serialize(self.reply_type, content, self.header, metadata)[1:] + buffers

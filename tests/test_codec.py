@@ -1,0 +1,77 @@
+"""The Codec speaks jupyter_client's wire format exactly: what it packs a
+Session reads, what a Session packs it reads, and it refuses what a Session
+refuses (forged, unsigned and replayed messages)."""
+
+import pytest
+from jupyter_client.session import Session
+
+from ipyparallel_broadcast import protocol as P
+
+
+@pytest.fixture(params=["hmac-sha256", "hmac-sha512"])
+def session(request):
+    return Session(key=b"a key", signature_scheme=request.param)
+
+
+def test_a_session_reads_what_the_codec_packs(session):
+    codec = P.Codec(session)
+    parent = session.msg_header("apply_request")
+    frames = codec.pack("ipb_thing", {"a": [1, 2]}, [b"buf"], parent=parent)
+    assert frames[0] == P._DELIM
+    msg = Session(key=b"a key", signature_scheme=session.signature_scheme).deserialize(frames[1:])
+    assert msg["content"] == {"a": [1, 2]} and msg["msg_type"] == "ipb_thing"
+    assert msg["parent_header"]["msg_id"] == parent["msg_id"]
+    assert set(msg["header"]) == set(session.msg_header("x"))
+    assert [bytes(b) for b in msg["buffers"]] == [b"buf"]
+
+
+def test_the_codec_reads_what_a_session_packs(session):
+    codec = P.Codec(Session(key=b"a key", signature_scheme=session.signature_scheme))
+    msg = session.msg("apply_reply", content={"status": "ok"}, metadata={"engine": "u"})
+    frames = session.serialize(msg)[1:] + [b"buf"]
+    codec.check_signature(frames)
+    got = codec.unpack(frames)
+    assert got["content"] == {"status": "ok"} and got["metadata"] == {"engine": "u"}
+    assert got["header"]["msg_id"] == msg["header"]["msg_id"] and got["buffers"] == [b"buf"]
+    assert codec.content(codec.unpack(session.serialize(session.msg("x", content={"b": 1}))[1:],
+                                      content=False)) == {"b": 1}
+
+
+def test_forged_unsigned_and_replayed_messages_are_refused(session):
+    codec = P.Codec(session)
+    frames = codec.pack("x", {"a": 1})[1:]
+    forged = [frames[0][:-1] + b"0" if frames[0][-1:] != b"0" else frames[0][:-1] + b"1"] + frames[1:]
+    for bad in (forged, [b""] + frames[1:], frames[:4]):
+        with pytest.raises(P.ProtocolError):
+            codec.unpack(bad)
+    with pytest.raises(P.ProtocolError):
+        codec.check_signature(forged)
+    codec.unpack(frames)
+    with pytest.raises(P.ProtocolError, match="replay"):
+        codec.unpack(frames)
+
+
+def test_a_peek_does_not_spend_the_signature(session):
+    codec = P.Codec(session)
+    frames = codec.pack("x", {"a": 1})[1:]
+    codec.unpack(frames, content=False)
+    assert codec.unpack(frames)["content"] == {"a": 1}
+
+
+def test_the_replay_history_is_bounded(session):
+    codec = P.Codec(session)
+    codec.history_size = 10
+    first = codec.pack("x", {"n": -1})[1:]
+    codec.unpack(first)
+    for n in range(10):
+        codec.unpack(codec.pack("x", {"n": n})[1:])
+    assert len(codec._seen) == 10
+    assert codec.unpack(first)["content"] == {"n": -1}  # forgotten, as Session's culling forgets
+
+
+def test_without_a_key_messages_are_unsigned():
+    codec = P.Codec(Session(key=b""))
+    frames = codec.pack("x", {"a": 1})[1:]
+    assert frames[0] == b""
+    assert codec.unpack(frames)["content"] == {"a": 1}
+    assert Session(key=b"").deserialize(frames)["content"] == {"a": 1}
