@@ -175,7 +175,7 @@ class BroadcastKernel(IPythonParallelKernel):
             md["status"] = "aborted"
         md[OUTPUTS_KEY] = outputs
         # at once on the socket, by this (the loop's) thread: one event-loop turn less
-        self.session.send(Direct(getattr(stream, "socket", stream)), "apply_reply", content,
+        self.session.send(Direct(stream), "apply_reply", content,
                           parent=parent, ident=ident, buffers=buffers, metadata=md)
         if outputs.get("iopub"):
             self._publish_status("idle", "shell")

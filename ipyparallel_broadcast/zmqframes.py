@@ -26,14 +26,21 @@ def recv_frames(sock: zmq.Socket) -> list:
 
 
 class Direct:
-    """A socket as ``Session.send`` sees it: sent at once, in this thread
-    (no ZMQStream send queue, with its extra event-loop turn), by
-    ``send_frames``. Only for the thread that owns the socket."""
+    """A ZMQStream's socket as ``Session.send`` sees it: sent at once, in this
+    thread (no send queue, with its extra event-loop turn), by ``send_frames``.
+    Only for the thread that runs the stream's loop.
 
-    __slots__ = ("socket",)
+    zmq's descriptor is edge-triggered, and a send may take the wakeup of a
+    message that arrived meanwhile; the stream would then never read it. So
+    if anything is pending after the send, the stream looks again
+    (``flush``, on the loop's next turn)."""
 
-    def __init__(self, socket: zmq.Socket):
-        self.socket = socket
+    __slots__ = ("stream", "socket")
+
+    def __init__(self, stream):
+        self.stream, self.socket = stream, getattr(stream, "socket", stream)
 
     def send_multipart(self, frames, copy: bool = True, **_):
         send_frames(self.socket, frames, copy=copy)
+        if self.socket is not self.stream and self.socket.EVENTS:
+            self.stream.io_loop.add_callback(self.stream.flush)

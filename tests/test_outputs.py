@@ -190,3 +190,19 @@ def test_an_engine_whose_lean_path_fails_still_answers(rc):
     finally:
         rc[:].apply_sync(break_reply_outputs, False)  # DirectView: not the lean path
     assert view.apply_sync(lambda: 2) == [2] * len(rc.ids)
+
+
+@pytest.mark.parametrize("coalescing", [True, False])
+def test_requests_that_arrive_while_an_engine_replies_are_all_read(rc, coalescing):
+    """An engine sends its reply straight on its socket (not through the
+    stream's queue). zmq's descriptor is edge-triggered, and that send can take
+    the wakeup of a request that arrived meanwhile: the stream must still read
+    it. Many small calls in flight make such arrivals common."""
+    view = rc.broadcast_view(coalescing=coalescing)
+    for round_ in range(40):
+        ars = [view.apply_async(lambda x: x, (round_, i)) for i in range(8)]
+        for i, ar in enumerate(ars):
+            assert ar.get(timeout=30) == [(round_, i)] * len(rc.ids)
+    for i in range(40):  # pushes and pulls back to back, as the user's script does
+        view.push({"v": i}, block=True)
+        assert view.pull("v", block=True) == [i] * len(rc.ids)

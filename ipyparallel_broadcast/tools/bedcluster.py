@@ -101,10 +101,14 @@ class BedCluster(Managed):
                                     f"--log-level={self.log_level}", *args]
         return [self._popen(host, argv, f"engine-{host.name}-{i}") for i in range(n)]
 
-    def start_sim(self, host: Host, n: int, per_process: int = 512) -> subprocess.Popen:
-        """``n`` simulated engines (``ipyparallel_broadcast.sim``) on ``host``."""
+    def start_sim(self, host: Host, n: int, per_process: int = 512,
+                  host_relay: bool = False) -> subprocess.Popen:
+        """``n`` simulated engines (``ipyparallel_broadcast.sim``) on ``host``;
+        ``host_relay``: behind a relay of their own (``sim --hosts``)."""
         argv = [sys.executable, "-m", "ipyparallel_broadcast.sim", self._file("engine"),
                 "--engines", str(n), "--per-process", str(per_process)]
+        if host_relay:
+            argv.append("--hosts")
         return self._popen(host, argv, f"sim-{host.name}")
 
     def _remove_relay_files(self):
