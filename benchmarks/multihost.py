@@ -141,8 +141,8 @@ def main(argv=None):
     ours = results["host relays"]["ours (coalescing)"]
     for name, other in (("the controller-side tree", results["controller-side tree"]["ours (coalescing)"]),
                         ("DirectView", results["host relays"]["DirectView"])):
-        lines.append(f"\nPush through host relays: {other['push'] / ours['push']:.1f}x faster than {name}; "
-                     f"echo: {ours['echo'] / other['echo']:.2f}x its time.")
+        lines.append(f"\nAgainst {name}: push, its time over the host relays' {other['push'] / ours['push']:.1f}x; "
+                     f"echo, the host relays' time over its {ours['echo'] / other['echo']:.2f}x.")
     report("multihost.py", argv, f"Across hosts: {n} engines on {args.hosts} hosts, {args.push_mb:g} MB push",
            lines, args.out)
 
