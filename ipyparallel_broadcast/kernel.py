@@ -105,6 +105,16 @@ class Captured:
 
 
 class BroadcastKernel(IPythonParallelKernel):
+    _codec = None
+
+    @property
+    def codec(self) -> P.Codec:
+        """The lean path's messages, read and signed with the session's key read
+        once (``Session.deserialize``/``send`` read its traitlets per message)."""
+        if self._codec is None or self._codec.session is not self.session:
+            self._codec = P.Codec(self.session)
+        return self._codec
+
     async def dispatch_shell(self, msg, *args, **kwargs):
         received = time.time()
         if P.is_probe(msg):  # a restarted host relay looking for its engines
@@ -115,7 +125,8 @@ class BroadcastKernel(IPythonParallelKernel):
             return await super().dispatch_shell(msg, *args, **kwargs)
         idents, body = self.session.feed_identities(msg, copy=False)
         try:
-            request = self.session.deserialize(body, content=True, copy=False)
+            request = self.codec.unpack(body)
+            request["buffers"] = [memoryview(b) for b in request["buffers"]]
         except Exception:
             self.log.error("Invalid Message", exc_info=True)
             return
@@ -174,8 +185,8 @@ class BroadcastKernel(IPythonParallelKernel):
         if content["status"] == "aborted":
             md["status"] = "aborted"
         md[OUTPUTS_KEY] = outputs
+        frames = self.codec.serialize("apply_reply", content, parent["header"], md)
         # at once on the socket, by this (the loop's) thread: one event-loop turn less
-        self.session.send(Direct(stream), "apply_reply", content,
-                          parent=parent, ident=ident, buffers=buffers, metadata=md)
+        Direct(stream).send_multipart(list(ident) + frames + list(buffers), copy=False)
         if outputs.get("iopub"):
             self._publish_status("idle", "shell")
