@@ -40,17 +40,28 @@ def blas_threads():
     return runtime().pools.get()[0]
 
 
-def region_threads(gate=None):
-    """Engine side: BLAS threads in a region, in a nested one, and after both."""
+def region_threads(gate=None, share=None):
+    """Engine side: BLAS threads in a region, in a nested one, and after both.
+    ``share``: once past the gate, wait (up to 30 s) until the region holds that
+    many tokens, and report it then. A rebalance is a give-back in one region
+    and, once the host looks steady, a take in another: two engines read at
+    different moments could see a token in neither."""
+    import time
+
     from ipyparallel_broadcast.compose import runtime, threads
 
     with threads() as n:
+        counting = runtime().counting
         if gate:
             at_gate(gate)
-        counting = runtime().counting
-        with counting.lock:  # the region as the rebalancer has left it
-            region = counting.current
-            held, live = (region.held, region.threads) if region else (None, None)
+        deadline = time.monotonic() + 30
+        while True:
+            with counting.lock:  # the region as the rebalancer has left it
+                region = counting.current
+                held, live = (region.held, region.threads) if region else (None, None)
+            if share is None or held == share or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)  # Python steps, where a rebalance can run
         outer = runtime().pools.get()[0]
         with threads() as m:
             inner = runtime().pools.get()[0]
@@ -138,7 +149,7 @@ def test_counting_regions_share_the_host(tmp_path):
         # one busy engine, seen idle for a while: the region grows to the whole host
         assert rc.broadcast_view(targets=[0]).apply_sync(grown_threads)[0] == (budget, CORES)
         gate = str(tmp_path / "gate")
-        ar = view.apply_async(region_threads, gate)
+        ar = view.apply_async(region_threads, gate, -(-CORES // 2))  # each its fair share
         key = cluster_key(rc.session.key)
         until(lambda: host.survey(key)["busy"] == 2, what="both engines in their regions")
         # the engines are busy: we look from outside, until the rebalancers settle;
