@@ -25,7 +25,9 @@ import sys
 import time
 
 import numpy as np
+import psutil
 
+from ipyparallel_broadcast.bench import cpu_seconds
 from ipyparallel_broadcast.tools.bedcluster import BedCluster
 from ipyparallel_broadcast.tools.netbed import NetBed
 
@@ -53,17 +55,15 @@ def report(script: str, argv, title: str, lines, out=None) -> str:
     return text
 
 
-def cpu_seconds(pids) -> float:
-    """User + system CPU of these processes so far (those gone count nothing)."""
-    total = 0.0
+def processes(pids) -> list:
+    """The live ones of ``pids``, to read their CPU (``bench.cpu_seconds``)."""
+    out = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+            out.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    return out
 
 
 def measure(layout, args) -> dict:
@@ -84,7 +84,8 @@ def measure(layout, args) -> dict:
             view.apply_sync(lambda: 0)
         out = {name: dict(bytes=[], push=[], echo=[], center=[], hosts=[], client=[]) for name in views}
         echo = np.zeros(1024, dtype=np.uint8)
-        center, hosts = bed.pids(bed.controller), [p for h in bed.hosts for p in bed.pids(h)]
+        center = processes(bed.pids(bed.controller))
+        hosts = processes(p for h in bed.hosts for p in bed.pids(h))
         for _ in range(args.reps):
             for name, view in views.items():
                 before = [bed.link_bytes(h)[0] for h in bed.hosts]
@@ -99,7 +100,7 @@ def measure(layout, args) -> dict:
                 for key, was, now in zip(("center", "hosts", "client"), cpu,
                                          (cpu_seconds(center), cpu_seconds(hosts), time.process_time())):
                     out[name][key].append(now - was)
-        # CPU in clock ticks (10 ms): a mean over the rounds; times: medians
+        # CPU: a mean over the rounds (the kernel counts it in 10 ms ticks); times: medians
         return {name: {k: (statistics.mean if k in ("center", "hosts", "client") else statistics.median)(v)
                        for k, v in m.items()} for name, m in out.items()}
 

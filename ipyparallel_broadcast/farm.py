@@ -67,16 +67,6 @@ def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: in
             cluster.stop_cluster_sync()
 
 
-def _cpu(processes) -> float:
-    total = 0.0
-    for p in processes:
-        try:
-            total += sum(p.cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return total
-
-
 def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict[str, float]:
     """Where the time of one coalesced 1 kB apply goes (ms per call): the
     client's CPU, the relay nodes' busy time by role, the hub's and the farm's CPU."""
@@ -93,7 +83,7 @@ def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict
             if depth == 0:
                 name = "root"
             role[name] = role.get(name, 0.0) + node["busy"]
-        return role, time.process_time(), _cpu([hub]), _cpu(farm_procs)
+        return role, time.process_time(), bench.cpu_seconds([hub]), bench.cpu_seconds(farm_procs)
 
     before = snapshot()
     tic = time.perf_counter()
