@@ -84,16 +84,6 @@ ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowle
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
 PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
 DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): it exits
-
-
-def is_probe(frames) -> bool:
-    """A host relay's probe? (Sizes first: a request's last frame may be megabytes.)"""
-    return len(frames[-1]) == len(PROBE) and as_bytes(frames[-1]) == PROBE
-
-
-def may_be_dropped(frames) -> bool:
-    """Could this be a drop notice (``DROPPED`` in the header frame)? A cheap look."""
-    return 3 < len(frames) and len(frames[3]) < 4096 and DROPPED.encode() in as_bytes(frames[3])
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a host relay's bundle of its engines' replies, for the records
 COALESCE, STREAM = "coalesce", "stream"
@@ -118,6 +108,16 @@ class ProtocolError(ValueError):
 
 def as_bytes(frame) -> bytes:
     return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def is_probe(frames) -> bool:
+    """A host relay's probe? (Sizes first: a request's last frame may be megabytes.)"""
+    return len(frames[-1]) == len(PROBE) and as_bytes(frames[-1]) == PROBE
+
+
+def may_be_dropped(frames) -> bool:
+    """Could this be a drop notice (``DROPPED`` in the header frame)? A cheap look."""
+    return 3 < len(frames) and len(frames[3]) < 4096 and DROPPED.encode() in as_bytes(frames[3])
 
 
 def parse_date(s):
