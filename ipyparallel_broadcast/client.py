@@ -1,16 +1,19 @@
 """``ipyparallel_broadcast.Client``: ipyparallel's Client plus the broadcast tree.
 
-One ``ipb_request`` goes out per call. Replies come back as bundles (coalesced
-or streamed); each engine's reply inside is handed to ipyparallel's own reply
-handling under a per-engine id ``f"{msg_id}_{uuid}"``, so AsyncResult,
-metadata, outputs and errors behave exactly as for a DirectView.
+One ``ipb_request`` goes out per call, and one ``calls.Call`` tracks it. Replies
+come back as bundles (coalesced or streamed); each engine's outcome in a
+bundle is filed in one pass, results are unpacked once when the call is
+complete, and per-engine futures and metadata are made only when read
+(``results``). Per-engine ids ``f"{msg_id}_{uuid}"`` name each engine's part,
+as DirectView's msg_ids do.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import deque
+from collections import defaultdict
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from functools import partial
@@ -21,13 +24,16 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Integer
 
 import ipyparallel as ipp
-from ipyparallel import error
+from ipyparallel import error, util
+from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
 from . import protocol as P
-from .protocol import engine_vid, parse_date
+from .calls import FAILED, Call, Calls
+from .protocol import parse_date
 from .guard import contained, guarded_callback
 from .reduction import Reduction
+from .results import engine_error, fill_metadata, outcome_metadata, outcome_result
 from .rootwatch import RootWatch
 from .topology import TreeShape, render
 from .trace import Traces, merge
@@ -38,11 +44,14 @@ log = logging.getLogger(__name__)
 _UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
 _SENT = Future()
 _SENT.set_result(None)
+_SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
+_SENT_ALL.set_result([None])
+_UNSET = object()
 
 
 class EngineFuture(MessageFuture):
-    """A MessageFuture without the Event and tracker Future it does not need:
-    a broadcast creates two per engine, so their cost is on the hot path."""
+    """A MessageFuture without the Event and tracker Future it does not need
+    (made only for a reduction, or for engines someone waits on one by one)."""
 
     def __init__(self, msg_id, header=None, *, track=False):
         Future.__init__(self)
@@ -53,7 +62,6 @@ class EngineFuture(MessageFuture):
         self.tracker = Future() if track else _SENT
         self.iopub_callbacks = []
         self.output = None
-        self.reply_bytes = None  # size of the engine's reply buffers, once known
         self.broadcast_id = None  # the msg_id of the broadcast this is part of
 
     def wait(self, timeout=None):
@@ -64,6 +72,21 @@ class EngineFuture(MessageFuture):
         except CancelledError:
             pass
         return True
+
+
+class CallMetadata(defaultdict):
+    """``Client.metadata``: a broadcast engine's per-engine id finds that
+    engine's Metadata in its call (made on first read, never copied here)."""
+
+    def __init__(self, client):
+        super().__init__(Metadata)
+        self.client = client
+
+    def __missing__(self, key):
+        call, i = self.client._calls.of_vid(key)
+        if call is None:
+            return super().__missing__(key)
+        return outcome_metadata(self.client, call, i)
 
 
 class NotABroadcastController(RuntimeError):
@@ -107,16 +130,16 @@ class Client(ipp.Client):
     def __init__(self, *args, **kwargs):
         # our state first: the parent connects and starts the I/O thread, and
         # a message may reach our handlers before its __init__ returns
-        self._broadcasts: Dict[str, dict] = {}  # msg_id -> request header, until all done
-        self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, futures) until sent
-        self._real_ids: Dict[str, str] = {}  # per-engine id -> broadcast msg_id, until done
+        self._calls = Calls()  # broadcasts in flight, and the last few finished
+        self._children_lock = threading.Lock()  # per-engine futures: made by any thread, settled by I/O
+        self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, future, as list) until sent
         self._reductions: Dict[str, MessageFuture] = {}  # msg_id -> future, until done
-        self._recent: Dict[str, tuple] = {}  # per-engine id -> (result, metadata), recent calls
-        self._recent_calls: deque = deque()
         self._replies_received = 0  # messages from the tree (tests count them)
         self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
+        self.metadata = CallMetadata(self)
         super().__init__(*args, **kwargs)
+        self._calls.kept = self.broadcast_results_kept
 
     # ----------------------------------------------------------------- views
     @property
@@ -206,6 +229,11 @@ class Client(ipp.Client):
         return TreeLayout(shape, self.ids, hosts)
 
     # ------------------------------------------------------------------ send
+    def resolve_targets(self, targets):
+        """``(uuids, engine ids)`` of ``targets`` (an int, a list, a slice, "all")."""
+        idents, eids = self._build_targets(targets)
+        return [i.decode("utf8") for i in idents], eids
+
     def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
                        metadata=None, reply=P.COALESCE, track=False, each=None,
                        batch=None, reduce=None, trace=False):
@@ -214,8 +242,9 @@ class Client(ipp.Client):
         ``each``: every target's own buffers, in target order, sent after the
         shared ``buffers``. ``batch``: ``[count, interval]`` for streaming.
         ``trace``: record the call's path (``broadcast_trace``).
-        Returns one MessageFuture per engine, in target order; with ``reduce``
-        (an op of ``reduction.OPS``), one future for the combined value.
+        Returns the ``calls.Call`` (its ``future`` gives every engine's result,
+        in target order); with ``reduce`` (an op of ``reduction.OPS``), the one
+        future of the combined value.
         """
         if self._closed:
             raise RuntimeError("Client cannot be used after its sockets have been closed")
@@ -242,58 +271,50 @@ class Client(ipp.Client):
             self._traces.start(msg_id)
         if reduce is not None:
             request["reduce"] = reduce
-            futures = self._reduce_future(msg_id, inner["header"], track)
-            futures[0].targets, futures[0].op = list(eids), reduce
+            sent = self._reduce_future(msg_id, inner["header"], track)
+            sent.targets, sent.op, sent.broadcast_id = list(eids), reduce, msg_id
+            tracker, as_list = sent.tracker, False
         else:
-            futures = self._engine_futures(msg_id, inner["header"], uuids, track)
-        for future in futures:
-            future.broadcast_id = msg_id
+            sent = self._start_call(msg_id, inner["header"], eids, uuids, track)
+            tracker, as_list = sent.tracker, True
         envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))
 
         to_send = self.session.serialize(envelope) + frames
         biggest = max((memoryview(f).nbytes for f in frames[5:]), default=0)
         copy = biggest < self.session.copy_threshold
         if track:
-            self._tracking[id(to_send)] = (to_send, futures)
+            self._tracking[id(to_send)] = (to_send, tracker, as_list)
         # through the ZMQStream: a send behind its back can eat the socket's
         # edge-triggered read event, and replies would wait unread
         send = self._broadcast_stream.send_multipart
         if trace:
             send = partial(self._send_traced, msg_id, send)
         self._io_loop.add_callback(self._to_root, msg_id, send, to_send, copy=copy, track=track)
-        return futures
+        return sent
 
     def _send_traced(self, msg_id, send, *args, **kwargs):
         self._traces.add(msg_id, "request out", time.time())
         send(*args, **kwargs)
 
     def _broadcast_sent(self, msg, status):
-        """ZMQStream send callback: hand the zmq MessageTracker to the futures."""
-        _, futures = self._tracking.pop(id(msg), (None, ()))
-        for f in futures:
-            if not f.tracker.done():
-                f.tracker.set_result(status if isinstance(status, zmq.MessageTracker) else None)
+        """ZMQStream send callback: hand the zmq MessageTracker to the call."""
+        _, tracker, as_list = self._tracking.pop(id(msg), (None, None, False))
+        if tracker is not None and not tracker.done():
+            status = status if isinstance(status, zmq.MessageTracker) else None
+            tracker.set_result([status] if as_list else status)
 
-    def _keep_recent(self, outcomes):
-        """Remember the last ``broadcast_results_kept`` calls' results, so
-        ``get_result`` / ``%pxresult`` find them (the hub never saw them)."""
-        self._recent_calls.append([vid for vid, _, _ in outcomes])
-        for vid, result, metadata in outcomes:
-            self._recent[vid] = (result, metadata)
-        while len(self._recent_calls) > max(self.broadcast_results_kept, 0):
-            for vid in self._recent_calls.popleft():
-                self._recent.pop(vid, None)
+    def _start_call(self, msg_id, header, eids, uuids, track) -> Call:
+        """A call's state: one result future and one output future for all engines."""
+        call = Call(msg_id, header, eids, uuids)
+        call.future, call.output = Future(), Future()
+        call.tracker = Future() if track else _SENT_ALL
+        self._futures[msg_id] = call.future  # Client.wait() sees one entry per call
+        self.outstanding.add(msg_id)
+        self.history.extend(call.vids)
+        self._calls.start(call)
+        return call
 
-    def _asyncresult_from_jobs(self, jobs=None, owner=False):
-        many = isinstance(jobs, (list, tuple, set))
-        for job in jobs if many else [jobs]:
-            job = self.history[job] if isinstance(job, int) else job
-            if isinstance(job, str) and job in self._recent and job not in self._futures:
-                self.results[job], metadata = self._recent[job]
-                self.metadata[job].update(metadata)
-        return super()._asyncresult_from_jobs(jobs, owner=owner)
-
-    def _reduce_future(self, msg_id, header, track) -> List[MessageFuture]:
+    def _reduce_future(self, msg_id, header, track) -> MessageFuture:
         """One future for a reduction's combined value."""
         future = EngineFuture(msg_id, header, track=track)
         future.output = EngineFuture(msg_id, header)
@@ -311,49 +332,122 @@ class Client(ipp.Client):
             future.output.set_result(None)
 
         future.add_done_callback(done)
-        return [future]
+        return future
 
-    def _engine_futures(self, msg_id, header, uuids, track) -> List[MessageFuture]:
-        """One result future (with its output future) per engine, in order."""
-        futures, vids = [], []
-        left = [2 * len(uuids)]  # result and output futures not yet done
+    # ---------------------------------------------- per-engine parts, on demand
+    def _result(self, call: Call, i: int):
+        """Engine ``i``'s result, unpacked once."""
+        if call.results is None:
+            call.results = [_UNSET] * len(call.uuids)
+        result = call.results[i]
+        if result is _UNSET:
+            try:
+                result = self._engine_result(call, i)
+            except Exception as e:  # one engine's bad reply fails that engine only
+                log.error("Could not handle engine %s's reply to %s", call.eids[i], call.msg_id, exc_info=True)
+                result = RuntimeError(f"engine {call.eids[i]}: its reply could not be handled: {e!r}")
+            call.results[i] = result
+        return result
 
-        def done(_):
-            left[0] -= 1
-            if not left[0]:  # the whole broadcast is finished: drop its caches
-                self._traces.add(msg_id, "done", time.time())
-                self._broadcasts.pop(msg_id, None)
-                self._keep_recent([(f.msg_id, f.result(), f.output.metadata) for f in futures])
-                for vid in vids:
-                    self._real_ids.pop(vid, None)
-                    for cache in (self.results, self._futures, self._output_futures, self.metadata):
-                        cache.pop(vid, None)
+    def _engine_result(self, call: Call, i: int):
+        return outcome_result(self, call, i)
 
-        results_left = [len(uuids)]
+    def _children_of(self, call: Call) -> list:
+        """Per-engine futures of a call (made once, then settled as outcomes come)."""
+        with self._children_lock:
+            if call.children is not None:
+                return call.children
+            children = []
+            for i, vid in enumerate(call.vids):
+                child = EngineFuture(vid, call.header)
+                child.output = EngineFuture(vid, call.header)
+                child.output.metadata = outcome_metadata(self, call, i)
+                child.broadcast_id = call.msg_id
+                children.append(child)
+                if call.future.done() or not call.done:  # live: IOPub callbacks reach it
+                    self._futures.setdefault(vid, child)
+                    self._output_futures.setdefault(vid, child.output)
+            call.children = children
+            ready = [i for i, o in enumerate(call.outcomes) if o is not None]
+        self._settle_children(call, ready)
+        return children
 
-        def replied(_):  # every engine's outcome is in: the root holds nothing more
-            results_left[0] -= 1
-            if not results_left[0]:
-                self._root_watch.done(msg_id)
+    def _settle_children(self, call: Call, indices):
+        children = call.children
+        for i in indices:
+            child = children[i]
+            if not child.done():
+                child.set_result(self._result(call, i))
+            o = call.outcomes[i]
+            if (o[0] == FAILED or not o[2]) and not child.output.done():
+                child.output.set_result(None)
 
-        self._broadcasts[msg_id] = header
-        for uuid in uuids:
-            vid = engine_vid(msg_id, uuid)
-            vids.append(vid)
-            self._real_ids[vid] = msg_id
-            future = EngineFuture(vid, header, track=track)
-            output = future.output = EngineFuture(vid, header)
-            output.metadata = self.metadata[vid]
-            self._futures[vid] = future
-            self._output_futures[vid] = output
-            self.outstanding.add(vid)
-            self._outstanding_dict[uuid].add(vid)
-            self.history.append(vid)
-            future.add_done_callback(replied)
-            future.add_done_callback(done)
-            output.add_done_callback(done)
-            futures.append(future)
-        return futures
+    # --------------------------------------------------------- call progress
+    def _settled(self, call: Call, indices):
+        """Engines' outcomes were filed: update what exists, finish what is done."""
+        if call.mds is not None:
+            for i in indices:
+                fill_metadata(self, call, i)
+        if call.msg_id in self._traces:
+            for i in indices:
+                if call.outcomes[i][0] == "reply":
+                    self._traces.add_engine(call.msg_id, call.eids[i], call.outcomes[i][1])
+        with self._children_lock:
+            made = call.children is not None
+        if made:
+            self._settle_children(call, indices)
+        if call.done and not call.future.done():
+            self._root_watch.done(call.msg_id)
+            self.outstanding.discard(call.msg_id)
+            call.future.set_result([self._result(call, i) for i in range(len(call.uuids))])
+        if call.outputs_done and not call.output.done():
+            self._call_finished(call)
+
+    def _call_finished(self, call: Call):
+        """Results and outputs are all in: the call leaves the live table."""
+        self._traces.add(call.msg_id, "done", time.time())
+        self._calls.finish(call)
+        self._futures.pop(call.msg_id, None)
+        if call.children is not None:
+            for vid in call.vids:
+                self._futures.pop(vid, None)
+                self._output_futures.pop(vid, None)
+        call.output.set_result(None)
+
+    def _output_done(self, call: Call, i: int):
+        if self._calls.output_done(call, i):
+            if call.children is not None and not call.children[i].output.done():
+                call.children[i].output.set_result(None)
+            if call.outputs_done and not call.output.done():
+                self._call_finished(call)
+
+    # ------------------------------------------- ipyparallel's API, per engine
+    def wait(self, jobs=None, timeout=-1):
+        """ipyparallel's; a broadcast's AsyncResult or per-engine id waits on its call."""
+        if jobs is not None:
+            many = not isinstance(jobs, (str, int, ipp.AsyncResult)) and hasattr(jobs, "__iter__")
+            jobs = [self._waitable(j) for j in (jobs if many else [jobs])]
+        return super().wait(jobs, timeout)
+
+    def _waitable(self, job):
+        job = self.history[job] if isinstance(job, int) else job
+        call = getattr(job, "_call", None)
+        if call is None and isinstance(job, str):
+            call = self._calls.of_vid(job)[0]
+        return call.future if call is not None else job
+
+    def _asyncresult_from_jobs(self, jobs=None, owner=False):
+        many = isinstance(jobs, (list, tuple, set))
+        for job in jobs if many else [jobs]:
+            job = self.history[job] if isinstance(job, int) else job
+            call, i = self._calls.of_vid(job)
+            if call is None:
+                continue
+            if call.future.done():  # recent: its result, as ipyparallel caches one
+                self.results[job] = self._result(call, i)
+            else:  # in flight: that engine's future
+                self._children_of(call)
+        return super()._asyncresult_from_jobs(jobs, owner=owner)
 
     def abort(self, jobs=None, targets=None, block=None):
         """ipyparallel's abort; a broadcast's per-engine ids are translated to
@@ -364,19 +458,10 @@ class Client(ipp.Client):
         msg_ids = []
         for job in jobs:
             ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [job]
-            msg_ids.extend(self._real_ids.get(i, i) if isinstance(i, str) else i for i in ids)
+            for i in ids:
+                call = self._calls.of_vid(i)[0] if isinstance(i, str) else None
+                msg_ids.append(call.msg_id if call is not None else i)
         return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
-
-    def _handle_stranded_msgs(self, eid, uuid):
-        """ipyparallel's, less the parts of broadcasts: the tree fails those a
-        moment later, and says more (the host, its relay)."""
-        outstanding = self._outstanding_dict[uuid]
-        ours = {vid for vid in outstanding if vid in self._real_ids}
-        outstanding.difference_update(ours)
-        try:
-            super()._handle_stranded_msgs(eid, uuid)
-        finally:
-            outstanding.update(ours)
 
     def _extract_metadata(self, msg):
         """ipyparallel's, with the engine's start time parsed by the fast C parser."""
@@ -442,9 +527,12 @@ class Client(ipp.Client):
         if header.get("msg_type") != "status":
             return
         msg_id = (parent or {}).get("msg_id")
-        if msg_id in self._broadcasts:  # one engine's part of a broadcast
-            uuid = metadata.get("engine") or self._engines.get(P.engine_of_topic(idents))
-            msg_id = engine_vid(msg_id, uuid)
+        call = self._calls.get(msg_id)
+        if call is not None:  # one engine's part of a broadcast
+            i = call.index.get(metadata.get("engine") or self._engines.get(P.engine_of_topic(idents)))
+            if i is not None:
+                self._output_done(call, i)
+            return
         output = self._output_futures.get(msg_id)
         if output is not None and not output.done():
             output.set_result(None)
@@ -465,12 +553,12 @@ class Client(ipp.Client):
         """Requests that cannot come back: every engine's part fails."""
         if lost:
             log.error("%s: failing %d request(s)", lost[0][1], len(lost))
-        uuids = {u: e for e, u in self._engines.items()}
         for msg_id, why in lost:
-            for vid in [v for v, m in self._real_ids.items() if m == msg_id]:
-                uuid = vid[len(msg_id) + 1:]
-                eid = uuids.get(uuid)
-                self._engine_failed(msg_id, eid, uuid, f"{why}; engine {eid} did not answer", P.UNREACHABLE)
+            call = self._calls.get(msg_id)
+            if call is not None:
+                owed = [call.uuids[i] for i in call.pending()]
+                self._settled(call, self._calls.fail(
+                    call, owed, lambda eid: f"{why}; engine {eid} did not answer", util.utcnow()))
             future = self._reductions.pop(msg_id, None)
             if future is not None:
                 failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
@@ -484,52 +572,32 @@ class Client(ipp.Client):
         try:
             _, body = P.split_idents(frames)
             msg = self._codec.unpack(body)
-            if msg["header"].get("msg_type") == P.PONG:  # the root's, not a reply
+            kind = msg["header"].get("msg_type")
+            if kind == P.PONG:  # the root's, not a reply
                 return self._root_lost(self._root_watch.pong(msg["content"].get("unknown") or ()))
             self._replies_received += 1
-            if msg["header"].get("msg_type") == P.STATS_REPLY:
+            if kind == P.STATS_REPLY:
                 self._root_watch.done(msg["content"].get("msg_id"))
                 survey = self._surveys.get(msg["content"].get("msg_id"))
                 if survey is not None and not survey.done():
                     survey.set_result(msg["content"].get("nodes", []))
                 return
-            if msg["header"].get("msg_type") != P.BUNDLE:
+            if kind != P.BUNDLE:
                 return self._dispatch_reply(frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")
             self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
             if msg_id in self._reductions:
                 return self._reduced(self._reductions.pop(msg_id), msg)
-            if msg_id not in self._broadcasts:
+            call = self._calls.get(msg_id)
+            if call is None:
                 log.debug("bundle for unknown broadcast %s", msg_id)
                 return
-            outcomes = list(P.iter_bundle(self._codec, msg))
+            outcomes = P.iter_bundle(self._codec, msg)
+            settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log)
         except P.ProtocolError as e:
             log.error("Dropped an invalid broadcast reply: %s", e)
             return
-        for what, item in outcomes:
-            reply = None
-            try:
-                if what == "parsed":  # spliced by the leaf, signed with the bundle
-                    reply = item
-                    item["parent_header"] = self._broadcasts[msg_id]
-                elif what == "reply":
-                    reply = self._codec.unpack(item)
-                else:
-                    self._engine_failed(msg_id, *item)
-                    continue
-                self._engine_reply(msg_id, reply)
-            except Exception as e:
-                log.error("Dropped an engine reply in a bundle of %s", msg_id, exc_info=True)
-                self._unhandled_reply(msg_id, reply, e)
-
-    def _unhandled_reply(self, msg_id, reply, exc):
-        """An engine's reply that could not be handled fails that engine; one
-        that could not even be read is failed by the root watch (the root no
-        longer holds the request)."""
-        uuid = ((reply or {}).get("metadata") or {}).get("engine")
-        if isinstance(uuid, str) and msg_id in self._broadcasts:
-            eid = {u: e for e, u in self._engines.items()}.get(uuid)
-            self._engine_failed(msg_id, eid, uuid, f"its reply could not be handled: {exc!r}")
+        self._settled(call, settled)
 
     def _reduced(self, future, msg):
         """Resolve a reduction: its value, or the engines' errors."""
@@ -544,7 +612,7 @@ class Client(ipp.Client):
 
     def _resolve_reduction(self, future, reduction, raised, failed):
         errors = [error.unwrap_exception(self._codec.unpack(r)["content"]) for r in raised]
-        errors += [error.unwrap_exception(self._engine_error(*f[:3], "apply")) for f in failed]
+        errors += [error.unwrap_exception(engine_error(*f[:3], "apply")) for f in failed]
         order = {eid: i for i, eid in enumerate(future.targets)}
         errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
         try:
@@ -557,66 +625,8 @@ class Client(ipp.Client):
         except Exception as e:
             future.set_result(e)
 
-    @staticmethod
-    def _engine_error(eid, uuid, message, method):
-        """Error content for an engine that cannot answer (as an engine's own,
-        ``engine_info`` with ``method``, which rendering the error needs)."""
-        try:
-            raise error.EngineError(message)
-        except error.EngineError:
-            return error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid, method=method))
-
-    def _engine_reply(self, msg_id, reply):
-        if reply["parent_header"].get("msg_id") != msg_id:
-            raise P.ProtocolError("engine reply to another request")
-        vid = engine_vid(msg_id, reply["metadata"].get("engine"))
-        if vid not in self.outstanding:
-            return  # e.g. already failed when the client saw the engine die
-        future = self._futures.get(vid)
-        if future is not None:  # auto mode learns reply sizes from it
-            future.reply_bytes = sum(memoryview(b).nbytes for b in reply.get("buffers", ()))
-        if msg_id in self._traces:
-            self._traces.add_engine(msg_id, self._engines.get(reply["metadata"].get("engine")), reply)
-        reply["parent_header"] = dict(reply["parent_header"], msg_id=vid)
-        outputs = reply["metadata"].pop(P.OUTPUTS_KEY, None)
-        if outputs is not None:  # our engine: what IOPub would have brought is here
-            self._outputs_in_reply(vid, reply, outputs)
-        if reply["header"]["msg_type"] == "execute_reply":
-            self._handle_execute_reply(reply)
-        else:
-            self._handle_apply_reply(reply)
-        if outputs is not None and not outputs.get("iopub"):
-            output = self._output_futures.get(vid)
-            if output is not None and not output.done():
-                output.set_result(None)  # no IOPub status will come
-
-    def _outputs_in_reply(self, vid, reply, outputs):
-        """File an engine's outputs, carried in its reply, as IOPub would have."""
-        md = self.metadata[vid]
-        for name in ("stdout", "stderr"):
-            text = outputs.get(name) or ""
-            if text:
-                md[name] = (md[name] or "") + text
-        md["outputs"].extend(outputs.get("outputs") or ())
-        if reply["content"].get("status") == "error":
-            md["error"] = self._unwrap_exception(reply["content"])
-
-    def _engine_failed(self, msg_id, eid, uuid, message, code=None):
-        uuid = uuid or self._engines.get(eid)  # interior nodes know engines by id only
-        vid = engine_vid(msg_id, uuid)
-        if uuid is None or vid not in self.outstanding:
-            return
-        method = self._broadcasts[msg_id]["msg_type"].split("_")[0]  # apply or execute
-        reply = self.session.msg("apply_reply", content=self._engine_error(eid, uuid, message, method))
-        reply["parent_header"]["msg_id"] = vid
-        reply["metadata"]["engine"] = uuid
-        self._handle_apply_reply(reply)
-        output = self._output_futures.get(vid)
-        if output is not None and not output.done():
-            output.set_result(None)  # a dead engine sends no more output
-
     def _dispatch_iopub(self, frames):
-        """Route an engine's output for a broadcast to that engine's result."""
+        """Route an engine's output for a broadcast to that engine's part."""
         try:
             idents, body = self.session.feed_identities(frames, copy=False)
             msg = self.session.deserialize(body, content=True, copy=False)
@@ -625,9 +635,18 @@ class Client(ipp.Client):
             return
         parent = msg["parent_header"]
         msg_id = parent.get("msg_id") if parent else None
-        if msg_id in self._broadcasts:
+        call = self._calls.get(msg_id) if msg_id else None
+        if call is not None:
             uuid = msg["metadata"].get("engine") or self._engines.get(P.engine_of_topic(idents))
-            msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
+            i = call.index.get(uuid)
+            if i is None:
+                return
+            if msg["header"]["msg_type"] == "status":
+                if msg["content"].get("execution_state") == "idle":
+                    self._output_done(call, i)
+                return
+            outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
+            msg["parent_header"] = dict(parent, msg_id=call.vids[i])
         elif (P.is_broadcast_id(msg_id) and msg_id not in self._reductions
               and not msg["header"]["msg_type"].startswith("comm_")):
             return  # output of a finished broadcast (e.g. a thread printing late)

@@ -10,12 +10,22 @@ order: records are merged whichever comes first.
 ``rc.db_query``, ``rc.result_status``, ``rc.queue_status`` and
 ``rc.get_result`` see broadcasts as they see DirectView calls. Engines' outputs
 (IOPub) for a broadcast are filed under the same per-engine ids.
+
+Filing is lazy: the copies wait, unread, in a journal, and are filed (in the
+order they came) only when something may read the records: any client query
+to the hub (``db_query``, ``result_status``, ``queue_status``,
+``get_result``, ...) and an engine's unregistration. A call to 1,024 engines
+behind 16 host relays costs the hub 17 appends, not 1,024 records, unless
+someone asks. The journal keeps the last ``JOURNAL_FACTOR * record_limit``
+copies (and ``size_limit`` bytes) of the in-memory DB: older ones are dropped
+unfiled, as the DB would have culled their records. With any other DB
+(SQLite, Mongo) nothing is dropped: the oldest copies are filed instead.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from functools import partial
+from collections import OrderedDict, deque
+from functools import partial, wraps
 from itertools import islice
 
 from ipyparallel import util
@@ -26,6 +36,7 @@ from . import protocol as P
 from .protocol import engine_vid
 
 EARLY = 1_000  # results held until their request's copy comes (it travels apart)
+JOURNAL_FACTOR = 4  # copies kept unfiled, per record the in-memory DB may hold
 
 
 class _RecentSet:
@@ -114,12 +125,60 @@ class BroadcastRecords:
         self.log = hub.log
         self.early: OrderedDict = OrderedDict()  # vid -> (eid, result) seen before its request
         self.uuids: dict = {}  # engine id -> uuid, of every engine a broadcast targeted
-        hub.monitor_handlers[P.INBCAST] = self.save_request
-        hub.monitor_handlers[P.OUTBCAST] = self.save_result
-        hub.monitor_handlers[P.OUTBUNDLE] = self.save_bundle
         self.codec = P.Codec(hub.session)
+        self.journal: deque = deque()  # (handler, topics, message) of copies not yet filed
+        self.journal_bytes = 0
+        db = hub.db
+        self.drops = isinstance(db, BroadcastDictDB)  # else the oldest are filed, never dropped
+        limits = (db.record_limit, db.size_limit) if self.drops else (256, 2**28)
+        self.most, self.most_bytes = JOURNAL_FACTOR * max(limits[0], 1), limits[1]
+        self.dropped = 0  # copies dropped unfiled (their records would have been culled)
+        for topic, handler in ((P.INBCAST, self.save_request), (P.OUTBCAST, self.save_result),
+                               (P.OUTBUNDLE, self.save_bundle)):
+            hub.monitor_handlers[topic] = partial(self._defer, handler)
         self._save_iopub = hub.save_iopub_message
         hub.save_iopub_message = self.save_iopub
+        for name, handler in list(hub.query_handlers.items()):
+            hub.query_handlers[name] = self._filing_first(handler)
+        hub.unregister_engine = hub.query_handlers["unregistration_request"]
+
+    # ---------------------------------------------------------------- journal
+    def _defer(self, handler, topics, message):
+        """Keep a copy to file later; past the bounds, the oldest go."""
+        self.journal.append((handler, topics, message))
+        if isinstance(message, list):
+            self.journal_bytes += sum(len(f) for f in message)
+        while len(self.journal) > self.most or self.journal_bytes > self.most_bytes:
+            if self.drops:
+                self._forget(self.journal.popleft())
+                self.dropped += 1
+            else:
+                self._file_one()
+
+    def _forget(self, entry):
+        if isinstance(entry[2], list):
+            self.journal_bytes -= sum(len(f) for f in entry[2])
+
+    def _file_one(self):
+        entry = self.journal.popleft()
+        self._forget(entry)
+        handler, topics, message = entry
+        try:
+            handler(topics, message)
+        except Exception:  # one bad copy must not stop the others being filed
+            self.log.error("broadcast:: could not file a record copy", exc_info=True)
+
+    def file_all(self):
+        """File every copy waiting in the journal, oldest first."""
+        while self.journal:
+            self._file_one()
+
+    def _filing_first(self, handler):
+        @wraps(handler)
+        def filed_then(*args, **kwargs):
+            self.file_all()
+            return handler(*args, **kwargs)
+        return filed_then
 
     def _hold_early(self, vid, value):
         self.early[vid] = value
@@ -255,10 +314,16 @@ class BroadcastRecords:
         """File an engine's output for a broadcast under its per-engine id."""
         parent = msg.get("parent_header") or {}
         msg_id = parent.get("msg_id")
-        if P.is_broadcast_id(msg_id):  # known by its id: it may come before the request
-            uuid = msg["metadata"].get("engine") or self.uuids.get(P.engine_of_topic(topics))
-            if uuid is None:  # not one of ours: a record without a request would be junk
-                self.log.debug("iopub:: output of unknown engine for broadcast %s dropped", msg_id)
-                return None
-            msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
+        if P.is_broadcast_id(msg_id):  # after its request's copy, in the journal
+            self._defer(self._save_broadcast_iopub, topics, msg)
+            return None
         return self._save_iopub(topics, msg)
+
+    def _save_broadcast_iopub(self, topics, msg):
+        parent, msg_id = msg["parent_header"], msg["parent_header"]["msg_id"]
+        uuid = msg["metadata"].get("engine") or self.uuids.get(P.engine_of_topic(topics))
+        if uuid is None:  # not one of ours: a record without a request would be junk
+            self.log.debug("iopub:: output of unknown engine for broadcast %s dropped", msg_id)
+            return
+        msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
+        self._save_iopub(topics, msg)

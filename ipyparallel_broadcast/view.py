@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
-from ipyparallel import error, util
-from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
+from ipyparallel import util
 from ipyparallel.client.map import Map, dists
 from ipyparallel.client.remotefunction import ParallelFunction, _map, getname, sync_view_results
 from ipyparallel.client.view import DirectView, save_ids, sync_results
@@ -24,6 +23,7 @@ from traitlets import Any, Bool, List, TraitError, validate
 
 from . import protocol as P
 from .reduction import OPS, engine_value
+from .results import TreeAsyncMapResult, TreeAsyncResult
 
 AUTO = "auto"
 AUTO_STREAM_BYTES = 4 * 2**20  # auto mode streams calls expected to return more
@@ -42,36 +42,6 @@ class Batch:
             raise ValueError(f"Batch count must be a positive int, not {self.count!r}")
         if self.interval is not None and not self.interval >= 0:
             raise ValueError(f"Batch interval must be >= 0 seconds, not {self.interval!r}")
-
-
-class _Survivors:
-    """A ``CompositeError`` from ``get()`` keeps every engine's outcome in
-    ``.results``: the survivors' results, with the errors in place."""
-
-    def _collect_exceptions(self, results):
-        try:
-            return super()._collect_exceptions(results)
-        except error.CompositeError as e:
-            e.results = list(results)
-            raise
-
-
-class _Traced:
-    @property
-    def trace(self) -> list:
-        """When this call passed the client, each relay node and each engine
-        (a view with ``trace=True``; see ``ipyparallel_broadcast.trace``).
-        Waits for the call to finish."""
-        self.wait()
-        return self._client.broadcast_trace(getattr(self._children[0], "broadcast_id", None))
-
-
-class TreeAsyncResult(_Survivors, _Traced, AsyncResult):
-    pass
-
-
-class TreeAsyncMapResult(_Survivors, _Traced, AsyncMapResult):
-    pass
 
 
 def reply_mode(coalescing) -> tuple:
@@ -150,23 +120,22 @@ class BroadcastView(DirectView):
     def _broadcast(self, msg_type, targets, fname, content=None, buffers=(), metadata=None,
                    track=False, block=False, each=None, reduce=None):
         targets = self.targets if targets is None else targets
-        idents, eids = self.client._build_targets(targets)
-        uuids = [i.decode("utf8") for i in idents]
+        uuids, eids = self.client.resolve_targets(targets)
         reply, batch = (P.COALESCE, None) if reduce else self._reply_for(fname, len(eids), block)
-        futures = self.client.send_broadcast(
+        sent = self.client.send_broadcast(
             msg_type, eids, uuids, content=content, buffers=buffers, metadata=metadata,
             reply=reply, track=track, each=each, batch=batch, reduce=reduce, trace=self.trace,
         )
-        if reduce:
-            return TreeAsyncResult(self.client, futures[0], fname=fname, targets=eids, owner=True)
+        if reduce:  # one future: the combined value
+            return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
         if self.coalescing == AUTO:
-            futures[-1].add_done_callback(lambda _: self._learn_size(fname, futures))
-        if isinstance(targets, int):
-            futures = futures[0]
-        return TreeAsyncResult(self.client, futures, fname=fname, targets=eids, owner=True)
+            sent.future.add_done_callback(lambda _: self._learn_size(fname, sent))
+        return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True,
+                               single=isinstance(targets, int))
 
-    def _learn_size(self, fname, futures):
-        known = [f.reply_bytes for f in futures if f.reply_bytes is not None]
+    def _learn_size(self, fname, call):
+        known = [sum(memoryview(b).nbytes for b in o[1]["buffers"])
+                 for o in call.outcomes if o is not None and o[0] == "reply"]
         if known:
             self._reply_sizes[fname] = sum(known) / len(known)
 
@@ -231,7 +200,7 @@ class BroadcastView(DirectView):
         receives only its own part (NumPy arrays are split without copying)."""
         block = self.block if block is None else block
         track = self.track if track is None else track
-        eids = self.client._build_targets(self.targets if targets is None else targets)[1]
+        eids = self.client.resolve_targets(self.targets if targets is None else targets)[1]
         mapper = dists[dist]()
         parts = [mapper.getPartition(seq, i, len(eids)) for i in range(len(eids))]
         each = [((), {key: p[0] if flatten and len(p) == 1 else p}) for p in parts]
@@ -247,10 +216,10 @@ class BroadcastView(DirectView):
     def gather(self, key, dist="b", targets=None, block=None):
         """One pull from every target, joined in target order."""
         block = self.block if block is None else block
-        eids = self.client._build_targets(self.targets if targets is None else targets)[1]
+        eids = self.client.resolve_targets(self.targets if targets is None else targets)[1]
         ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
         ar.owner = False
-        return _maybe_get(TreeAsyncMapResult(self.client, ar._children, dists[dist](), fname="gather"), block)
+        return _maybe_get(TreeAsyncMapResult(self.client, ar._call, dists[dist](), fname="gather"), block)
 
     @sync_results
     def map(self, f, *sequences, block=None, track=False, return_exceptions=False, label=None):
@@ -278,12 +247,12 @@ class BroadcastView(DirectView):
         block = self.block if block is None else block
         targets = self.targets if targets is None else targets
         if op == "concat":
-            eids = self.client._build_targets(targets)[1]
+            eids = self.client.resolve_targets(targets)[1]
             with self.temp_flags(coalescing=True if self.coalescing == AUTO else self.coalescing):
                 ar = self._apply(f, eids, [PrePickled(a) for a in args], kwargs, block=block,
                                  fname="reduce")
             ar.owner = False
-            return _maybe_get(TreeAsyncMapResult(self.client, ar._children, Map(), fname="reduce"), block)
+            return _maybe_get(TreeAsyncMapResult(self.client, ar._call, Map(), fname="reduce"), block)
         if op not in OPS:
             raise ValueError(f"op must be one of {sorted(OPS) + ['concat']}, not {op!r}")
         ar = self._apply(partial(engine_value, f), targets, args, kwargs, block=block,
@@ -320,7 +289,7 @@ class TreeParallelFunction(ParallelFunction):
         if not mapping and min(lens) != max(lens):
             raise ValueError(f"all sequences must have equal length, but have {lens}")
         view = self.view
-        eids = view.client._build_targets(view.targets)[1]
+        eids = view.client.resolve_targets(view.targets)[1]
         used, each, sizes = [], [], []
         for index, eid in enumerate(eids):
             args = [self.mapObject.getPartition(s, index, len(eids), max(lens)) for s in sequences]
@@ -335,9 +304,9 @@ class TreeParallelFunction(ParallelFunction):
                          label=flags.get("label"), block=self.block, fname=getname(self.func))
         ar.owner = False
         r = TreeAsyncMapResult(
-            view.client, ar._children, self.mapObject, fname=getname(self.func),
+            view.client, ar._call, self.mapObject, fname=getname(self.func),
             ordered=self.ordered, return_exceptions=self.return_exceptions,
-            chunk_sizes={c.msg_id: n for c, n in zip(ar._children, sizes)},
+            chunk_sizes=dict(zip(ar._call.vids, sizes)),
         )
         return _maybe_get(r, self.block)
 

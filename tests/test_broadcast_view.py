@@ -184,12 +184,12 @@ def test_ready_wait_and_progress(rc, coalescing, capsys):
 
 def test_no_targets(rc, coalescing):
     view = rc.broadcast_view([], coalescing=coalescing)
-    before = set(rc._broadcasts)  # earlier calls may still await their last IOPub
+    before = set(rc._calls.live)  # earlier calls may still await their last IOPub
     with pytest.raises(ValueError, match="at least one target"):
         view.apply_sync(lambda: 1)
     with pytest.raises(ValueError, match="at least one target"):
         view.execute("x = 1")
-    assert set(rc._broadcasts) <= before  # the refused calls left nothing pending
+    assert set(rc._calls.live) <= before  # the refused calls left nothing pending
 
 
 def test_view_attributes(rc, coalescing):

@@ -116,9 +116,9 @@ class RaisesOnce(ipb.Client):
             self._boom("iopub-status")
         return super()._dispatch_iopub(frames)
 
-    def _engine_reply(self, msg_id, reply):
+    def _engine_result(self, call, i):
         self._boom("engine-reply")
-        return super()._engine_reply(msg_id, reply)
+        return super()._engine_result(call, i)
 
     def _handle_apply_reply(self, msg):
         if not P.is_broadcast_id(msg["parent_header"].get("msg_id", "")):

@@ -105,7 +105,7 @@ def test_dead_or_unknown_targets_are_refused_up_front(rc):
     deadline = time.monotonic() + 30
     while targets[0] in rc.ids and time.monotonic() < deadline:
         time.sleep(0.05)
-    pending = set(rc._broadcasts)
+    pending = set(rc._calls.live)
     refused = r"is not registered: it died or never registered"
     stale = rc.broadcast_view(targets[1:])
     stale.targets = targets  # set while the dead engine was still listed
@@ -114,5 +114,5 @@ def test_dead_or_unknown_targets_are_refused_up_front(rc):
     for bad in ([targets[0]], [targets[1], targets[0]], [10_000]):
         with pytest.raises(IndexError, match=refused):
             rc.broadcast_view(bad)
-    assert set(rc._broadcasts) <= pending  # nothing was sent
+    assert set(rc._calls.live) <= pending  # nothing was sent
     assert len(rc.broadcast_view(targets[1:]).apply_sync(os.getpid)) == N - 1

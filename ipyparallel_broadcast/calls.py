@@ -1,0 +1,196 @@
+"""The client's broadcasts, sans I/O: bundles in, per-call outcomes out.
+
+A ``Call`` is one broadcast at the client: its targets, and each target's
+outcome once known (an engine's parsed reply, or a failure). ``Calls`` is the
+table of calls in flight plus the last few finished ones (``get_result`` can
+still recall them). Per engine, nothing runs beyond filing its outcome in one
+pass over a bundle; results are unpacked once, when the call is complete, and
+metadata is built only for the engines someone asks about. No socket, no
+thread, no ipyparallel internals here: the client (``client.py``) feeds
+bundles and failures in, and settles one future per finished call.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+from . import protocol as P
+
+FAILED = "failed"  # an outcome ``(FAILED, eid, uuid, message)``: the engine cannot answer
+
+
+def vid_parts(vid: str):
+    """``(msg_id, uuid)`` of a per-engine id ``f"{msg_id}_{uuid}"`` (uuids have no ``_``)."""
+    msg_id, _, uuid = vid.rpartition("_")
+    return msg_id, uuid
+
+
+class Call:
+    """One broadcast: targets in order, and their outcomes as they come."""
+
+    __slots__ = ("msg_id", "header", "eids", "uuids", "index", "outcomes", "left", "iopub",
+                 "received", "idle", "mds", "children", "future", "output", "tracker", "results", "_vids")
+
+    def __init__(self, msg_id: str, header: dict, eids: Sequence[int], uuids: Sequence[str]):
+        self.msg_id, self.header = msg_id, header
+        self.eids, self.uuids = list(eids), list(uuids)
+        self.index = {u: i for i, u in enumerate(self.uuids)}
+        self.outcomes: List[Optional[tuple]] = [None] * len(self.uuids)
+        self.left = len(self.uuids)  # outcomes still owed
+        self.iopub = 0  # engines whose outputs still stream on IOPub (until their idle status)
+        self.received: List[object] = [None] * len(self.uuids)  # when each outcome came
+        self.idle: set = set()  # engines whose idle status came before their reply
+        self.mds: Optional[list] = None  # per-engine Metadata, built on first read
+        self.children: Optional[list] = None  # per-engine futures, built on first need
+        self.future = self.output = self.tracker = None  # the client's: result, outputs, sent
+        self.results: Optional[list] = None  # per-engine results, once complete
+        self._vids: Optional[list] = None
+
+    @property
+    def vids(self) -> List[str]:
+        """Per-engine ids, in target order (what AsyncResult calls msg_ids)."""
+        if self._vids is None:
+            prefix = self.msg_id + "_"
+            self._vids = [prefix + u for u in self.uuids]
+        return self._vids
+
+    @property
+    def done(self) -> bool:
+        return not self.left
+
+    @property
+    def outputs_done(self) -> bool:
+        return not self.left and not self.iopub
+
+    def settle(self, uuid: str, outcome: tuple, when=None) -> Optional[int]:
+        """File one engine's outcome; its index, or None if not owed (an
+        unknown engine, or one already settled: e.g. failed before its reply)."""
+        i = self.index.get(uuid)
+        if i is None or self.outcomes[i] is not None:
+            return None
+        self.outcomes[i] = outcome
+        self.received[i] = when
+        self.left -= 1
+        return i
+
+    def pending(self) -> List[int]:
+        return [i for i, o in enumerate(self.outcomes) if o is None]
+
+
+def reply_outcome(reply: dict) -> tuple:
+    """``("reply", reply, streams)`` for an engine's parsed reply: ``streams`` is
+    whether its outputs still come on IOPub (an engine that does not carry
+    them in its reply, or carries some and streams the rest)."""
+    outputs = reply["metadata"].get(P.OUTPUTS_KEY)
+    streams = outputs is None or bool(outputs.get("iopub"))
+    return ("reply", reply, streams)
+
+
+class Calls:
+    """The client's calls in flight, by msg_id, and the last ``kept`` finished."""
+
+    def __init__(self, kept: int = 16):
+        self.kept = kept
+        self.live: Dict[str, Call] = {}
+        self.recent: "OrderedDict[str, Call]" = OrderedDict()
+
+    def __contains__(self, msg_id) -> bool:
+        return msg_id in self.live
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def get(self, msg_id) -> Optional[Call]:
+        return self.live.get(msg_id)
+
+    def find(self, msg_id) -> Optional[Call]:
+        """A live or recent call."""
+        return self.live.get(msg_id) or self.recent.get(msg_id)
+
+    def of_vid(self, vid) -> tuple:
+        """``(call, index)`` of a per-engine id, live or recent; ``(None, None)``."""
+        if not isinstance(vid, str) or not P.is_broadcast_id(vid):
+            return None, None
+        msg_id, uuid = vid_parts(vid)
+        call = self.find(msg_id)
+        if call is None:
+            return None, None
+        i = call.index.get(uuid)
+        return (call, i) if i is not None else (None, None)
+
+    def start(self, call: Call) -> Call:
+        self.live[call.msg_id] = call
+        return call
+
+    def bundle(self, call: Call, outcomes: Iterable[tuple], when, unpack, log) -> List[int]:
+        """File a bundle's outcomes (``protocol.iter_bundle``); the indices
+        settled. ``unpack`` reads a raw reply; an outcome that cannot be read
+        is logged and skipped (the root watch fails that engine later)."""
+        settled = []
+        for what, item in outcomes:
+            try:
+                i = self._file(call, what, item, when, unpack)
+            except Exception as e:
+                log.error("Dropped an engine outcome in a bundle of %s: %r", call.msg_id, e)
+                continue
+            if i is not None:
+                settled.append(i)
+        return settled
+
+    @staticmethod
+    def _file(call: Call, what, item, when, unpack) -> Optional[int]:
+        if what == FAILED:
+            eid, uuid, message = item[:3]
+            if not isinstance(uuid, str) and eid in call.eids:  # nodes know engines by id only
+                uuid = call.uuids[call.eids.index(eid)]
+            return call.settle(uuid, (FAILED, eid, uuid, message), when)
+        if what == "reply":
+            item = unpack(item)
+            if item["parent_header"].get("msg_id") != call.msg_id:
+                raise P.ProtocolError("engine reply to another request")
+        elif what != "parsed":
+            raise P.ProtocolError(f"unexpected outcome {what!r} in a bundle")
+        item["parent_header"] = call.header
+        outcome = reply_outcome(item)
+        i = call.settle(item["metadata"]["engine"], outcome, when)
+        if i is not None and outcome[2]:
+            if i in call.idle:  # its outputs are all in already
+                call.outcomes[i] = ("reply", item, False)
+            else:
+                call.iopub += 1
+        return i
+
+    def fail(self, call: Call, uuids: Iterable[str], message: Callable[[int], str], when=None) -> List[int]:
+        """Engines that cannot answer: each owed one gets a failure."""
+        settled = []
+        for uuid in uuids:
+            i = call.index.get(uuid)
+            if i is not None and call.outcomes[i] is None:
+                call.settle(uuid, (FAILED, call.eids[i], uuid, message(call.eids[i])), when)
+                settled.append(i)
+        return settled
+
+    def output_done(self, call: Call, i: int) -> bool:
+        """An engine's IOPub outputs are complete (its idle status came)."""
+        o = call.outcomes[i]
+        if o is None:  # IOPub overtook the reply
+            call.idle.add(i)
+            return False
+        if o[0] == "reply" and o[2]:
+            call.outcomes[i] = ("reply", o[1], False)
+            call.iopub -= 1
+            return True
+        return False
+
+    def finish(self, call: Call):
+        """A complete call leaves the live table; the last ``kept`` stay recallable."""
+        if self.live.pop(call.msg_id, None) is None:
+            return
+        self.recent[call.msg_id] = call
+        while len(self.recent) > max(self.kept, 0):
+            self.recent.popitem(last=False)
+
+    def engines_of(self, uuid: str) -> List[Call]:
+        """Live calls that still wait on engine ``uuid``."""
+        return [c for c in self.live.values() if uuid in c.index and c.outcomes[c.index[uuid]] is None]
