@@ -12,6 +12,8 @@ kinds:
 - ``stock``: ipyparallel's controller, ``broadcast_scheduler_depth=depth``;
 - ``ours-sim``, ``stock-sim``: the same controllers with ``n`` simulated
   engines (``python -m ipyparallel_broadcast.sim``, a detached process);
+- ``ours-simhosts``: ours, its simulated engines run as ``SIM_HOSTS`` hosts,
+  each behind its own host relay;
 - ``dask``: a local Dask cluster of ``n`` workers
   (``python -m ipyparallel_broadcast.peers dask-serve``); its
   "connection file" holds the scheduler's address.
@@ -39,7 +41,8 @@ from .profiles import current
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POOL = os.environ.get("IPB_BENCH_POOL", os.path.join(ROOT, ".asv", "pool"))
-KINDS = ("ours", "ours-default", "stock", "ours-sim", "stock-sim", "dask")
+KINDS = ("ours", "ours-default", "stock", "ours-sim", "ours-simhosts", "stock-sim", "dask")
+SIM_HOSTS = 16  # ours-simhosts: the simulated engines run as this many hosts, each with its host relay
 
 
 def _path(kind, n, depth, fanout) -> str:
@@ -48,7 +51,7 @@ def _path(kind, n, depth, fanout) -> str:
 
 def _real(kind, n) -> int:
     """Engines of this kind that cost a real process each."""
-    return 0 if kind.endswith("-sim") else n
+    return 0 if "-sim" in kind else n
 
 
 def _records():
@@ -79,6 +82,12 @@ def connection_file(kind: str, n: int, depth: int = 1, fanout: int = 2) -> str:
     return _start(kind, n, depth, fanout, path)["connection_file"]
 
 
+def controller_pid(kind: str, n: int, depth: int = 1, fanout: int = 2) -> int:
+    """The controller process of a running pool cluster (``connection_file`` first)."""
+    with open(_path(kind, n, depth, fanout)) as f:
+        return json.load(f)["controller_pid"]
+
+
 def _detached(*args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,7 +103,7 @@ def _start(kind, n, depth, fanout, path) -> dict:
         record.update(controller_pid=proc.pid, connection_file=address)
         _write(path, record)
         return record
-    sim = kind.endswith("-sim")
+    sim = "-sim" in kind
     common = dict(n=0 if sim else n, profile_dir=profile_dir, log_level=40, shutdown_atexit=False)
     if kind.startswith("ours"):  # ours-default: engines without thread limits (compose suite)
         compose = "default" if kind == "ours-default" else None
@@ -111,7 +120,9 @@ def _start(kind, n, depth, fanout, path) -> dict:
     try:
         if sim:
             engine_file = record["connection_file"].replace("-client.json", "-engine.json")
-            record["helper_pids"] = [_detached("ipyparallel_broadcast.sim", engine_file, "--engines", str(n)).pid]
+            hosts = ["--hosts", "--per-process", str(max(1, -(-n // SIM_HOSTS)))] if kind == "ours-simhosts" else []
+            record["helper_pids"] = [_detached("ipyparallel_broadcast.sim", engine_file, "--engines", str(n),
+                                               *hosts).pid]
             _write(path, record)  # from here on, stop() can find the farm
         rc.wait_for_engines(n, timeout=max(120, n / 10))
     finally:

@@ -23,7 +23,7 @@ _EXPORTS = {
     "Cluster": "launcher",
     "Client": "client",
     "NotABroadcastController": "client",
-    "TreeLayout": "client",
+    "TreeLayout": "treeinfo",
     "TreeShape": "topology",
 }
 

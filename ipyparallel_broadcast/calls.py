@@ -30,7 +30,7 @@ class Call:
     """One broadcast: targets in order, and their outcomes as they come."""
 
     __slots__ = ("msg_id", "header", "eids", "uuids", "index", "outcomes", "left", "iopub",
-                 "received", "idle", "mds", "children", "future", "output", "tracker", "results", "_vids")
+                 "received", "idle", "stream", "mds", "children", "future", "output", "tracker", "results", "_vids")
 
     def __init__(self, msg_id: str, header: dict, eids: Sequence[int], uuids: Sequence[str]):
         self.msg_id, self.header = msg_id, header
@@ -41,6 +41,7 @@ class Call:
         self.iopub = 0  # engines whose outputs still stream on IOPub (until their idle status)
         self.received: List[object] = [None] * len(self.uuids)  # when each outcome came
         self.idle: set = set()  # engines whose idle status came before their reply
+        self.stream = False  # replies streamed (True) or coalesced into one message
         self.mds: Optional[list] = None  # per-engine Metadata, built on first read
         self.children: Optional[list] = None  # per-engine futures, built on first need
         self.future = self.output = self.tracker = None  # the client's: result, outputs, sent

@@ -13,106 +13,36 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
-from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import Future
 from functools import partial
-from typing import Dict, List
+from typing import Dict
 
 import zmq
-from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Integer
 
-import ipyparallel as ipp
-from ipyparallel import error, util
-from ipyparallel.client.client import Metadata
+from ipyparallel import util
 from ipyparallel.client.futures import MessageFuture
 
 from . import protocol as P
-from .calls import FAILED, Call, Calls
-from .protocol import parse_date
-from .guard import contained, guarded_callback
+from .adapter import CallMetadata, EngineFuture, Upstream
+from .treeinfo import TreeSurveys
+from .calls import Call, Calls
 from .reduction import Reduction
-from .results import engine_error, fill_metadata, outcome_metadata, outcome_result
-from .rootwatch import RootWatch
-from .topology import TreeShape, render
-from .trace import Traces, merge
+from .results import fill_metadata, outcome_result, resolve_reduction
+from .topology import TreeShape
+from .trace import Traces
 
 log = logging.getLogger(__name__)
-# ipyparallel's IOPub handling of a parsed message, taken once: a rebound
-# ``ipyparallel.Client`` (a user's subclass, a mock) must not change it
-_UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
-_SENT = Future()
-_SENT.set_result(None)
 _SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
 _SENT_ALL.set_result([None])
 _UNSET = object()
-
-
-class EngineFuture(MessageFuture):
-    """A MessageFuture without the Event and tracker Future it does not need
-    (made only for a reduction, or for engines someone waits on one by one)."""
-
-    def __init__(self, msg_id, header=None, *, track=False):
-        Future.__init__(self)
-        self.msg_id = msg_id
-        self.header = header
-        self.track = track
-        self._tracker = None
-        self.tracker = Future() if track else _SENT
-        self.iopub_callbacks = []
-        self.output = None
-        self.broadcast_id = None  # the msg_id of the broadcast this is part of
-
-    def wait(self, timeout=None):
-        try:
-            self.exception(timeout)
-        except FuturesTimeout:
-            return False
-        except CancelledError:
-            pass
-        return True
-
-
-class CallMetadata(defaultdict):
-    """``Client.metadata``: a broadcast engine's per-engine id finds that
-    engine's Metadata in its call (made on first read, never copied here)."""
-
-    def __init__(self, client):
-        super().__init__(Metadata)
-        self.client = client
-
-    def __missing__(self, key):
-        call, i = self.client._calls.of_vid(key)
-        if call is None:
-            return super().__missing__(key)
-        return outcome_metadata(self.client, call, i)
 
 
 class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class TreeLayout:
-    """The tree in use: which leaf serves which engines, and the host relays
-    (``hosts``: ``{label: (leaf index, engine ids)}``) with theirs."""
-
-    def __init__(self, shape: TreeShape, engine_ids, hosts=None):
-        self.shape = shape
-        self.depth, self.fanout = shape.depth, shape.fanout
-        self.hosts = dict(hosts or {})
-        hosted = {e for _, eids in self.hosts.values() for e in eids}
-        self.leaves = {
-            shape.leaf_index(path): eids
-            for path, eids in shape.layout(e for e in engine_ids if e not in hosted).items()
-        }
-        self._text = render(shape, engine_ids, self.hosts)
-
-    def __repr__(self):
-        return self._text
-
-
-class Client(ipp.Client):
+class Client(TreeSurveys, Upstream):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     broadcast_results_kept = Integer(
@@ -179,55 +109,6 @@ class Client(ipp.Client):
             **kwargs,
         )
 
-    def _build_targets(self, targets):
-        """ipyparallel's, with a clear error for an engine that is not registered
-        (it died or never came) instead of a bare ``KeyError``."""
-        try:
-            return super()._build_targets(targets)
-        except KeyError as e:
-            raise IndexError(
-                f"Engine {e.args[0]!r} is not registered: it died or never registered "
-                f"(registered engines: {self.ids})"
-            ) from None
-
-    def broadcast_trace(self, msg_id: str, timeout: float = 10) -> List[dict]:
-        """The events of a traced broadcast, in time order: the client's, each
-        relay node's and each engine's (see ``ipyparallel_broadcast.trace``)."""
-        if msg_id not in self._traces:
-            raise KeyError(f"no trace of {msg_id!r} (not traced, or no longer kept)")
-        return merge(self._traces.events(msg_id), self.broadcast_stats(timeout, trace=msg_id))
-
-    def broadcast_stats(self, timeout: float = 10, trace=None) -> List[dict]:
-        """Every relay node's own state, gathered up the tree in one round trip:
-        ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``
-        (bad messages refused), ``engines`` (leaves), ``rss``, ``pid``, ``busy``
-        (seconds spent handling messages) and ``cpu`` (process CPU seconds).
-        A node that cannot answer appears with an ``error``."""
-        self.tree_shape  # a clear error on a stock controller
-        msg = self.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
-        msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
-        self._surveys[msg_id] = survey = Future()
-        self._io_loop.add_callback(self._to_root, msg_id, self._broadcast_stream.send_multipart,
-                                   self.session.serialize(msg))
-        try:
-            return sorted(survey.result(timeout), key=lambda n: str(n.get("node")))
-        finally:
-            self._surveys.pop(msg_id, None)
-            self._root_watch.done(msg_id)
-
-    def broadcast_tree(self, timeout: float = 10) -> TreeLayout:
-        """Depth, fan-out, the engines under each leaf, and the host relays
-        under the leaves with their engines (asked of the tree itself)."""
-        shape, hosts = self.tree_shape, {}
-        nodes = self.broadcast_stats(timeout)
-        leaf_of_host = {h: n["node"] for n in nodes for h in n.get("hosts") or ()}
-        for n in nodes:
-            if n.get("host") in leaf_of_host:
-                path = () if leaf_of_host[n["host"]] == "root" else \
-                    tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
-                hosts[n["host"]] = (shape.leaf_index(path), n.get("eids") or [])
-        return TreeLayout(shape, self.ids, hosts)
-
     # ------------------------------------------------------------------ send
     def resolve_targets(self, targets):
         """``(uuids, engine ids)`` of ``targets`` (an int, a list, a slice, "all")."""
@@ -276,6 +157,7 @@ class Client(ipp.Client):
             tracker, as_list = sent.tracker, False
         else:
             sent = self._start_call(msg_id, inner["header"], eids, uuids, track)
+            sent.stream = reply == P.STREAM
             tracker, as_list = sent.tracker, True
         envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))
 
@@ -352,36 +234,6 @@ class Client(ipp.Client):
     def _engine_result(self, call: Call, i: int):
         return outcome_result(self, call, i)
 
-    def _children_of(self, call: Call) -> list:
-        """Per-engine futures of a call (made once, then settled as outcomes come)."""
-        with self._children_lock:
-            if call.children is not None:
-                return call.children
-            children = []
-            for i, vid in enumerate(call.vids):
-                child = EngineFuture(vid, call.header)
-                child.output = EngineFuture(vid, call.header)
-                child.output.metadata = outcome_metadata(self, call, i)
-                child.broadcast_id = call.msg_id
-                children.append(child)
-                if call.future.done() or not call.done:  # live: IOPub callbacks reach it
-                    self._futures.setdefault(vid, child)
-                    self._output_futures.setdefault(vid, child.output)
-            call.children = children
-            ready = [i for i, o in enumerate(call.outcomes) if o is not None]
-        self._settle_children(call, ready)
-        return children
-
-    def _settle_children(self, call: Call, indices):
-        children = call.children
-        for i in indices:
-            child = children[i]
-            if not child.done():
-                child.set_result(self._result(call, i))
-            o = call.outcomes[i]
-            if (o[0] == FAILED or not o[2]) and not child.output.done():
-                child.output.set_result(None)
-
     # --------------------------------------------------------- call progress
     def _settled(self, call: Call, indices):
         """Engines' outcomes were filed: update what exists, finish what is done."""
@@ -394,7 +246,7 @@ class Client(ipp.Client):
                     self._traces.add_engine(call.msg_id, call.eids[i], call.outcomes[i][1])
         with self._children_lock:
             made = call.children is not None
-        if made:
+        if made:  # (a thread that made them meanwhile also scheduled these on this thread)
             self._settle_children(call, indices)
         if call.done and not call.future.done():
             self._root_watch.done(call.msg_id)
@@ -406,9 +258,11 @@ class Client(ipp.Client):
     def _call_finished(self, call: Call):
         """Results and outputs are all in: the call leaves the live table."""
         self._traces.add(call.msg_id, "done", time.time())
-        self._calls.finish(call)
+        with self._children_lock:  # per-engine futures made from now on are not registered
+            self._calls.finish(call)
+            made = call.children is not None
         self._futures.pop(call.msg_id, None)
-        if call.children is not None:
+        if made:
             for vid in call.vids:
                 self._futures.pop(vid, None)
                 self._output_futures.pop(vid, None)
@@ -421,122 +275,7 @@ class Client(ipp.Client):
             if call.outputs_done and not call.output.done():
                 self._call_finished(call)
 
-    # ------------------------------------------- ipyparallel's API, per engine
-    def wait(self, jobs=None, timeout=-1):
-        """ipyparallel's; a broadcast's AsyncResult or per-engine id waits on its call."""
-        if jobs is not None:
-            many = not isinstance(jobs, (str, int, ipp.AsyncResult)) and hasattr(jobs, "__iter__")
-            jobs = [self._waitable(j) for j in (jobs if many else [jobs])]
-        return super().wait(jobs, timeout)
-
-    def _waitable(self, job):
-        job = self.history[job] if isinstance(job, int) else job
-        call = getattr(job, "_call", None)
-        if call is None and isinstance(job, str):
-            call = self._calls.of_vid(job)[0]
-        return call.future if call is not None else job
-
-    def _asyncresult_from_jobs(self, jobs=None, owner=False):
-        many = isinstance(jobs, (list, tuple, set))
-        for job in jobs if many else [jobs]:
-            job = self.history[job] if isinstance(job, int) else job
-            call, i = self._calls.of_vid(job)
-            if call is None:
-                continue
-            if call.future.done():  # recent: its result, as ipyparallel caches one
-                self.results[job] = self._result(call, i)
-            else:  # in flight: that engine's future
-                self._children_of(call)
-        return super()._asyncresult_from_jobs(jobs, owner=owner)
-
-    def abort(self, jobs=None, targets=None, block=None):
-        """ipyparallel's abort; a broadcast's per-engine ids are translated to
-        the one msg_id its engines know."""
-        jobs = list(self.outstanding) if jobs is None else jobs
-        if isinstance(jobs, (str, ipp.AsyncResult)):
-            jobs = [jobs]
-        msg_ids = []
-        for job in jobs:
-            ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [job]
-            for i in ids:
-                call = self._calls.of_vid(i)[0] if isinstance(i, str) else None
-                msg_ids.append(call.msg_id if call is not None else i)
-        return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
-
-    def _extract_metadata(self, msg):
-        """ipyparallel's, with the engine's start time parsed by the fast C parser."""
-        started = msg["metadata"].pop("started", None)
-        md = super()._extract_metadata(msg)
-        if started is not None:
-            msg["metadata"]["started"] = started
-            md["started"] = parse_date(started)
-        return md
-
     # --------------------------------------------------------------- receive
-    def _setup_streams(self):
-        """IO thread, before its loop runs: the parent's streams, each read by
-        a ``contained`` handler (an exception is logged, never stops a stream)."""
-        self._codec = P.Codec(self.session)
-        self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
-        super()._setup_streams()
-        handlers = [
-            (self._query_stream, self._dispatch_single_reply, "query", None),
-            (self._control_stream, self._dispatch_single_reply, "control", self._reply_failed),
-            (self._mux_stream, self._dispatch_reply, "mux", self._reply_failed),
-            (self._task_stream, self._dispatch_reply, "task", self._reply_failed),
-            (self._iopub_stream, self._dispatch_iopub, "IOPub", self._iopub_failed),
-            (self._notification_stream, self._dispatch_notification, "notification", None),
-            (self._broadcast_stream, self._dispatch_broadcast, "broadcast", None),
-        ]
-        for stream, handler, what, on_error in handlers:
-            stream.on_recv(contained(handler, self.session, what, on_error), copy=False)
-        self._broadcast_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
-        pings = PeriodicCallback(guarded_callback(self._watch_root, "root watch"),
-                                 self.root_ping_interval * 1e3, jitter=0.1)
-        self._io_loop.add_callback(pings.start)  # on this loop, once it runs
-
-    def _parent_id(self, frames):
-        """The msg_id a raw message answers, or None if it cannot be read."""
-        try:
-            body = P.split_idents(frames)[1]
-            return (self.session.unpack(P.as_bytes(body[2])) or {}).get("msg_id")
-        except Exception:
-            return None
-
-    def _reply_failed(self, frames, exc):
-        """A reply that could not be handled fails its own request, at once."""
-        msg_id = self._parent_id(frames)
-        future = self._futures.get(msg_id)
-        if future is not None and not future.done():  # an error result, as ipyparallel's
-            failure = RuntimeError(f"the client could not handle the reply: {exc!r}")
-            self.results[msg_id] = failure
-            self.outstanding.discard(msg_id)
-            future.set_result(failure)
-        output = self._output_futures.get(msg_id)
-        if output is not None and not output.done():
-            output.set_result(None)
-
-    def _iopub_failed(self, frames, exc):
-        """An IOPub message that could not be handled is dropped; if it was the
-        ``status`` that ends a request's output, that output is complete."""
-        try:
-            idents, body = P.split_idents(frames)
-            header, parent, metadata = (self.session.unpack(P.as_bytes(b)) for b in body[1:4])
-        except Exception:
-            return
-        if header.get("msg_type") != "status":
-            return
-        msg_id = (parent or {}).get("msg_id")
-        call = self._calls.get(msg_id)
-        if call is not None:  # one engine's part of a broadcast
-            i = call.index.get(metadata.get("engine") or self._engines.get(P.engine_of_topic(idents)))
-            if i is not None:
-                self._output_done(call, i)
-            return
-        output = self._output_futures.get(msg_id)
-        if output is not None and not output.done():
-            output.set_result(None)
-
     def _to_root(self, msg_id, send, *args, **kwargs):
         """IO thread: hand a request to the socket, and watch for it."""
         self._root_watch.sent(msg_id)
@@ -562,7 +301,7 @@ class Client(ipp.Client):
             future = self._reductions.pop(msg_id, None)
             if future is not None:
                 failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
-                self._resolve_reduction(future, Reduction(future.op), [], failed)
+                resolve_reduction(self._codec, future, Reduction(future.op), [], failed)
             survey = self._surveys.get(msg_id)
             if survey is not None and not survey.done():
                 survey.set_exception(ConnectionError(why))
@@ -608,46 +347,4 @@ class Client(ipp.Client):
         except (P.ProtocolError, ValueError) as e:
             log.error("Dropped an invalid reduction reply: %s", e)
             return
-        self._resolve_reduction(future, reduction, raised, failed)
-
-    def _resolve_reduction(self, future, reduction, raised, failed):
-        errors = [error.unwrap_exception(self._codec.unpack(r)["content"]) for r in raised]
-        errors += [error.unwrap_exception(engine_error(*f[:3], "apply")) for f in failed]
-        order = {eid: i for i, eid in enumerate(future.targets)}
-        errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
-        try:
-            if errors:
-                error.collect_exceptions(errors, "reduce")
-            future.set_result(reduction.result())
-        except error.CompositeError as e:  # keep what the survivors combined
-            e.partial = reduction.partial()
-            future.set_result(e)
-        except Exception as e:
-            future.set_result(e)
-
-    def _dispatch_iopub(self, frames):
-        """Route an engine's output for a broadcast to that engine's part."""
-        try:
-            idents, body = self.session.feed_identities(frames, copy=False)
-            msg = self.session.deserialize(body, content=True, copy=False)
-        except Exception as e:
-            log.error("Dropped an invalid IOPub message: %s", e)
-            return
-        parent = msg["parent_header"]
-        msg_id = parent.get("msg_id") if parent else None
-        call = self._calls.get(msg_id) if msg_id else None
-        if call is not None:
-            uuid = msg["metadata"].get("engine") or self._engines.get(P.engine_of_topic(idents))
-            i = call.index.get(uuid)
-            if i is None:
-                return
-            if msg["header"]["msg_type"] == "status":
-                if msg["content"].get("execution_state") == "idle":
-                    self._output_done(call, i)
-                return
-            outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
-            msg["parent_header"] = dict(parent, msg_id=call.vids[i])
-        elif (P.is_broadcast_id(msg_id) and msg_id not in self._reductions
-              and not msg["header"]["msg_type"].startswith("comm_")):
-            return  # output of a finished broadcast (e.g. a thread printing late)
-        return _UPSTREAM_IOPUB(self, msg)
+        resolve_reduction(self._codec, future, reduction, raised, failed)

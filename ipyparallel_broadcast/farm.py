@@ -41,9 +41,13 @@ CALL_TIMEOUT = 600  # seconds
 
 
 @contextmanager
-def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: int = 512):
+def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: int = 512, hosts: int = 0):
     """A controller (``ours`` or ``stock``) with ``n`` simulated engines; yields
-    (client, farm, controller process)."""
+    (client, farm, controller process). ``hosts``: the engines run as that
+    many simulated hosts of ``n / hosts`` engines, each (with ours) behind its
+    own host relay; a stock controller gets the same processes, relay-less."""
+    if hosts:
+        per_process = -(-n // hosts)
     with tempfile.TemporaryDirectory(prefix=f"ipb-farm-{kind}-") as profile_dir:
         common = dict(n=0, profile_dir=profile_dir, log_level=40)
         if kind == "ours":
@@ -55,7 +59,8 @@ def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: in
         try:
             rc = cluster.connect_client_sync()
             (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-            farm = SimEngines(engine_file, n, per_process=per_process, reply_bytes=REPLY_BYTES)
+            farm = SimEngines(engine_file, n, per_process=per_process, reply_bytes=REPLY_BYTES,
+                              hosts=bool(hosts) and kind == "ours")
             try:
                 farm.start(timeout=max(120, n / 10))
                 rc.wait_for_engines(n, timeout=max(120, n / 10))
@@ -67,12 +72,24 @@ def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: in
             cluster.stop_cluster_sync()
 
 
+def farm_processes(farm: SimEngines) -> List[psutil.Process]:
+    """The farm's processes, host relays included (started by the simulated hosts)."""
+    procs = []
+    for p, _, _ in farm.processes:
+        proc = psutil.Process(p.pid)
+        procs += [proc] + proc.children(recursive=True)
+    return procs
+
+
 def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict[str, float]:
     """Where the time of one coalesced 1 kB apply goes (ms per call): the
-    client's CPU, the relay nodes' busy time by role, the hub's and the farm's CPU."""
+    client's CPU, the relay nodes' busy time by role, the hub's CPU, the
+    center's (client + every controller process) and the farm's (simulated
+    engines and their host relays)."""
     view = rc.broadcast_view(coalescing=True)
     depth = rc.tree_shape.depth
-    farm_procs = [psutil.Process(p.pid) for p, _, _ in farm.processes]
+    farm_procs = farm_processes(farm)
+    controller = [hub] + hub.children(recursive=True)
 
     def snapshot():
         nodes = rc.broadcast_stats()
@@ -83,7 +100,8 @@ def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict
             if depth == 0:
                 name = "root"
             role[name] = role.get(name, 0.0) + node["busy"]
-        return role, time.process_time(), bench.cpu_seconds([hub]), bench.cpu_seconds(farm_procs)
+        return (role, time.process_time(), bench.cpu_seconds([hub]), bench.cpu_seconds(farm_procs),
+                bench.cpu_seconds(controller))
 
     before = snapshot()
     tic = time.perf_counter()
@@ -96,6 +114,7 @@ def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict
         if name in after[0]:
             out[f"{name} busy"] = after[0][name] - before[0].get(name, 0.0)
     out["hub cpu"] = after[2] - before[2]
+    out["center cpu"] = out["client cpu"] + after[4] - before[4]
     out["farm cpu"] = after[3] - before[3]
     return {k: 1e3 * v / calls for k, v in out.items()}
 
@@ -136,11 +155,11 @@ def _reported(what: str, out):
 
 
 def run_engines(n: int, trees: List[Tuple[int, int]], stock_depths: List[int], reps: int, many: int,
-                out=print) -> Tuple[List[Row], List[dict]]:
+                out=print, hosts: int = 0) -> Tuple[List[Row], List[dict]]:
     rows: List[Row] = []
     hops: List[dict] = []
     for depth in stock_depths:
-        with _reported(f"N={n} stock depth {depth}", out), farm_cluster("stock", n, depth) as (rc, farm, hub):
+        with _reported(f"N={n} stock depth {depth}", out), farm_cluster("stock", n, depth, hosts=hosts) as (rc, farm, hub):
             vs = {"ipp BroadcastView coalescing": rc.broadcast_view(is_coalescing=True),
                   "ipp BroadcastView non-coalescing": rc.broadcast_view(is_coalescing=False)}
             if depth == stock_depths[0]:
@@ -150,7 +169,7 @@ def run_engines(n: int, trees: List[Tuple[int, int]], stock_depths: List[int], r
                      for v in vs]
     for depth, fanout in trees:
         with _reported(f"N={n} ours depth {depth} fan-out {fanout}", out), \
-                farm_cluster("ours", n, depth, fanout) as (rc, farm, hub):
+                farm_cluster("ours", n, depth, fanout, hosts=hosts) as (rc, farm, hub):
             vs = {"ours coalescing": rc.broadcast_view(coalescing=True),
                   "ours streaming": rc.broadcast_view(coalescing=False),
                   "ours Batch(64)": rc.broadcast_view(coalescing=Batch(64))}
@@ -171,7 +190,7 @@ def table(rows: List[Row], many: int) -> str:
 
 
 def hop_table(hops: List[dict]) -> str:
-    cols = ["wall", "client cpu", "root busy", "interior busy", "leaves busy", "hub cpu", "farm cpu"]
+    cols = ["wall", "client cpu", "root busy", "interior busy", "leaves busy", "hub cpu", "center cpu", "farm cpu"]
     lines = ["| engines | tree | " + " | ".join(f"{c} (ms)" for c in cols) + " |",
              "|---:|---|" + "---:|" * len(cols)]
     for h in hops:
@@ -194,13 +213,15 @@ def main(argv=None):
                         help="ipyparallel's broadcast scheduler depths (none: ours only)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--many", type=int, default=5, help="async calls in flight for the throughput column")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="run the engines as this many simulated hosts, each behind its own host relay")
     parser.add_argument("--json", help="also write the rows and the time breakdown to this JSON file")
     args = parser.parse_args(argv)
     print(__doc__.split("\n\n")[1], flush=True)
     rows, hops = [], []
     for n in args.engines:  # tables (and the JSON) after each engine count: a long run shows as it goes
         r, h = run_engines(n, args.trees, args.stock_depths, args.reps, args.many,
-                           out=functools.partial(print, flush=True))
+                           out=functools.partial(print, flush=True), hosts=args.hosts)
         rows += r
         hops += h
         report(rows, hops, args)
@@ -210,7 +231,8 @@ def report(rows: List[Row], hops: List[dict], args):
     print(f"\nmedian of {args.reps} interleaved rounds; 1 kB apply, {REPLY_BYTES} B replies\n")
     print(table(rows, args.many))
     print("\nwhere the time goes, per coalesced 1 kB apply on our tree (ms per call; busy = time a "
-          "relay node spent handling messages, summed over the nodes of that role)\n")
+          "relay node spent handling messages, summed over the nodes of that role; center = the "
+          "client and every controller process; farm = simulated engines and their host relays)\n")
     print(hop_table(hops), flush=True)
     if args.json:
         keys = ("engines", "tree", "view", "round_trip_s", "many_calls_per_s")

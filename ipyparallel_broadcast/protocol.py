@@ -354,14 +354,50 @@ def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Fr
 
 
 def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
-    """Frames (no DELIM) of a ``replies`` bundle of checked raw engine replies."""
+    """Frames (no DELIM) of a ``replies`` bundle of checked raw engine replies.
+    Their buffers under ``PACK_BELOW`` bytes travel joined in one frame (see
+    ``packed_buffers``): each hop then moves a few frames per bundle, not one per engine."""
     head = dict(parts=[len(b) - 5 for b in bodies], failed=failed)
+    buffers = [frame for b in bodies for frame in b[5:]]
+    frames = buffers
+    sizes = [_nbytes(f) for f in buffers]
+    if sum(1 for n in sizes if n < PACK_BELOW) > 1:
+        head["packed"] = [n if n < PACK_BELOW else -1 for n in sizes]
+        frames = [b"".join(f for f, n in zip(buffers, sizes) if n < PACK_BELOW)] + \
+            [f for f, n in zip(buffers, sizes) if n >= PACK_BELOW]
     entries = b",".join(
         b"[%s,%s,%s]" % (as_bytes(b[1]), as_bytes(b[3]), as_bytes(b[4])) for b in bodies
     )
     content = codec.pack_json(head)[:-1] + b', "replies": [' + entries + b"]}"
     return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "replies", eids))[1:]
-            + [frame for b in bodies for frame in b[5:]])
+            + frames)
+
+
+PACK_BELOW = 64 * 1024  # reply buffers smaller than this are joined into one frame
+
+
+def _nbytes(frame) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
+def packed_buffers(packed, frames) -> list:
+    """A bundle's buffers, from its joined frame (first) and the frames of its
+    large buffers: ``packed`` gives each buffer's size, or -1 for one sent alone.
+    Slices of the joined frame are memoryviews: no copy."""
+    if not isinstance(packed, list) or not frames or not all(type(n) is int for n in packed):
+        raise ProtocolError("bundle has an invalid buffer table")
+    joined, alone = memoryview(frames[0]), iter(frames[1:])
+    if sum(n for n in packed if n >= 0) != joined.nbytes or \
+            sum(1 for n in packed if n < 0) != len(frames) - 1:
+        raise ProtocolError("bundle buffer table does not match its frames")
+    out, offset = [], 0
+    for n in packed:
+        if n >= 0:
+            out.append(joined[offset : offset + n])
+            offset += n
+        else:
+            out.append(next(alone))
+    return out
 
 
 def pack_reduced(codec: Codec, req, msg_id, state, value_frames, raised, failed) -> Frames:
@@ -404,6 +440,8 @@ def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
             raise ProtocolError(f"bundle content is not valid: {e}") from e
     if not isinstance(content, dict):
         raise ProtocolError("bundle content is not a dict")
+    if "packed" in content:
+        buffers = packed_buffers(content["packed"], buffers)
     counts = content.get("parts", [])
     if not isinstance(counts, list) or sum(counts) != len(buffers):
         raise ProtocolError("bundle part counts do not match its frames")

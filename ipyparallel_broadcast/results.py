@@ -14,6 +14,7 @@ pure ``calls`` core and ipyparallel's result types.
 
 from __future__ import annotations
 
+import pickle
 from concurrent.futures import Future
 from threading import Event
 
@@ -21,6 +22,8 @@ from ipyparallel import error
 from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
 from ipyparallel.client.client import ExecuteReply, Metadata
 from ipyparallel.serialize import deserialize_object
+from ipyparallel.serialize.canning import uncan, uncan_sequence
+from ipyparallel.serialize.serialize import MAX_ITEMS
 
 from . import protocol as P
 from .calls import FAILED, Call
@@ -33,6 +36,45 @@ def engine_error(eid, uuid, message, method) -> dict:
         raise error.EngineError(message)
     except error.EngineError:
         return error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid, method=method))
+
+
+def resolve_reduction(codec, future, reduction, raised, failed):
+    """Settle a reduction's one future: the combined value, or a
+    ``CompositeError`` of the engines' errors that keeps what the survivors
+    combined (``.partial``)."""
+    errors = [error.unwrap_exception(codec.unpack(r)["content"]) for r in raised]
+    errors += [error.unwrap_exception(engine_error(*f[:3], "apply")) for f in failed]
+    order = {eid: i for i, eid in enumerate(future.targets)}
+    errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
+    try:
+        if errors:
+            error.collect_exceptions(errors, "reduce")
+        future.set_result(reduction.result())
+    except error.CompositeError as e:
+        e.partial = reduction.partial()
+        future.set_result(e)
+    except Exception as e:
+        future.set_result(e)
+
+
+_PLAIN = frozenset((bytes, str, int, float, complex, bool, type(None)))
+
+
+def unpack_result(buffers):
+    """``deserialize_object(buffers)[0]``, one Python step per result in the
+    usual case of a single buffer (nothing extracted to restore): plain values
+    are returned as unpickled, the rest uncanned as ipyparallel does."""
+    if len(buffers) != 1:
+        return deserialize_object(buffers)[0]
+    canned = pickle.loads(buffers[0])
+    kind = type(canned)
+    if kind in _PLAIN:
+        return canned
+    if kind in (list, tuple, set) and len(canned) < MAX_ITEMS:
+        return uncan_sequence(canned)
+    if kind is dict and len(canned) < MAX_ITEMS:
+        return {k: uncan(canned[k]) for k in sorted(canned)}
+    return uncan(canned)
 
 
 def outcome_result(client, call: Call, i: int):
@@ -48,7 +90,7 @@ def outcome_result(client, call: Call, i: int):
     if status == "ok":
         if reply["header"].get("msg_type") == "execute_reply":
             return ExecuteReply(call.vids[i], content, outcome_metadata(client, call, i))
-        return deserialize_object(reply["buffers"])[0]
+        return unpack_result(reply["buffers"])
     if status == "aborted":
         return error.TaskAborted(call.vids[i])
     return client._unwrap_exception(content)

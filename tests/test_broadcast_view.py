@@ -1,6 +1,8 @@
 """BroadcastView on real clusters: every operation, both reply modes, several
 tree shapes, target subsets (including all targets under one leaf)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -180,6 +182,21 @@ def test_ready_wait_and_progress(rc, coalescing, capsys):
     assert ar.ready() and ar.successful()
     assert f"{len(rc)}/{len(rc)}" in capsys.readouterr().out
     assert view.wait(timeout=10)
+
+
+def test_per_engine_parts_are_made_only_when_read(rc, coalescing):
+    ar = rc.broadcast_view(coalescing=coalescing).apply_async(os.getpid)
+    pids = ar.get(timeout=30)
+    call = ar._call
+    assert call.children is None and call.mds is None  # one call, nothing made per engine
+    assert [m["engine_id"] for m in ar.metadata] == rc.ids
+    assert all(m["completed"] and m["engine_uuid"] for m in ar.metadata)
+    assert call.mds is not None and call.children is None
+    assert rc.wait(ar, timeout=30)
+    assert rc.get_result(ar.msg_ids[-1]).get(timeout=30) == pids[-1]  # a recent call, from the client
+    ar = rc.broadcast_view(coalescing=coalescing).apply_async(os.getpid)
+    assert rc.wait(ar.msg_ids[0], timeout=30)  # a per-engine id waits for its call
+    assert list(ar) == ar.get()
 
 
 def test_no_targets(rc, coalescing):

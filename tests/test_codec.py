@@ -3,6 +3,8 @@ Session reads, what a Session packs it reads, and it refuses what a Session
 refuses (forged, unsigned and replayed messages)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast import protocol as P
@@ -75,3 +77,34 @@ def test_without_a_key_messages_are_unsigned():
     assert frames[0] == b""
     assert codec.unpack(frames)["content"] == {"a": 1}
     assert Session(key=b"").deserialize(frames)["content"] == {"a": 1}
+
+
+# -------------------------------------------------- replies with joined buffers
+def engine_replies(session, buffer_sets):
+    bodies = []
+    for i, buffers in enumerate(buffer_sets):
+        msg = session.msg("apply_reply", content={"status": "ok"}, metadata={"engine": f"u{i}"})
+        bodies.append(session.serialize(msg)[1:] + list(buffers))
+    return bodies
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 1, 10, 100, P.PACK_BELOW - 1, P.PACK_BELOW, P.PACK_BELOW + 7]),
+                         max_size=3), max_size=6))
+def test_replies_buffers_come_back_whole_joined_or_not(sizes):
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    buffer_sets = [[bytes([i % 251]) * n for i, n in enumerate(s)] for s in sizes]
+    frames = P.pack_replies(codec, "r0", "ipb-m", engine_replies(session, buffer_sets), [])
+    msg = codec.unpack(frames)
+    small = sum(1 for s in sizes for n in s if n < P.PACK_BELOW)
+    big = sum(1 for s in sizes for n in s if n >= P.PACK_BELOW)
+    assert len(msg["buffers"]) == (1 + big if small > 1 else small + big)  # the small ones joined
+    got = [[bytes(b) for b in item["buffers"]] for _, item in P.iter_bundle(codec, msg)]
+    assert got == buffer_sets
+
+
+@pytest.mark.parametrize("packed", [[3, 4], [3, -1], [2, "x"], "3", [4]])
+def test_a_buffer_table_that_does_not_match_is_refused(packed):
+    with pytest.raises(P.ProtocolError):
+        P.packed_buffers(packed, [b"abcdef"])

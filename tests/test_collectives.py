@@ -265,18 +265,19 @@ def test_auto_mode_rule(rc):
     before = rc._replies_received
     view.apply_sync(lambda: 1)  # blocking, small: coalesced into one message
     assert rc._replies_received - before == 1
-    before = rc._replies_received
-    view.apply_async(lambda: 1).get(10)  # not blocking: streamed
-    assert rc._replies_received - before == len(rc)
+    ar = view.apply_async(lambda: 1)  # not blocking: streamed
+    assert ar._call.stream and ar.get(10) == [1] * len(rc)
     big = ipb.view.AUTO_STREAM_BYTES // len(rc) + 1024
 
     def blob(n):
         return b"x" * n
 
-    view.apply_sync(blob, big)  # first time: unknown size, coalesced
-    before = rc._replies_received
-    view.apply_sync(blob, big)  # now known to be large: streamed
-    assert rc._replies_received - before == len(rc)
+    first = view._apply(blob, None, (big,), block=True)  # first time: unknown size, coalesced
+    assert not first._call.stream
+    first.get(10)
+    again = view._apply(blob, None, (big,), block=True)  # now known to be large: streamed
+    assert again._call.stream
+    again.get(10)
 
 
 # ------------------------------------------------------ magics and datapub

@@ -59,3 +59,62 @@ def test_culls_by_buffer_size_too(sizes, size_limit):
         assert db._bytes <= size_limit
     if db._records:  # the newest survive
         assert list(db._records)[-1] == f"m{len(sizes) - 1}" or sizes[-1] > size_limit
+
+
+# --------------------------------------------------------- the copies' journal
+class HubStandIn:
+    """What BroadcastRecords takes over in a hub: its handler tables and store."""
+
+    def __init__(self, db):
+        import logging
+
+        from jupyter_client.session import Session
+
+        self.db, self.session, self.log = db, Session(key=b"k"), logging.getLogger("hub")
+        self.monitor_handlers, self.filed, self.asked = {}, [], []
+        self.query_handlers = {"db_request": self.asked.append, "unregistration_request": self.asked.append}
+        self.save_iopub_message = self.filed.append
+        self.unregister_engine = self.query_handlers["unregistration_request"]
+
+
+def journal(db):
+    from ipyparallel_broadcast import protocol as P
+    from ipyparallel_broadcast.records import BroadcastRecords
+
+    hub = HubStandIn(db)
+    records = BroadcastRecords(hub)
+    order = []
+    records.save_request = lambda idents, frames: order.append(("request", frames[0]))
+    for topic in (P.INBCAST, P.OUTBCAST, P.OUTBUNDLE):  # the handlers, seen through our stand-in
+        hub.monitor_handlers[topic] = lambda idents, frames, t=topic: records._defer(
+            lambda i, f: order.append((t, f[0])), idents, frames)
+    return hub, records, order
+
+
+@given(st.integers(1, 40), st.integers(1, 5))
+def test_copies_are_filed_in_order_when_asked_and_the_oldest_past_the_bound_are_dropped(n, limit):
+    from ipyparallel_broadcast import protocol as P
+    from ipyparallel_broadcast.records import JOURNAL_FACTOR
+
+    hub, records, order = journal(BroadcastDictDB(record_limit=limit))
+    for i in range(n):
+        hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE], [b"%d" % i])
+    assert order == []  # nothing read until someone may read the records
+    hub.query_handlers["db_request"]("query")
+    kept = min(n, JOURNAL_FACTOR * limit)
+    assert [f for _, f in order] == [b"%d" % i for i in range(n - kept, n)]
+    assert records.dropped == n - kept and hub.asked == ["query"]
+    hub.monitor_handlers[P.OUTBCAST]([P.OUTBCAST], [b"late"])
+    hub.unregister_engine("engine gone")  # an unregistration files first, too
+    assert order[-1] == (P.OUTBCAST, b"late") and hub.asked[-1] == "engine gone"
+
+
+def test_another_store_gets_every_copy_filed_never_dropped():
+    from ipyparallel.controller.dictdb import NoDB
+
+    from ipyparallel_broadcast import protocol as P
+
+    hub, records, order = journal(NoDB())
+    for i in range(2000):
+        hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE], [b"%d" % i])
+    assert len(order) + len(records.journal) == 2000 and records.dropped == 0

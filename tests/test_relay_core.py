@@ -341,3 +341,36 @@ def test_the_root_tells_a_client_which_requests_it_does_not_hold():
     assert content["unknown"] == [done, "never-sent"] and content["boot"] == root.boot
     assert root.on_up([b"client-1"] + sim.codec.pack(P.PING, {"ids": "x"})) == []  # dropped
     assert root.dropped == 1
+
+
+@pytest.mark.parametrize("hosts", [False, True], ids=["leaves", "host relays"])
+def test_streamed_replies_read_together_go_up_together(hosts):
+    layout = {"a": (0, [0, 1, 2]), "b": (1, [3, 4])} if hosts else None
+    sim = TreeSim(2, 2, ENGINES, hosts=layout, coalesce=True)
+    sim.hold.add(4)
+    sim.request(ENGINES, stream=True)
+    assert sim.client_inbox == []  # held until each shell has read what waits
+    sim.drain()
+    assert len(sim.client_inbox) == 1  # the ten that were ready, in one message
+    sim.release(4)  # the last outcome finishes the request: up at once, no drain needed
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == ENGINES and not failures
+    assert n_messages == 2 and sim.pending_total() == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes, st.data())
+def test_coalesced_streams_answer_every_target_once(shape, data):
+    sim = TreeSim(*shape, ENGINES, coalesce=True)
+    order = data.draw(st.permutations(ENGINES))
+    dead = set(data.draw(st.lists(st.sampled_from(ENGINES), unique=True, max_size=3)))
+    sim.hold.update(ENGINES)
+    sim.request(ENGINES, stream=True)
+    for eid in order:  # replies and deaths, with the shells reading at random moments
+        sim.kill(eid) if eid in dead else sim.release(eid)
+        if data.draw(st.booleans()):
+            sim.drain()
+    sim.drain()
+    replies, failures, n_messages = sim.outcomes()
+    assert sorted(replies) == sorted(set(ENGINES) - dead) and sorted(failures) == sorted(dead)
+    assert n_messages <= len(ENGINES) and sim.pending_total() == 0

@@ -98,10 +98,12 @@ def test_concurrent_clients_never_receive_each_others_results():
             t.join(120)
         for k in range(len(clients)):
             assert results[k] == [[(k, i)] * 4 for i in range(calls)]
-        # replies per call: coalescing 1, streaming 4, Batch(2) one per leaf (2),
-        # auto streams non-blocking calls (4)
-        expected = [calls, 4 * calls, 2 * calls, 4 * calls]
-        assert [c._replies_received - b for c, b in zip(clients, before)] == expected
+        # messages per call: coalescing 1, Batch(2) one per leaf (2); streaming
+        # (and auto, which streams non-blocking calls) 1 to 4: replies a relay
+        # reads together go up together
+        got = [c._replies_received - b for c, b in zip(clients, before)]
+        assert got[0] == calls and got[2] == 2 * calls
+        assert all(calls <= n <= 4 * calls for n in (got[1], got[3])), got
         for c in clients[1:]:
             c.close()
 

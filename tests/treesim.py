@@ -22,9 +22,12 @@ def engine_uuid(eid: int) -> str:
 
 
 class TreeSim:
-    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None):
+    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None, coalesce=False):
         """``hosts``: {label: (leaf index, [engine ids])}: those engines sit
-        behind a host relay under that leaf (keyed ``("h", label)``)."""
+        behind a host relay under that leaf (keyed ``("h", label)``).
+        ``coalesce``: nodes hold streamed outcomes until ``drain()``, as their
+        shells do until every waiting message is read."""
+        self.coalesce = coalesce
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
@@ -59,6 +62,7 @@ class TreeSim:
         leaf = self.host_leaf[key] = self.shape.leaf_path(leaf_index)
         node = self.nodes[key] = RelayNode(P.Codec(Session(key=self.key)), self.shape, leaf,
                                            clock=lambda: self.now, host=label)
+        node.inflight.coalesce = self.coalesce
         self.node_inbox[key] = []
         self._run(node, node.hello(), key)
         for eid in eids:
@@ -66,7 +70,17 @@ class TreeSim:
         return node
 
     def _new_node(self, path):
-        return RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now)
+        node = RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now)
+        node.inflight.coalesce = self.coalesce
+        return node
+
+    def drain(self):
+        """Every node's shell has read all that waited: held outcomes go up,
+        deepest nodes first (host relays, then by depth)."""
+        def depth(key):
+            return -(len(self.host_leaf[key]) + 1) if key in self.host_leaf else -len(key)
+        for path in sorted(self.nodes, key=depth):
+            self._run(self.nodes[path], self.nodes[path].on_drained(), path)
 
     def restart(self, path):
         """Node ``path`` comes back as a new process (new state, new boot) and says hello."""

@@ -172,6 +172,11 @@ class RelayNode:
             sends += self._ping(now)
         return sends
 
+    def on_drained(self) -> List[Send]:
+        """The shell has read every message waiting on its sockets: streamed
+        outcomes held meanwhile go up now (``InFlight.coalesce``)."""
+        return self.inflight.drained()
+
     def next_deadline(self) -> Optional[float]:
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
         times = [t for t in (self.inflight.next_deadline(), self.children.next_ping) if t is not None]

@@ -56,6 +56,7 @@ class NodeShell:
             node_timeout=spec.get("node_timeout", 10.0),
             host=spec.get("host"),
         )
+        self.node.inflight.coalesce = True  # streamed replies read together go up together
         process = psutil.Process()
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
         self.node.probe = lambda: dict(
@@ -177,6 +178,7 @@ class NodeShell:
                     except Exception:  # a bug must not take the node down
                         self.log.exception("error handling a message")
                     self.busy += time.perf_counter() - tic
+            self.perform(self.node.on_drained())
             if deadline is not None:
                 self.on_tick()
 

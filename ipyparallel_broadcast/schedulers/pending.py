@@ -38,6 +38,7 @@ class Pending:
     own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
     batch: Optional[tuple] = None  # streaming in batches: (count, interval)
     held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
+    relayed: list = field(default_factory=list)  # streamed child bundles held: (body, eids)
     deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
     reduction: Optional[Reduction] = None  # reduce: what this node combined
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
@@ -99,6 +100,11 @@ class InFlight:
 
     def __init__(self, codec: P.Codec, kind: str, batches: bool, clock, wall):
         self.codec, self.kind, self.batches, self.clock, self.wall = codec, kind, batches, clock, wall
+        # streaming: hold what is ready until the shell has read every message
+        # waiting on its sockets (``drained``), then send it up as one bundle:
+        # replies that came together go together, and none waits for more
+        self.coalesce = False
+        self.dirty: Dict[str, Pending] = {}  # requests holding streamed outcomes
         self.requests: Dict[str, Pending] = {}
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
@@ -149,7 +155,8 @@ class InFlight:
             return []
         del self.requests[p.key]
         self.parked.discard(p.key)
-        sends = self.flush(p) if p.stream else self.deliver(p, p.parts, p.failed, None)
+        self.dirty.pop(p.key, None)
+        sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
         if p.trace is not None:
             self.traces[p.msg_id] = p.trace
             while len(self.traces) > self.traces_kept:
@@ -158,10 +165,14 @@ class InFlight:
 
     def emit(self, p: Pending, parts, failed, eids) -> List[Send]:
         """Streaming: send outcomes up now, or hold them for the leaf's batch."""
-        if not (self.batches and p.batch):
+        batch = self.batches and p.batch
+        if not batch and not (self.coalesce and p.compat is None):
             return self.deliver(p, parts, failed, eids)
         for held, new in zip(p.held, (parts, failed, eids)):
             held.extend(new)
+        if not batch:
+            self.dirty[p.key] = p
+            return []
         count_, interval = p.batch
         if len(p.held[2]) >= count_:
             return self.flush(p)
@@ -189,8 +200,36 @@ class InFlight:
         return sends
 
     def forward(self, p: Pending, msg: dict, body: list) -> List[Send]:
-        """Pass a child's streamed bundle up unchanged."""
-        self.stamp(p, "reply out", "forwarded")
+        """Pass a child's streamed bundle up unchanged (or held, see ``coalesce``)."""
         if p.compat is not None:
+            self.stamp(p, "reply out", "forwarded")
             return self.deliver(p, [msg], [], None, "bundles")
+        if self.coalesce and not p.batch:  # a batch stays the size that was asked
+            p.relayed.append((body, msg["metadata"]["eids"]))
+            self.dirty[p.key] = p
+            return []
+        self.stamp(p, "reply out", "forwarded")
         return [Send(UP, P.with_route(p.route, body))]
+
+    def drained(self) -> List[Send]:
+        """The shell read all that was waiting: send up what streaming held."""
+        sends = []
+        for p in self.dirty.values():
+            sends += self.release(p)
+        self.dirty.clear()
+        return sends
+
+    def release(self, p: Pending, final: bool = False) -> List[Send]:
+        """A streaming request's held outcomes, up: its own engines' in one
+        bundle, its children's bundles (several nested in one) in another. A
+        leaf's batch waits for its count or interval, unless ``final``."""
+        sends = self.flush(p) if final or not (self.batches and p.batch) else []
+        if p.relayed:
+            bodies = [b for b, _ in p.relayed]
+            eids = sorted(e for _, es in p.relayed for e in es)
+            p.relayed = []
+            self.stamp(p, "reply out", f"{len(bodies)} forwarded")
+            body = bodies[0] if len(bodies) == 1 else \
+                P.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
+            sends.append(Send(UP, P.with_route(p.route, body)))
+        return sends

@@ -1,0 +1,192 @@
+"""What a call costs at the center (client + controller host), on simulated hosts.
+
+    python benchmarks/center.py --engines 256 1024 4096 --hosts 16 --out benchmarks/results/center-16hosts.md
+
+For each engine count N, N simulated engines (``sim.SimEngines``) run as
+``--hosts`` simulated hosts of N/hosts engines. With our controller each
+host has its own host relay; a stock ipyparallel controller gets the same
+engine processes, connected straight to it. Every process is on this machine,
+so the round trips share its cores with the farm; the CPU columns tell the
+center's share apart from the farm's (the simulated engines and host relays).
+
+"center" = this client process + the controller and all its processes (hub,
+relay nodes, ipyparallel's schedulers and heart monitor). Each CPU figure is
+given net of the process's idle rate, measured over ``--idle`` seconds before
+the calls (heartbeats of N engines cost the center with or without calls), and
+the idle rate itself in its own column. The file is written with its command and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multihost import report  # noqa: E402
+
+from ipyparallel_broadcast import bench  # noqa: E402
+from ipyparallel_broadcast.guard import contained  # noqa: E402
+from ipyparallel_broadcast.farm import REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
+
+
+@contextmanager
+def cluster(kind: str, n: int, hosts: int, depth: int, fanout: int):
+    """Yields (client, controller process, farm processes)."""
+    with farm_cluster(kind, n, depth, fanout, hosts=hosts) as (rc, farm, controller):
+        yield rc, controller, farm_processes(farm)
+
+
+class Meter:
+    """CPU seconds of process groups, net of their idle rates."""
+
+    def __init__(self, groups):
+        self.groups = groups  # name -> list of psutil.Process
+
+    def read(self):
+        return {name: bench.cpu_seconds(procs) for name, procs in self.groups.items()}, time.perf_counter()
+
+    def idle(self, seconds: float) -> dict:
+        before, t0 = self.read()
+        time.sleep(seconds)  # a measured interval with nothing sent, not a wait for an event
+        after, t1 = self.read()
+        self.rates = {k: (after[k] - before[k]) / (t1 - t0) for k in after}
+        return self.rates
+
+    def per_call(self, run, calls: int) -> dict:
+        """ms of CPU per call, net of idle, by group; and the round trips."""
+        before, t0 = self.read()
+        walls = [run() for _ in range(calls)]
+        after, t1 = self.read()
+        out = {k: 1e3 * ((after[k] - before[k]) - self.rates[k] * (t1 - t0)) / calls for k in after}
+        out["round trip"] = 1e3 * statistics.median(walls)
+        return out
+
+
+def controller_groups(rc, controller: psutil.Process, ours: bool) -> dict:
+    """The controller's processes by role: hub, relay nodes, the rest."""
+    children = controller.children(recursive=True)
+    nodes = {n["pid"] for n in rc.broadcast_stats()} if ours else set()
+    return {"hub": [controller],
+            "relay nodes": [p for p in children if p.pid in nodes],
+            "other controller": [p for p in children if p.pid not in nodes]}
+
+
+def client_profile(rc, view, calls: int, top: int = 12) -> str:
+    """cProfile of the client's I/O thread handling the replies, plus the calls."""
+    prof = cProfile.Profile()
+    dispatch = rc._dispatch_broadcast
+
+    def profiled(frames):
+        prof.enable()
+        try:
+            return dispatch(frames)
+        finally:
+            prof.disable()
+
+    bound = threading.Event()
+
+    def rebind():  # on the I/O thread, which owns the stream
+        rc._broadcast_stream.on_recv(contained(profiled, rc.session, "broadcast", None), copy=False)
+        bound.set()
+
+    rc._io_loop.add_callback(rebind)
+    bound.wait(10)
+    prof.enable()
+    for _ in range(calls):
+        t_echo(view)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    text = out.getvalue()
+    return text[text.index("ncalls"):] if "ncalls" in text else text
+
+
+def measure_ours(n, args, lines):
+    with cluster("ours", n, args.hosts, args.depth, args.fanout) as (rc, controller, farm):
+        groups = dict(client=[psutil.Process()], **controller_groups(rc, controller, True), farm=farm)
+        meter = Meter(groups)
+        coalesced, streamed = rc.broadcast_view(coalescing=True), rc.broadcast_view(coalescing=False)
+        for _ in range(3):
+            t_echo(coalesced), t_echo(streamed)
+        rates = meter.idle(args.idle)
+        rows = {"ours coalescing": meter.per_call(lambda: t_echo(coalesced), args.calls),
+                "ours streaming": meter.per_call(lambda: t_echo(streamed), args.calls)}
+        if args.profile:
+            lines += [f"client profile, N={n}, {args.calls} coalesced calls (cProfile, tottime):", "",
+                      "```", client_profile(rc, coalesced, args.calls).rstrip(), "```", ""]
+        return rows, rates
+
+
+def measure_stock(n, args):
+    with cluster("stock", n, args.hosts, args.depth, 2) as (rc, controller, farm):
+        groups = dict(client=[psutil.Process()], **controller_groups(rc, controller, False), farm=farm)
+        meter = Meter(groups)
+        views = {"DirectView": rc[:], "ipp BroadcastView coalescing": rc.broadcast_view(is_coalescing=True)}
+        for v in views.values():
+            t_echo(v)
+        rates = meter.idle(args.idle)
+        return {name: meter.per_call(lambda v=v: t_echo(v), args.stock_calls) for name, v in views.items()}, rates
+
+
+COLS = ["round trip", "client", "hub", "relay nodes", "other controller", "farm"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--depth", type=int, default=1)
+    parser.add_argument("--fanout", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--stock-calls", type=int, default=5)
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle measured first")
+    parser.add_argument("--no-stock", dest="stock", action="store_false")
+    parser.add_argument("--profile", action="store_true", help="add a cProfile of the client's reply handling")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    lines = [__doc__.split("\n\n")[1].strip(), "",
+             f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}; "
+             f"ms per call: round trip (median), then CPU net of idle.", ""]
+    table = ["| engines | view | " + " | ".join(COLS) + " | center CPU | center per engine (µs) |",
+             "|---:|---|" + "---:|" * (len(COLS) + 2)]
+    idle = ["| engines | cluster | " + " | ".join(c for c in COLS[1:]) + " |", "|---:|---|" + "---:|" * 5]
+    centers = {}
+    for n in args.engines:
+        results, rates = measure_ours(n, args, lines)
+        idle.append(f"| {n} | ours | " + " | ".join(f"{100 * rates[c]:.1f}%" for c in COLS[1:]) + " |")
+        if args.stock:
+            stock, stock_rates = measure_stock(n, args)
+            results.update(stock)
+            idle.append(f"| {n} | stock | " + " | ".join(f"{100 * stock_rates[c]:.1f}%" for c in COLS[1:]) + " |")
+        for view, r in results.items():
+            center = sum(r[c] for c in ("client", "hub", "relay nodes", "other controller"))
+            centers[n, view] = center
+            table.append(f"| {n} | {view} | " + " | ".join(f"{r[c]:.1f}" for c in COLS)
+                         + f" | {center:.1f} | {1e3 * center / n:.1f} |")
+        print("\n".join(table), flush=True)
+    lines += table + ["", "idle CPU (share of one core):", ""] + idle + [""]
+    if len(args.engines) > 1:
+        lo, hi = min(args.engines), max(args.engines)
+        for view in ("ours coalescing", "ours streaming"):
+            lines.append(f"- center CPU growth {lo} → {hi} engines, {view}: "
+                         f"{centers[hi, view] / centers[lo, view]:.2f}×")
+    for n in args.engines:
+        ours = centers[n, "ours coalescing"]
+        for view in ("DirectView", "ipp BroadcastView coalescing"):
+            if (n, view) in centers:
+                lines.append(f"- N={n}: center CPU of ours coalescing = {ours / centers[n, view]:.3f}× {view}'s")
+    report("center.py", argv, f"The center's cost per call: {args.hosts} simulated hosts", lines, args.out)
+
+
+if __name__ == "__main__":
+    main()

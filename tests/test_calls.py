@@ -1,0 +1,153 @@
+"""The client's pure core (``calls``): outcomes filed per call, no sockets."""
+
+import logging
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.calls import FAILED, Call, Calls, vid_parts
+
+MSG_ID = "ipb-abc_1_2"
+HEADER = {"msg_id": MSG_ID, "msg_type": "apply_request", "date": "2026-01-01T00:00:00Z"}
+UUIDS = [f"uuid-{i}" for i in range(4)]
+log = logging.getLogger("test_calls")
+
+
+def reply(uuid, outputs="reply", msg_id=MSG_ID):
+    md = {"engine": uuid}
+    if outputs == "reply":
+        md[P.OUTPUTS_KEY] = {"stdout": "", "stderr": "", "outputs": []}
+    elif outputs == "iopub":
+        md[P.OUTPUTS_KEY] = {"iopub": True}
+    return {"header": {"msg_type": "apply_reply"}, "parent_header": {"msg_id": msg_id},
+            "metadata": md, "content": {"status": "ok"}, "buffers": []}
+
+
+def new_call(calls=None):
+    calls = calls or Calls()
+    return calls, calls.start(Call(MSG_ID, HEADER, [10, 11, 12, 13], UUIDS))
+
+
+def test_a_bundle_settles_each_engine_once_in_target_order():
+    calls, call = new_call()
+    got = calls.bundle(call, [("parsed", reply(UUIDS[2])), ("parsed", reply(UUIDS[0]))], "t1", None, log)
+    assert got == [2, 0] and call.left == 2 and not call.done
+    again = calls.bundle(call, [("parsed", reply(UUIDS[2])), ("parsed", reply("stranger"))], "t2", None, log)
+    assert again == [] and call.left == 2  # a second outcome and an unknown engine are ignored
+    calls.bundle(call, [("failed", [11, None, "Engine 11 died"]), ("failed", [13, UUIDS[3], "gone"])],
+                 "t3", None, log)
+    assert call.done and call.outputs_done
+    assert [o[0] for o in call.outcomes] == ["reply", FAILED, "reply", FAILED]
+    assert call.outcomes[1] == (FAILED, 11, UUIDS[1], "Engine 11 died")  # uuid found from the engine id
+    assert call.received == ["t1", "t3", "t1", "t3"]
+    assert call.outcomes[0][1]["parent_header"] is HEADER  # the request's own header
+
+
+def test_raw_replies_are_unpacked_and_checked_against_the_call():
+    calls, call = new_call()
+    got = calls.bundle(call, [("reply", UUIDS[0]), ("reply", UUIDS[1])], None,
+                       lambda u: reply(u, msg_id=MSG_ID if u == UUIDS[0] else "ipb-other"), log)
+    assert got == [0]  # the reply to another request is dropped, not filed
+
+
+def test_an_outcome_that_cannot_be_read_is_skipped_and_the_rest_are_filed(caplog):
+    calls, call = new_call()
+    broken = {"header": {}, "parent_header": {}, "metadata": None, "content": {}}
+    got = calls.bundle(call, [("parsed", broken), ("parsed", reply(UUIDS[1])), ("bogus", None)],
+                       None, None, log)
+    assert got == [1]
+    assert caplog.text.count("Dropped an engine outcome") == 2
+
+
+def test_outputs_on_iopub_finish_with_the_idle_status_whichever_comes_first():
+    calls, call = new_call()
+    assert not calls.output_done(call, 1)  # idle before the reply
+    calls.bundle(call, [("parsed", reply(u, outputs="iopub")) for u in UUIDS], None, None, log)
+    assert call.done and call.iopub == 3 and not call.outputs_done
+    for i in (0, 2, 3):
+        assert calls.output_done(call, i)
+    assert not calls.output_done(call, 0)  # once only
+    assert call.outputs_done
+
+
+def test_replies_without_our_outputs_wait_for_iopub():
+    calls, call = new_call()
+    calls.bundle(call, [("parsed", reply(u, outputs=None)) for u in UUIDS], None, None, log)
+    assert call.done and call.iopub == 4
+
+
+def test_fail_settles_only_what_is_owed():
+    calls, call = new_call()
+    calls.bundle(call, [("parsed", reply(UUIDS[0]))], None, None, log)
+    got = calls.fail(call, UUIDS, lambda eid: f"engine {eid} lost")
+    assert got == [1, 2, 3] and call.done
+    assert call.outcomes[2] == (FAILED, 12, UUIDS[2], "engine 12 lost")
+
+
+def test_finished_calls_stay_recallable_up_to_kept():
+    calls = Calls(kept=2)
+    made = []
+    for k in range(3):
+        call = calls.start(Call(f"ipb-m{k}_1", HEADER, [1], ["u"]))
+        calls.fail(call, ["u"], str)
+        calls.finish(call)
+        made.append(call)
+    assert len(calls) == 0 and list(calls.recent) == ["ipb-m1_1", "ipb-m2_1"]
+    assert calls.of_vid("ipb-m2_1_u") == (made[2], 0)
+    assert calls.of_vid("ipb-m0_1_u") == (None, None)  # forgotten
+    assert calls.of_vid("not-a-broadcast_u") == (None, None)
+
+
+def test_per_engine_ids_split_back():
+    _, call = new_call()
+    assert call.vids[1] == f"{MSG_ID}_{UUIDS[1]}"
+    assert vid_parts(call.vids[1]) == (MSG_ID, UUIDS[1])
+
+
+@given(st.lists(st.tuples(st.sampled_from(["parsed", "failed", "fail", "idle"]), st.integers(0, 5)),
+                max_size=40))
+def test_any_mix_settles_every_engine_at_most_once(events):
+    calls, call = new_call()
+    for kind, i in events:
+        uuid = UUIDS[i] if i < len(UUIDS) else f"stranger-{i}"
+        if kind == "parsed":
+            calls.bundle(call, [("parsed", reply(uuid, outputs="iopub"))], None, None, log)
+        elif kind == "failed":
+            calls.bundle(call, [("failed", [i, uuid, "x"])], None, None, log)
+        elif kind == "fail":
+            calls.fail(call, [uuid], str)
+        elif i < len(UUIDS):
+            calls.output_done(call, i)
+    settled = [o for o in call.outcomes if o is not None]
+    assert call.left == len(UUIDS) - len(settled) >= 0
+    streaming = sum(1 for o in settled if o[0] == "reply" and o[2])
+    assert call.iopub == streaming
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
+def test_results_unpack_as_ipyparallel_unpacks_them(value):
+    from ipyparallel.serialize import deserialize_object, serialize_object
+
+    from ipyparallel_broadcast.results import unpack_result
+
+    buffers = serialize_object(value)
+    assert unpack_result(buffers) == deserialize_object(buffers)[0] == value
+
+
+def test_results_with_extracted_buffers_unpack_as_ipyparallel_unpacks_them():
+    import numpy as np
+    from ipyparallel.serialize import serialize_object
+
+    from ipyparallel_broadcast.results import unpack_result
+
+    value = {"a": np.arange(300_000.0), "b": [np.ones(3), "x"]}
+    buffers = serialize_object(value, buffer_threshold=1024)
+    assert len(buffers) > 1
+    got = unpack_result([memoryview(b) for b in buffers])
+    np.testing.assert_array_equal(got["a"], value["a"])
+    np.testing.assert_array_equal(got["b"][0], value["b"][0])
+    assert got["b"][1] == "x"
