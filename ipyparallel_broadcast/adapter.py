@@ -79,6 +79,34 @@ class CallMetadata(defaultdict):
         return outcome_metadata(self.client, call, i)
 
 
+class EngineOutstanding(set):
+    """One engine's set in ``Client._outstanding_dict``: its broadcasts'
+    per-engine ids are *in* it, without being added, until its outcome is in."""
+
+    def __init__(self, calls, uuid):
+        super().__init__()
+        self.calls, self.uuid = calls, uuid
+
+    def __contains__(self, key):
+        if set.__contains__(self, key):
+            return True
+        call, i = self.calls.of_vid(key)
+        return (call is not None and call.uuids[i] == self.uuid and call.outcomes[i] is None
+                and call.msg_id in self.calls.live)
+
+
+class OutstandingByEngine(defaultdict):
+    """``Client._outstanding_dict``: engine uuid -> its ``EngineOutstanding``."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def __missing__(self, uuid):
+        value = self[uuid] = EngineOutstanding(self.calls, uuid)
+        return value
+
+
 class Upstream(ipp.Client):
     """ipyparallel's Client, adapted to calls that reach many engines at once."""
 
@@ -127,6 +155,19 @@ class Upstream(ipp.Client):
             o = call.outcomes[i]
             if (o[0] == FAILED or not o[2]) and not child.output.done():
                 child.output.set_result(None)
+
+    def purge_local_results(self, jobs=[], targets=[]):
+        """ipyparallel's; purged broadcasts are no longer recalled by ``get_result``."""
+        super().purge_local_results(jobs, targets)
+        if jobs == "all":
+            self._calls.recent.clear()
+            return
+        for job in [jobs] if isinstance(jobs, (str, int, ipp.AsyncResult)) else jobs:
+            ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [self.history[job] if isinstance(job, int) else job]
+            for vid in ids:
+                call = self._calls.of_vid(vid)[0]
+                if call is not None:
+                    self._calls.recent.pop(call.msg_id, None)
 
     def wait(self, jobs=None, timeout=-1):
         """ipyparallel's; a broadcast's AsyncResult or per-engine id waits on its call."""

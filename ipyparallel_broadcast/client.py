@@ -21,10 +21,11 @@ import zmq
 from traitlets import Float, Integer
 
 from ipyparallel import util
+from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
 from . import protocol as P
-from .adapter import CallMetadata, EngineFuture, Upstream
+from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
 from .calls import Call, Calls
 from .reduction import Reduction
@@ -68,6 +69,7 @@ class Client(TreeSurveys, Upstream):
         self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)
+        self._outstanding_dict = OutstandingByEngine(self._calls)
         super().__init__(*args, **kwargs)
         self._calls.kept = self.broadcast_results_kept
 
@@ -188,10 +190,12 @@ class Client(TreeSurveys, Upstream):
     def _start_call(self, msg_id, header, eids, uuids, track) -> Call:
         """A call's state: one result future and one output future for all engines."""
         call = Call(msg_id, header, eids, uuids)
-        call.future, call.output = Future(), Future()
+        call.future, call.output = EngineFuture(msg_id, header), EngineFuture(msg_id, header)
+        call.future.output, call.output.metadata = call.output, Metadata(msg_id=msg_id)
         call.tracker = Future() if track else _SENT_ALL
-        self._futures[msg_id] = call.future  # Client.wait() sees one entry per call
+        self._futures[msg_id] = call.future  # Client.wait() finds one future per call
         self.outstanding.add(msg_id)
+        self.outstanding.update(call.vids)  # and each engine's part, as DirectView's
         self.history.extend(call.vids)
         self._calls.start(call)
         return call
@@ -237,6 +241,8 @@ class Client(TreeSurveys, Upstream):
     # --------------------------------------------------------- call progress
     def _settled(self, call: Call, indices):
         """Engines' outcomes were filed: update what exists, finish what is done."""
+        vids = call.vids
+        self.outstanding.difference_update([vids[i] for i in indices])
         if call.mds is not None:
             for i in indices:
                 fill_metadata(self, call, i)
