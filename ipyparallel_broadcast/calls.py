@@ -17,7 +17,10 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from . import protocol as P
 
-FAILED = "failed"  # an outcome ``(FAILED, eid, uuid, message)``: the engine cannot answer
+# An engine's outcome: ``("reply", parsed reply, streams)`` (``streams``: its
+# outputs still come on IOPub, until its idle status), or ``(FAILED, eid, uuid,
+# message)``: the engine cannot answer.
+FAILED = "failed"
 
 
 def vid_parts(vid: str):
@@ -79,15 +82,6 @@ class Call:
         return [i for i, o in enumerate(self.outcomes) if o is None]
 
 
-def reply_outcome(reply: dict) -> tuple:
-    """``("reply", reply, streams)`` for an engine's parsed reply: ``streams`` is
-    whether its outputs still come on IOPub (an engine that does not carry
-    them in its reply, or carries some and streams the rest)."""
-    outputs = reply["metadata"].get(P.OUTPUTS_KEY)
-    streams = outputs is None or bool(outputs.get("iopub"))
-    return ("reply", reply, streams)
-
-
 class Calls:
     """The client's calls in flight, by msg_id, and the last ``kept`` finished."""
 
@@ -129,38 +123,38 @@ class Calls:
         settled. ``unpack`` reads a raw reply; an outcome that cannot be read
         is logged and skipped (the root watch fails that engine later)."""
         settled = []
-        for what, item in outcomes:
+        index, outs, received, header = call.index, call.outcomes, call.received, call.header
+        for what, item in outcomes:  # the hot loop: one pass, nothing per engine but filing
             try:
-                i = self._file(call, what, item, when, unpack)
+                if what == "reply":
+                    item, what = unpack(item), "parsed"
+                    if item["parent_header"].get("msg_id") != call.msg_id:
+                        raise P.ProtocolError("engine reply to another request")
+                if what == "parsed":
+                    md = item["metadata"]
+                    i = index.get(md["engine"])
+                    if i is None or outs[i] is not None:
+                        continue  # not owed: an unknown engine, or one settled already
+                    item["parent_header"] = header
+                    outputs = md.get(P.OUTPUTS_KEY)
+                    streams = (outputs is None or bool(outputs.get("iopub"))) and i not in call.idle
+                    outs[i], received[i] = ("reply", item, streams), when
+                    call.left -= 1
+                    call.iopub += streams
+                elif what == FAILED:
+                    eid, uuid, message = item[:3]
+                    if not isinstance(uuid, str) and eid in call.eids:  # nodes know engines by id only
+                        uuid = call.uuids[call.eids.index(eid)]
+                    i = call.settle(uuid, (FAILED, eid, uuid, message), when)
+                    if i is None:
+                        continue
+                else:
+                    raise P.ProtocolError(f"unexpected outcome {what!r} in a bundle")
             except Exception as e:
                 log.error("Dropped an engine outcome in a bundle of %s: %r", call.msg_id, e)
                 continue
-            if i is not None:
-                settled.append(i)
+            settled.append(i)
         return settled
-
-    @staticmethod
-    def _file(call: Call, what, item, when, unpack) -> Optional[int]:
-        if what == FAILED:
-            eid, uuid, message = item[:3]
-            if not isinstance(uuid, str) and eid in call.eids:  # nodes know engines by id only
-                uuid = call.uuids[call.eids.index(eid)]
-            return call.settle(uuid, (FAILED, eid, uuid, message), when)
-        if what == "reply":
-            item = unpack(item)
-            if item["parent_header"].get("msg_id") != call.msg_id:
-                raise P.ProtocolError("engine reply to another request")
-        elif what != "parsed":
-            raise P.ProtocolError(f"unexpected outcome {what!r} in a bundle")
-        item["parent_header"] = call.header
-        outcome = reply_outcome(item)
-        i = call.settle(item["metadata"]["engine"], outcome, when)
-        if i is not None and outcome[2]:
-            if i in call.idle:  # its outputs are all in already
-                call.outcomes[i] = ("reply", item, False)
-            else:
-                call.iopub += 1
-        return i
 
     def fail(self, call: Call, uuids: Iterable[str], message: Callable[[int], str], when=None) -> List[int]:
         """Engines that cannot answer: each owed one gets a failure."""

@@ -67,8 +67,11 @@ class TreeShape:
         return engine_id % self.n_leaves
 
     def serves(self, path: Path, engine_id: int) -> bool:
-        """Whether engine_id lives in the subtree under ``path``."""
-        return self.leaf_path(self.leaf_of(engine_id))[: len(path)] == tuple(path)
+        """Whether engine_id lives in the subtree under ``path``: its leaf's
+        index falls in the subtree's range of leaves."""
+        width = self.fanout ** (self.depth - len(path))
+        first = self.leaf_index(path) * width
+        return first <= engine_id % self.n_leaves < first + width
 
     def child_digit(self, path: Path, engine_id: int) -> int:
         """Which child of node ``path`` the engine's leaf lies under."""

@@ -138,3 +138,12 @@ def test_auto_tree_serves_hosts_when_engines_are_behind_host_relays(hosts):
     controller = BroadcastController(depth="auto", fanout="auto", engines=4096, hosts=hosts)
     assert controller.shape == auto_shape(4096 if hosts == 1 else hosts, cpu_count())
     assert controller.auto_inputs.get("hosts") == (hosts if hosts > 1 else None)
+
+
+@given(st.integers(0, 4), st.integers(2, 5), st.data())
+def test_serves_is_membership_of_the_leaf_in_the_subtree(depth, fanout, data):
+    shape = TreeShape(depth, fanout)
+    path = tuple(data.draw(st.lists(st.integers(0, fanout - 1), max_size=depth)))
+    eid = data.draw(st.integers(0, 10_000))
+    leaf = shape.leaf_path(shape.leaf_of(eid))
+    assert shape.serves(path, eid) == (leaf[: len(path)] == path)

@@ -266,7 +266,7 @@ class RelayNode:
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
-        strays = [e for e in targets if not self._serves(e)]
+        strays = [] if self.is_root else [e for e in targets if not self._serves(e)]
         sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
         if strays:
             targets = [e for e in targets if self._serves(e)]
