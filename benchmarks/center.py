@@ -154,7 +154,7 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true", help="add a cProfile of the client's reply handling")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    lines = [__doc__.split("\n\n")[1].strip(), "",
+    lines = [__doc__.split("\n\n")[2].strip().replace("\n", " "), "",
              f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}; "
              f"ms per call: round trip (median), then CPU net of idle.", ""]
     table = ["| engines | view | " + " | ".join(COLS) + " | center CPU | center per engine (µs) |",

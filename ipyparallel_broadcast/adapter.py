@@ -112,8 +112,14 @@ class Upstream(ipp.Client):
 
     def _build_targets(self, targets):
         """ipyparallel's, with a clear error for an engine that is not registered
-        (it died or never came) instead of a bare ``KeyError``."""
+        (it died or never came) instead of a bare ``KeyError``, and the engine
+        table read once (ipyparallel reads its traitlet once per target)."""
         try:
+            if (targets is None or isinstance(targets, str) and targets.lower() == "all") and self._ids:
+                targets = self._ids
+            if isinstance(targets, (tuple, list, range)):
+                engines = self._engines
+                return [engines[t].encode("utf8") for t in targets], list(targets)
             return super()._build_targets(targets)
         except KeyError as e:
             raise IndexError(

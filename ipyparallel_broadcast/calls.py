@@ -83,10 +83,12 @@ class Call:
 
 
 class Calls:
-    """The client's calls in flight, by msg_id, and the last ``kept`` finished."""
+    """The client's calls in flight, by msg_id, and the last ``kept`` finished
+    (fewer if they hold more than ``kept_outcomes`` engines' outcomes in all;
+    the last one is always kept)."""
 
-    def __init__(self, kept: int = 16):
-        self.kept = kept
+    def __init__(self, kept: int = 16, kept_outcomes: int = 4096):
+        self.kept, self.kept_outcomes = kept, kept_outcomes
         self.live: Dict[str, Call] = {}
         self.recent: "OrderedDict[str, Call]" = OrderedDict()
 
@@ -183,8 +185,9 @@ class Calls:
         if self.live.pop(call.msg_id, None) is None:
             return
         self.recent[call.msg_id] = call
-        while len(self.recent) > max(self.kept, 0):
-            self.recent.popitem(last=False)
+        outcomes = sum(len(c.uuids) for c in self.recent.values())
+        while len(self.recent) > max(self.kept, 0) or (outcomes > self.kept_outcomes and len(self.recent) > 1):
+            outcomes -= len(self.recent.popitem(last=False)[1].uuids)
 
     def engines_of(self, uuid: str) -> List[Call]:
         """Live calls that still wait on engine ``uuid``."""

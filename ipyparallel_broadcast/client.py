@@ -50,6 +50,11 @@ class Client(TreeSurveys, Upstream):
         16, config=True,
         help="How many recent broadcast calls' results get_result() and %pxresult can recall.",
     )
+    broadcast_outcomes_kept = Integer(
+        4096, config=True,
+        help="At most this many engines' results, in all, are kept for the recent calls "
+        "(the last call always is): kept objects cost every garbage collection.",
+    )
 
     root_ping_interval = Float(
         0.5, config=True,
@@ -71,7 +76,7 @@ class Client(TreeSurveys, Upstream):
         self.metadata = CallMetadata(self)
         self._outstanding_dict = OutstandingByEngine(self._calls)
         super().__init__(*args, **kwargs)
-        self._calls.kept = self.broadcast_results_kept
+        self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
 
     # ----------------------------------------------------------------- views
     @property
@@ -114,8 +119,9 @@ class Client(TreeSurveys, Upstream):
     # ------------------------------------------------------------------ send
     def resolve_targets(self, targets):
         """``(uuids, engine ids)`` of ``targets`` (an int, a list, a slice, "all")."""
-        idents, eids = self._build_targets(targets)
-        return [i.decode("utf8") for i in idents], eids
+        eids = self._build_targets(targets)[1]
+        engines = self._engines
+        return [engines[e] for e in eids], eids
 
     def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
                        metadata=None, reply=P.COALESCE, track=False, each=None,

@@ -151,3 +151,14 @@ def test_results_with_extracted_buffers_unpack_as_ipyparallel_unpacks_them():
     np.testing.assert_array_equal(got["a"], value["a"])
     np.testing.assert_array_equal(got["b"][0], value["b"][0])
     assert got["b"][1] == "x"
+
+
+def test_recent_calls_are_bounded_by_their_outcomes_too():
+    calls = Calls(kept=16, kept_outcomes=5)
+    for k, n in enumerate([2, 2, 2, 9]):
+        call = calls.start(Call(f"ipb-m{k}_1", HEADER, list(range(n)), [f"u{i}" for i in range(n)]))
+        calls.fail(call, call.uuids, str)
+        calls.finish(call)
+        if k == 2:
+            assert list(calls.recent) == ["ipb-m1_1", "ipb-m2_1"]  # 6 outcomes: the oldest went
+    assert list(calls.recent) == ["ipb-m3_1"]  # the last call is kept, however big

@@ -1,0 +1,38 @@
+"""The quick runner's CPU table (client, controller, engines; ms per engine per
+apply of a 1 kB echo) on real engines, written with its command and commit.
+
+    python benchmarks/client_cpu.py --engines 16 --calls 200 --reps 5 --out benchmarks/results/client-cpu-n16.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multihost import report  # noqa: E402
+
+from ipyparallel_broadcast import bench  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, nargs="+", default=[16])
+    parser.add_argument("--depth", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=200, help="echo calls per view for the CPU table")
+    parser.add_argument("--reps", type=int, default=5, help="interleaved rounds of the latency table")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    lines = []
+
+    def out(text):
+        print(text, flush=True)
+        lines.extend(["```", text.rstrip(), "```", ""])
+
+    bench.run(args.engines, args.depth, args.reps, out=out, cpu_calls=args.calls)
+    report("client_cpu.py", argv, "CPU per engine per apply, real engines", lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
