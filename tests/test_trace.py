@@ -53,9 +53,13 @@ def test_every_hop_stamps_a_traced_call_in_causal_order(rc, coalescing):
               last(events, "root", "reply in"), last(events, "root", "reply out"),
               last(events, "client", "reply in"), last(events, "client", "done")]
         assert up == sorted(up)
-    # coalescing: one message at the client; streaming: one per engine; batch(2): one per leaf
+    # coalescing: one message at the client; batch(2): one per leaf; streaming: one per
+    # engine at most (replies a relay reads together go up together)
     replies_in = sum(e["where"] == "client" and e["event"] == "reply in" for e in events)
-    assert replies_in == {True: 1, False: N, 2: len(layout)}[coalescing]
+    if coalescing is False:
+        assert 1 <= replies_in <= N
+    else:
+        assert replies_in == {True: 1, 2: len(layout)}[coalescing]
 
 
 def test_untraced_calls_have_no_trace_and_cost_no_stamps(rc):
