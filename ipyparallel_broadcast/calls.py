@@ -124,7 +124,7 @@ class Calls:
         """File a bundle's outcomes (``protocol.iter_bundle``); the indices
         settled. ``unpack`` reads a raw reply; an outcome that cannot be read
         is logged and skipped (the root watch fails that engine later)."""
-        settled = []
+        settled, by_eid = [], None
         index, outs, received, header = call.index, call.outcomes, call.received, call.header
         for what, item in outcomes:  # the hot loop: one pass, nothing per engine but filing
             try:
@@ -145,8 +145,10 @@ class Calls:
                     call.iopub += streams
                 elif what == FAILED:
                     eid, uuid, message = item[:3]
-                    if not isinstance(uuid, str) and eid in call.eids:  # nodes know engines by id only
-                        uuid = call.uuids[call.eids.index(eid)]
+                    if not isinstance(uuid, str):  # interior nodes know engines by id only
+                        if by_eid is None:  # once per bundle: a lost subtree fails many at once
+                            by_eid = dict(zip(call.eids, call.uuids))
+                        uuid = by_eid.get(eid)
                     i = call.settle(uuid, (FAILED, eid, uuid, message), when)
                     if i is None:
                         continue
@@ -188,7 +190,3 @@ class Calls:
         outcomes = sum(len(c.uuids) for c in self.recent.values())
         while len(self.recent) > max(self.kept, 0) or (outcomes > self.kept_outcomes and len(self.recent) > 1):
             outcomes -= len(self.recent.popitem(last=False)[1].uuids)
-
-    def engines_of(self, uuid: str) -> List[Call]:
-        """Live calls that still wait on engine ``uuid``."""
-        return [c for c in self.live.values() if uuid in c.index and c.outcomes[c.index[uuid]] is None]
