@@ -118,8 +118,11 @@ class Upstream(ipp.Client):
             if (targets is None or isinstance(targets, str) and targets.lower() == "all") and self._ids:
                 targets = self._ids
             if isinstance(targets, (tuple, list, range)):
-                engines = self._engines
-                return [engines[t].encode("utf8") for t in targets], list(targets)
+                engines, lookup = self._engines, dict.get  # (ReverseDict's own lookup is Python)
+                uuids = [lookup(engines, t) for t in targets]
+                if None in uuids:  # a reverse lookup, or the KeyError below
+                    uuids = [engines[t] for t in targets]
+                return [u.encode("utf8") for u in uuids], list(targets)
             return super()._build_targets(targets)
         except KeyError as e:
             raise IndexError(

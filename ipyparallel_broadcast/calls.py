@@ -16,8 +16,10 @@ from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from . import protocol as P
+from .bundles import Entry
 
-# An engine's outcome: ``("reply", parsed reply, streams)`` (``streams``: its
+# An engine's outcome: ``("reply", parsed reply, streams)`` (a dict, or a
+# ``bundles.Entry`` of a host's table, parsed only when read) (``streams``: its
 # outputs still come on IOPub, until its idle status), or ``(FAILED, eid, uuid,
 # message)``: the engine cannot answer.
 FAILED = "failed"
@@ -128,6 +130,9 @@ class Calls:
         index, outs, received, header = call.index, call.outcomes, call.received, call.header
         for what, item in outcomes:  # the hot loop: one pass, nothing per engine but filing
             try:
+                if what == "table":  # a host's replies: filed from its table, parsed when read
+                    settled += self._table(call, item, when)
+                    continue
                 if what == "reply":
                     item, what = unpack(item), "parsed"
                     if item["parent_header"].get("msg_id") != call.msg_id:
@@ -158,6 +163,22 @@ class Calls:
                 log.error("Dropped an engine outcome in a bundle of %s: %r", call.msg_id, e)
                 continue
             settled.append(i)
+        return settled
+
+    @staticmethod
+    def _table(call: Call, table, when) -> List[int]:
+        settled, index, outs, received, idle = [], call.index, call.outcomes, call.received, call.idle
+        iopub, left, streaming = table.iopub, call.left, call.iopub
+        for k, uuid in enumerate(table.engines):
+            i = index.get(uuid)
+            if i is None or outs[i] is not None:
+                continue  # not owed: an unknown engine, or one settled already
+            streams = k in iopub and i not in idle
+            outs[i], received[i] = ("reply", Entry(table, k), streams), when
+            left -= 1
+            streaming += streams
+            settled.append(i)
+        call.left, call.iopub = left, streaming
         return settled
 
     def fail(self, call: Call, uuids: Iterable[str], message: Callable[[int], str], when=None) -> List[int]:

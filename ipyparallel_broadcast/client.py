@@ -24,6 +24,7 @@ from ipyparallel import util
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
+from . import bundles as B
 from . import protocol as P
 from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
@@ -343,7 +344,7 @@ class Client(TreeSurveys, Upstream):
             if call is None:
                 log.debug("bundle for unknown broadcast %s", msg_id)
                 return
-            outcomes = P.iter_bundle(self._codec, msg)
+            outcomes = B.iter_bundle(self._codec, msg, tables=True)
             settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log)
         except P.ProtocolError as e:
             log.error("Dropped an invalid broadcast reply: %s", e)
@@ -353,7 +354,7 @@ class Client(TreeSurveys, Upstream):
     def _reduced(self, future, msg):
         """Resolve a reduction: its value, or the engines' errors."""
         try:
-            state, value, raised, failed = P.reduced_parts(msg)
+            state, value, raised, failed = B.reduced_parts(msg)
             reduction = Reduction(state.get("op"))
             reduction.add_partial(state, value)
         except (P.ProtocolError, ValueError) as e:

@@ -20,28 +20,14 @@ Jupyter message whose buffers follow):
     it (``ipb_stats`` fetches them); engines add ``ipb_received`` to replies.
 
 ``ipb_bundle``  leaf -> ... -> root -> client
-    metadata ``{req, msg_id, kind, eids}``: all a relay node reads (it checks the
-    signature but never parses the content); content ``{parts, failed, ...}``;
-    buffers: the parts back to back, ``parts`` giving each one's frame count.
-    ``kind == "replies"``: engine replies spliced into the signed content,
-    ``replies: [[header, metadata, content], ...]`` (JSON bytes joined
-    by the leaf after checking each reply's HMAC, never parsed there); the
-    parts are their buffers. The client parses one document per leaf.
-    ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``
-    (for stock clients, which need the replies as the engines signed them).
-    ``kind == "bundles"``: each part is a child's bundle, nested as received.
-    ``kind == "reduced"``: content ``reduce`` holds the combined value's header
-    (its frames are part 0 if it has any) and the engines it covers; the other
-    parts are raw replies of engines whose function raised.
-    ``failed``: ``[[engine_id, uuid, message, code], ...]`` engines that cannot
-    answer; ``code`` is ``died`` (the hub unregistered it), ``unreachable`` or ``unknown``.
+    many engines' outcomes in one message: see ``bundles``.
+    ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
+    a coalesced bundle carries the whole subtree).
 
 ``ipb_stats``  client -> root -> ... -> leaves, content ``{msg_id, trace}`` (``req`` below the root);
     ``trace``: a traced request's msg_id, whose events each node adds to its stats.
 ``ipb_stats_reply``  back up, content ``{msg_id, req, nodes: [{node, pending, ...}]}``:
     every node's own state (pending requests, drops, RSS), gathered up the tree.
-    ``eids``: the engines whose outcome the bundle carries (streamed bundles only;
-    a coalesced bundle carries the whole subtree).
 
 ``ipb_ping``  parent -> child, every ``ping_interval``; ``ipb_pong``  child -> parent,
     in answer and once when the child starts, content ``{node, boot}``: ``boot`` is
@@ -68,7 +54,7 @@ import itertools
 import os
 from collections import deque
 from datetime import datetime, timezone
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import zmq
 from ipyparallel.util import _disable_session_extract_dates, _parse_date
@@ -337,144 +323,3 @@ def split_each(inner: Sequence, targets: Sequence[int], each) -> Tuple[list, dic
         own[eid] = list(inner[offset : offset + n])
         offset += n
     return shared, own
-
-
-def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
-    metadata = dict(req=req, msg_id=msg_id, kind=kind)
-    if eids is not None:
-        metadata["eids"] = eids
-    return metadata
-
-
-def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Frames:
-    """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``."""
-    content = dict(parts=[len(p) for p in parts], failed=failed)
-    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, kind, eids))[1:]
-            + [frame for part in parts for frame in part])
-
-
-def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
-    """Frames (no DELIM) of a ``replies`` bundle of checked raw engine replies.
-    Their buffers under ``PACK_BELOW`` bytes travel joined in one frame (see
-    ``packed_buffers``): each hop then moves a few frames per bundle, not one per engine."""
-    head = dict(parts=[len(b) - 5 for b in bodies], failed=failed)
-    buffers = [frame for b in bodies for frame in b[5:]]
-    frames = buffers
-    sizes = [_nbytes(f) for f in buffers]
-    if sum(1 for n in sizes if n < PACK_BELOW) > 1:
-        head["packed"] = [n if n < PACK_BELOW else -1 for n in sizes]
-        frames = [b"".join(f for f, n in zip(buffers, sizes) if n < PACK_BELOW)] + \
-            [f for f, n in zip(buffers, sizes) if n >= PACK_BELOW]
-    entries = b",".join(
-        b"[%s,%s,%s]" % (as_bytes(b[1]), as_bytes(b[3]), as_bytes(b[4])) for b in bodies
-    )
-    content = codec.pack_json(head)[:-1] + b', "replies": [' + entries + b"]}"
-    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "replies", eids))[1:]
-            + frames)
-
-
-PACK_BELOW = 64 * 1024  # reply buffers smaller than this are joined into one frame
-
-
-def _nbytes(frame) -> int:
-    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
-
-
-def packed_buffers(packed, frames) -> list:
-    """A bundle's buffers, from its joined frame (first) and the frames of its
-    large buffers: ``packed`` gives each buffer's size, or -1 for one sent alone.
-    Slices of the joined frame are memoryviews: no copy."""
-    if not isinstance(packed, list) or not frames or not all(type(n) is int for n in packed):
-        raise ProtocolError("bundle has an invalid buffer table")
-    joined, alone = memoryview(frames[0]), iter(frames[1:])
-    if sum(n for n in packed if n >= 0) != joined.nbytes or \
-            sum(1 for n in packed if n < 0) != len(frames) - 1:
-        raise ProtocolError("bundle buffer table does not match its frames")
-    out, offset = [], 0
-    for n in packed:
-        if n >= 0:
-            out.append(joined[offset : offset + n])
-            offset += n
-        else:
-            out.append(next(alone))
-    return out
-
-
-def pack_reduced(codec: Codec, req, msg_id, state, value_frames, raised, failed) -> Frames:
-    """Frames (no DELIM) of a ``reduced`` bundle: a node's combined value and the
-    raw replies of engines whose function raised."""
-    parts = ([value_frames] if state.get("value") is not None else []) + list(raised)
-    content = dict(parts=[len(p) for p in parts], failed=failed, reduce=state)
-    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "reduced"))[1:]
-            + [frame for part in parts for frame in part])
-
-
-def reduced_parts(msg: dict) -> Tuple[dict, list, list, list]:
-    """``(state, value frames, raised replies, failed)`` of an unpacked ``reduced``
-    bundle whose content was parsed."""
-    content = msg["content"]
-    state = content.get("reduce") if isinstance(content, dict) else None
-    counts = content.get("parts") if isinstance(state, dict) else None
-    if not isinstance(counts, list) or sum(counts) != len(msg["buffers"]):
-        raise ProtocolError("reduced bundle does not match its frames")
-    parts, offset = [], 0
-    for n in counts:
-        parts.append(msg["buffers"][offset : offset + n])
-        offset += n
-    value = parts.pop(0) if state.get("value") is not None and parts else []
-    return state, value, parts, content.get("failed", [])
-
-
-def splices_json(codec: Codec) -> bool:
-    """Whether engine replies can be spliced as JSON text (the default packer)."""
-    return codec.json
-
-
-def iter_bundle(codec: Codec, msg: dict) -> Iterator[Tuple[str, Any]]:
-    """Flatten an unpacked bundle into engine outcomes; see ``flatten``."""
-    content, buffers, kind = msg["content"], msg["buffers"], msg["metadata"].get("kind")
-    if isinstance(content, bytes):  # checked by a relay node, parsed only here
-        try:
-            content = codec.unpack_json(content)
-        except Exception as e:
-            raise ProtocolError(f"bundle content is not valid: {e}") from e
-    if not isinstance(content, dict):
-        raise ProtocolError("bundle content is not a dict")
-    if "packed" in content:
-        buffers = packed_buffers(content["packed"], buffers)
-    counts = content.get("parts", [])
-    if not isinstance(counts, list) or sum(counts) != len(buffers):
-        raise ProtocolError("bundle part counts do not match its frames")
-    parts, offset = [], 0
-    for n in counts:
-        parts.append(buffers[offset : offset + n])
-        offset += n
-    if kind == "replies":
-        return _spliced(content, parts)
-    return flatten(codec, kind, parts, content.get("failed", []))
-
-
-def _spliced(content, parts) -> Iterator[Tuple[str, Any]]:
-    replies = content.get("replies")
-    if not isinstance(replies, list) or len(replies) != len(parts):
-        raise ProtocolError("replies bundle does not match its parts")
-    for (header, metadata, reply_content), buffers in zip(replies, parts):
-        yield "parsed", dict(header=header, metadata=metadata, content=reply_content, buffers=buffers)
-    for failure in content.get("failed", []):
-        yield "failed", failure
-
-
-def flatten(codec: Codec, kind, parts, failed) -> Iterator[Tuple[str, Any]]:
-    """``("reply", frames)`` for each engine reply and ``("failed", [eid, uuid,
-    message])`` for each engine that could not answer. Nested bundles
-    (``kind == "bundles"``) are checked and unpacked on the way, unless
-    already unpacked (a dict)."""
-    for part in parts:
-        if kind == "engines":
-            yield "reply", part
-        elif kind == "bundles":
-            yield from iter_bundle(codec, part if isinstance(part, dict) else codec.unpack(part))
-        else:
-            raise ProtocolError(f"unknown bundle kind {kind!r}")
-    for failure in failed:
-        yield "failed", failure

@@ -32,6 +32,7 @@ from ipyparallel import util
 from ipyparallel.controller.dictdb import DictDB
 from ipyparallel.controller.hub import init_record
 
+from . import bundles as B
 from . import protocol as P
 from .protocol import engine_vid
 
@@ -239,7 +240,7 @@ class BroadcastRecords:
         try:
             msg = self.codec.unpack(frames, content=False)
             msg_id = msg["metadata"]["msg_id"]
-            outcomes = list(P.iter_bundle(self.codec, msg))
+            outcomes = list(B.iter_bundle(self.codec, msg))
         except Exception as e:
             self.log.error("broadcast:: dropped an invalid bundle copy: %s", e)
             return

@@ -21,6 +21,7 @@ import numpy as np
 from ipyparallel.serialize.canning import CannedArray
 from ipyparallel.serialize.serialize import _restore_buffers
 
+from . import bundles as B
 from . import protocol as P
 
 OPS = {  # op -> (NumPy ufunc, Python function)
@@ -230,7 +231,7 @@ def fold_bundle(reduction: "Reduction", msg: dict, codec) -> tuple:
         raise P.ProtocolError("expected a reduced bundle")
     try:
         msg["content"] = codec.unpack_json(P.as_bytes(msg["content"]))
-        state, value, raised, failed = P.reduced_parts(msg)
+        state, value, raised, failed = B.reduced_parts(msg)
         reduction.add_partial(state, value)
     except (ValueError, TypeError, AttributeError) as e:
         raise P.ProtocolError(f"bad reduced bundle: {e}") from e

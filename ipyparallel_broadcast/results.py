@@ -26,6 +26,7 @@ from ipyparallel.serialize.canning import uncan, uncan_sequence
 from ipyparallel.serialize.serialize import MAX_ITEMS
 
 from . import protocol as P
+from .bundles import Entry
 from .calls import FAILED, Call
 
 
@@ -85,6 +86,8 @@ def outcome_result(client, call: Call, i: int):
         method = call.header["msg_type"].split("_")[0]  # apply or execute
         return client._unwrap_exception(engine_error(o[1], o[2], o[3], method))
     reply = o[1]
+    if type(reply) is Entry and reply.status == "ok" and call.header["msg_type"] == "apply_request":
+        return unpack_result(reply.buffers)  # the usual case: no JSON read
     content = reply["content"]
     status = content.get("status")
     if status == "ok":

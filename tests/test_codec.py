@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
 
+from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 
 
@@ -80,31 +81,81 @@ def test_without_a_key_messages_are_unsigned():
 
 
 # -------------------------------------------------- replies with joined buffers
-def engine_replies(session, buffer_sets):
+def engine_replies(session, buffer_sets, statuses=None, outputs=None):
     bodies = []
     for i, buffers in enumerate(buffer_sets):
-        msg = session.msg("apply_reply", content={"status": "ok"}, metadata={"engine": f"u{i}"})
+        metadata = {"engine": f"u{i}"}
+        if outputs is not None and outputs[i] is not None:
+            metadata[P.OUTPUTS_KEY] = outputs[i]
+        content = {"status": statuses[i] if statuses else "ok", "n": i}
+        msg = session.msg("apply_reply", content=content, metadata=metadata)
         bodies.append(session.serialize(msg)[1:] + list(buffers))
     return bodies
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.sampled_from([0, 1, 10, 100, P.PACK_BELOW - 1, P.PACK_BELOW, P.PACK_BELOW + 7]),
+@given(st.lists(st.lists(st.sampled_from([0, 1, 10, 100, B.PACK_BELOW - 1, B.PACK_BELOW, B.PACK_BELOW + 7]),
                          max_size=3), max_size=6))
 def test_replies_buffers_come_back_whole_joined_or_not(sizes):
     session = Session(key=b"a key")
     codec = P.Codec(session)
     buffer_sets = [[bytes([i % 251]) * n for i, n in enumerate(s)] for s in sizes]
-    frames = P.pack_replies(codec, "r0", "ipb-m", engine_replies(session, buffer_sets), [])
+    frames = B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, buffer_sets), [])
     msg = codec.unpack(frames)
-    small = sum(1 for s in sizes for n in s if n < P.PACK_BELOW)
-    big = sum(1 for s in sizes for n in s if n >= P.PACK_BELOW)
-    assert len(msg["buffers"]) == (1 + big if small > 1 else small + big)  # the small ones joined
-    got = [[bytes(b) for b in item["buffers"]] for _, item in P.iter_bundle(codec, msg)]
+    small = sum(1 for s in sizes for n in s if n < B.PACK_BELOW)
+    big = sum(1 for s in sizes for n in s if n >= B.PACK_BELOW)
+    texts = 1  # the replies' header, metadata and content, as one frame
+    assert len(msg["buffers"]) == texts + (1 + big if small > 1 else small + big)  # the small ones joined
+    got = [[bytes(b) for b in item["buffers"]] for _, item in B.iter_bundle(codec, msg)]
     assert got == buffer_sets
 
 
 @pytest.mark.parametrize("packed", [[3, 4], [3, -1], [2, "x"], "3", [4]])
 def test_a_buffer_table_that_does_not_match_is_refused(packed):
     with pytest.raises(P.ProtocolError):
-        P.packed_buffers(packed, [b"abcdef"])
+        B.packed_buffers(packed, [b"abcdef"])
+
+
+# ----------------------------------------------------------- replies as a table
+def table_of(codec, frames):
+    (what, table), = [o for o in B.iter_bundle(codec, codec.unpack(frames), tables=True)]
+    assert what == "table"
+    return table
+
+
+def test_a_replies_table_reads_status_and_iopub_without_parsing_replies():
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    bodies = engine_replies(session, [[b"r0"], [b"r1"], [b"r2"]], statuses=["ok", "error", "ok"],
+                            outputs=[None, {"iopub": False}, {"iopub": True}])
+    table = table_of(codec, B.pack_replies(codec, "r0", "ipb-m", bodies, []))
+    assert table.engines == ["u0", "u1", "u2"]
+    assert [table.status(k) for k in range(3)] == ["ok", "error", "ok"]
+    assert table.iopub == {0, 2}  # a stock engine (no outputs key), and one whose outputs went to IOPub
+    assert not table.parsed
+    entry = B.Entry(table, 1)
+    assert entry.status == "error" and [bytes(b) for b in entry.buffers] == [b"r1"]
+    assert entry["content"] == {"status": "error", "n": 1} and entry["metadata"]["engine"] == "u1"
+    assert list(table.parsed) == [1]  # only what was read
+
+
+def test_a_replies_table_with_tampered_texts_is_refused():
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    frames = B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, [[b"a"], [b"b"]]), [])
+    texts = frames[5]
+    assert b'"n": 0' in texts
+    forged = frames[:5] + [texts.replace(b'"n": 0', b'"n": 9')] + frames[6:]
+    msg = codec.unpack(forged)  # the signed content is intact ...
+    with pytest.raises(P.ProtocolError, match="digest"):
+        list(B.iter_bundle(codec, msg))  # ... but the texts no longer match its digest
+
+
+def test_an_unreadable_reply_is_left_out_of_the_table():
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    bodies = engine_replies(session, [[b"a"], [b"b"], [b"c"]])
+    bodies[1] = bodies[1][:4] + [b"not json"] + bodies[1][5:]
+    table = table_of(codec, B.pack_replies(codec, "r0", "ipb-m", bodies, []))
+    assert table.engines == ["u0", "u2"]
+    assert [bytes(b) for k in range(2) for b in table.parts[k]] == [b"a", b"c"]

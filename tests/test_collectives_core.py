@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from ipyparallel.serialize import serialize_object
 
+from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.reduction import OPS, Reduction, ReduceError, engine_value
 
@@ -121,7 +122,7 @@ def value_answer(values):
 def reduce_outcome(sim):
     (frames,) = sim.client_inbox
     msg = sim.codec.unpack(P.split_idents(frames)[1])
-    state, value, raised, failed = P.reduced_parts(msg)
+    state, value, raised, failed = B.reduced_parts(msg)
     r = Reduction(state["op"])
     r.add_partial(state, value)
     return r, raised, failed

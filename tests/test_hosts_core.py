@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ipyparallel.serialize import serialize_object
 
+from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.reduction import Reduction, engine_value
 
@@ -74,7 +75,7 @@ def test_reduce_combines_on_each_host():
     sim.answer_with = lambda eid, request: ({"status": "ok"}, serialize_object(engine_value(lambda: eid)))
     sim.request(ENGINES, reduce="sum")
     (frames,) = sim.client_inbox
-    state, value, raised, failed = P.reduced_parts(sim.codec.unpack(P.split_idents(frames)[1]))
+    state, value, raised, failed = B.reduced_parts(sim.codec.unpack(P.split_idents(frames)[1]))
     r = Reduction("sum")
     r.add_partial(state, value)
     assert r.result() == sum(ENGINES) and not raised and not failed

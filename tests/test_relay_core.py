@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
 
+from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.schedulers.core import RelayNode
 from ipyparallel_broadcast.topology import TreeShape
@@ -147,7 +148,7 @@ def test_unexpected_replies_are_dropped():
     assert leaf.on_down([b"uuid-0000", b"r99"] + reply) == []
     assert leaf.on_down([b"uuid-0000"] + reply) == []
     root = sim.nodes[()]
-    bundle = P.pack_bundle(sim.codec, "r0", "m", "engines", [], [], [])
+    bundle = B.pack_bundle(sim.codec, "r0", "m", "engines", [], [], [])
     assert root.on_down([b"ipb-node:7", P._DELIM] + bundle) == []
     assert root.on_down([b"ipb-node:0", P._DELIM] + bundle) == []
     assert leaf.dropped == 2 and root.dropped == 2
@@ -216,19 +217,27 @@ def test_leaf_drops_badly_signed_engine_replies():
     assert sorted(replies) == [0, 1] and not failures
 
 
-def test_tampered_spliced_bundle_is_refused():
-    """Spliced replies are covered by the bundle's signature."""
+def test_tampered_replies_table_is_refused():
+    """A replies table is covered by the bundle's signature: its content
+    directly, each reply's text through the digest in it."""
     sim = TreeSim(0, 2, [0, 1])
     sim.request([0, 1])
     (frames,) = sim.client_inbox
     _, body = P.split_idents(frames)
-    content = P.as_bytes(body[4]).replace(b'"eid": 0', b'"eid": 9')
+    def codec():  # a new one per message: each refuses replays
+        return P.Codec(Session(key=b"secret"))
+
+    content = P.as_bytes(body[4]).replace(b"uuid-0000", b"uuid-0009")
     assert content != P.as_bytes(body[4])
     with pytest.raises(P.ProtocolError):
-        P.Codec(Session(key=b"secret")).unpack(body[:4] + [content] + body[5:])
-    msg = P.Codec(Session(key=b"secret")).unpack(body)
+        codec().unpack(body[:4] + [content] + body[5:])
+    texts = P.as_bytes(body[5]).replace(b'"eid": 0', b'"eid": 9')
+    assert texts != P.as_bytes(body[5])
+    with pytest.raises(P.ProtocolError, match="digest"):
+        list(B.iter_bundle(codec(), codec().unpack(body[:5] + [texts] + body[6:])))
+    msg = codec().unpack(body)
     assert msg["metadata"]["kind"] == "replies"
-    assert [e[2]["eid"] for e in msg["content"]["replies"]] == [0, 1]
+    assert [reply["content"]["eid"] for _, reply in B.iter_bundle(codec(), msg)] == [0, 1]
 
 
 def test_bad_inner_request_for_stock_leaf_leaves_no_state():
@@ -251,7 +260,7 @@ def test_interior_nodes_do_not_parse_results():
     for digit in (0, 1):
         msg = sim.session.msg(
             P.BUNDLE, content=b"opaque, not JSON",
-            metadata=P.bundle_metadata(key, "m", "replies"),
+            metadata=B.bundle_metadata(key, "m", "replies"),
         )
         frames = [b"ipb-node:%d" % digit] + sim.session.serialize(msg)
         sim._run(root, root.on_down(frames), ())
@@ -261,7 +270,7 @@ def test_interior_nodes_do_not_parse_results():
     outer = sim.codec.unpack(body)
     assert [P.as_bytes(f) for f in outer["buffers"]].count(b"opaque, not JSON") == 2
     with pytest.raises(P.ProtocolError):
-        list(P.iter_bundle(sim.codec, outer))  # the client, not the root, finds it bad
+        list(B.iter_bundle(sim.codec, outer))  # the client, not the root, finds it bad
 
 
 def survey(sim, **content):

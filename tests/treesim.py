@@ -10,6 +10,7 @@ from collections import deque
 
 from jupyter_client.session import Session
 
+from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.schedulers.core import RelayNode
 from ipyparallel_broadcast.schedulers.events import DOWN, HUB, JOINED, UP
@@ -115,7 +116,7 @@ class TreeSim:
         replies, failures = {}, {}
         for frames in self.client_inbox:
             _, body = P.split_idents(frames)
-            for what, item in P.iter_bundle(self.codec, self.codec.unpack(body)):
+            for what, item in B.iter_bundle(self.codec, self.codec.unpack(body)):
                 if what in ("reply", "parsed"):
                     reply = self.codec.unpack(item) if what == "reply" else item
                     eid = reply["content"]["eid"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import List
 
+from .. import bundles as B
 from .. import protocol as P
 
 
@@ -83,7 +84,7 @@ class CompatRequest:
         and stall its broadcast stream. A coalesced request with such an engine
         is likewise left to the client, which then raises its EngineError.
         """
-        outcomes = list(P.flatten(codec, kind, parts, failed))
+        outcomes = list(B.flatten(codec, kind, parts, failed))
         died = [o for o in outcomes if o[0] == "failed" and o[1][3:4] == [P.DIED]]
         if not self.coalescing:
             return [

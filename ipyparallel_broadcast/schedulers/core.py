@@ -17,6 +17,7 @@ import uuid as uuidlib
 from itertools import count
 from typing import Callable, Dict, List, Optional
 
+from .. import bundles as B
 from .. import protocol as P
 from ..reduction import Reduction, fold_bundle, fold_reply
 from ..topology import HOST_PREFIX, Path, TreeShape, node_name
@@ -260,7 +261,7 @@ class RelayNode:
         p = self.pending[key] = Pending(
             key=key, msg_id=content["msg_id"], stream=content["reply"] == P.STREAM,
             route=route, inner=inner, compat=compat, rename=rename,
-            raw=bool(mode) or not P.splices_json(self.codec), stock=bool(mode), own=own,
+            raw=bool(mode) or not B.splices_json(self.codec), stock=bool(mode), own=own,
             batch=tuple(content["batch"]) if content.get("batch") else None,
             reduction=Reduction(op) if op else None,
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set
 
+from .. import bundles as B
 from .. import protocol as P
 from ..reduction import Reduction
 from .compat import CompatRequest
@@ -67,7 +68,7 @@ def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> List[
     """Outcomes going up: one bundle, or stock replies for a stock client."""
     if p.reduction is not None:
         state, frames = p.reduction.state()
-        body = P.pack_reduced(codec, p.key, p.msg_id, state, frames, p.raised, failed)
+        body = B.pack_reduced(codec, p.key, p.msg_id, state, frames, p.raised, failed)
         return [Send(UP, P.with_route(p.route, body))]
     if p.bundles and kind == "engines":  # a leaf with host relays: its own engines nest too
         parts = ([own_bundle(codec, p, parts)] if parts else []) + p.bundles
@@ -75,9 +76,9 @@ def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> List[
     if p.compat is not None:
         return [Send(UP, P.with_route(p.route, b)) for b in p.compat.replies(codec, kind, parts, failed)]
     if kind == "engines" and not p.raw:
-        body = P.pack_replies(codec, p.key, p.msg_id, parts, failed, eids)
+        body = B.pack_replies(codec, p.key, p.msg_id, parts, failed, eids)
     else:
-        body = P.pack_bundle(codec, p.key, p.msg_id, kind, parts, failed, eids)
+        body = B.pack_bundle(codec, p.key, p.msg_id, kind, parts, failed, eids)
     return [Send(UP, P.with_route(p.route, body))]
 
 
@@ -85,9 +86,9 @@ def own_bundle(codec: P.Codec, p: Pending, parts):
     """A leaf's direct engines' replies as one nested bundle (parsed, for a
     stock client's root)."""
     if p.raw:
-        body = P.pack_bundle(codec, p.key, p.msg_id, "engines", parts, [])
+        body = B.pack_bundle(codec, p.key, p.msg_id, "engines", parts, [])
     else:
-        body = P.pack_replies(codec, p.key, p.msg_id, parts, [])
+        body = B.pack_replies(codec, p.key, p.msg_id, parts, [])
     return codec.unpack(body) if p.compat is not None else body
 
 
@@ -230,6 +231,6 @@ class InFlight:
             p.relayed = []
             self.stamp(p, "reply out", f"{len(bodies)} forwarded")
             body = bodies[0] if len(bodies) == 1 else \
-                P.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
+                B.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
             sends.append(Send(UP, P.with_route(p.route, body)))
         return sends
