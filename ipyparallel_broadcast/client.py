@@ -30,21 +30,20 @@ from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
 from .calls import Call, Calls
 from .reduction import Reduction
-from .results import fill_metadata, outcome_result, resolve_reduction
+from .results import CallResults, fill_metadata, resolve_reduction
 from .topology import TreeShape
 from .trace import Traces
 
 log = logging.getLogger(__name__)
 _SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
 _SENT_ALL.set_result([None])
-_UNSET = object()
 
 
 class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(TreeSurveys, Upstream):
+class Client(TreeSurveys, CallResults, Upstream):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     broadcast_results_kept = Integer(
@@ -227,24 +226,6 @@ class Client(TreeSurveys, Upstream):
         future.add_done_callback(done)
         return future
 
-    # ---------------------------------------------- per-engine parts, on demand
-    def _result(self, call: Call, i: int):
-        """Engine ``i``'s result, unpacked once."""
-        if call.results is None:
-            call.results = [_UNSET] * len(call.uuids)
-        result = call.results[i]
-        if result is _UNSET:
-            try:
-                result = self._engine_result(call, i)
-            except Exception as e:  # one engine's bad reply fails that engine only
-                log.error("Could not handle engine %s's reply to %s", call.eids[i], call.msg_id, exc_info=True)
-                result = RuntimeError(f"engine {call.eids[i]}: its reply could not be handled: {e!r}")
-            call.results[i] = result
-        return result
-
-    def _engine_result(self, call: Call, i: int):
-        return outcome_result(self, call, i)
-
     # --------------------------------------------------------- call progress
     def _settled(self, call: Call, indices):
         """Engines' outcomes were filed: update what exists, finish what is done."""
@@ -264,7 +245,7 @@ class Client(TreeSurveys, Upstream):
         if call.done and not call.future.done():
             self._root_watch.done(call.msg_id)
             self.outstanding.discard(call.msg_id)
-            call.future.set_result([self._result(call, i) for i in range(len(call.uuids))])
+            call.future.set_result(self._results(call))
         if call.outputs_done and not call.output.done():
             self._call_finished(call)
 

@@ -1,7 +1,9 @@
 """The hub's task records for tree broadcasts, one per engine, as DirectView's.
 
 The root copies each client request to the hub's monitor socket (topic
-``inbcast``) and leaves copy each engine reply (``outbcast``), frames untouched.
+``inbcast``) and each bundle of replies it sends up (``ipb_outbundle``); the
+leaves copy each engine's reply to a reduction (``outbcast``), whose bundles
+carry only the combined value. Frames are copied untouched.
 The copies and the engines' IOPub reach the hub by different ways, in any
 order: records are merged whichever comes first.
 ``BroadcastRecords`` takes those topics over from ipyparallel's own handlers
@@ -14,10 +16,10 @@ order: records are merged whichever comes first.
 Filing is lazy: the copies wait, unread, in a journal, and are filed (in the
 order they came) only when something may read the records: any client query
 to the hub (``db_query``, ``result_status``, ``queue_status``,
-``get_result``, ...) and an engine's unregistration. A call to 1,024 engines
-behind 16 host relays costs the hub 17 appends, not 1,024 records, unless
-someone asks. The journal keeps the last ``JOURNAL_FACTOR * record_limit``
-copies (and ``size_limit`` bytes) of the in-memory DB: older ones are dropped
+``get_result``, ...) and an engine's unregistration. A coalesced call to
+1,024 engines costs the hub 2 appends, not 1,024 records, unless someone asks.
+The journal keeps copies of the last ``JOURNAL_FACTOR * record_limit`` engine
+outcomes (and ``size_limit`` bytes) of the in-memory DB: older ones are dropped
 unfiled, as the DB would have culled their records. With any other DB
 (SQLite, Mongo) nothing is dropped: the oldest copies are filed instead.
 """
@@ -127,8 +129,8 @@ class BroadcastRecords:
         self.early: OrderedDict = OrderedDict()  # vid -> (eid, result) seen before its request
         self.uuids: dict = {}  # engine id -> uuid, of every engine a broadcast targeted
         self.codec = P.Codec(hub.session)
-        self.journal: deque = deque()  # (handler, topics, message) of copies not yet filed
-        self.journal_bytes = 0
+        self.journal: deque = deque()  # (handler, topics, message, outcomes) of copies not yet filed
+        self.journal_bytes = self.journal_outcomes = 0
         db = hub.db
         self.drops = isinstance(db, BroadcastDictDB)  # else the oldest are filed, never dropped
         limits = (db.record_limit, db.size_limit) if self.drops else (256, 2**28)
@@ -145,11 +147,16 @@ class BroadcastRecords:
 
     # ---------------------------------------------------------------- journal
     def _defer(self, handler, topics, message):
-        """Keep a copy to file later; past the bounds, the oldest go."""
-        self.journal.append((handler, topics, message))
+        """Keep a copy to file later; past the bounds, the oldest go. A root's
+        bundle copy is labelled with the engine outcomes it carries: the bound
+        counts those (the records they make), not copies."""
+        label = topics[-1] if topics else b""
+        outcomes = int(label) if isinstance(label, bytes) and label.isdigit() else 1
+        self.journal.append((handler, topics, message, outcomes))
+        self.journal_outcomes += outcomes
         if isinstance(message, list):
             self.journal_bytes += sum(len(f) for f in message)
-        while len(self.journal) > self.most or self.journal_bytes > self.most_bytes:
+        while len(self.journal) > 1 and (self.journal_outcomes > self.most or self.journal_bytes > self.most_bytes):
             if self.drops:
                 self._forget(self.journal.popleft())
                 self.dropped += 1
@@ -157,13 +164,14 @@ class BroadcastRecords:
                 self._file_one()
 
     def _forget(self, entry):
+        self.journal_outcomes -= entry[3]
         if isinstance(entry[2], list):
             self.journal_bytes -= sum(len(f) for f in entry[2])
 
     def _file_one(self):
         entry = self.journal.popleft()
         self._forget(entry)
-        handler, topics, message = entry
+        handler, topics, message, _ = entry
         try:
             handler(topics, message)
         except Exception:  # one bad copy must not stop the others being filed
@@ -236,7 +244,7 @@ class BroadcastRecords:
         self._save_reply(msg_id, uuid, msg)
 
     def save_bundle(self, idents, frames):
-        """A host relay's bundle of its engines' replies: each one is filed."""
+        """A bundle the root sent up (nested ones included): each reply in it is filed."""
         try:
             msg = self.codec.unpack(frames, content=False)
             msg_id = msg["metadata"]["msg_id"]

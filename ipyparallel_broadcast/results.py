@@ -14,6 +14,7 @@ pure ``calls`` core and ipyparallel's result types.
 
 from __future__ import annotations
 
+import logging
 import pickle
 from concurrent.futures import Future
 from threading import Event
@@ -28,6 +29,9 @@ from ipyparallel.serialize.serialize import MAX_ITEMS
 from . import protocol as P
 from .bundles import Entry
 from .calls import FAILED, Call
+
+log = logging.getLogger(__name__)
+_UNSET = object()  # a result not unpacked yet
 
 
 def engine_error(eid, uuid, message, method) -> dict:
@@ -63,11 +67,14 @@ _PLAIN = frozenset((bytes, str, int, float, complex, bool, type(None)))
 
 def unpack_result(buffers):
     """``deserialize_object(buffers)[0]``, one Python step per result in the
-    usual case of a single buffer (nothing extracted to restore): plain values
-    are returned as unpickled, the rest uncanned as ipyparallel does."""
+    usual case of a single buffer (nothing extracted to restore)."""
     if len(buffers) != 1:
         return deserialize_object(buffers)[0]
-    canned = pickle.loads(buffers[0])
+    return uncanned(pickle.loads(buffers[0]))
+
+
+def uncanned(canned):
+    """An unpickled result, uncanned as ipyparallel does (plain values as they are)."""
     kind = type(canned)
     if kind in _PLAIN:
         return canned
@@ -97,6 +104,51 @@ def outcome_result(client, call: Call, i: int):
     if status == "aborted":
         return error.TaskAborted(call.vids[i])
     return client._unwrap_exception(content)
+
+
+class CallResults:
+    """The client's per-engine results, unpacked once each (``call.results``)."""
+
+    _unpack_result = staticmethod(unpack_result)
+
+    def _result(self, call: Call, i: int):
+        """Engine ``i``'s result, unpacked once."""
+        if call.results is None:
+            call.results = [_UNSET] * len(call.uuids)
+        result = call.results[i]
+        if result is _UNSET:
+            try:
+                result = self._engine_result(call, i)
+            except Exception as e:  # one engine's bad reply fails that engine only
+                result = self._unhandled(call, i, e)
+            call.results[i] = result
+        return result
+
+    def _results(self, call: Call) -> list:
+        """Every engine's result: the usual ones (an ``ok`` apply reply in a
+        host's table) unpacked in one pass, the rest one by one."""
+        if call.results is None:
+            call.results = results = [_UNSET] * len(call.uuids)
+            if call.header["msg_type"] == "apply_request":
+                unpack = self._unpack_result
+                for i, o in enumerate(call.outcomes):
+                    entry = o[1]
+                    if type(entry) is Entry and entry.k not in entry.table.odd:
+                        try:
+                            results[i] = unpack(entry.table.parts[entry.k])
+                        except Exception as e:
+                            results[i] = self._unhandled(call, i, e)
+        for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
+            self._result(call, i)
+        return list(call.results)
+
+    @staticmethod
+    def _unhandled(call: Call, i: int, e: Exception) -> Exception:
+        log.error("Could not handle engine %s's reply to %s", call.eids[i], call.msg_id, exc_info=e)
+        return RuntimeError(f"engine {call.eids[i]}: its reply could not be handled: {e!r}")
+
+    def _engine_result(self, call: Call, i: int):
+        return outcome_result(self, call, i)
 
 
 def outcome_metadata(client, call: Call, i: int) -> Metadata:

@@ -27,8 +27,11 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import heapq
+import queue
 import signal
 import threading
+import time
 import uuid as uuidlib
 from datetime import datetime, timezone
 from itertools import count as counter
@@ -41,6 +44,7 @@ from jupyter_client.session import Session
 
 from . import protocol as P
 from .hostlink import host_label
+from .zmqframes import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
@@ -62,30 +66,22 @@ def session_from(info: dict) -> Session:
 class SimEngine:
     """One simulated engine's sockets and state."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, heart_ctx: zmq.Context):
+    def __init__(self, ctx: zmq.Context):
         self.uuid = str(uuidlib.uuid4())
         self.ident = self.uuid.encode()
         self.id = None
         self.alive = True
-        self.shell = ctx.socket(zmq.ROUTER)
-        self.heart = heart_ctx.socket(zmq.DEALER)  # used by the heartbeat thread
+        self.shell = ctx.socket(zmq.ROUTER)  # used by the serving thread, once registered
+        self.heart = ctx.socket(zmq.DEALER)  # used by the heartbeat thread
         for s in (self.shell, self.heart):
             s.IDENTITY = self.ident
             s.LINGER = 0
         self.shell.SNDHWM = self.shell.RCVHWM = 0
-        self.task = None
         self.msg_ids = counter()
-
-    def close(self):
-        """Stop answering (the heartbeat thread closes the heart)."""
-        self.alive = False
-        if self.task is not None:
-            self.task.cancel()
-        self.shell.close()
 
 
 class SimProcess:
-    """K simulated engines on one asyncio loop (runs in its own process)."""
+    """K simulated engines in one process: registered on asyncio, served by one thread (``Server``)."""
 
     def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0,
                  host: Optional[str] = None):
@@ -96,13 +92,14 @@ class SimProcess:
 
             self.link = HostLink.from_connection(info, session_from(info), host)
         self.session = session_from(info)
-        self.ctx = zmq.asyncio.Context()
-        self.ctx.MAX_SOCKETS = 4 * count + 64
-        self.heart_ctx = zmq.Context()  # hearts beat in their own thread, as a real engine's do
-        self.heart_ctx.MAX_SOCKETS = count + 64
+        self.ctx = zmq.asyncio.Context()  # registration
+        self.ctx.MAX_SOCKETS = 2 * count + 64
+        self.sync_ctx = zmq.Context()  # shells (one serving thread) and hearts (their own thread)
+        self.sync_ctx.MAX_SOCKETS = 2 * count + 64
         self.dead: List[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
         self.engines: Dict[int, SimEngine] = {}
         self.result = serialize_object(b"\0" * reply_bytes)  # what apply returns: the buffers
+        self.server = Server(self)
 
     def url(self, port) -> str:
         return port if "://" in str(port) else f"{self.info['interface']}:{port}"
@@ -131,12 +128,12 @@ class SimProcess:
             engine.shell.connect(self.link.place.down_url)
         engine.heart.connect(self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
-        engine.task = asyncio.ensure_future(self.serve(engine))
+        self.server.command(("serve", engine))
 
     def beat(self):
         """Heartbeat thread: forward the heart monitor's pings to every live
         engine's heart, however busy the engines' event loop is."""
-        ping = self.heart_ctx.socket(zmq.SUB)
+        ping = self.sync_ctx.socket(zmq.SUB)
         ping.SUBSCRIBE = b""
         ping.connect(self.url(self.info["hb_ping"]))
         while True:
@@ -150,34 +147,29 @@ class SimProcess:
             except Exception:  # the thread must go on: without it every engine is declared dead
                 log.exception("heartbeat forwarding failed once")
 
-    async def serve(self, engine: SimEngine):
-        while engine.alive:
-            frames = await engine.shell.recv_multipart(copy=False)
-            if P.is_probe(frames):  # a restarted host relay looking for us
-                continue
-            if P.may_be_dropped(frames):  # the hub dropped it
-                self.kill(engine.id)
-                return
-            try:
-                idents, body = P.split_idents(frames)
-                parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])
-                header = json.loads(parent)
-                reply_type = REPLY_TYPES.get(header.get("msg_type"))
-                started = header["date"]
-            except (ValueError, IndexError, KeyError, AttributeError) as e:
-                log.warning("engine %s dropped a malformed request: %r", engine.id, e)
-                continue
-            if reply_type is None:
-                continue
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            if not engine.alive:
-                return
-            try:
-                self.answer(engine, [P.as_bytes(i) for i in idents], parent, started, reply_type, request_md)
-            except Exception:  # one bad request must not silence this engine for good
-                log.exception("engine %s could not answer %s", engine.id, header.get("msg_id"))
-            await asyncio.sleep(0)  # a queued backlog would not yield: let the other engines answer too
+    def request(self, engine: SimEngine, frames):
+        """One message on an engine's shell: answer it (at once, or after ``delay``)."""
+        if P.is_probe(frames):  # a restarted host relay looking for us
+            return
+        if P.may_be_dropped(frames):  # the hub dropped it
+            self.kill(engine.id)
+            return
+        try:
+            idents, body = P.split_idents(frames)
+            parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])
+            header = json.loads(parent)
+            reply_type = REPLY_TYPES.get(header.get("msg_type"))
+            started = header["date"]
+        except (ValueError, IndexError, KeyError, AttributeError) as e:
+            log.warning("engine %s dropped a malformed request: %r", engine.id, e)
+            return
+        if reply_type is None:
+            return
+        args = (engine, [P.as_bytes(i) for i in idents], parent, started, reply_type, request_md)
+        if self.delay:
+            self.server.later(self.delay, args)
+        else:
+            self.answer(*args)
 
     def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict) -> list:
         """``[DELIM, sig, header, parent, metadata, content]``, built without a
@@ -190,6 +182,8 @@ class SimProcess:
         return [P._DELIM, self.session.sign(parts)] + parts
 
     def answer(self, engine: SimEngine, idents, parent: bytes, started: str, reply_type, request_md: bytes):
+        if not engine.alive:
+            return
         md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
         if b"original_msg_id" in request_md:  # ipyparallel's BroadcastView: echo its routing fields
             try:
@@ -201,33 +195,120 @@ class SimProcess:
         lean = reply_type == "apply_reply" and P.OUTPUTS_MARK in request_md
         if lean:  # as our engines (kernel.py): the outputs in the reply, no IOPub status
             md[P.OUTPUTS_KEY] = dict(stdout="", stderr="", outputs=[])
-        engine.shell.send_multipart(idents + self.signed(engine, reply_type, parent, md) + buffers, copy=False)
+        send_frames(engine.shell, idents + self.signed(engine, reply_type, parent, md) + buffers)
         if lean:
             return
         topic = f"engine.{engine.id}.status".encode()
-        self.iopub.send_multipart([topic] + self.signed(engine, "status", parent, dict(engine=engine.uuid)))
+        send_frames(self.iopub, [topic] + self.signed(engine, "status", parent, dict(engine=engine.uuid)))
 
     def kill(self, eid: int):
+        """On the serving thread: engine ``eid`` stops answering and beating."""
         engine = self.engines.pop(eid, None)
         if engine is not None:
-            engine.close()
-            self.dead.append(engine)
+            engine.alive = False
+            self.server.forget(engine)
+            engine.shell.close()
+            self.dead.append(engine)  # its heart is closed by the heartbeat thread
 
     async def main(self, conn):
-        self.iopub = self.ctx.socket(zmq.PUB)
+        self.iopub = self.sync_ctx.socket(zmq.PUB)  # used by the serving thread
         self.iopub.SNDHWM = 0
         self.iopub.connect(self.url(self.info["iopub"]))
         threading.Thread(target=self.beat, daemon=True, name="heartbeats").start()
-        await asyncio.gather(*(self.register(SimEngine(self.ctx, self.heart_ctx)) for _ in range(self.count)))
+        threading.Thread(target=self.server.run, daemon=True, name="shells").start()
+        await asyncio.gather(*(self.register(SimEngine(self.sync_ctx)) for _ in range(self.count)))
         conn.send(sorted(self.engines))
         loop = asyncio.get_running_loop()
         while True:  # commands from the parent: ("kill", eid) or ("stop",)
             command = await loop.run_in_executor(None, conn.recv)
             if command[0] == "kill":
-                self.kill(command[1])
+                await loop.run_in_executor(None, self.server.call, self.kill, command[1])
                 conn.send(command[1])
             else:
                 break
+
+
+class Server:
+    """One thread serves every engine's shell of a ``SimProcess`` with one
+    poller (a task per engine on asyncio costs more than the engine's own work).
+    Other threads reach it through ``command``: an inproc socket wakes it."""
+
+    def __init__(self, proc: SimProcess):
+        self.proc = proc
+        self.inbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.wake_url = f"inproc://sim-wake-{id(self)}"
+        self.wake_in = proc.sync_ctx.socket(zmq.PULL)
+        self.wake_in.bind(self.wake_url)
+        self.wakers = threading.local()
+        self.poller = zmq.Poller()
+        self.poller.register(self.wake_in, zmq.POLLIN)
+        self.engines: Dict[zmq.Socket, SimEngine] = {}
+        self.due: list = []  # (when, n, args) of delayed answers, a heap
+        self.seq = counter()
+
+    def command(self, command: tuple):
+        """From any thread: ``("serve", engine)`` or ``("call", fn, arg, done)``."""
+        self.inbox.put(command)
+        waker = getattr(self.wakers, "socket", None)
+        if waker is None:
+            waker = self.wakers.socket = self.proc.sync_ctx.socket(zmq.PUSH)
+            waker.LINGER = 0
+            waker.connect(self.wake_url)
+        waker.send(b"")
+
+    def call(self, fn, arg):
+        """Run ``fn(arg)`` on the serving thread and wait for it."""
+        done = threading.Event()
+        self.command(("call", fn, arg, done))
+        done.wait()
+
+    def forget(self, engine: SimEngine):
+        self.poller.unregister(engine.shell)
+        self.engines.pop(engine.shell, None)
+
+    def later(self, delay: float, args: tuple):
+        heapq.heappush(self.due, (time.monotonic() + delay, next(self.seq), args))
+
+    def run(self):
+        while True:
+            timeout = max(0.0, self.due[0][0] - time.monotonic()) * 1e3 if self.due else None
+            for sock, _ in self.poller.poll(timeout):
+                if sock is self.wake_in:
+                    self._commands()
+                    continue
+                engine = self.engines.get(sock)
+                for _ in range(64):  # then the others: one busy engine must not starve them
+                    if engine is None or not engine.alive:
+                        break
+                    try:
+                        frames = recv_frames(sock)
+                    except zmq.Again:
+                        break
+                    try:
+                        self.proc.request(engine, frames)
+                    except Exception:  # one bad request must not silence the engines
+                        log.exception("engine %s could not answer a request", engine.id)
+            while self.due and self.due[0][0] <= time.monotonic():
+                self.proc.answer(*heapq.heappop(self.due)[2])
+
+    def _commands(self):
+        while True:
+            try:
+                self.wake_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        while not self.inbox.empty():
+            command = self.inbox.get()
+            if command[0] == "serve":
+                engine = command[1]
+                self.engines[engine.shell] = engine
+                self.poller.register(engine.shell, zmq.POLLIN)
+            else:
+                _, fn, arg, done = command
+                try:
+                    fn(arg)
+                finally:
+                    done.set()
 
 
 def _run_process(info, count, reply_bytes, delay, host, conn):

@@ -162,3 +162,51 @@ def test_recent_calls_are_bounded_by_their_outcomes_too():
         if k == 2:
             assert list(calls.recent) == ["ipb-m1_1", "ipb-m2_1"]  # 6 outcomes: the oldest went
     assert list(calls.recent) == ["ipb-m3_1"]  # the last call is kept, however big
+
+
+# ------------------------------------------- a host's table, filed and unpacked
+def table_bundle(values, statuses):
+    """A ``replies`` bundle of engines ``uuid-k`` answering ``values[k]``, as a leaf packs it."""
+    from ipyparallel.serialize import serialize_object
+    from jupyter_client.session import Session
+
+    from ipyparallel_broadcast import bundles as B
+
+    session = Session(key=b"k")
+    codec = P.Codec(session)
+    bodies = []
+    for k, (value, status) in enumerate(zip(values, statuses)):
+        content = {"status": status}
+        if status == "error":
+            content.update(ename="ValueError", evalue="bad", traceback=[], engine_info={})
+        msg = session.msg("apply_reply", content=content,
+                          metadata={"engine": UUIDS[k], P.OUTPUTS_KEY: {"stdout": "", "stderr": "", "outputs": []}})
+        bodies.append(session.serialize(msg)[1:] + list(serialize_object(value, buffer_threshold=64)))
+    return list(B.iter_bundle(codec, codec.unpack(B.pack_replies(codec, "r", MSG_ID, bodies, [])), tables=True))
+
+
+def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one():
+    import numpy as np
+
+    from ipyparallel_broadcast.results import CallResults
+
+    class Client(CallResults):  # with what outcome_result asks of the client, for errors
+        unpacked = 0
+        _unwrap_exception = staticmethod(lambda content: ("error", content["ename"]))
+
+        def _unpack_result(self, buffers):
+            self.unpacked += 1
+            return CallResults._unpack_result(buffers)
+
+    calls, call = new_call()
+    values = [1.5, np.arange(100.0), "x", None]  # the array's buffer is extracted (two buffers)
+    outcomes = table_bundle(values, ["ok", "ok", "ok", "error"])
+    assert [what for what, _ in outcomes] == ["table"]
+    assert calls.bundle(call, outcomes, "t", None, log) == [0, 1, 2, 3] and call.done
+    assert call.iopub == 0  # outputs came in the replies
+    client = Client()
+    results = client._results(call)
+    assert client.unpacked == 3  # the error is read from its reply, one by one
+    assert results[0] == 1.5 and results[2] == "x" and results[3] == ("error", "ValueError")
+    np.testing.assert_array_equal(results[1], values[1])
+    assert all(a is b for a, b in zip(client._results(call), results))  # unpacked once

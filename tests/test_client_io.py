@@ -116,9 +116,13 @@ class RaisesOnce(ipb.Client):
             self._boom("iopub-status")
         return super()._dispatch_iopub(frames)
 
-    def _engine_result(self, call, i):
+    def _engine_result(self, call, i):  # an engine's reply, one by one
         self._boom("engine-reply")
         return super()._engine_result(call, i)
+
+    def _unpack_result(self, buffers):  # the usual replies, unpacked in one pass
+        self._boom("engine-reply")
+        return super()._unpack_result(buffers)
 
     def _handle_apply_reply(self, msg):
         if not P.is_broadcast_id(msg["parent_header"].get("msg_id", "")):

@@ -118,3 +118,23 @@ def test_another_store_gets_every_copy_filed_never_dropped():
     for i in range(2000):
         hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE], [b"%d" % i])
     assert len(order) + len(records.journal) == 2000 and records.dropped == 0
+
+
+def test_the_bound_counts_the_engine_outcomes_a_copy_carries():
+    """A root's bundle copy is labelled with its engines' count: a few large
+    calls fill the journal as many small ones do (the records they make)."""
+    from ipyparallel_broadcast import protocol as P
+    from ipyparallel_broadcast.records import JOURNAL_FACTOR
+
+    limit = 8
+    hub, records, order = journal(BroadcastDictDB(record_limit=limit))
+    per_call = 2 * limit
+    for i in range(JOURNAL_FACTOR):  # each carries two limits' worth of records
+        hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE, b"%d" % per_call], [b"%d" % i])
+    assert records.journal_outcomes <= JOURNAL_FACTOR * limit
+    assert len(records.journal) == JOURNAL_FACTOR // 2 and records.dropped == JOURNAL_FACTOR // 2
+    huge = JOURNAL_FACTOR * limit * 10
+    hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE, b"%d" % huge], [b"huge"])
+    assert [m[0] for _, _, m, _ in records.journal] == [b"huge"]  # the newest copy always stays
+    hub.query_handlers["db_request"]("query")
+    assert order[-1] == (P.OUTBUNDLE, b"huge")

@@ -61,7 +61,19 @@ class RelayNode:
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         self._keys = count()
-        self.records = False  # copy requests (root) and engine replies (leaves) to MON
+        self._records = False
+
+    @property
+    def records(self) -> bool:
+        """Copies to the hub's task records (MON): the root copies each request
+        and each bundle it sends up (one copy per host bundle at most); a leaf,
+        each engine's reply to a reduction (the bundles carry only the combined value)."""
+        return self._records
+
+    @records.setter
+    def records(self, on: bool):
+        self._records = on
+        self.inflight.records = on and self.is_root
 
     # ------------------------------------------------------------------ events
     def on_up(self, frames) -> List[Send]:
@@ -267,6 +279,7 @@ class RelayNode:
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
+        p.n = len(targets)
         strays = [] if self.is_root else [e for e in targets if not self._serves(e)]
         sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
         if strays:
@@ -330,7 +343,7 @@ class RelayNode:
         if p.trace is not None:  # the detail is formatted only for a traced request
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
         copy = [Send(MON, P.record_copy(P.OUTBCAST, reply.ident, body))] \
-            if self.records and not p.stock else []
+            if self.records and p.reduction is not None else []
         if p.reduction is not None:
             if not fold_reply(p.reduction, eids, body, self.codec):
                 p.raised.append(body)
@@ -380,9 +393,6 @@ class RelayNode:
             p.raised.extend(raised)
             p.failed.extend(failed)
             return self.inflight.finish_if_done(p)
-        # a host relay's engines' replies, for the hub's records (as a leaf copies its own)
-        copy = [Send(MON, P.record_copy(P.OUTBUNDLE, child, m.body))] \
-            if self.records and isinstance(child, bytes) and not p.stock else []
         if p.stream:
             eids = meta.get("eids")
             if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
@@ -391,10 +401,10 @@ class RelayNode:
             p.waiting[child].difference_update(eids)
             if not p.waiting[child]:
                 del p.waiting[child]
-            return copy + self.inflight.forward(p, m.msg, m.body) + self.inflight.finish_if_done(p)
+            return self.inflight.forward(p, m.msg, m.body) + self.inflight.finish_if_done(p)
         del p.waiting[child]
         (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
-        return copy + self.inflight.finish_if_done(p)
+        return self.inflight.finish_if_done(p)
 
     def _fail(self, p: Pending, eids, code, reason) -> List[Send]:
         failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]

@@ -15,7 +15,7 @@ from .. import bundles as B
 from .. import protocol as P
 from ..reduction import Reduction
 from .compat import CompatRequest
-from .events import UP, Send
+from .events import MON, UP, Send
 
 PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
 
@@ -38,6 +38,7 @@ class Pending:
     stock: bool = False  # a stock client's request (no hub records: see ``records``)
     own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
     batch: Optional[tuple] = None  # streaming in batches: (count, interval)
+    n: int = 0  # engines targeted
     held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
     relayed: list = field(default_factory=list)  # streamed child bundles held: (body, eids)
     deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
@@ -105,6 +106,7 @@ class InFlight:
         # waiting on its sockets (``drained``), then send it up as one bundle:
         # replies that came together go together, and none waits for more
         self.coalesce = False
+        self.records = False  # the root: a copy of each bundle sent up goes to the hub's records
         self.dirty: Dict[str, Pending] = {}  # requests holding streamed outcomes
         self.requests: Dict[str, Pending] = {}
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
@@ -198,7 +200,16 @@ class InFlight:
         """Send outcomes up: a bundle, or stock replies to a stock client."""
         sends = pack_up(self.codec, p, parts, failed, eids, kind or self.kind)
         self.stamp(p, "reply out", len(parts) + len(failed))
-        return sends
+        return self.recorded(p, sends, p.n if eids is None else len(eids))
+
+    def recorded(self, p: Pending, sends: List[Send], outcomes: int) -> List[Send]:
+        """``sends`` (bundles going up), and their copies for the hub's records,
+        labelled with how many engines' outcomes they carry (the hub bounds its journal so)."""
+        if not self.records or p.stock or p.reduction is not None:
+            return sends
+        n = len(p.route) + 1  # the body follows the route and DELIM
+        label = b"%d" % outcomes
+        return sends + [Send(MON, P.record_copy(P.OUTBUNDLE, label, s.frames[n:])) for s in sends]
 
     def forward(self, p: Pending, msg: dict, body: list) -> List[Send]:
         """Pass a child's streamed bundle up unchanged (or held, see ``coalesce``)."""
@@ -210,7 +221,7 @@ class InFlight:
             self.dirty[p.key] = p
             return []
         self.stamp(p, "reply out", "forwarded")
-        return [Send(UP, P.with_route(p.route, body))]
+        return self.recorded(p, [Send(UP, P.with_route(p.route, body))], len(msg["metadata"]["eids"]))
 
     def drained(self) -> List[Send]:
         """The shell read all that was waiting: send up what streaming held."""
@@ -232,5 +243,5 @@ class InFlight:
             self.stamp(p, "reply out", f"{len(bodies)} forwarded")
             body = bodies[0] if len(bodies) == 1 else \
                 B.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
-            sends.append(Send(UP, P.with_route(p.route, body)))
+            sends += self.recorded(p, [Send(UP, P.with_route(p.route, body))], len(eids))
         return sends
