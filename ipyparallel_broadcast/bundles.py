@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from itertools import accumulate
 from typing import Any, Iterator, Tuple
 
 from .protocol import BUNDLE, OUTPUTS_KEY, Codec, Frames, ProtocolError, as_bytes
@@ -126,7 +127,11 @@ class ReplyTable:
                 and isinstance(iopub, list) and len(sizes) == len(engines) and buffers):
             raise ProtocolError("replies bundle has an invalid table")
         self.text = memoryview(buffers[0])
-        if sum(sizes) != self.text.nbytes:
+        try:
+            self.offsets = [0, *accumulate(sizes)]  # reply k's text: [offsets[k], offsets[k + 1])
+        except TypeError as e:
+            raise ProtocolError(f"replies bundle has invalid text sizes: {e}") from e
+        if self.offsets[-1] != self.text.nbytes or (sizes and min(sizes) < 0):
             raise ProtocolError("replies bundle texts do not match their sizes")
         if codec.key and not hmac.compare_digest(
                 str(content.get("digest")), hashlib.sha256(self.text).hexdigest()):
@@ -140,11 +145,6 @@ class ReplyTable:
         except (TypeError, ValueError) as e:
             raise ProtocolError(f"replies bundle has an invalid table: {e}") from e
         self.codec, self.engines, self.parsed = codec, engines, {}
-        self.offsets, offset = [], 0
-        for n in sizes:
-            self.offsets.append(offset)
-            offset += n
-        self.offsets.append(offset)
 
     def status(self, k: int):
         return self.odd.get(k, "ok")
@@ -189,7 +189,8 @@ class Entry:
 
 
 def _parts(counts, buffers, n=None) -> list:
-    if not isinstance(counts, list) or sum(counts) != len(buffers) or (n is not None and len(counts) != n):
+    if not isinstance(counts, list) or not all(type(c) is int and c >= 0 for c in counts) \
+            or sum(counts) != len(buffers) or (n is not None and len(counts) != n):
         raise ProtocolError("bundle part counts do not match its frames")
     parts, offset = [], 0
     for c in counts:

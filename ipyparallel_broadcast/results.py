@@ -85,6 +85,15 @@ def uncanned(canned):
     return uncan(canned)
 
 
+def ok_buffers(call: Call, outcome):
+    """The result buffers of an ``ok`` apply reply in a host's table (read
+    without parsing its JSON), or None."""
+    entry = outcome[1]
+    if type(entry) is Entry and entry.k not in entry.table.odd and call.header["msg_type"] == "apply_request":
+        return entry.table.parts[entry.k]
+    return None
+
+
 def outcome_result(client, call: Call, i: int):
     """Engine ``i``'s result, as ipyparallel files it: a value, an
     ``ExecuteReply``, or an exception object."""
@@ -92,9 +101,10 @@ def outcome_result(client, call: Call, i: int):
     if o[0] == FAILED:
         method = call.header["msg_type"].split("_")[0]  # apply or execute
         return client._unwrap_exception(engine_error(o[1], o[2], o[3], method))
+    buffers = ok_buffers(call, o)
+    if buffers is not None:  # the usual case: no JSON read
+        return unpack_result(buffers)
     reply = o[1]
-    if type(reply) is Entry and reply.status == "ok" and call.header["msg_type"] == "apply_request":
-        return unpack_result(reply.buffers)  # the usual case: no JSON read
     content = reply["content"]
     status = content.get("status")
     if status == "ok":
@@ -129,15 +139,14 @@ class CallResults:
         host's table) unpacked in one pass, the rest one by one."""
         if call.results is None:
             call.results = results = [_UNSET] * len(call.uuids)
-            if call.header["msg_type"] == "apply_request":
-                unpack = self._unpack_result
-                for i, o in enumerate(call.outcomes):
-                    entry = o[1]
-                    if type(entry) is Entry and entry.k not in entry.table.odd:
-                        try:
-                            results[i] = unpack(entry.table.parts[entry.k])
-                        except Exception as e:
-                            results[i] = self._unhandled(call, i, e)
+            unpack = self._unpack_result
+            for i, o in enumerate(call.outcomes):
+                buffers = ok_buffers(call, o)
+                if buffers is not None:
+                    try:
+                        results[i] = unpack(buffers)
+                    except Exception as e:
+                        results[i] = self._unhandled(call, i, e)
         for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
             self._result(call, i)
         return list(call.results)

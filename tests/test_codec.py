@@ -159,3 +159,19 @@ def test_an_unreadable_reply_is_left_out_of_the_table():
     table = table_of(codec, B.pack_replies(codec, "r0", "ipb-m", bodies, []))
     assert table.engines == ["u0", "u2"]
     assert [bytes(b) for k in range(2) for b in table.parts[k]] == [b"a", b"c"]
+
+
+@pytest.mark.parametrize("change", [{"texts": ["x", 1]}, {"texts": [-1, 100]}, {"parts": ["1", 1]},
+                                    {"engines": "u0"}, {"odd": [1]}])
+def test_a_signed_but_malformed_table_is_a_protocol_error(change):
+    """A table with bad fields, even signed, is refused as a ProtocolError
+    (dropped and logged), never another exception."""
+    import json
+
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    frames = B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, [[b"a"], [b"b"]]), [])
+    content = dict(json.loads(frames[4]), **change)
+    forged = codec.serialize(P.BUNDLE, content, metadata=B.bundle_metadata("r0", "ipb-m", "replies"))[1:] + frames[5:]
+    with pytest.raises(P.ProtocolError):
+        list(B.iter_bundle(codec, codec.unpack(forged), tables=True))
