@@ -13,7 +13,9 @@ ranks (mpi4py ``bcast`` + ``gather``, timed inside the job) adds a row.
 ``--cpu CALLS`` adds where the CPU goes: after the rounds, each view makes
 CALLS 1 kB echo calls alone, and psutil reads the CPU time (user + system) of
 the client process, the controller's processes (hub, schedulers, relay nodes)
-and the engines (with their nannies); shown per engine per apply.
+and the engines (with their nannies; Dask's workers and nannies), each less
+its idle rate (measured over 5 s at rest); shown per engine per apply, with
+each system's idle CPU.
 
 Two clusters run side by side with N engines each: ours (relay tree of the
 given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
@@ -224,6 +226,13 @@ def process_groups(rc, cluster) -> Dict[str, list]:
     }
 
 
+def dask_groups(client) -> Dict[str, list]:
+    """A local Dask cluster's processes: its scheduler runs in this (the
+    client's) process; its workers and their nannies are the engines."""
+    workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+    return {"controller": [], "engines": workers + [w.parent() for w in workers if w.parent()]}
+
+
 def cpu_seconds(procs) -> float:
     total = 0.0
     for proc in procs:
@@ -235,32 +244,64 @@ def cpu_seconds(procs) -> float:
     return total
 
 
-def cpu_per_apply(vs: Dict[str, object], groups: Dict[str, Dict[str, list]], calls: int):
-    """ms of CPU per engine per apply: client, controller, engines, total, for
-    each view whose cluster is in ``groups`` (keyed "ours"/"stock")."""
+PARTS = ("client", "controller", "engines")
+
+
+def _cpu(procs: Dict[str, list]) -> List[float]:
+    """CPU seconds so far of this process (the client), the controller's and the engines'."""
+    return [time.process_time(), cpu_seconds(procs["controller"]), cpu_seconds(procs["engines"])]
+
+
+def idle_rates(groups: Dict[str, Dict[str, list]], seconds: float = 5.0) -> Dict[str, List[float]]:
+    """Each system's CPU seconds per second at rest (client, controller, engines):
+    heartbeats, polls, Dask's ticks. Measured together: this process's share is
+    common to all (every client lives here)."""
+    before = {side: _cpu(procs) for side, procs in groups.items()}
+    tic = time.perf_counter()
+    time.sleep(seconds)  # the measurement window: nothing else runs
+    elapsed = time.perf_counter() - tic
+    return {side: [(a - b) / elapsed for a, b in zip(_cpu(procs), before[side])]
+            for side, procs in groups.items()}
+
+
+def cpu_per_apply(vs: Dict[str, object], groups: Dict[str, Dict[str, list]], calls: int,
+                  idle: Dict[str, List[float]] = None):
+    """ms of CPU per engine per apply (client, controller, engines, total) for
+    each view whose system is in ``groups`` ("ours", "stock", "dask"), each
+    view measured alone, net of its system's ``idle`` rates if given."""
     rows = {}
     for name, view in vs.items():
-        side = "ours" if name.startswith("ours") else "stock"
-        if side not in groups or not hasattr(view, "targets"):
-            continue  # a peer
+        side = "ours" if name.startswith("ours") else "dask" if name == "Dask run" else "stock"
+        if side not in groups or not hasattr(view, "apply_sync") or name == "Dask submit":
+            continue
         procs = groups[side]
         t_echo(view)
-        before = [time.process_time(), cpu_seconds(procs["controller"]), cpu_seconds(procs["engines"])]
+        before, tic = _cpu(procs), time.perf_counter()
         for _ in range(calls):
             t_echo(view)
-        after = [time.process_time(), cpu_seconds(procs["controller"]), cpu_seconds(procs["engines"])]
+        after, elapsed = _cpu(procs), time.perf_counter() - tic
+        rest = idle.get(side, [0.0] * 3) if idle else [0.0] * 3
         n = len(view)
-        per = [1e3 * (a - b) / calls / n for a, b in zip(after, before)]
-        rows[name] = dict(client=per[0], controller=per[1], engines=per[2], total=sum(per))
+        per = [1e3 * (a - b - r * elapsed) / calls / n for a, b, r in zip(after, before, rest)]
+        rows[name] = dict(zip(PARTS, per), total=sum(per),
+                          idle=100 * sum(rest[1:]) if idle else None)  # % of a core, client aside
     return rows
 
 
-def cpu_table(n: int, rows) -> str:
+def cpu_table(n: int, rows, idle_client: float = None) -> str:
     width = max(len(x) for x in rows) + 2
-    lines = [f"N={n}: CPU ms per engine per apply (1 kB echo)",
-             "view".ljust(width) + "".join(c.rjust(12) for c in ("client", "controller", "engines", "total"))]
+    net = idle_client is not None
+    head = f"N={n}: CPU ms per engine per apply (1 kB echo)" + (", net of each system's idle CPU" if net else "")
+    cols = PARTS + ("total",) + (("idle %core",) if net else ())
+    lines = [head, "view".ljust(width) + "".join(c.rjust(12) for c in cols)]
     for name, r in rows.items():
-        lines.append(name.ljust(width) + "".join(f"{r[c]:12.3f}" for c in ("client", "controller", "engines", "total")))
+        cells = [f"{r[c]:12.3f}" for c in PARTS + ("total",)]
+        if net:
+            cells.append(f"{r['idle']:12.1f}")
+        lines.append(name.ljust(width) + "".join(cells))
+    if net:
+        lines.append(f"(idle %core: the system's controller and engines at rest; this process, "
+                     f"home of every client and of Dask's scheduler, idles at {100 * idle_client:.1f}%)")
     return "\n".join(lines)
 
 
@@ -298,8 +339,11 @@ def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = p
             results[n] = medians = measure(vs, reps, suite)
             if cpu_calls:
                 groups = {side: process_groups(rc, rc.cluster) for side, rc in (("ours", ours), ("stock", stock))}
-                rows = cpu_per_apply(vs, groups, cpu_calls)
-                out(cpu_table(n, rows) + "\n")
+                if with_peers:
+                    groups["dask"] = dask_groups(vs["Dask run"].client)
+                idle = idle_rates(groups)
+                rows = cpu_per_apply(vs, groups, cpu_calls, idle)
+                out(cpu_table(n, rows, idle_client=idle["ours"][0]) + "\n")
         if with_peers:
             add_mpi(medians, n, reps, out)
         out(table(n, depth, medians) + "\n")

@@ -17,16 +17,23 @@ clients) goes through ipyparallel's path unchanged.
 
 from __future__ import annotations
 
+import _signal
+import asyncio
 import io
 import sys
 import time
+from contextvars import copy_context
 
 from ipyparallel import error
 from ipyparallel.engine.kernel import IPythonParallelKernel
+from ipykernel.kernelbase import Kernel
 
 from . import protocol as P
+from .applycall import Functions, run_apply
 from .protocol import OUTPUTS_KEY
-from .zmqframes import Direct
+from .zmqframes import Direct, lean
+
+_SIGINT = int(_signal.SIGINT)
 
 
 def wants_outputs_in_reply(frames) -> bool:
@@ -57,13 +64,16 @@ class _Displays:
 
 class _Data:
     """Stands in for the data publisher: data still goes out on IOPub (it is
-    pickled objects), and the reply tells the client to wait for ``idle``."""
+    pickled objects), with this request as its parent, and the reply tells the
+    client to wait for ``idle``."""
 
-    def __init__(self, real):
-        self.real, self.used = real, False
+    def __init__(self, real, parent):
+        self.real, self.parent, self.used = real, parent, False
 
     def publish_data(self, data):
-        self.used = True
+        if not self.used:
+            self.real.set_parent(self.parent)
+            self.used = True
         self.real.publish_data(data)
 
     def __getattr__(self, name):
@@ -73,11 +83,11 @@ class _Data:
 class Captured:
     """Swaps in the stand-ins for one request, and restores what was there."""
 
-    def __init__(self, shell):
+    def __init__(self, shell, parent):
         self.shell = shell
         self.stdout, self.stderr = io.StringIO(), io.StringIO()
         self.displays = _Displays(shell.display_pub)
-        self.data = _Data(shell.data_pub)
+        self.data = _Data(shell.data_pub, parent)
 
     def _showtraceback(self, etype, evalue, stb):
         self.shell._last_traceback = stb  # the reply carries it; nothing on IOPub
@@ -106,6 +116,12 @@ class Captured:
 
 class BroadcastKernel(IPythonParallelKernel):
     _codec = None
+    _context = None
+    _queued = 0  # shell messages on ipykernel's path, not yet done
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.functions = Functions()
 
     @property
     def codec(self) -> P.Codec:
@@ -115,30 +131,65 @@ class BroadcastKernel(IPythonParallelKernel):
             self._codec = P.Codec(self.session)
         return self._codec
 
+    def start(self):
+        super().start()
+        if (self.shell_stream is not None and hasattr(self, "_main_asyncio_lock")
+                and not getattr(self, "_supports_kernel_subshells", False)):
+            self._context = copy_context()  # shared by the shell's tasks, as ipykernel's are
+            lean(self.shell_stream).on_recv(self._on_shell, copy=False)
+
+    def _on_shell(self, msg):
+        """Every shell message. A broadcast apply runs here and now when no
+        other shell message is running or waiting (no task, no lock: the
+        stream's callback is the handler); anything else, or anything behind a
+        message still on ipykernel's path, takes that path, in arrival order.
+        Nothing raises out of here: the stream must go on reading."""
+        try:
+            if not (self._queued or self._main_asyncio_lock.locked()
+                    or not wants_outputs_in_reply(msg) or self._lean(msg, time.time()) is False):
+                return
+            self._queued += 1
+            asyncio.get_running_loop().create_task(self._counted(msg), context=self._context)
+        except Exception:
+            self.log.error("Exception handling a shell message", exc_info=True)
+
+    async def _counted(self, msg):
+        try:
+            await self.shell_main(None, msg)
+        finally:
+            self._queued -= 1
+
     async def dispatch_shell(self, msg, *args, **kwargs):
         received = time.time()
         if P.is_probe(msg):  # a restarted host relay looking for its engines
             return
         if P.may_be_dropped(msg) and self._dropped(msg):
             return
-        if not wants_outputs_in_reply(msg):
+        if not wants_outputs_in_reply(msg) or self._lean(msg, received) is False:
             return await super().dispatch_shell(msg, *args, **kwargs)
-        idents, body = self.session.feed_identities(msg, copy=False)
+
+    def _lean(self, msg, received):
+        """Answer a broadcast apply with its one reply; False if ``msg`` is not
+        one after all (it then takes ipykernel's path)."""
+        idents, body = P.split_idents(msg)
+        if b'"apply_request"' not in P.as_bytes(body[1]):  # its header: a cheap look
+            return False
         try:
             request = self.codec.unpack(body)
-            request["buffers"] = [memoryview(b) for b in request["buffers"]]
+            header = request["header"]
+            if header.get("msg_type") != "apply_request":
+                raise P.ProtocolError(f"not an apply_request: {header.get('msg_type')!r}")
         except Exception:
             self.log.error("Invalid Message", exc_info=True)
-            return
-        if request["header"].get("msg_type") != "apply_request":
-            return await super().dispatch_shell(msg, *args, **kwargs)
-        self.set_parent(idents, request, channel="shell")
+            return None
+        request["buffers"] = [memoryview(b) for b in request["buffers"]]
+        Kernel.set_parent(self, idents, request, "shell")  # the shell's parts: see Captured
         stream = self.shell_stream
-        msg_id = request["header"]["msg_id"]
+        msg_id = header["msg_id"]
         if msg_id in self.aborted:  # as ipyparallel's should_handle, without an INFO line a call
             self.aborted.remove(msg_id)
             return self.reply(stream, idents, request, {"status": "aborted"}, [], None, {})
-        self.pre_handler_hook()
+        saved = _signal.signal(_SIGINT, _signal.default_int_handler)  # pre_handler_hook, no enums
         try:
             self.apply_outputs_in_reply(stream, idents, request, received)
         except Exception:  # our plumbing failed, not the call: the client still gets a reply
@@ -146,7 +197,33 @@ class BroadcastKernel(IPythonParallelKernel):
             content = error.wrap_exception(self.get_engine_info(method="apply"))
             self.reply(stream, idents, request, content, [], None, {})
         finally:
-            self.post_handler_hook()
+            _signal.signal(_SIGINT, saved)
+        return None
+
+    def do_apply(self, content, bufs, msg_id, reply_metadata):
+        """ipyparallel's, with ``f`` called directly and unpickled once per
+        distinct function (``applycall``)."""
+        session = self.session
+        return run_apply(bufs, self.shell.user_ns, self.functions, session.buffer_threshold,
+                         session.item_threshold, self._apply_error)
+
+    def _apply_error(self, e: BaseException) -> dict:
+        """A failed apply's reply content, as ipyparallel's ``do_apply`` makes it."""
+        shell = self.shell
+        try:
+            shell.showtraceback()  # formats it; ipykernel keeps it in _last_traceback
+        except Exception as tb_error:
+            self.log.error(f"Failed to show traceback for {e}: {tb_error}")
+        try:
+            evalue = str(e)
+        except Exception as str_error:
+            evalue = f"Failed to cast exception to string: {str_error}"
+        content = dict(status="error", ename=type(e).__name__, evalue=evalue,
+                       traceback=getattr(shell, "_last_traceback", None) or [],
+                       engine_info=self.get_engine_info(method="apply"))
+        shell._last_traceback = None
+        self.log.info("Exception in apply request:\n%s", "\n".join(content["traceback"]))
+        return content
 
     def _dropped(self, msg) -> bool:
         """The hub dropped this engine (its host was cut off) and will not take
@@ -170,7 +247,7 @@ class BroadcastKernel(IPythonParallelKernel):
         md = self.init_metadata(parent)
         if parent["metadata"].get(P.TRACE_KEY):
             md["ipb_received"] = received
-        with Captured(self.shell) as captured:
+        with Captured(self.shell, parent) as captured:
             self.shell_is_blocking = True
             try:
                 content, result_buf = self.do_apply(
@@ -185,7 +262,7 @@ class BroadcastKernel(IPythonParallelKernel):
         if content["status"] == "aborted":
             md["status"] = "aborted"
         md[OUTPUTS_KEY] = outputs
-        frames = self.codec.serialize("apply_reply", content, parent["header"], md)
+        frames = self.codec.serialize("apply_reply", content, parent["raw_header"], md)
         # at once on the socket, by this (the loop's) thread: one event-loop turn less
         Direct(stream).send_multipart(list(ident) + frames + list(buffers), copy=False)
         if outputs.get("iopub"):

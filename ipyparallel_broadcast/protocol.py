@@ -194,9 +194,11 @@ class Codec:
 
     def serialize(self, msg_type: str, content, parent=None, metadata=None, header=None) -> Frames:
         """``[DELIM, sig, header, parent, metadata, content]``, as ``Session.serialize``
-        of ``Session.msg`` gives; ``content`` may be packed already (bytes)."""
+        of ``Session.msg`` gives; ``content`` and ``parent`` may be packed already
+        (bytes: a request's own header frame, say)."""
         md = dict(self._metadata, **metadata) if metadata else self._metadata
-        parts = [self.pack_json(header or self.header(msg_type)), self.pack_json(parent or {}),
+        parts = [self.pack_json(header or self.header(msg_type)),
+                 parent if isinstance(parent, bytes) else self.pack_json(parent or {}),
                  self.pack_json(md), content if isinstance(content, bytes) else self.pack_json(content)]
         return [_DELIM, self.sign(parts)] + parts
 
@@ -222,15 +224,20 @@ class Codec:
                 raise ProtocolError("invalid signature")
             if content:
                 self._remember(signature)
+        load = self._load
         try:
-            header = self.unpack_json(parts[1])
+            header = load(parts[1])
             msg = dict(header=header, msg_id=header["msg_id"], msg_type=header["msg_type"],
-                       parent_header=self.unpack_json(parts[2]), metadata=self.unpack_json(parts[3]),
-                       content=self.unpack_json(parts[4]) if content else parts[4])
+                       parent_header=load(parts[2]), metadata=load(parts[3]),
+                       content=load(parts[4]) if content else parts[4])
         except Exception as e:
             raise ProtocolError(f"bad message: {e}") from e
         msg["buffers"] = list(body[5:])
+        msg["raw_header"] = parts[1]  # a reply's parent header, as it came
         return msg
+
+    def _load(self, part: bytes):
+        return {} if part == b"{}" else self.unpack_json(part)
 
     def _remember(self, signature: bytes):
         self._seen.add(signature)

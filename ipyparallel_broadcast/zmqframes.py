@@ -5,8 +5,11 @@ in 3.11, a tenth of a relay node's time and of an engine's reply)."""
 from __future__ import annotations
 
 import zmq
+from tornado.log import gen_log
+from zmq.eventloop.zmqstream import ZMQStream
 
 _MORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
+_EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 
 
 def send_frames(sock: zmq.Socket, frames, copy: bool = False) -> None:
@@ -42,5 +45,55 @@ class Direct:
 
     def send_multipart(self, frames, copy: bool = True, **_):
         send_frames(self.socket, frames, copy=copy)
-        if self.socket is not self.stream and self.socket.EVENTS:
+        if self.socket is not self.stream and self.socket.getsockopt(_EVENTS) & _POLLIN:
             self.stream.io_loop.add_callback(self.stream.flush)
+
+
+class LeanStream(ZMQStream):
+    """A ZMQStream that reads its events and frames with int flags
+    (``recv_frames``): pyzmq's reads enum-valued socket options per event and
+    per frame, and ``EVENTS`` twice per message. Made by ``lean(stream)``, in
+    place, on a stream that receives with ``copy=False``; anything unusual (a
+    closed socket, an error) goes to ZMQStream's own handling."""
+
+    def _handle_events(self, fd, events):
+        sock = self.socket
+        if not sock or self._recv_copy:
+            return super()._handle_events(fd, events)
+        try:
+            zmq_events = sock.getsockopt(_EVENTS)
+        except zmq.ZMQError:
+            return super()._handle_events(fd, events)
+        try:
+            if zmq_events & _POLLIN and self._recv_callback and not self._flushed:
+                try:
+                    frames = recv_frames(sock)
+                except zmq.Again:
+                    pass
+                else:
+                    self._run_callback(self._recv_callback, frames)
+                if not self.socket:
+                    return
+            if zmq_events & _POLLOUT and self.sending():
+                self._handle_send()
+                if not self.socket:
+                    return
+            self._rebuild_io_state()
+        except Exception:
+            gen_log.error("Uncaught exception in zmqstream callback", exc_info=True)
+            raise
+
+    def _update_handler(self, state):
+        if self.socket is not None and state & self.socket.getsockopt(_EVENTS):
+            self.io_loop.add_callback(lambda: self._handle_events(self.socket, 0))
+
+
+def lean(stream: ZMQStream) -> ZMQStream:
+    """``stream``, reading as a ``LeanStream`` from now on: its class swapped
+    (LeanStream only overrides methods), and its socket's handler registered
+    again (the loop holds the old class's bound method)."""
+    if type(stream) is ZMQStream and stream.socket is not None:
+        stream.__class__ = LeanStream
+        stream.io_loop.remove_handler(stream.socket)
+        stream._init_io_state()
+    return stream

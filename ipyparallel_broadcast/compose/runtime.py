@@ -163,11 +163,15 @@ class Runtime:
         finally:
             self.host.leave_busy()
 
+    def refresh(self):
+        """Before each request: a new budget if the host's engine count changed."""
+        if self.mode in ("static", "counting") and self._count_engines():
+            self._apply()
+
     @contextmanager
     def request(self):
         """Around each request the engine runs (see ``attach``)."""
-        if self.mode in ("static", "counting") and self._count_engines():
-            self._apply()
+        self.refresh()
         if self.mode != "counting":
             yield
         elif self.requests:
@@ -185,6 +189,9 @@ class Runtime:
         apply, execute = kernel.do_apply, kernel.do_execute
 
         def do_apply(*args, **kwargs):
+            if self.mode != "counting":  # nothing around the call: no context manager
+                self.refresh()
+                return apply(*args, **kwargs)
             with self.request():
                 return apply(*args, **kwargs)
 
