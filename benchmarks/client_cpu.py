@@ -1,7 +1,9 @@
-"""The quick runner's CPU table (client, controller, engines; ms per engine per
-apply of a 1 kB echo) on real engines, written with its command and commit.
+"""The quick runner's tables on real engines, written with their command and
+commit: the CPU table (client, controller, engines; ms per engine per apply of
+a 1 kB echo, net of each system's idle CPU) and the latency table of a suite.
 
-    python benchmarks/client_cpu.py --engines 16 --calls 200 --reps 5 --out benchmarks/results/client-cpu-n16.md
+    python benchmarks/client_cpu.py --engines 16 --calls 200 --reps 5 --peers --out benchmarks/results/client-cpu-n16.md
+    python benchmarks/client_cpu.py --suite collectives --engines 8 --depth 2 --calls 0 --reps 9 --out benchmarks/results/collectives-n8-depth2.md
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ def main(argv=None):
     parser.add_argument("--depth", type=int, default=1)
     parser.add_argument("--calls", type=int, default=200, help="echo calls per view for the CPU table")
     parser.add_argument("--reps", type=int, default=5, help="interleaved rounds of the latency table")
+    parser.add_argument("--suite", choices=sorted(bench.SUITES), default="calls")
+    parser.add_argument("--peers", action="store_true", help="Dask (and MPI, if installed) too")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     lines = []
@@ -30,8 +34,10 @@ def main(argv=None):
         print(text, flush=True)
         lines.extend(["```", text.rstrip(), "```", ""])
 
-    bench.run(args.engines, args.depth, args.reps, out=out, cpu_calls=args.calls)
-    report("client_cpu.py", argv, "CPU per engine per apply, real engines", lines, args.out)
+    bench.run(args.engines, args.depth, args.reps, out=out, cpu_calls=args.calls, suite=args.suite,
+              with_peers=args.peers)
+    title = "CPU per engine per apply, real engines" if args.calls else f"The {args.suite} suite, real engines"
+    report("client_cpu.py", argv, title, lines, args.out)
 
 
 if __name__ == "__main__":

@@ -227,10 +227,10 @@ def process_groups(rc, cluster) -> Dict[str, list]:
 
 
 def dask_groups(client) -> Dict[str, list]:
-    """A local Dask cluster's processes: its scheduler runs in this (the
-    client's) process; its workers and their nannies are the engines."""
+    """A local Dask cluster's processes: its scheduler and its nannies run in
+    this (the client's) process; its worker processes are the engines."""
     workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
-    return {"controller": [], "engines": workers + [w.parent() for w in workers if w.parent()]}
+    return {"controller": [], "engines": [w for w in workers if w.pid != os.getpid()]}
 
 
 def cpu_seconds(procs) -> float:

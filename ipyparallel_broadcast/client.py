@@ -18,7 +18,7 @@ from functools import partial
 from typing import Dict
 
 import zmq
-from traitlets import Float, Integer
+from traitlets import Enum, Float, Integer
 
 from ipyparallel import util
 from ipyparallel.client.client import Metadata
@@ -29,6 +29,7 @@ from . import protocol as P
 from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
 from .calls import Call, Calls
+from .paths import PathChooser
 from .reduction import Reduction
 from .results import CallResults, fill_metadata, resolve_reduction
 from .topology import TreeShape
@@ -62,6 +63,12 @@ class Client(TreeSurveys, CallResults, Upstream):
         "restarted has lost them: they fail). No pings while nothing is in flight.",
     )
     root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
+    broadcast_path = Enum(
+        ["auto", "tree", "direct"], "auto", config=True,
+        help="The way views' scatter, gather and map go: 'tree', 'direct' (DirectView's, "
+        "one message per engine through the hub's mux) or 'auto': the one measured faster "
+        "for calls of that kind and size (see ipyparallel_broadcast.paths).",
+    )
 
     def __init__(self, *args, **kwargs):
         # our state first: the parent connects and starts the I/O thread, and
@@ -75,6 +82,7 @@ class Client(TreeSurveys, CallResults, Upstream):
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)
         self._outstanding_dict = OutstandingByEngine(self._calls)
+        self._paths = PathChooser()  # shared by this client's views
         super().__init__(*args, **kwargs)
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
 

@@ -10,6 +10,7 @@ per-engine metadata and outputs, ``CompositeError`` on remote exceptions.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Optional
@@ -22,6 +23,7 @@ from ipyparallel.serialize import PrePickled, pack_apply_message
 from traitlets import Any, Bool, List, TraitError, validate
 
 from . import protocol as P
+from .paths import DIRECT, TREE
 from .reduction import OPS, engine_value
 from .results import TreeAsyncMapResult, TreeAsyncResult
 
@@ -76,7 +78,16 @@ class BroadcastView(DirectView):
         "ar.trace (see ipyparallel_broadcast.trace). A flag, since apply's keyword "
         "arguments belong to the function.",
     )
-    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs", "trace"])
+    path = Any(None, help="scatter, gather and map: 'tree', 'direct' or 'auto' (see "
+               "ipyparallel_broadcast.paths); None: the client's broadcast_path.")
+    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs", "trace",
+                        "path"])
+
+    @validate("path")
+    def _valid_path(self, proposal):
+        if proposal["value"] not in (None, AUTO, TREE, DIRECT):
+            raise TraitError(f"path must be 'tree', 'direct', 'auto' or None, not {proposal['value']!r}")
+        return proposal["value"]
 
     @validate("coalescing")
     def _valid_coalescing(self, proposal):
@@ -192,6 +203,35 @@ class BroadcastView(DirectView):
                 pass
         return ar
 
+    # ---------------------------------------------------------- the path
+    def _route(self, op: str, eids, nbytes: int) -> str:
+        """``TREE`` or ``DIRECT`` for this call (traced calls take the tree)."""
+        path = self.client.broadcast_path if self.path is None else self.path
+        if path != AUTO or self.trace:
+            return DIRECT if path == DIRECT and not self.trace else TREE
+        return self.client._paths.choose(op, len(eids), nbytes)
+
+    def _timed(self, op: str, eids, nbytes: int, path: str, send):
+        """``send()``'s AsyncResult; once done, the client's chooser learns how
+        long it took, if nothing else was in flight when it was sent (a time
+        shared with other calls says little about the path)."""
+        quiet, tic = not self.client.outstanding, time.perf_counter()
+        ar = send()
+        setting = self.client.broadcast_path if self.path is None else self.path
+        if quiet and setting == AUTO and hasattr(ar, "add_done_callback"):
+            chooser = self.client._paths
+
+            def done(future):
+                if not future.cancelled() and future.exception() is None:
+                    chooser.record(op, len(eids), nbytes, path, time.perf_counter() - tic)
+
+            ar.add_done_callback(done)
+        return ar
+
+    def _direct(self, eids) -> DirectView:
+        """DirectView's path to the same engines (one message each, via the hub's mux)."""
+        return DirectView(client=self.client, socket=self.client._mux_stream, targets=list(eids))
+
     # -------------------------------------------------------- collectives
     @sync_results
     @save_ids
@@ -201,11 +241,18 @@ class BroadcastView(DirectView):
         block = self.block if block is None else block
         track = self.track if track is None else track
         eids = self.client.resolve_targets(self.targets if targets is None else targets)[1]
-        mapper = dists[dist]()
-        parts = [mapper.getPartition(seq, i, len(eids)) for i in range(len(eids))]
-        each = [((), {key: p[0] if flatten and len(p) == 1 else p}) for p in parts]
-        ar = self._apply(util._push, eids, each=each, track=track, block=block, fname="scatter")
-        ar._scatter_lengths = [len(p) for p in parts]
+        nbytes = _nbytes(seq)
+        path = self._route("scatter", eids, nbytes)
+        if path == DIRECT:
+            ar = self._timed("scatter", eids, nbytes, path, lambda: self._direct(eids).scatter(
+                key, seq, dist=dist, flatten=flatten, block=False, track=track))
+        else:
+            mapper = dists[dist]()
+            parts = [mapper.getPartition(seq, i, len(eids)) for i in range(len(eids))]
+            each = [((), {key: p[0] if flatten and len(p) == 1 else p}) for p in parts]
+            ar = self._timed("scatter", eids, nbytes, path, lambda: self._apply(
+                util._push, eids, each=each, track=track, block=block, fname="scatter"))
+            ar._scatter_lengths = [len(p) for p in parts]
         if block:
             ar.wait()
         else:
@@ -217,18 +264,36 @@ class BroadcastView(DirectView):
         """One pull from every target, joined in target order."""
         block = self.block if block is None else block
         eids = self.client.resolve_targets(self.targets if targets is None else targets)[1]
-        ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
-        ar.owner = False
-        return _maybe_get(TreeAsyncMapResult(self.client, ar._call, dists[dist](), fname="gather"), block)
+        nbytes = self.client._paths.sizes.get(key, 0)  # what a gather of this key last brought
+        path = self._route("gather", eids, nbytes)
+        if path == DIRECT:
+            ar = self._timed("gather", eids, nbytes, path,
+                             lambda: self._direct(eids).gather(key, dist=dist, block=False))
+        else:
+            def send():
+                tree_ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
+                tree_ar.owner = False
+                return TreeAsyncMapResult(self.client, tree_ar._call, dists[dist](), fname="gather")
+            ar = self._timed("gather", eids, nbytes, path, send)
+        ar.add_done_callback(lambda f: f.exception() or self.client._paths.remember_size(
+            key, _nbytes(f.result())))
+        return _maybe_get(ar, block)
 
     @sync_results
     def map(self, f, *sequences, block=None, track=False, return_exceptions=False, label=None):
         """``map(f, *sequences)`` in one message: one chunk per target, as DirectView."""
         block = self.block if block is None else block
         assert sequences, "must have some sequences to map onto!"
-        pf = TreeParallelFunction(self, f, block=block, track=track,
+        eids = self.client.resolve_targets(self.targets)[1]
+        nbytes = sum(_nbytes(seq) for seq in sequences)
+        path = self._route("map", eids, nbytes)
+        if path == DIRECT:
+            ar = self._timed("map", eids, nbytes, path, lambda: self._direct(eids).map(
+                f, *sequences, block=False, track=track, return_exceptions=return_exceptions))
+            return _maybe_get(ar, block)
+        pf = TreeParallelFunction(self, f, block=False, track=track,
                                   return_exceptions=return_exceptions, label=label)
-        return pf.map(*sequences)
+        return _maybe_get(self._timed("map", eids, nbytes, path, lambda: pf.map(*sequences)), block)
 
     def parallel(self, dist="b", block=None, **flags):
         """Decorator for a ParallelFunction that runs through the tree."""
@@ -311,8 +376,19 @@ class TreeParallelFunction(ParallelFunction):
         return _maybe_get(r, self.block)
 
 
+def _nbytes(obj) -> int:
+    """Bytes of an array, or a rough size of a sequence (8 a item): a size class."""
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    try:
+        return 8 * len(obj)
+    except TypeError:
+        return 0
+
+
 def _maybe_get(ar, block):
-    if block:
+    if block and hasattr(ar, "get"):  # (an empty map's result is [] already)
         try:
             return ar.get()
         except KeyboardInterrupt:

@@ -38,6 +38,7 @@ def running_cluster(n, depth, fanout, config=None, **kwargs):
             cluster.stop_cluster_sync()
             raise
         rc.test_profile_dir = profile_dir  # tests find connection files here
+        rc.broadcast_path = "tree"  # the tree's tests take it every time ('auto': test_paths.py)
         try:
             rc.wait_for_engines(n, timeout=60)
             yield rc

@@ -1,0 +1,78 @@
+"""Which way a collective goes, tree or direct, from the times of past calls.
+
+The tree sends one message per call but moves every byte through each of its
+levels; DirectView's path (the hub's mux) sends one message per engine and
+moves each byte once. So the tree wins with many engines and loses with few
+engines and many bytes (the thesis's section 7.1; the crossover depends on
+the machine, the tree's depth and the load). ``PathChooser`` learns it per
+operation and size class (engines and bytes, in powers of two): the first
+two calls of a class go by the tree, the next two directly (the first of
+each warms it up, and its time is replaced by the second's), then each call
+takes the path that has been faster, the other being tried again now and then
+(after more calls the slower it was), so a change in the cluster is followed.
+Sans I/O: the view asks, times its calls and tells.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Tuple
+
+TREE, DIRECT = "tree", "direct"
+PATHS = (TREE, DIRECT)
+
+
+def size_class(engines: int, nbytes: int) -> Tuple[int, int]:
+    """Engines and bytes, each rounded to its power of two."""
+    return max(engines, 1).bit_length(), max(int(nbytes), 1).bit_length()
+
+
+class PathChooser:
+    """Per (operation, size class): each path's smoothed time, and the calls
+    since the slower one was last tried."""
+
+    MAX_SLOWER = 8  # a slower path is tried again within retry_every x 8 calls at most
+
+    def __init__(self, retry_every: int = 16, weight: float = 0.3, max_direct: int = 64):
+        self.retry_every = retry_every  # calls between tries of the slower path (x how much slower)
+        self.weight = weight  # of a new time in the smoothed one
+        self.max_direct = max_direct  # engines beyond which the direct path is never tried
+        self.times: Dict[tuple, float] = {}
+        self.counts: Dict[tuple, int] = {}
+        self.since: Dict[tuple, int] = {}
+        self.sizes: Dict[str, int] = {}  # bytes a gather of each key last brought back
+
+    def remember_size(self, key: str, nbytes: int, keep: int = 1024) -> None:
+        """A gather's size, to class the next gather of ``key`` (the newest ``keep`` keys)."""
+        self.sizes.pop(key, None)
+        self.sizes[key] = nbytes
+        if len(self.sizes) > keep:
+            del self.sizes[next(iter(self.sizes))]
+
+    def choose(self, op: str, engines: int, nbytes: int) -> str:
+        if engines > self.max_direct:
+            return TREE
+        key = (op, *size_class(engines, nbytes))
+        for path in PATHS:  # each path twice first: a first call also pays for warming up
+            if self.counts.get(key + (path,), 0) < 2:
+                return path
+        tree, direct = self.times[key + (TREE,)], self.times[key + (DIRECT,)]
+        best, other = (TREE, DIRECT) if tree <= direct else (DIRECT, TREE)
+        slower = max(tree, direct) / max(min(tree, direct), 1e-9)
+        since = self.since.get(key, 0) + 1
+        if since >= self.retry_every * math.ceil(min(slower, self.MAX_SLOWER)):
+            self.since[key] = 0
+            return other
+        self.since[key] = since
+        return best
+
+    def record(self, op: str, engines: int, nbytes: int, path: str, seconds: float) -> None:
+        if path not in PATHS or not seconds >= 0:
+            raise ValueError(f"bad record: path {path!r}, {seconds!r} s")
+        key = (op, *size_class(engines, nbytes), path)
+        count = self.counts[key] = self.counts.get(key, 0) + 1
+        old = self.times.get(key)
+        if count <= 2:  # the second time replaces the first (which warmed up)
+            self.times[key] = seconds
+        else:
+            self.times[key] = old + self.weight * (seconds - old)
