@@ -28,6 +28,8 @@ def main(argv=None):
     parser.add_argument("--peers", action="store_true", help="Dask (and MPI, if installed) too")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    if args.peers and args.suite != "calls":
+        parser.error("--peers goes with the calls suite")
     lines = []
 
     def out(text):
