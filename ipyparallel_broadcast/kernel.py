@@ -172,7 +172,7 @@ class BroadcastKernel(IPythonParallelKernel):
         """Answer a broadcast apply with its one reply; False if ``msg`` is not
         one after all (it then takes ipykernel's path)."""
         idents, body = P.split_idents(msg)
-        if b'"apply_request"' not in P.as_bytes(body[1]):  # its header: a cheap look
+        if b'"apply_request"' not in P.as_bytes(body[1]) or self._aborting:  # (ipykernel aborts)
             return False
         try:
             request = self.codec.unpack(body)
