@@ -209,7 +209,12 @@ class BroadcastView(DirectView):
         path = self.client.broadcast_path if self.path is None else self.path
         if path != AUTO or self.trace:
             return DIRECT if path == DIRECT and not self.trace else TREE
-        return self.client._paths.choose(op, len(eids), nbytes)
+        return self.client._paths.choose(self._kind(op), len(eids), nbytes)
+
+    def _kind(self, op: str) -> str:
+        """What the chooser learns apart: the operation in this view's reply mode
+        (the tree coalescing and the tree streaming are two costs)."""
+        return f"{op} {reply_mode(self.coalescing) if self.coalescing != AUTO else AUTO}"
 
     def _timed(self, op: str, eids, nbytes: int, path: str, send):
         """``send()``'s AsyncResult; once done, the client's chooser learns how
@@ -219,11 +224,11 @@ class BroadcastView(DirectView):
         ar = send()
         setting = self.client.broadcast_path if self.path is None else self.path
         if quiet and setting == AUTO and hasattr(ar, "add_done_callback"):
-            chooser = self.client._paths
+            chooser, kind = self.client._paths, self._kind(op)
 
             def done(future):
                 if not future.cancelled() and future.exception() is None:
-                    chooser.record(op, len(eids), nbytes, path, time.perf_counter() - tic)
+                    chooser.record(kind, len(eids), nbytes, path, time.perf_counter() - tic)
 
             ar.add_done_callback(done)
         return ar

@@ -86,11 +86,14 @@ def test_auto_takes_both_paths_with_the_same_results():
             timed += 1  # each call is told once done (its callback may follow get())
             until(lambda: sum(rc._paths.counts.values()) == timed, what="the call's time")
         assert kinds == [TreeAsyncMapResult] * 2 + [AsyncMapResult] * 2  # tree twice, then direct
+        streaming = rc.broadcast_view(block=True, path="auto", coalescing=False)
+        ar = streaming.gather("x", block=False)
+        assert type(ar) is TreeAsyncMapResult and np.array_equal(ar.get(), data)  # learnt apart
         for _ in range(4):
             view.scatter("x", data)
             assert view.map(lambda x: x * 2, range(20)) == [x * 2 for x in range(20)]
             assert np.array_equal(view.gather("x"), data)
-        until(lambda: {(op, path) for op, *_, path in rc._paths.times}
+        until(lambda: {(kind.split()[0], path) for kind, *_, path in rc._paths.times}
               == {(op, path) for op in ("scatter", "gather", "map") for path in (TREE, DIRECT)},
               what="both paths of every operation timed")
         # fixed paths are taken every time, and not timed
