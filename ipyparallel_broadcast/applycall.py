@@ -70,9 +70,6 @@ class Functions:
                 self._kept.popitem(last=False)
         return f, used
 
-    def clear(self):
-        self._kept.clear()
-
 
 def unpack_call(bufs: Sequence, g, functions: Functions):
     """``f, args, kwargs`` from the buffers ``pack_apply_message`` made."""

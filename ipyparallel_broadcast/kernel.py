@@ -36,14 +36,15 @@ from .zmqframes import Direct, lean
 _SIGINT = int(_signal.SIGINT)
 
 
-def wants_outputs_in_reply(frames) -> bool:
-    """Does this raw request ask for its outputs in the reply? (Looks only at
-    the small metadata frame; the signature is checked when it is parsed.)"""
+def outputs_in_reply(frames):
+    """``(idents, body)`` of a raw request that asks for its outputs in the
+    reply, else None. (Looks only at the small metadata frame; the signature
+    is checked when it is parsed.)"""
     try:
-        _, body = P.split_idents(frames)  # [sig, header, parent, metadata, content, ...]
+        idents, body = P.split_idents(frames)  # [sig, header, parent, metadata, content, ...]
     except P.ProtocolError:
-        return False
-    return len(body) > 3 and P.OUTPUTS_MARK in P.as_bytes(body[3])
+        return None
+    return (idents, body) if len(body) > 3 and P.OUTPUTS_MARK in P.as_bytes(body[3]) else None
 
 
 class _Displays:
@@ -145,11 +146,10 @@ class BroadcastKernel(IPythonParallelKernel):
         message still on ipykernel's path, takes that path, in arrival order.
         Nothing raises out of here: the stream must go on reading."""
         try:
-            if not (self._queued or self._main_asyncio_lock.locked()
-                    or not wants_outputs_in_reply(msg) or self._lean(msg, time.time()) is False):
-                return
-            self._queued += 1
-            asyncio.get_running_loop().create_task(self._counted(msg), context=self._context)
+            busy = self._queued or self._main_asyncio_lock.locked()
+            if busy or self._lean(msg, time.time()) is False:
+                self._queued += 1
+                asyncio.get_running_loop().create_task(self._counted(msg), context=self._context)
         except Exception:
             self.log.error("Exception handling a shell message", exc_info=True)
 
@@ -165,13 +165,16 @@ class BroadcastKernel(IPythonParallelKernel):
             return
         if P.may_be_dropped(msg) and self._dropped(msg):
             return
-        if not wants_outputs_in_reply(msg) or self._lean(msg, received) is False:
+        if self._lean(msg, received) is False:
             return await super().dispatch_shell(msg, *args, **kwargs)
 
     def _lean(self, msg, received):
         """Answer a broadcast apply with its one reply; False if ``msg`` is not
-        one after all (it then takes ipykernel's path)."""
-        idents, body = P.split_idents(msg)
+        one (it then takes ipykernel's path)."""
+        parts = outputs_in_reply(msg)
+        if parts is None:
+            return False
+        idents, body = parts
         if b'"apply_request"' not in P.as_bytes(body[1]) or self._aborting:  # (ipykernel aborts)
             return False
         try:

@@ -204,9 +204,12 @@ class BroadcastView(DirectView):
         return ar
 
     # ---------------------------------------------------------- the path
+    def _path_setting(self) -> str:
+        return self.client.broadcast_path if self.path is None else self.path
+
     def _route(self, op: str, eids, nbytes: int) -> str:
         """``TREE`` or ``DIRECT`` for this call (traced calls take the tree)."""
-        path = self.client.broadcast_path if self.path is None else self.path
+        path = self._path_setting()
         if path != AUTO or self.trace:
             return DIRECT if path == DIRECT and not self.trace else TREE
         return self.client._paths.choose(self._kind(op), len(eids), nbytes)
@@ -222,12 +225,11 @@ class BroadcastView(DirectView):
         shared with other calls says little about the path)."""
         quiet, tic = not self.client.outstanding, time.perf_counter()
         ar = send()
-        setting = self.client.broadcast_path if self.path is None else self.path
-        if quiet and setting == AUTO and hasattr(ar, "add_done_callback"):
+        if quiet and self._path_setting() == AUTO and hasattr(ar, "add_done_callback"):
             chooser, kind = self.client._paths, self._kind(op)
 
             def done(future):
-                if not future.cancelled() and future.exception() is None:
+                if _succeeded(future):
                     chooser.record(kind, len(eids), nbytes, path, time.perf_counter() - tic)
 
             ar.add_done_callback(done)
@@ -280,7 +282,7 @@ class BroadcastView(DirectView):
                 tree_ar.owner = False
                 return TreeAsyncMapResult(self.client, tree_ar._call, dists[dist](), fname="gather")
             ar = self._timed("gather", eids, nbytes, path, send)
-        ar.add_done_callback(lambda f: f.exception() or self.client._paths.remember_size(
+        ar.add_done_callback(lambda f: _succeeded(f) and self.client._paths.remember_size(
             key, _nbytes(f.result())))
         return _maybe_get(ar, block)
 
@@ -289,15 +291,19 @@ class BroadcastView(DirectView):
         """``map(f, *sequences)`` in one message: one chunk per target, as DirectView."""
         block = self.block if block is None else block
         assert sequences, "must have some sequences to map onto!"
-        eids = self.client.resolve_targets(self.targets)[1]
-        nbytes = sum(_nbytes(seq) for seq in sequences)
-        path = self._route("map", eids, nbytes)
+        path = eids = nbytes = None
+        if self._path_setting() != TREE:  # (the tree resolves its targets itself)
+            eids = self.client.resolve_targets(self.targets)[1]
+            nbytes = sum(_nbytes(seq) for seq in sequences)
+            path = self._route("map", eids, nbytes)
         if path == DIRECT:
             ar = self._timed("map", eids, nbytes, path, lambda: self._direct(eids).map(
                 f, *sequences, block=False, track=track, return_exceptions=return_exceptions))
             return _maybe_get(ar, block)
         pf = TreeParallelFunction(self, f, block=False, track=track,
                                   return_exceptions=return_exceptions, label=label)
+        if path is None:
+            return _maybe_get(pf.map(*sequences), block)
         return _maybe_get(self._timed("map", eids, nbytes, path, lambda: pf.map(*sequences)), block)
 
     def parallel(self, dist="b", block=None, **flags):
@@ -379,6 +385,10 @@ class TreeParallelFunction(ParallelFunction):
             chunk_sizes=dict(zip(ar._call.vids, sizes)),
         )
         return _maybe_get(r, self.block)
+
+
+def _succeeded(future) -> bool:
+    return not future.cancelled() and future.exception() is None
 
 
 def _nbytes(obj) -> int:
