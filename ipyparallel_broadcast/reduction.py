@@ -82,10 +82,12 @@ def decode_engine(buffers: Sequence) -> Any:
         if canned[0] == "py" and len(canned) == 2 and type(canned[1]) in _PY:
             return canned[1]
         kind, dtype, shape, scalar, data = canned
-        assert kind == "nd"
+        if kind != "nd":
+            raise ValueError(f"unknown kind {kind!r}")
         if data is None:
             return _array(dtype, shape, scalar, b"")
-        assert isinstance(data, CannedArray) and not data.pickled and data.dtype == "|u1"
+        if not (isinstance(data, CannedArray) and not data.pickled and data.dtype == "|u1"):
+            raise ValueError("the data is not one raw byte buffer")
         _restore_buffers(data, bufs)
         return _array(dtype, shape, scalar, _buffer(data.buffers[0]))
     except Exception as e:

@@ -209,6 +209,25 @@ def test_no_code_runs_in_the_tree(capsys):
     assert sim.pending_total() == 0
 
 
+@pytest.mark.parametrize("value, why", [
+    (("xx", "<f8", [1], False, None), "unknown kind 'xx'"),
+    (("nd", "<f8", [1], False, b"\0" * 8), "not one raw byte buffer"),
+])
+def test_malformed_engine_values_are_refused_by_name(value, why):
+    """Checked by code, not ``assert`` (which ``python -O`` removes)."""
+    def answer(eid, request):
+        if eid == 1:
+            return {"status": "ok"}, [pickle.dumps(value)]
+        return {"status": "ok"}, serialize_object(engine_value(lambda: 2.0))
+    sim = TreeSim(1, 2, [0, 1, 2])
+    sim.answer_with = answer
+    sim.request([0, 1, 2], reduce="sum")
+    r, _, _ = reduce_outcome(sim)
+    with pytest.raises(ReduceError, match=f"engine 1 .*{why}"):
+        r.result()
+    assert sim.pending_total() == 0
+
+
 def test_raised_engines_go_up_raw_and_others_still_combine():
     def answer(eid, request):
         if eid == 3:

@@ -40,12 +40,16 @@ def blas_threads():
     return runtime().pools.get()[0]
 
 
-def region_threads(gate=None, share=None):
+def region_threads(gate=None, share=None, parties=1):
     """Engine side: BLAS threads in a region, in a nested one, and after both.
     ``share``: once past the gate, wait (up to 30 s) until the region holds that
     many tokens, and report it then. A rebalance is a give-back in one region
     and, once the host looks steady, a take in another: two engines read at
-    different moments could see a token in neither."""
+    different moments could see a token in neither. ``parties``: then stay in
+    the region until that many engines have read theirs (an engine that left
+    first would raise the others' fair share before they read it)."""
+    import glob
+    import os
     import time
 
     from ipyparallel_broadcast.compose import runtime, threads
@@ -62,6 +66,10 @@ def region_threads(gate=None, share=None):
             if share is None or held == share or time.monotonic() > deadline:
                 break
             time.sleep(0.01)  # Python steps, where a rebalance can run
+        if parties > 1:
+            open(f"{gate}.read-{os.getpid()}", "w").close()
+            while len(glob.glob(f"{gate}.read-*")) < parties and time.monotonic() < deadline + 30:
+                time.sleep(0.01)
         outer = runtime().pools.get()[0]
         with threads() as m:
             inner = runtime().pools.get()[0]
@@ -149,7 +157,7 @@ def test_counting_regions_share_the_host(tmp_path):
         # one busy engine, seen idle for a while: the region grows to the whole host
         assert rc.broadcast_view(targets=[0]).apply_sync(grown_threads)[0] == (budget, CORES)
         gate = str(tmp_path / "gate")
-        ar = view.apply_async(region_threads, gate, -(-CORES // 2))  # each its fair share
+        ar = view.apply_async(region_threads, gate, -(-CORES // 2), 2)  # each its fair share
         key = cluster_key(rc.session.key)
         until(lambda: host.survey(key)["busy"] == 2, what="both engines in their regions")
         # the engines are busy: we look from outside, until the rebalancers settle;

@@ -18,6 +18,8 @@ from ipyparallel_broadcast.compose import limits as L
 from ipyparallel_broadcast.compose.runtime import ComposeError, Runtime
 from ipyparallel_broadcast.compose.tokens import TokenPool
 
+from cluster_util import until
+
 HOLDER = textwrap.dedent(
     """
     import sys, time
@@ -122,6 +124,17 @@ def test_tokens_never_exceed_the_pool(root):
     a.release(1)
     b.release(2)
     assert a.free() == 3
+
+
+def test_a_probe_never_drops_a_claim_of_ours(root):
+    """The watcher thread probes (``free``) while the main thread claims: a
+    probe on the claiming file would turn the claim shared and then unlock it."""
+    mine, other = TokenPool(root, 2), TokenPool(root, 2)
+    assert mine.acquire(1) == 1
+    assert mine.files.held_elsewhere(mine.held[0])  # as a probe racing the claim would
+    assert other.acquire(2) == 1 and mine.free() == 0
+    mine.release(1)
+    assert mine.free() == 1
 
 
 def test_tokens_come_back_when_their_holders_are_killed(root, holders):
@@ -245,23 +258,43 @@ def test_the_rebalancer_runs_while_a_region_is_open(rt, root, holders):
             time.sleep(0.01)
 
 
-def _cpu_ticks(thread):
-    with open(f"/proc/self/task/{thread.native_id}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+def test_a_failed_rebalance_is_logged_not_raised(rt, root, monkeypatch, caplog):
+    rt.configure("counting", key="k", root=root, engines=1, rebalance=0)
+    counting = rt.counting
+
+    def broken():
+        raise OSError("lock file gone")
+
+    monkeypatch.setattr(counting, "rebalance", broken)
+    with rt.threads() as n, caplog.at_level("ERROR"):
+        assert counting._in_main(None) == 0  # what the pending call returns to CPython
+    assert f"rebalance failed; it keeps {n} threads" in caplog.text
+    assert "lock file gone" in caplog.text
 
 
-def test_the_watcher_sleeps_when_turned_off_or_idle(rt, root):
+def _blocked_on_wake(counting) -> bool:
+    """The watcher is in ``_wake.wait()`` with no timeout, and nothing has set
+    ``_wake``: it cannot run again until a region wakes it."""
+    frame = sys._current_frames().get(counting._thread.ident)
+    while frame is not None and frame.f_back is not None:
+        if frame.f_code.co_name == "wait" and frame.f_back.f_code.co_name == "_watch":
+            return frame.f_locals.get("timeout", 0) is None and not counting._wake.is_set()
+        frame = frame.f_back
+    return False
+
+
+def test_the_watcher_blocks_when_turned_off_or_idle(rt, root):
     rt.configure("counting", key="k", root=root, rebalance=0.005)
     with rt.threads():
-        time.sleep(0.05)
+        assert not _blocked_on_wake(rt.counting)  # watching the open region
+    until(lambda: _blocked_on_wake(rt.counting), timeout=30, what="the idle watcher to block")
     watcher = rt.counting._thread
-    rt.configure("counting", rebalance=0)
+    rt.configure("counting", rebalance=0.005)
     with rt.threads():
         pass
-    before = _cpu_ticks(watcher)
-    time.sleep(1.0)
-    assert watcher.is_alive() and _cpu_ticks(watcher) - before <= 10  # blocked, not spinning
+    rt.configure("counting", rebalance=0)  # turned off while lingering after a region
+    until(lambda: _blocked_on_wake(rt.counting), timeout=30, what="the watcher to block")
+    assert rt.counting._thread is watcher and watcher.is_alive()
 
 
 def test_static_region_leaves_the_budget(rt, root):

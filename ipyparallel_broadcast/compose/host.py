@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 
 import loky
 
@@ -70,17 +71,27 @@ def unlock(fd: int) -> None:
 
 
 class LockFiles:
-    """Open file descriptors on ``<dir>/<prefix>-<i>``, kept for the process's life."""
+    """Open file descriptors on ``<dir>/<prefix>-<i>``, kept for the process's life.
+
+    Claims (``fd``) and probes (``held_elsewhere``) use separate open files: an
+    ``flock`` belongs to the open file, so a probe's unlock on the claiming
+    file would drop a claim another thread had just made on it.
+    """
 
     def __init__(self, path: str, prefix: str):
         self.path, self.prefix = path, prefix
         self.fds: dict[int, int] = {}
+        self.probes: dict[int, int] = {}
+        self._probing = threading.Lock()  # the watcher thread probes too
+
+    def _open(self, fds: dict, i: int) -> int:
+        if i not in fds:
+            name = os.path.join(self.path, f"{self.prefix}-{i}")
+            fds[i] = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return fds[i]
 
     def fd(self, i: int) -> int:
-        if i not in self.fds:
-            name = os.path.join(self.path, f"{self.prefix}-{i}")
-            self.fds[i] = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        return self.fds[i]
+        return self._open(self.fds, i)
 
     def indices(self) -> list:
         """Indices of the files that exist (some other process may have made them)."""
@@ -92,17 +103,21 @@ class LockFiles:
         return sorted(found)
 
     def held_elsewhere(self, i: int) -> bool:
-        """True if another open file holds a lock on file ``i`` (a probe, not a claim)."""
-        fd = self.fd(i)
-        if not try_lock(fd, shared=True):
-            return True
-        unlock(fd)
-        return False
+        """True if a lock is held on file ``i`` by any open file but our probe
+        (a claim of ours counts: callers skip their own)."""
+        with self._probing:
+            fd = self._open(self.probes, i)
+            if not try_lock(fd, shared=True):
+                return True
+            unlock(fd)
+            return False
 
     def close(self):
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
+        with self._probing:
+            for fd in [*self.fds.values(), *self.probes.values()]:
+                os.close(fd)
+            self.fds.clear()
+            self.probes.clear()
 
 
 def host_path(key: str, root: str | None = None) -> str:

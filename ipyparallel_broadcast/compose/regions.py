@@ -24,6 +24,7 @@ calls, say). Regions opened in other threads keep the share they started with.
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 LINGER = 1.0  # seconds the watcher keeps looking after the last region ends
 STEADY_SLOWDOWN = 5  # the watcher looks this much less often while nothing changes
 
+log = logging.getLogger(__name__)
 _PENDING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _add_pending_call = ctypes.pythonapi.Py_AddPendingCall
 _add_pending_call.argtypes = [_PENDING, ctypes.c_void_p]
@@ -163,7 +165,8 @@ class Counting:
         try:
             self.rebalance()
         except Exception:  # never raise into whatever the main thread was running
-            pass
+            log.exception("compose: a region's rebalance failed; it keeps %s threads",
+                          getattr(self.current, "threads", None))
         return 0
 
     def close(self):
