@@ -116,3 +116,23 @@ def test_dead_or_unknown_targets_are_refused_up_front(rc):
             rc.broadcast_view(bad)
     assert set(rc._calls.live) <= pending  # nothing was sent
     assert len(rc.broadcast_view(targets[1:]).apply_sync(os.getpid)) == N - 1
+
+
+def heartbeat_state():
+    """Engine side: the engine's last heartbeat check and how many it missed."""
+    from traitlets.config import Application
+
+    app = Application.instance()
+    return app._hb_last_monitored, app._hb_missed_beats
+
+
+def test_engines_read_the_hubs_heartbeat_when_they_check():
+    """Engines read the hub's pings only when they check (not on each ping,
+    ``BroadcastEngine._hb_monitor``): no check misses while pings come."""
+    with running_cluster(2, 1, 2) as rc:
+        view = rc.broadcast_view()
+        checks = set()
+        while len(checks) < 3 * 2:  # three checks each (every period + 0.5 s)
+            for checked, missed in view.apply_sync(heartbeat_state):
+                assert missed == 0
+                checks.add(checked)
