@@ -83,8 +83,8 @@ class BroadcastEngine(IPEngine):
 
     def start_heartbeat(self, *args, **kwargs):
         """ipyparallel's heart, but the main thread no longer wakes for each
-        ping: ``_hb_monitor`` (every period + 0.5 s) drains the pings that came.
-        Idle, a ping per period in every engine was most of an idle cluster's CPU."""
+        ping: ``_hb_monitor`` (every period + 0.5 s) drains the pings that came
+        (a Python wake-up per ping in every engine cost idle clusters CPU)."""
         super().start_heartbeat(*args, **kwargs)
         stream = self._hb_listener
         if stream is not None:
