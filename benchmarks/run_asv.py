@@ -12,6 +12,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -24,18 +25,30 @@ def asv(*args, env=None):
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
-def missing_results(commit: str) -> list:
-    """Benchmarks of this commit's result files with no value at all."""
-    missing = []
-    for path in glob.glob(os.path.join(ROOT, "benchmarks", "asv-results", "*", f"{commit[:8]}*.json")):
+def missing_results(commit: str, expected=()) -> list:
+    """What this commit's results lack: every benchmark if no result file
+    exists, else those of ``expected`` with no entry and those with no value."""
+    paths = glob.glob(os.path.join(ROOT, "benchmarks", "asv-results", "*", f"{commit[:8]}*.json"))
+    if not paths:
+        return [f"(no result file for commit {commit[:8]})"]
+    missing, seen = [], set()
+    for path in paths:
         with open(path) as f:
             data = json.load(f)
         columns = data.get("result_columns", [])
         for name, row in data.get("results", {}).items():
+            seen.add(name)
             values = dict(zip(columns, row)).get("result")
             if not values or all(v is None for v in values):
                 missing.append(name)
-    return missing
+    return missing + sorted(set(expected) - seen)
+
+
+def benchmark_names(regexes) -> list:
+    """The benchmarks asv discovered (``benchmarks.json``) that ``regexes`` select."""
+    with open(os.path.join(ROOT, "benchmarks", "asv-results", "benchmarks.json")) as f:
+        names = [n for n in json.load(f) if n != "version"]
+    return [n for n in names if not regexes or any(re.search(r, n) for r in regexes)]
 
 
 def main(argv=None) -> int:
@@ -67,7 +80,7 @@ def main(argv=None) -> int:
     if args.publish:
         code = asv("publish", env=env) or code
     if args.check:
-        missing = missing_results(commit)
+        missing = missing_results(commit, benchmark_names(args.bench))
         if missing:
             print("benchmarks without a result:", *missing, sep="\n  ")
             code = code or 1

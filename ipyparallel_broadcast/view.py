@@ -10,6 +10,7 @@ per-engine metadata and outputs, ``CompositeError`` on remote exceptions.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +30,17 @@ from .results import TreeAsyncMapResult, TreeAsyncResult
 
 AUTO = "auto"
 AUTO_STREAM_BYTES = 4 * 2**20  # auto mode streams calls expected to return more
+REPLY_SIZES_KEPT = 1024  # auto mode remembers the reply sizes of this many functions (the newest)
+
+
+def reply_key(f):
+    """What auto mode knows a function's replies by: where its code is defined
+    (every lambda is named ``<lambda>``); a callable without code, by itself."""
+    f = getattr(f, "func", f)  # a partial (or PrePickled): the function inside
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return getname(f)
+    return (code.co_filename, code.co_firstlineno, getattr(f, "__qualname__", code.co_name))
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,9 @@ class BroadcastView(DirectView):
     def __init__(self, client=None, socket=None, targets=None, coalescing=True, **flags):
         super().__init__(client=client, socket=socket, targets=targets, **flags)
         self.coalescing = coalescing
-        self._reply_sizes = {}  # fname -> bytes per engine last seen (auto mode)
+        self._reply_sizes = {}  # reply_key -> bytes per engine last seen (auto mode), newest last
+        self._sizing = {}  # reply_key -> its newest call in flight (auto mode)
+        self._sizes_lock = threading.Lock()  # learnt by the I/O thread or the caller's
 
     @property
     def is_coalescing(self) -> bool:  # ipyparallel's name
@@ -122,17 +136,22 @@ class BroadcastView(DirectView):
         return repr(t)
 
     # ------------------------------------------------------------ sending
-    def _reply_for(self, fname, n, block) -> tuple:
+    def _reply_for(self, key, n, block) -> tuple:
         if self.coalescing != AUTO:
             return reply_mode(self.coalescing)
-        large = self._reply_sizes.get(fname, 0) * n > AUTO_STREAM_BYTES
+        last = self._sizing.get(key)
+        if last is not None and last.future.done():  # done, its callback maybe not yet run
+            self._learn_size(key, last)
+        large = self._reply_sizes.get(key, 0) * n > AUTO_STREAM_BYTES
         return reply_mode(bool(block) and not large)
 
     def _broadcast(self, msg_type, targets, fname, content=None, buffers=(), metadata=None,
-                   track=False, block=False, each=None, reduce=None):
+                   track=False, block=False, each=None, reduce=None, key=None):
+        """``key``: what 'auto' knows this call's replies by (default: ``fname``)."""
         targets = self.targets if targets is None else targets
+        key = fname if key is None else key
         uuids, eids = self.client.resolve_targets(targets)
-        reply, batch = (P.COALESCE, None) if reduce else self._reply_for(fname, len(eids), block)
+        reply, batch = (P.COALESCE, None) if reduce else self._reply_for(key, len(eids), block)
         sent = self.client.send_broadcast(
             msg_type, eids, uuids, content=content, buffers=buffers, metadata=metadata,
             reply=reply, track=track, each=each, batch=batch, reduce=reduce, trace=self.trace,
@@ -140,15 +159,22 @@ class BroadcastView(DirectView):
         if reduce:  # one future: the combined value
             return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
         if self.coalescing == AUTO:
-            sent.future.add_done_callback(lambda _: self._learn_size(fname, sent))
+            self._sizing[key] = sent
+            sent.future.add_done_callback(lambda _: self._learn_size(key, sent))
         return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True,
                                single=isinstance(targets, int))
 
-    def _learn_size(self, fname, call):
+    def _learn_size(self, key, call):
         known = [sum(memoryview(b).nbytes for b in o[1]["buffers"])
                  for o in call.outcomes if o is not None and o[0] == "reply"]
-        if known:
-            self._reply_sizes[fname] = sum(known) / len(known)
+        with self._sizes_lock:
+            if self._sizing.get(key) is call:
+                del self._sizing[key]
+            if known:
+                self._reply_sizes.pop(key, None)
+                self._reply_sizes[key] = sum(known) / len(known)
+                if len(self._reply_sizes) > REPLY_SIZES_KEPT:
+                    del self._reply_sizes[next(iter(self._reply_sizes))]  # the oldest
 
     def _apply(self, f, targets, args=(), kwargs=None, each=None, track=False, label=None,
                block=False, fname=None, reduce=None):
@@ -171,7 +197,7 @@ class BroadcastView(DirectView):
             metadata[P.OUTPUTS_KEY] = "reply"
         return self._broadcast(
             "apply_request", targets, fname or getname(f), buffers=buffers, metadata=metadata, track=track,
-            block=block, each=own, reduce=reduce,
+            block=block, each=own, reduce=reduce, key=reply_key(f),
         )
 
     @sync_results
@@ -194,7 +220,7 @@ class BroadcastView(DirectView):
         label = self.label if label is None else label
         content = dict(code=code, silent=bool(silent), user_expressions={})
         ar = self._broadcast("execute_request", targets, "execute", content=content,
-                             metadata=dict(label=label), block=block)
+                             metadata=dict(label=label), block=block, key=("execute", code))
         if block:
             try:
                 ar.get()

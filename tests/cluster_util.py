@@ -96,7 +96,7 @@ def _diagnose_connect(cluster, profile_dir):
         lines.append(f"  fresh-context client: {e!r}")
     try:
         again = ipb.Client(info["client"], timeout=10)
-        lines.append(f"  global-context client, second try: connected")
+        lines.append("  global-context client, second try: connected")
         again.close()
     except Exception as e:
         lines.append(f"  global-context client, second try: {e!r}")
@@ -138,3 +138,20 @@ def at_gate(path):
     while not os.path.exists(path):
         time.sleep(0.02)
     return os.getpid()
+
+
+def arrive_and_hold(folder):
+    """Engine side: say "I have started" (a file named by the pid in ``folder``),
+    hold until ``folder/go`` exists; return the pid."""
+    import os
+    import time
+
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.02)
+    return os.getpid()
+
+
+def arrived(folder):
+    """The pids that ``arrive_and_hold`` has seen start in ``folder``."""
+    return sorted(int(name) for name in os.listdir(folder) if name.isdigit())

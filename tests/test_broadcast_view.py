@@ -1,7 +1,9 @@
 """BroadcastView on real clusters: every operation, both reply modes, several
 tree shapes, target subsets (including all targets under one leaf)."""
 
+import io
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import pytest
 import ipyparallel as ipp
 from ipyparallel import error
 
-from cluster_util import running_cluster
+from cluster_util import at_gate, running_cluster
 
 # (engines, depth, fanout): depth 0, 1, 2 and fan-out 2 and 3
 SHAPES = [(2, 0, 2), (4, 1, 3), (5, 2, 2)]
@@ -137,7 +139,9 @@ def test_metadata(rc, coalescing):
         assert md["started"] <= md["completed"]
         assert md["status"] == "ok"
     assert ar.ready() and ar.successful()
-    assert ar.wall_time >= 0
+    first_sent = min(md["submitted"] for md in ar.metadata)
+    last_in = max(md["received"] for md in ar.metadata)
+    assert first_sent < last_in and ar.wall_time == (last_in - first_sent).total_seconds()
 
 
 def test_remote_errors(rc, coalescing):
@@ -173,14 +177,25 @@ def test_partial_errors_keep_good_results(rc, coalescing):
     assert all(not isinstance(r, Exception) for r in results[1:])
 
 
-def test_ready_wait_and_progress(rc, coalescing, capsys):
+def test_ready_wait_and_progress(rc, coalescing, tmp_path, monkeypatch):
     view = rc.broadcast_view(coalescing=coalescing)
-    ar = view.apply_async(lambda t: __import__("time").sleep(t), 1.5)
+    gate = tmp_path / "gate"
+    ar = view.apply_async(at_gate, str(gate))
     assert not ar.ready()
-    assert ar.wait(0.05) is False
+    assert ar.wait(0.05) is False  # the engines hold it until the gate opens
+
+    class OpensTheGate(io.StringIO):
+        """stdout: the progress bar's first line opens the gate."""
+
+        def write(self, text):
+            gate.touch()
+            return super().write(text)
+
+    out = OpensTheGate()
+    monkeypatch.setattr(sys, "stdout", out)
     ar.wait_interactive(interval=0.1)
     assert ar.ready() and ar.successful()
-    assert f"{len(rc)}/{len(rc)}" in capsys.readouterr().out
+    assert f"0/{len(rc)}" in out.getvalue() and f"{len(rc)}/{len(rc)}" in out.getvalue()
     assert view.wait(timeout=10)
 
 

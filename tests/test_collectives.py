@@ -269,15 +269,29 @@ def test_auto_mode_rule(rc):
     assert ar._call.stream and ar.get(10) == [1] * len(rc)
     big = ipb.view.AUTO_STREAM_BYTES // len(rc) + 1024
 
-    def blob(n):
-        return b"x" * n
-
+    blob = lambda n: b"x" * n  # noqa: E731  (a lambda: sizes are known by code, not by name)
     first = view._apply(blob, None, (big,), block=True)  # first time: unknown size, coalesced
     assert not first._call.stream
     first.get(10)
     again = view._apply(blob, None, (big,), block=True)  # now known to be large: streamed
     assert again._call.stream
     again.get(10)
+    other = view._apply(lambda: 1, None, block=True)  # another lambda: its own (small) size
+    assert not other._call.stream
+    other.get(10)
+
+
+def test_auto_mode_remembers_a_bounded_number_of_functions(rc, monkeypatch):
+    monkeypatch.setattr(ipb.view, "REPLY_SIZES_KEPT", 2)
+    view = rc.broadcast_view(coalescing="auto")
+    functions = [
+        lambda: 1,
+        lambda: 2,
+        lambda: 3,
+    ]  # one line each: known by where they are defined
+    for f in functions:
+        view.apply_sync(f)
+    assert len(view._reply_sizes) == 2 and view.apply_sync(lambda: 4) == [4] * len(rc)
 
 
 # ------------------------------------------------------ magics and datapub

@@ -12,7 +12,6 @@ import sys
 import tempfile
 
 import pytest
-from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
 from cluster_util import at_gate, quiet_config, running_cluster, until

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -14,7 +13,7 @@ import ipyparallel as ipp
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-from cluster_util import quiet_config, running_cluster
+from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
 
 def ipcluster(*args, **kwargs):
@@ -79,25 +78,24 @@ def test_our_view_on_a_stock_controller_fails_clearly():
 
 
 @pytest.mark.parametrize("coalescing", [True, False, 2], ids=["coalescing", "streaming", "partial"])
-def test_engine_killed_mid_request(coalescing):
+def test_engine_killed_mid_request(coalescing, tmp_path):
     """Survivors' results arrive, the dead engine gives an EngineError, no hang."""
     with running_cluster(4, 1, 2) as rc:
         view = rc.broadcast_view(coalescing=coalescing)
         pids = view.apply_sync(os.getpid)
-        ar = view.apply_async(lambda: __import__("time").sleep(2) or "done")
-        time.sleep(0.5)
+        ar = view.apply_async(arrive_and_hold, str(tmp_path))
+        until(lambda: arrived(tmp_path) == sorted(pids), what="every engine to run the call")
         os.kill(pids[1], signal.SIGKILL)
+        (tmp_path / "go").touch()
         results = ar.get(timeout=60, return_exceptions=True)
-        assert results[0] == results[2] == results[3] == "done"
+        assert [results[i] for i in (0, 2, 3)] == [pids[i] for i in (0, 2, 3)]
         assert isinstance(results[1], error.RemoteError) and results[1].ename == "EngineError"
         assert "Engine 1" in "".join(results[1].render_traceback())
         with pytest.raises(error.CompositeError) as info:
             ar.get()
         assert "EngineError" in str(info.value)  # renders (needs engine_info["method"])
         # later broadcasts skip nothing silently: the dead engine is gone from rc.ids
-        deadline = time.time() + 30
-        while len(rc.ids) > 3 and time.time() < deadline:
-            time.sleep(0.1)
+        until(lambda: len(rc.ids) == 3, timeout=30, what="the hub to drop the killed engine")
         assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [1, 1, 1]
 
 

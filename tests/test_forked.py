@@ -4,7 +4,6 @@ random stream; signals, deaths and shutdown work as for fresh engines."""
 
 import os
 import signal
-import time
 
 import psutil
 import pytest
@@ -12,7 +11,7 @@ from ipyparallel import error
 
 from ipyparallel_broadcast import compose
 
-from cluster_util import quiet_config, running_cluster, until
+from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
 N = 3
 
@@ -38,10 +37,10 @@ def test_forked_engines_are_whole_engines(rc):
     assert len(set(draws)) == N  # no two engines share a random stream
 
 
-def test_signals_reach_forked_engines_through_their_nannies(rc):
+def test_signals_reach_forked_engines_through_their_nannies(rc, tmp_path):
     view = rc.broadcast_view()
-    ar = view.apply_async(time.sleep, 60)
-    time.sleep(1)
+    ar = view.apply_async(arrive_and_hold, str(tmp_path))  # no "go": held until interrupted
+    until(lambda: len(arrived(tmp_path)) == N, what="every engine to run the call")
     rc.send_signal(signal.SIGINT, targets=rc.ids, block=True)
     with pytest.raises(error.CompositeError) as info:
         ar.get(30)
@@ -49,11 +48,18 @@ def test_signals_reach_forked_engines_through_their_nannies(rc):
     assert view.apply_sync(lambda: 1) == [1] * N  # and they serve on
 
 
-def test_a_killed_forked_engine_fails_alone():
+def test_a_killed_forked_engine_fails_alone(tmp_path):
+    """Killed with a call in flight: its siblings answer, it gives an EngineError."""
     with running_cluster(3, 1, 2, fork_engines=True) as rc:
         view = rc.broadcast_view()
         pids = view.apply_sync(os.getpid)
+        ar = view.apply_async(arrive_and_hold, str(tmp_path))
+        until(lambda: arrived(tmp_path) == sorted(pids), what="every engine to run the call")
         os.kill(pids[0], signal.SIGKILL)
+        (tmp_path / "go").touch()
+        results = ar.get(timeout=60, return_exceptions=True)
+        assert isinstance(results[0], error.RemoteError) and results[0].ename == "EngineError"
+        assert results[1:] == pids[1:]
         until(lambda: len(rc.ids) == 2, timeout=30, what="the hub to drop the killed engine")
         assert view.apply_sync(os.getpid) == pids[1:]
 

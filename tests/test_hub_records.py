@@ -6,7 +6,6 @@ import os
 import tempfile
 
 import pytest
-from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
 

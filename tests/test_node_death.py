@@ -3,7 +3,9 @@ flight, on a real depth-2 cluster: the engines under it get an EngineError
 naming the node, every other engine's result arrives, no node keeps state,
 the controller restarts a dead node in place, and later broadcasts work."""
 
+import glob
 import os
+import re
 import signal
 import time
 
@@ -89,19 +91,32 @@ def test_hung_node_is_given_up_on_after_node_timeout(rc, tmp_path):
     serves_again(rc, view)
 
 
+def controller_log(rc):
+    """The text of the controller's log (in the test profile's log folder)."""
+    paths = glob.glob(os.path.join(rc.test_profile_dir, "log", "ipcontroller-*.log"))
+    assert len(paths) == 1, paths
+    with open(paths[0]) as f:
+        return f.read()
+
+
 def test_restarts_are_logged_and_bounded():
     config = Config()
     config.BroadcastController.node_restarts = 1
     with running_cluster(2, 1, 2, config=config) as rc:
-        for attempt in range(2):
-            pid = nodes(rc)["0"]["pid"]
-            os.kill(pid, signal.SIGKILL)
-            if attempt == 0:
-                until(lambda: nodes(rc)["0"].get("pid") not in (None, pid))
-        time.sleep(1)  # a restart would come within 0.25 s
+        first = nodes(rc)["0"]["pid"]
+        os.kill(first, signal.SIGKILL)
+        until(lambda: nodes(rc)["0"].get("pid") not in (None, first), what="the first restart")
+        second = nodes(rc)["0"]["pid"]
+        os.kill(second, signal.SIGKILL)
+        until(lambda: "giving up" in controller_log(rc), what="the controller to give up")
+        restarts = re.findall(r"relay node 0 \(pid (\d+)\) exited with code -9; restarted as pid (\d+)",
+                              controller_log(rc))
+        assert restarts == [(str(first), str(second))]
+        assert "relay node 0 exited (-9); restarted 1 times, giving up" in controller_log(rc)
         survey = nodes(rc)
-        assert "error" in survey["0"]  # not restarted a second time
+        assert "error" in survey["0"]  # given up on: no process answers for it
         assert survey["1"]["pending"] == 0
+        assert rc.broadcast_view(targets=[1]).apply_sync(lambda: 1) == [1]  # the rest serves
 
 
 @pytest.mark.filterwarnings("ignore:Unregistering FD")  # sockets closed under their streams, as a GC does

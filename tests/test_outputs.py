@@ -13,7 +13,7 @@ import zmq
 from ipyparallel import error
 from jupyter_client.session import Session
 
-from cluster_util import running_cluster, until
+from cluster_util import at_gate, running_cluster, until
 
 
 def talk(x):
@@ -40,26 +40,50 @@ def publish():
 
 
 class IOPubCounter:
-    """IOPub messages per (parent msg_id, msg_type), from a raw SUB socket."""
+    """IOPub messages per (parent msg_id, msg_type), from a raw SUB socket.
+
+    No fixed waits: a *fence* (a DirectView call, which every engine answers
+    with an 'idle' status on IOPub) tells when the subscription is live, and
+    when everything an engine published before it has come (one engine's
+    IOPub messages stay in order through the controller's relay).
+    """
 
     def __init__(self, rc):
+        self.rc = rc
         self.session = Session(key=rc.session.key, signature_scheme=rc.session.signature_scheme)
         self.socket = zmq.Context.instance().socket(zmq.SUB)
         self.socket.linger = 0
         self.socket.subscribe(b"")
         self.socket.connect(rc._config["iopub"])
         self.seen = []
-        time.sleep(0.5)  # the subscription reaches the controller's IOPub relay
+        self.idle = set()  # parent msg_ids that an 'idle' status answered
+        deadline = time.monotonic() + 30
+        while not self.fence(rc.ids[:1], patience=0.5):  # sent before the subscription: lost, so again
+            assert time.monotonic() < deadline, "the IOPub subscription never came live"
 
-    def drain(self, quiet=0.5):
-        """Read until nothing has come for ``quiet`` seconds."""
-        while self.socket.poll(int(quiet * 1000)):
-            _, body = self.session.feed_identities(self.socket.recv_multipart())
-            msg = self.session.deserialize(body, content=True)
-            self.seen.append((msg["parent_header"].get("msg_id"), msg["header"]["msg_type"]))
+    def fence(self, targets, patience=30.0):
+        """Call ``targets`` through a DirectView; wait for their 'idle' statuses."""
+        probe = self.rc[targets].apply_async(int)
+        probe.get(timeout=30)
+        deadline = time.monotonic() + patience
+        while not self.idle.issuperset(probe.msg_ids):
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not self.socket.poll(int(wait * 1000)):
+                return False
+            self.read()
+        return True
+
+    def read(self):
+        _, body = self.session.feed_identities(self.socket.recv_multipart())
+        msg = self.session.deserialize(body, content=True)
+        parent, kind = msg["parent_header"].get("msg_id"), msg["header"]["msg_type"]
+        self.seen.append((parent, kind))
+        if kind == "status" and msg["content"].get("execution_state") == "idle":
+            self.idle.add(parent)
 
     def types(self, msg_id):
-        self.drain()
+        """What ``msg_id`` put on IOPub, complete: read up to a fence on every engine."""
+        assert self.fence(self.rc.ids), "the fence's statuses never came"
         return sorted(t for m, t in self.seen if m == msg_id)
 
     def close(self):
@@ -153,11 +177,13 @@ def test_stock_engines_ignore_the_request_and_use_iopub():
             counter.close()
 
 
-def test_aborted_requests_are_answered_in_one_message(rc, iopub):
+def test_aborted_requests_are_answered_in_one_message(rc, iopub, tmp_path):
     view = rc.broadcast_view()
-    busy = view.apply_async(time.sleep, 1)
+    gate = tmp_path / "gate"
+    busy = view.apply_async(at_gate, str(gate))  # the engines hold it until the abort has landed
     queued = view.apply_async(talk, 7)
-    rc.abort(queued)
+    rc.abort(queued, block=True)  # returns once every engine has answered the abort request
+    gate.touch()
     busy.get(timeout=20)
     assert [type(r) for r in queued.get(timeout=20)] == [error.TaskAborted] * 3  # as for stream_outputs
     assert queued.wait_for_output(timeout=20)  # nothing more to wait for: no hang

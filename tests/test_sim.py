@@ -9,7 +9,6 @@ import time
 
 import psutil
 import pytest
-from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.sim import SimEngines

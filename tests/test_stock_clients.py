@@ -3,14 +3,15 @@ broadcast tests leave out (they override these tests with ``pass``)."""
 
 import glob
 import os
+import signal
 
 import pytest
 import zmq
 
 import ipyparallel as ipp
-from ipyparallel import interactive
+from ipyparallel import error, interactive
 
-from cluster_util import running_cluster
+from cluster_util import arrive_and_hold, arrived, running_cluster, until
 
 MODES = pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", "streaming"])
 
@@ -90,3 +91,38 @@ def test_apply_displaypub_in_order(stock):
     assert ar.wait_for_output(30)
     expected = [{"text/plain": str(j)} for j in range(5)]
     assert [[out["data"] for out in outputs] for outputs in ar.outputs] == [expected] * 3
+
+
+def test_an_engine_killed_mid_call(tmp_path):
+    """Streaming: the survivors' results and an EngineError for the dead
+    engine. Coalescing: a stock AsyncResult holds one result for all engines,
+    so the call fails as a whole with the EngineError (see the README); no
+    hang either way, and the survivors serve on."""
+    with running_cluster(3, 1, 2) as rc:
+        url, = glob.glob(os.path.join(rc.test_profile_dir, "security", "ipcontroller-*client.json"))
+        stock = ipp.Client(url)
+        try:
+            stock.wait_for_engines(3, timeout=60)
+            for coalescing in (False, True):
+                view = stock.broadcast_view(is_coalescing=coalescing)
+                pids = view.apply_sync(os.getpid)
+                folder = tmp_path / str(coalescing)
+                folder.mkdir()
+                ar = view.apply_async(arrive_and_hold, str(folder))
+                until(lambda: arrived(folder) == sorted(pids), what="every engine to run the call")
+                victim = stock.ids[0]
+                os.kill(pids[0], signal.SIGKILL)
+                (folder / "go").touch()
+                if coalescing:
+                    with pytest.raises(error.RemoteError) as info:
+                        ar.get(timeout=60)
+                    assert info.value.ename == "EngineError"
+                    assert f"Engine {victim!r} died" in str(info.value.evalue)
+                else:
+                    results = ar.get(timeout=60, return_exceptions=True)
+                    assert isinstance(results[0], error.RemoteError) and results[0].ename == "EngineError"
+                    assert results[1:] == pids[1:]
+                until(lambda: len(stock.ids) == len(pids) - 1, what="the hub to drop the killed engine")
+                assert stock.broadcast_view(is_coalescing=coalescing).apply_sync(os.getpid) == pids[1:]
+        finally:
+            stock.close()

@@ -4,8 +4,9 @@ ipyparallel ships its tests in its wheel (``ipyparallel.tests``). Their
 fixtures start ``ipyparallel.tests.ipcontroller_cmd_argv``; we point that at
 ``python -m ipyparallel_broadcast.controller`` with the tree shape from
 ``IPB_UPSTREAM_DEPTH`` / ``IPB_UPSTREAM_FANOUT`` (default depth 1, fanout 2).
-``IPB_UPSTREAM_ENGINES=ours`` starts our engines (``ipyparallel_broadcast.engine``:
-outputs in the reply, the lean apply path) instead of stock ``ipengine``s.
+Modules run on stock ``ipengine``s; the ``*_our_engines`` modules run the same
+upstream classes on our engines (``ipyparallel_broadcast.engine``: outputs in
+the reply, the lean apply path), by their own ``cluster`` fixture.
 Nothing of theirs is copied: fixtures are imported, classes re-exported.
 
 With ``xfail_strict`` on, an upstream xfail that passes here fails, so:
@@ -34,9 +35,6 @@ from ipyparallel.tests.conftest import pytest_collection_modifyitems as upstream
 
 DEPTH = os.environ.get("IPB_UPSTREAM_DEPTH", "1")
 FANOUT = os.environ.get("IPB_UPSTREAM_FANOUT", "2")
-
-if os.environ.get("IPB_UPSTREAM_ENGINES", "stock") == "ours":
-    ipp_tests.ipengine_cmd_argv = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
 
 ipp_tests.ipcontroller_cmd_argv = [
     sys.executable,

@@ -4,11 +4,16 @@ Mixed in before an ipyparallel test class: its client is an
 ``ipyparallel_broadcast.Client`` and every view it makes (``client[...]``,
 ``client.direct_view``, int targets included) is a ``BroadcastView`` with the
 class's ``coalescing`` mode. Nothing of the upstream tests is copied.
+``on_our_engines()`` makes a module's cluster start our engines.
 """
 
+import sys
 import time
+from unittest import mock
 
 import ipyparallel as ipp
+import ipyparallel.tests as ipp_tests
+import pytest
 
 import ipyparallel_broadcast as ipb
 
@@ -51,6 +56,28 @@ def substituted(upstream_class, namespace, modes=tuple(MODES)):
         coalescing = MODES[mode]
         name = f"Test{base}{mode}"
         namespace[name] = type(name, (BroadcastSubstitution, upstream_class), {"coalescing": coalescing})
+
+
+def on_our_engines():
+    """A module's ``cluster`` fixture: upstream's cluster, with our engines
+    (``ipyparallel_broadcast.engine``) for every engine it starts."""
+
+    @pytest.fixture(scope="module")
+    def cluster(ipython_dir):
+        ours = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
+        with mock.patch.object(ipp_tests, "ipengine_cmd_argv", ours):
+            ipp_tests.setup()
+            try:
+                rc = ipp.Client(profile="iptest")
+                rc[:].execute("_ipb_kernel = type(get_ipython().kernel).__module__", block=True)
+                kinds = rc[:].pull("_ipb_kernel", block=True)
+                rc.close()
+                assert kinds == ["ipyparallel_broadcast.kernel"], kinds
+                yield
+            finally:
+                ipp_tests.teardown()
+
+    return cluster
 
 
 def settle_engines(*clients, timeout=15):

@@ -1,0 +1,9 @@
+"""ipyparallel's magics tests on our engines (outputs in the reply), with our
+BroadcastView substituted, in the three reply modes."""
+
+from ipyparallel.tests import test_magics as upstream
+
+from substitute import on_our_engines, substituted
+
+cluster = on_our_engines()
+substituted(upstream.TestParallelMagics, globals())
