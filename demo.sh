@@ -6,4 +6,4 @@ cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e .
-exec .venv/bin/python -m ipyparallel_broadcast.demo "$@"
+exec .venv/bin/python -m ipyparallel_broadcast.tools.demo "$@"

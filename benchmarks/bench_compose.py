@@ -2,7 +2,7 @@
 
 Balanced workloads (eig, QR, matmul split evenly over the engines) and the
 unbalanced matmul phases (1, E/2 and E engines busy in turn), as in
-``python -m ipyparallel_broadcast.compose_bench``, whose sizes and functions
+``python -m ipyparallel_broadcast.tools.compose_bench``, whose sizes and functions
 these are. The default mode runs on engines started without limits; the
 others switch the pooled static engines at run time, and teardown puts them
 back in the static mode they start in.
@@ -10,7 +10,7 @@ back in the static mode they start in.
 
 import os
 
-from ipyparallel_broadcast import compose_bench as cb
+from ipyparallel_broadcast.tools import compose_bench as cb
 
 from . import common
 from .profiles import current

@@ -1,4 +1,4 @@
-"""The tree at scale on simulated engines (``ipyparallel_broadcast.sim``):
+"""The tree at scale on simulated engines (``ipyparallel_broadcast.tools.sim``):
 1 kB round trip (coalesced or streamed, by view) and many async calls, by
 engine count and tree (DEPTHxFANOUT), ours against DirectView and
 ipyparallel's BroadcastView driven by the same kind of farm."""
@@ -60,7 +60,7 @@ class Center:
         self.view.apply_sync(common.echo, self.data)
 
     def track_center_cpu_ms(self, n, view):
-        from ipyparallel_broadcast.bench import cpu_seconds
+        from ipyparallel_broadcast.tools.bench import cpu_seconds
 
         before = time.process_time() + cpu_seconds(self.center)
         for _ in range(self.CALLS):

@@ -5,7 +5,7 @@ timed inside the job, so it is tracked as a value rather than timed by asv)."""
 
 import numpy as np
 
-from ipyparallel_broadcast import peers
+from ipyparallel_broadcast.tools import peers
 
 from . import common
 from .profiles import current

@@ -65,7 +65,7 @@ def farm_view(name: str, n: int, tree: str):
 def peer_view(name: str, n: int):
     """A view of ``VIEWS`` or a Dask peer (``peers.DaskRun``/``DaskSubmit``) over n workers."""
     if name.startswith("Dask"):
-        from ipyparallel_broadcast import peers
+        from ipyparallel_broadcast.tools import peers
 
         return (peers.DaskRun if name == "Dask run" else peers.DaskSubmit)(client("dask", n))
     return view(name, n)

@@ -11,11 +11,11 @@ kinds:
 - ``ours``: our controller, relay tree of ``depth`` and ``fanout``;
 - ``stock``: ipyparallel's controller, ``broadcast_scheduler_depth=depth``;
 - ``ours-sim``, ``stock-sim``: the same controllers with ``n`` simulated
-  engines (``python -m ipyparallel_broadcast.sim``, a detached process);
+  engines (``python -m ipyparallel_broadcast.tools.sim``, a detached process);
 - ``ours-simhosts``: ours, its simulated engines run as ``SIM_HOSTS`` hosts,
   each behind its own host relay;
 - ``dask``: a local Dask cluster of ``n`` workers
-  (``python -m ipyparallel_broadcast.peers dask-serve``); its
+  (``python -m ipyparallel_broadcast.tools.peers dask-serve``); its
   "connection file" holds the scheduler's address.
 Simulated engines do not count against ``max_engines``.
 """
@@ -98,7 +98,7 @@ def _start(kind, n, depth, fanout, path) -> dict:
     record = dict(kind=kind, n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, used=time.time())
     if kind == "dask":
         address = os.path.join(profile_dir, "scheduler-address")
-        proc = _detached("ipyparallel_broadcast.peers", "dask-serve", "--engines", str(n), "--address-file", address)
+        proc = _detached("ipyparallel_broadcast.tools.peers", "dask-serve", "--engines", str(n), "--address-file", address)
         _until(lambda: os.path.exists(address), timeout=max(120, n), what=f"{n} Dask workers")
         record.update(controller_pid=proc.pid, connection_file=address)
         _write(path, record)
@@ -121,7 +121,7 @@ def _start(kind, n, depth, fanout, path) -> dict:
         if sim:
             engine_file = record["connection_file"].replace("-client.json", "-engine.json")
             hosts = ["--hosts", "--per-process", str(max(1, -(-n // SIM_HOSTS)))] if kind == "ours-simhosts" else []
-            record["helper_pids"] = [_detached("ipyparallel_broadcast.sim", engine_file, "--engines", str(n),
+            record["helper_pids"] = [_detached("ipyparallel_broadcast.tools.sim", engine_file, "--engines", str(n),
                                                *hosts).pid]
             _write(path, record)  # from here on, stop() can find the farm
         rc.wait_for_engines(n, timeout=max(120, n / 10))

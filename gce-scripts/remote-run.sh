@@ -63,7 +63,7 @@ if [[ -n "$mpi" ]]; then  # the MPI peer: mpi4py built against this host's MPI
 fi
 
 status=0
-.venv/bin/python benchmarks/run_asv.py --profile "$profile" --machine "$machine" $quick "${bench[@]}" || status=$?
+.venv/bin/python benchmarks/scripts/run_asv.py --profile "$profile" --machine "$machine" $quick "${bench[@]}" || status=$?
 
 # pack what was measured, even if some benchmarks failed
 archive="$workdir/ipb-results-$machine-${commit:0:8}.tar.gz"

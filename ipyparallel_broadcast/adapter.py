@@ -25,9 +25,9 @@ from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
 from . import protocol as P
+from .naming import engine_of_topic, is_broadcast_id, parse_date
 from .calls import FAILED, Call
 from .guard import contained, guarded_callback
-from .protocol import parse_date
 from .results import outcome_metadata
 from .rootwatch import RootWatch
 
@@ -285,7 +285,7 @@ class Upstream(ipp.Client):
         msg_id = (parent or {}).get("msg_id")
         call = self._calls.get(msg_id)
         if call is not None:  # one engine's part of a broadcast
-            i = call.index.get(metadata.get("engine") or self._engines.get(P.engine_of_topic(idents)))
+            i = call.index.get(metadata.get("engine") or self._engines.get(engine_of_topic(idents)))
             if i is not None:
                 self._output_done(call, i)
             return
@@ -305,7 +305,7 @@ class Upstream(ipp.Client):
         msg_id = parent.get("msg_id") if parent else None
         call = self._calls.get(msg_id) if msg_id else None
         if call is not None:
-            uuid = msg["metadata"].get("engine") or self._engines.get(P.engine_of_topic(idents))
+            uuid = msg["metadata"].get("engine") or self._engines.get(engine_of_topic(idents))
             i = call.index.get(uuid)
             if i is None:
                 return
@@ -315,7 +315,7 @@ class Upstream(ipp.Client):
                 return
             outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
             msg["parent_header"] = dict(parent, msg_id=call.vids[i])
-        elif (P.is_broadcast_id(msg_id) and msg_id not in self._reductions
+        elif (is_broadcast_id(msg_id) and msg_id not in self._reductions
               and not msg["header"]["msg_type"].startswith("comm_")):
             return  # output of a finished broadcast (e.g. a thread printing late)
         return _UPSTREAM_IOPUB(self, msg)

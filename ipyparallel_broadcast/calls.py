@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from . import protocol as P
+from .naming import is_broadcast_id
 from .bundles import Entry
 
 # An engine's outcome: ``("reply", parsed reply, streams)`` (a dict, or a
@@ -109,7 +110,7 @@ class Calls:
 
     def of_vid(self, vid) -> tuple:
         """``(call, index)`` of a per-engine id, live or recent; ``(None, None)``."""
-        if not isinstance(vid, str) or not P.is_broadcast_id(vid):
+        if not isinstance(vid, str) or not is_broadcast_id(vid):
             return None, None
         msg_id, uuid = vid_parts(vid)
         call = self.find(msg_id)

@@ -26,6 +26,7 @@ from ipyparallel.client.futures import MessageFuture
 
 from . import bundles as B
 from . import protocol as P
+from .naming import BROADCAST_ID_PREFIX, TREE_KEY
 from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
 from .calls import Call, Calls
@@ -89,7 +90,7 @@ class Client(TreeSurveys, CallResults, Upstream):
     # ----------------------------------------------------------------- views
     @property
     def tree_shape(self) -> TreeShape:
-        info = self._config.get(P.TREE_KEY)
+        info = self._config.get(TREE_KEY)
         if not info:
             raise NotABroadcastController(
                 "This controller does not run the ipyparallel_broadcast relay tree "
@@ -153,7 +154,7 @@ class Client(TreeSurveys, CallResults, Upstream):
         if trace:
             md[P.TRACE_KEY] = True
         header = self.session.msg_header(msg_type)
-        header["msg_id"] = P.BROADCAST_ID_PREFIX + header["msg_id"]
+        header["msg_id"] = BROADCAST_ID_PREFIX + header["msg_id"]
         inner = self.session.msg(msg_type, content=content or {}, metadata=md, header=header)
         msg_id = inner["header"]["msg_id"]
         frames = self.session.serialize(inner)[1:] + list(buffers)

@@ -26,7 +26,8 @@ from ipyparallel.util import disambiguate_url
 
 from .logs import drop_unwritten_levels
 from .hostlink import HOST_KEY, host_label
-from .protocol import PROTOCOL_VERSION, TREE_KEY
+from .naming import TREE_KEY
+from .protocol import PROTOCOL_VERSION
 from .records import BroadcastDictDB, BroadcastRecords
 from .schedulers.node import run_node
 from .topology import TreeShape, auto_shape, balanced_id, node_name

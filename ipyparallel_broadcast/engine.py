@@ -25,7 +25,7 @@ from . import compose
 from .compose.host import cluster_key
 from .hostlink import HOST_KEY, HostLink, host_label
 from .kernel import BroadcastKernel
-from .protocol import TREE_KEY
+from .naming import TREE_KEY
 from .logs import drop_unwritten_levels
 
 ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]

@@ -89,7 +89,7 @@ class HostLink:
     def from_connection(cls, info: dict, session, label: str, curve_serverkey=None,
                         log_level=30) -> "HostLink":
         """The link of an engine whose engine connection file is ``info``."""
-        from .protocol import TREE_KEY
+        from .naming import TREE_KEY
 
         place = Place(session.key, label, curve=bool(curve_serverkey))
         link = cls(dict(

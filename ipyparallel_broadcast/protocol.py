@@ -54,10 +54,10 @@ import itertools
 import os
 from collections import deque
 from datetime import datetime, timezone
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import zmq
-from ipyparallel.util import _disable_session_extract_dates, _parse_date
+from ipyparallel.util import _disable_session_extract_dates
 from jupyter_client._version import protocol_version as JUPYTER_PROTOCOL
 from jupyter_client.session import DELIM, Session
 
@@ -77,7 +77,6 @@ REDUCE_OPS = ("sum", "prod", "min", "max")  # combined in the tree ("concat" is 
 DIED, UNREACHABLE, UNKNOWN = "died", "unreachable", "unknown"  # failure codes
 REPLY_MODES = (COALESCE, STREAM)
 PROTOCOL_VERSION = 1
-TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
 # request metadata {OUTPUTS_KEY: "reply"}: our engines answer with outputs in the
 # reply's metadata under the same key, and publish no IOPub status (see kernel)
 OUTPUTS_KEY = "ipb_outputs"
@@ -104,36 +103,6 @@ def is_probe(frames) -> bool:
 def may_be_dropped(frames) -> bool:
     """Could this be a drop notice (``DROPPED`` in the header frame)? A cheap look."""
     return 3 < len(frames) and len(frames[3]) < 4096 and DROPPED.encode() in as_bytes(frames[3])
-
-
-def parse_date(s):
-    """ISO 8601 string to aware datetime, by the fast ``datetime.fromisoformat``
-    when it can (ipyparallel's ``dateutil`` parse otherwise)."""
-    try:
-        dt = datetime.fromisoformat(s)
-    except (TypeError, ValueError):
-        return _parse_date(s)
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
-BROADCAST_ID_PREFIX = "ipb-"  # request msg_ids of broadcasts: the hub tells them apart
-
-
-def is_broadcast_id(msg_id) -> bool:
-    return isinstance(msg_id, str) and msg_id.startswith(BROADCAST_ID_PREFIX)
-
-
-def engine_vid(msg_id: str, uuid: str) -> str:
-    """The id of one engine's part of a broadcast: client and hub records agree."""
-    return f"{msg_id}_{uuid}"
-
-
-def engine_of_topic(topics: Sequence) -> Optional[int]:
-    """The engine id in an IOPub topic ``engine.<id>.<kind>`` (None if none)."""
-    parts = as_bytes(topics[0]).split(b".") if topics else []
-    if len(parts) >= 2 and parts[0] == b"engine" and parts[1].isdigit():
-        return int(parts[1])
-    return None
 
 
 def split_idents(frames: Sequence) -> Tuple[list, list]:

@@ -36,7 +36,7 @@ from ipyparallel.controller.hub import init_record
 
 from . import bundles as B
 from . import protocol as P
-from .protocol import engine_vid
+from .naming import engine_of_topic, engine_vid, is_broadcast_id, parse_date
 
 EARLY = 1_000  # results held until their request's copy comes (it travels apart)
 JOURNAL_FACTOR = 4  # copies kept unfiled, per record the in-memory DB may hold
@@ -208,7 +208,7 @@ class BroadcastRecords:
             self.log.error("broadcast:: dropped an invalid request copy: %s", e)
             return
         msg_id = request["header"]["msg_id"]
-        request["header"]["date"] = P.parse_date(request["header"]["date"])  # once, not per record
+        request["header"]["date"] = parse_date(request["header"]["date"])  # once, not per record
         # the hub's traits, read once (each read goes through traitlets)
         engines, pending, queues, store = hub.engines, hub.pending, hub.queues, self._storer(hub.db)
         for eid in content["targets"]:
@@ -265,13 +265,13 @@ class BroadcastRecords:
         vid = engine_vid(msg_id, uuid)
         eid = hub.by_ident.get(uuid.encode("utf8"))
         header, md = msg["header"], msg["metadata"]
-        header["date"] = P.parse_date(header["date"])  # dateutil's parse costs ~50 us a date
+        header["date"] = parse_date(header["date"])  # dateutil's parse costs ~50 us a date
         result = dict(
             result_header=header,
             result_metadata=md,
             result_content=msg["content"],
             result_buffers=msg["buffers"],
-            started=P.parse_date(md.get("started")),
+            started=parse_date(md.get("started")),
             completed=util.ensure_timezone(header["date"]),
             received=util.utcnow(),
         )
@@ -323,14 +323,14 @@ class BroadcastRecords:
         """File an engine's output for a broadcast under its per-engine id."""
         parent = msg.get("parent_header") or {}
         msg_id = parent.get("msg_id")
-        if P.is_broadcast_id(msg_id):  # after its request's copy, in the journal
+        if is_broadcast_id(msg_id):  # after its request's copy, in the journal
             self._defer(self._save_broadcast_iopub, topics, msg)
             return None
         return self._save_iopub(topics, msg)
 
     def _save_broadcast_iopub(self, topics, msg):
         parent, msg_id = msg["parent_header"], msg["parent_header"]["msg_id"]
-        uuid = msg["metadata"].get("engine") or self.uuids.get(P.engine_of_topic(topics))
+        uuid = msg["metadata"].get("engine") or self.uuids.get(engine_of_topic(topics))
         if uuid is None:  # not one of ours: a record without a request would be junk
             self.log.debug("iopub:: output of unknown engine for broadcast %s dropped", msg_id)
             return

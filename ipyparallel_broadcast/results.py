@@ -27,6 +27,7 @@ from ipyparallel.serialize.canning import uncan, uncan_sequence
 from ipyparallel.serialize.serialize import MAX_ITEMS
 
 from . import protocol as P
+from .naming import parse_date
 from .bundles import Entry
 from .calls import FAILED, Call
 
@@ -187,7 +188,7 @@ def fill_metadata(client, call: Call, i: int):
     dict.update(md, status=content.get("status"), follow=meta.get("follow", []),
                 after=meta.get("after", []), label=meta.get("label"), is_broadcast=True,
                 is_coalescing=False, completed=reply["header"].get("date"),
-                started=P.parse_date(meta.get("started")))
+                started=parse_date(meta.get("started")))
     outputs = meta.get(P.OUTPUTS_KEY)
     if outputs:  # our engine: what IOPub would have brought came in the reply
         for name in ("stdout", "stderr"):

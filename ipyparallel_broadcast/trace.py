@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from .protocol import parse_date
+from .naming import parse_date
 
 
 def event(where: str, what: str, time: float, detail=None) -> dict:

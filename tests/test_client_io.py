@@ -15,6 +15,7 @@ import pytest
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.naming import is_broadcast_id
 
 from cluster_util import running_cluster
 
@@ -125,7 +126,7 @@ class RaisesOnce(ipb.Client):
         return super()._unpack_result(buffers)
 
     def _handle_apply_reply(self, msg):
-        if not P.is_broadcast_id(msg["parent_header"].get("msg_id", "")):
+        if not is_broadcast_id(msg["parent_header"].get("msg_id", "")):
             self._boom("mux-reply")
         return super()._handle_apply_reply(msg)
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from ipyparallel_broadcast.compose import host as H
 from ipyparallel_broadcast.compose import limits as L
-from ipyparallel_broadcast.compose.runtime import ComposeError, Runtime
+from ipyparallel_broadcast.compose.errors import ComposeError
+from ipyparallel_broadcast.compose.runtime import Runtime
 from ipyparallel_broadcast.compose.tokens import TokenPool
 
 from cluster_util import until

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.sim import SimEngines
+from ipyparallel_broadcast.tools.sim import SimEngines
 
 from cluster_util import quiet_config, until
 

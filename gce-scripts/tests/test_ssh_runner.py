@@ -84,6 +84,6 @@ def test_runner_over_ssh_runs_asv_there_and_brings_results_back(sshd, tmp_path):
     data = json.loads(open(result_file).read())
     assert data["commit_hash"] == commit
     columns = data["result_columns"]
-    values = dict(zip(columns, data["results"]["bench_thesis.TreeDepth.time_echo"]))["result"]
+    values = dict(zip(columns, data["results"]["bench_roundtrips.TreeDepth.time_echo"]))["result"]
     assert any(isinstance(v, float) and v > 0 for v in values)  # measured on the host, not n/a
     assert (results / f"ipb-results-ssh-localhost-{commit[:8]}.tar.gz").exists()

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 
-from .runtime import MODES, ComposeError, Runtime
+from .errors import ComposeError
+from .runtime import MODES, Runtime
 
 __all__ = ["MODES", "ComposeError", "configure", "runtime", "status", "threaded", "threads"]
 

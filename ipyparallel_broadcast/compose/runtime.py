@@ -20,15 +20,12 @@ from contextlib import contextmanager
 
 from . import host as H
 from . import limits as L
+from .errors import ComposeError
 from .regions import Counting
 from .tokens import TokenPool
 
 MODES = ("default", "static", "counting", "tbb")
 RECOUNT_EVERY = 1.0  # seconds between recounts of a host's live engines
-
-
-class ComposeError(RuntimeError):
-    """A compose mode that cannot run here; the message says what was found."""
 
 
 class Runtime:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from .runtime import ComposeError
+from .errors import ComposeError
 
 IRML = "libirml.so.1"
 # looked up by oneTBB (rml_tbb.cpp) and by tbb4py's IPC layer

@@ -103,9 +103,9 @@ class BedCluster(Managed):
 
     def start_sim(self, host: Host, n: int, per_process: int = 512,
                   host_relay: bool = False) -> subprocess.Popen:
-        """``n`` simulated engines (``ipyparallel_broadcast.sim``) on ``host``;
+        """``n`` simulated engines (``ipyparallel_broadcast.tools.sim``) on ``host``;
         ``host_relay``: behind a relay of their own (``sim --hosts``)."""
-        argv = [sys.executable, "-m", "ipyparallel_broadcast.sim", self._file("engine"),
+        argv = [sys.executable, "-m", "ipyparallel_broadcast.tools.sim", self._file("engine"),
                 "--engines", str(n), "--per-process", str(per_process)]
         if host_relay:
             argv.append("--hosts")

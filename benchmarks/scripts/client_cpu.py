@@ -2,8 +2,8 @@
 commit: the CPU table (client, controller, engines; ms per engine per apply of
 a 1 kB echo, net of each system's idle CPU) and the latency table of a suite.
 
-    python benchmarks/client_cpu.py --engines 16 --calls 200 --reps 5 --peers --out benchmarks/results/client-cpu-n16.md
-    python benchmarks/client_cpu.py --suite collectives --engines 8 --depth 2 --calls 0 --reps 9 --out benchmarks/results/collectives-n8-depth2.md
+    python benchmarks/scripts/client_cpu.py --engines 16 --calls 200 --reps 5 --peers --out benchmarks/results/client-cpu-n16.md
+    python benchmarks/scripts/client_cpu.py --suite collectives --engines 8 --depth 2 --calls 0 --reps 9 --out benchmarks/results/collectives-n8-depth2.md
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from multihost import report  # noqa: E402
+from report import report  # noqa: E402
 
-from ipyparallel_broadcast import bench  # noqa: E402
+from ipyparallel_broadcast.tools import bench  # noqa: E402
 
 
 def main(argv=None):

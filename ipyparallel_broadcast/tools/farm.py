@@ -1,7 +1,7 @@
 """The tree at scale, on simulated engines: ours against DirectView and
 ipyparallel's BroadcastView, driven by the same kind of farm.
 
-    python -m ipyparallel_broadcast.farm --engines 256 1024 4096
+    python -m ipyparallel_broadcast.tools.farm --engines 256 1024 4096
 
 For each engine count N, one controller at a time runs with N simulated
 engines (``sim.SimEngines``): a stock ipyparallel controller at each depth
@@ -29,9 +29,9 @@ import ipyparallel as ipp
 import psutil
 
 from . import bench
-from .launcher import Cluster
+from ..launcher import Cluster
 from .sim import SimEngines
-from .view import Batch
+from ..view import Batch
 
 # a farm's heartbeats share 2 cores with thousands of replies: ipyparallel's
 # lenient defaults, for both controllers, so no simulated engine is dropped

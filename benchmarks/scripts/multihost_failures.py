@@ -1,6 +1,6 @@
 """How fast failures across hosts are handled, on the NetBed (needs root).
 
-    python benchmarks/multihost_failures.py --hosts 3 --per-host 3 --reps 3
+    python benchmarks/scripts/multihost_failures.py --hosts 3 --per-host 3 --reps 3
 
 On one cluster (a controller host and ``--hosts`` engine hosts), for each
 reply mode, ``--reps`` times each:
@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from multihost import report  # noqa: E402
+from report import report  # noqa: E402
 
 from ipyparallel_broadcast.tools.bedcluster import BedCluster  # noqa: E402
 from ipyparallel_broadcast.tools.netbed import NetBed  # noqa: E402

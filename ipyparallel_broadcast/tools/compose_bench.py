@@ -1,7 +1,7 @@
 """Nested NumPy on engines that share a host, under each compose mode.
 
-    python -m ipyparallel_broadcast.compose_bench --engines 2 4 8
-    python -m ipyparallel_broadcast.compose_bench --engines 4 --quick --json out.json
+    python -m ipyparallel_broadcast.tools.compose_bench --engines 2 4 8
+    python -m ipyparallel_broadcast.tools.compose_bench --engines 4 --quick --json out.json
 
 Modelled on Malakhov et al. (SciPy 2017). Balanced workloads split a fixed
 amount of work evenly over all E engines: ``eig`` (256x256 eigenproblems),
@@ -127,7 +127,7 @@ def run_workload(rc, name: str, engines: int, quick: bool = False, total: int = 
     fname, full, size = WORKLOADS[name]
     total = total or (QUICK[name] if quick else full)
     # by reference, from the installed module even when this one is __main__
-    fn = getattr(importlib.import_module("ipyparallel_broadcast.compose_bench"), fname)
+    fn = getattr(importlib.import_module("ipyparallel_broadcast.tools.compose_bench"), fname)
     ids = rc.ids[:engines]
     if name != "phases":
         t0 = time.perf_counter()
@@ -185,7 +185,7 @@ def table(engines: int, results) -> str:
 
 
 def run(engine_counts, modes, workloads, reps, quick=False, out=print):
-    from .launcher import Cluster
+    from ..launcher import Cluster
 
     report = {}
     for n in engine_counts:

@@ -1,8 +1,8 @@
 """Across hosts on the NetBed (network namespaces on a bridge; needs root).
 
-    python benchmarks/multihost.py --hosts 3 --per-host 3 --push-mb 4
-    python benchmarks/multihost.py --hosts 8 --per-host 8 --push-mb 1 --rate 1gbit
-    python benchmarks/multihost.py --hosts 8 --per-host 8 --push-mb 1 --rate 1gbit --engines sim
+    python benchmarks/scripts/multihost.py --hosts 3 --per-host 3 --push-mb 4
+    python benchmarks/scripts/multihost.py --hosts 8 --per-host 8 --push-mb 1 --rate 1gbit
+    python benchmarks/scripts/multihost.py --hosts 8 --per-host 8 --push-mb 1 --rate 1gbit --engines sim
 
 For each layout, a fresh cluster on a fresh bed:
 - ``host relays``: our engines, each host's engines behind its relay (the default);
@@ -18,41 +18,18 @@ the commit; ``--out`` writes it under benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
 import psutil
 
-from ipyparallel_broadcast.bench import cpu_seconds
+from ipyparallel_broadcast.tools.bench import cpu_seconds
 from ipyparallel_broadcast.tools.bedcluster import BedCluster
 from ipyparallel_broadcast.tools.netbed import NetBed
+from report import report
 
 LAYOUTS = {"host relays": [], "controller-side tree": ["--BroadcastEngine.host_relay=never"]}
-
-
-def commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
-                           cwd=here, capture_output=True, text=True).stdout.strip()  # results are outputs
-    return sha + (" (with uncommitted changes)" if dirty else "")
-
-
-def report(script: str, argv, title: str, lines, out=None) -> str:
-    """Print a result file's text, headed by its title, command and commit;
-    write it to ``out`` too."""
-    args = " ".join(argv if argv is not None else sys.argv[1:])
-    text = "\n".join([f"# {title}", "", f"Command: `python benchmarks/{script} {args}`",
-                       f"Commit: {commit()}", "", *lines]) + "\n"
-    print(text)
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
-    return text
 
 
 def processes(pids) -> list:

@@ -10,8 +10,8 @@ Both Dask adapters offer what the quick runner calls on a view
 (``apply_sync``, ``apply_async(...).get()``, ``push``), so they take part in
 its interleaved rounds.
 
-    python -m ipyparallel_broadcast.peers mpi --engines 16   # the MPI job alone, JSON out
-    python -m ipyparallel_broadcast.peers dask-serve --engines 16 --address-file F
+    python -m ipyparallel_broadcast.tools.peers mpi --engines 16   # the MPI job alone, JSON out
+    python -m ipyparallel_broadcast.tools.peers dask-serve --engines 16 --address-file F
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def mpi_job(n: int, reps: int = 25, many: int = 20, echo_bytes: int = 1024, push
     if not mpi_available():
         raise RuntimeError("MPI is not available: install mpich (apt-get install mpich libmpich-dev) "
                            "and mpi4py (pip install --no-binary mpi4py mpi4py)")
-    cmd = ["mpiexec", "-n", str(n + 1), sys.executable, "-m", "ipyparallel_broadcast.peers", "_rank",
+    cmd = ["mpiexec", "-n", str(n + 1), sys.executable, "-m", "ipyparallel_broadcast.tools.peers", "_rank",
            "--reps", str(reps), "--many", str(many), "--echo-bytes", str(echo_bytes),
            "--push-bytes", str(push_bytes)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

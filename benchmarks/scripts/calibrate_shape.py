@@ -1,7 +1,7 @@
 """Measure the costs behind ``topology.auto_shape`` and check its picks, on
 simulated engines (``sim.SimEngines``) and our real relay nodes.
 
-    python benchmarks/calibrate_shape.py --out benchmarks/results/auto-shape.md
+    python benchmarks/scripts/calibrate_shape.py --out benchmarks/results/auto-shape.md
 
 1. Costs: at depth 1, fan-out 2, the CPU each relay node spends per coalesced
    1 kB call (its process CPU time, from the stats survey) at two engine
@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from ipyparallel_broadcast.bench import write_report
+from ipyparallel_broadcast.tools.bench import write_report
 from ipyparallel_broadcast.compose.host import cpu_count
-from ipyparallel_broadcast.farm import farm_cluster, t_echo
+from ipyparallel_broadcast.tools.farm import farm_cluster, t_echo
 from ipyparallel_broadcast.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, modelled_ms
 
 SHAPES = [(0, 2), (1, 2), (1, 3), (1, 4), (2, 2)]
@@ -68,7 +68,7 @@ def main(argv=None):
     lines = [
         "# Tree shape 'auto': costs and picks",
         "",
-        f"`python benchmarks/calibrate_shape.py` on {cores} cores; simulated engines, our relay nodes.",
+        f"`python benchmarks/scripts/calibrate_shape.py` on {cores} cores; simulated engines, our relay nodes.",
         "",
         "## Costs (CPU ms per coalesced 1 kB call, depth 1, fan-out 2)",
         "",

@@ -1,7 +1,7 @@
 """Start time and memory of local engines: fresh interpreters against engines
 forked from one template process (``ipyparallel_broadcast.forked``).
 
-    python benchmarks/engine_start.py --engines 64 --out benchmarks/results/engine-start.md
+    python benchmarks/scripts/engine_start.py --engines 64 --out benchmarks/results/engine-start.md
 
 For each way: the seconds from ``start_cluster`` until every engine has
 registered (the controller is up first and not counted), and the PSS (the
@@ -18,7 +18,7 @@ import time
 import psutil
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.bench import write_report
+from ipyparallel_broadcast.tools.bench import write_report
 
 
 def pss_mb(pids) -> float:
@@ -65,7 +65,7 @@ def main(argv=None):
     lines = [
         f"# Starting {args.engines} local engines, {psutil.cpu_count()} cores",
         "",
-        "`python benchmarks/engine_start.py --engines %d`" % args.engines,
+        "`python benchmarks/scripts/engine_start.py --engines %d`" % args.engines,
         "",
         "| engines | start (s) | s per engine | PSS per engine (MB) | processes |",
         "|---|---:|---:|---:|---:|",

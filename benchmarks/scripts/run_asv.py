@@ -1,6 +1,6 @@
 """Run the asv suites on this machine's profile, then stop the pooled clusters.
 
-    python benchmarks/run_asv.py --profile local [--quick] [--bench REGEX] [--publish]
+    python benchmarks/scripts/run_asv.py --profile local [--quick] [--bench REGEX] [--publish]
 
 Uses the current Python environment (``asv run --python=same``) and records
 the results under this commit. ``--check`` fails if any benchmark has no result.
@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def asv(*args, env=None):

@@ -1,6 +1,6 @@
 """What a call costs at the center (client + controller host), on simulated hosts.
 
-    python benchmarks/center.py --engines 256 1024 4096 --hosts 16 --out benchmarks/results/center-16hosts.md
+    python benchmarks/scripts/center.py --engines 256 1024 4096 --hosts 16 --out benchmarks/results/center-16hosts.md
 
 For each engine count N, N simulated engines (``sim.SimEngines``) run as
 ``--hosts`` simulated hosts of N/hosts engines. With our controller each
@@ -32,11 +32,11 @@ from contextlib import contextmanager
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from multihost import report  # noqa: E402
+from report import report  # noqa: E402
 
-from ipyparallel_broadcast import bench  # noqa: E402
+from ipyparallel_broadcast.tools import bench  # noqa: E402
 from ipyparallel_broadcast.guard import contained  # noqa: E402
-from ipyparallel_broadcast.farm import REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
+from ipyparallel_broadcast.tools.farm import REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
 
 
 @contextmanager

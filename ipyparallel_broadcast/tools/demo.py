@@ -1,6 +1,6 @@
 """The main job: a local cluster, broadcasts in both reply modes, collectives,
 and a comparison with DirectView and ipyparallel's own BroadcastView, measured
-in the same run. ``python -m ipyparallel_broadcast.demo [--engines 8 --depth 2]``
+in the same run. ``python -m ipyparallel_broadcast.tools.demo [--engines 8 --depth 2]``
 """
 
 import argparse
@@ -11,7 +11,7 @@ import ipyparallel as ipp
 import numpy as np
 
 from . import bench
-from .view import Batch
+from ..view import Batch
 
 
 def show_broadcasts(rc):

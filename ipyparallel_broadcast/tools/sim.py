@@ -17,7 +17,7 @@ another host do. The task queue and control channel are not connected (no load
 balancing, abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall
 silent: it stops answering and beating, so the hub declares it dead.
 
-    python -m ipyparallel_broadcast.sim ENGINE_CONNECTION_FILE --engines 1024
+    python -m ipyparallel_broadcast.tools.sim ENGINE_CONNECTION_FILE --engines 1024
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import zmq.asyncio
 from ipyparallel.serialize import serialize_object
 from jupyter_client.session import Session
 
-from . import protocol as P
-from .hostlink import host_label
-from .zmqframes import recv_frames, send_frames
+from .. import protocol as P
+from ..hostlink import host_label
+from ..zmqframes import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
@@ -88,7 +88,7 @@ class SimProcess:
         self.info, self.count, self.delay = info, count, delay
         self.link = None
         if host is not None:  # this process is a host: its engines are behind its relay
-            from .hostlink import HostLink
+            from ..hostlink import HostLink
 
             self.link = HostLink.from_connection(info, session_from(info), host)
         self.session = session_from(info)

@@ -1,10 +1,10 @@
 """Quick runner: our BroadcastView against DirectView and ipyparallel's own
 BroadcastView, measured interleaved in one run.
 
-    python -m ipyparallel_broadcast.bench --engines 8 16 32 --depth 1
-    python -m ipyparallel_broadcast.bench --suite collectives --engines 32
-    python -m ipyparallel_broadcast.bench --engines 16 --peers
-    python -m ipyparallel_broadcast.bench --engines 16 --cpu 200
+    python -m ipyparallel_broadcast.tools.bench --engines 8 16 32 --depth 1
+    python -m ipyparallel_broadcast.tools.bench --suite collectives --engines 32
+    python -m ipyparallel_broadcast.tools.bench --engines 16 --peers
+    python -m ipyparallel_broadcast.tools.bench --engines 16 --cpu 200
 
 With ``--peers``, a local Dask cluster of N workers joins the rounds
 (``Client.run`` and ``submit`` pinned per worker), and an MPI job of N+1
@@ -41,8 +41,8 @@ import psutil
 import ipyparallel as ipp
 
 from . import peers
-from .launcher import Cluster
-from .view import Batch, BroadcastView
+from ..launcher import Cluster
+from ..view import Batch, BroadcastView
 
 ECHO = np.ones(128)  # 1 kB
 PUSH = np.ones(131072)  # 1 MB
