@@ -18,6 +18,17 @@ _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 if _hard == resource.RLIM_INFINITY or _soft < _hard:
     resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
 
+KINDS = ("pure", "cluster", "multihost")  # see pyproject's markers; each test is of one kind
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kinds = [m.name for m in item.iter_markers() if m.name in KINDS]
+        if len(kinds) != 1:
+            raise pytest.UsageError(f"{item.nodeid} must be of one kind of {KINDS} (pytestmark), not {kinds}")
+
+
 _DIAGNOSES = []
 
 

@@ -9,6 +9,8 @@ from ipyparallel.serialize import pack_apply_message, unpack_apply_message
 
 from ipyparallel_broadcast.applycall import Functions, reusable, run_apply, unpack_call
 
+pytestmark = pytest.mark.pure
+
 
 def plain(x, y=2, *, z="z"):
     return x + y

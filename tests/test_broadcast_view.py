@@ -13,6 +13,8 @@ from ipyparallel import error
 
 from cluster_util import at_gate, running_cluster
 
+pytestmark = pytest.mark.cluster
+
 # (engines, depth, fanout): depth 0, 1, 2 and fan-out 2 and 3
 SHAPES = [(2, 0, 2), (4, 1, 3), (5, 2, 2)]
 MODES = [True, False]

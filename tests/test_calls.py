@@ -1,5 +1,6 @@
 """The client's pure core (``calls``): outcomes filed per call, no sockets."""
 
+import pytest
 import logging
 
 from hypothesis import given
@@ -7,6 +8,8 @@ from hypothesis import strategies as st
 
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.calls import FAILED, Call, Calls, vid_parts
+
+pytestmark = pytest.mark.pure
 
 MSG_ID = "ipb-abc_1_2"
 HEADER = {"msg_id": MSG_ID, "msg_type": "apply_request", "date": "2026-01-01T00:00:00Z"}

@@ -19,6 +19,8 @@ from ipyparallel_broadcast.naming import is_broadcast_id
 
 from cluster_util import running_cluster
 
+pytestmark = pytest.mark.cluster
+
 WAIT = 30  # seconds: generous bounds on events, never a sleep
 
 

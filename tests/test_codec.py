@@ -10,6 +10,8 @@ from jupyter_client.session import Session
 from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.fixture(params=["hmac-sha256", "hmac-sha512"])
 def session(request):

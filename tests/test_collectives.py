@@ -23,6 +23,8 @@ from ipyparallel_broadcast.reduction import OPS
 
 from cluster_util import running_cluster, terminal_shell
 
+pytestmark = pytest.mark.cluster
+
 SHAPES = [(4, 0, 2), (6, 1, 2), (8, 2, 2)]
 MODES = [True, False, ipb.Batch(2, 0.02)]
 

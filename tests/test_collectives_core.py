@@ -17,6 +17,8 @@ from ipyparallel_broadcast.reduction import OPS, Reduction, ReduceError, engine_
 
 from treesim import TreeSim
 
+pytestmark = pytest.mark.pure
+
 ENGINES = list(range(11))
 shapes = st.tuples(st.integers(0, 3), st.integers(2, 4))
 targets_st = st.lists(st.sampled_from(ENGINES), unique=True, min_size=1)

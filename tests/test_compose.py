@@ -19,6 +19,8 @@ from ipyparallel_broadcast import compose
 from ipyparallel_broadcast.compose import host, limits
 from ipyparallel_broadcast.compose.host import cluster_key
 
+pytestmark = pytest.mark.cluster
+
 CORES = compose.runtime().cores
 
 

@@ -21,6 +21,8 @@ from ipyparallel_broadcast.compose.tokens import TokenPool
 
 from cluster_util import until
 
+pytestmark = pytest.mark.cluster
+
 HOLDER = textwrap.dedent(
     """
     import sys, time

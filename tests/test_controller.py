@@ -15,6 +15,8 @@ from ipyparallel import error
 import ipyparallel_broadcast as ipb
 from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
+pytestmark = pytest.mark.cluster
+
 
 def ipcluster(*args, **kwargs):
     return subprocess.run(

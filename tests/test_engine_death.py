@@ -16,6 +16,8 @@ import ipyparallel_broadcast as ipb
 
 from cluster_util import running_cluster, settled_stats
 
+pytestmark = pytest.mark.cluster
+
 MODES = {"coalescing": True, "streaming": False, "partial": ipb.Batch(2)}
 N = 4  # engines per trial
 

@@ -13,6 +13,8 @@ from ipyparallel_broadcast import compose
 
 from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
+pytestmark = pytest.mark.cluster
+
 N = 3
 
 

@@ -13,6 +13,8 @@ from ipyparallel_broadcast.topology import node_identity
 
 from treesim import TreeSim
 
+pytestmark = pytest.mark.pure
+
 ENGINES = list(range(7))
 FUZZ_MESSAGES = 10_000  # per tree shape
 NONSENSE = [None, 0, -1, 2**70, 1.5, "x", "", [], {}, [1, 1], [-3], ["a"], [[0]], {"a": 1}, True]

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.cluster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GCE = os.path.join(ROOT, "gce-scripts", "gce_bench.py")
 SSH = os.path.join(ROOT, "gce-scripts", "ssh_bench.py")

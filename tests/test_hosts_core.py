@@ -17,6 +17,8 @@ from ipyparallel_broadcast.reduction import Reduction, engine_value
 
 from treesim import TreeSim, stock_request
 
+pytestmark = pytest.mark.pure
+
 ENGINES = list(range(12))
 # ids 0..5 on two hosts whose leaves the modulo rule does not always pick; 6.. direct
 HOSTS = {"h1": (0, [0, 1, 2]), "h2": (1, [3, 4, 5])}

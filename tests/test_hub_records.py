@@ -11,6 +11,8 @@ import ipyparallel_broadcast as ipb
 
 from cluster_util import at_gate, quiet_config, running_cluster, until
 
+pytestmark = pytest.mark.cluster
+
 N = 4
 FIELDS = ["msg_id", "engine_uuid", "client_uuid", "header", "content", "buffers", "submitted",
           "started", "completed", "received", "result_header", "result_content", "stdout"]

@@ -8,6 +8,8 @@ from ipyparallel_broadcast import protocol as P
 
 from treesim import TreeSim
 
+pytestmark = pytest.mark.pure
+
 ENGINES = list(range(8))  # depth 2, fan-out 2: leaf 0.1 serves engines 1 and 5, node 1: 2, 3, 6, 7
 
 

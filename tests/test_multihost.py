@@ -22,6 +22,8 @@ from ipyparallel_broadcast.tools.netbed import NetBed
 
 from cluster_util import terminal_shell, until
 
+pytestmark = pytest.mark.multihost
+
 PER_HOST = 3
 MODES = [True, False, ipb.Batch(2)]
 MODE_IDS = ["coalescing", "streaming", "batch2"]

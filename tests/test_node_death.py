@@ -15,6 +15,8 @@ from traitlets.config import Config
 
 from cluster_util import at_gate, quiet_config, running_cluster, settled_stats, until
 
+pytestmark = pytest.mark.cluster
+
 MODES = {"coalescing": True, "streaming": False}
 UNDER = {"0.1": [1], "1": [2, 3], "root": [0, 1, 2, 3]}  # depth 2, fan-out 2, 4 engines
 NODE_TIMEOUT = 5

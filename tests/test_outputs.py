@@ -15,6 +15,8 @@ from jupyter_client.session import Session
 
 from cluster_util import at_gate, running_cluster, until
 
+pytestmark = pytest.mark.cluster
+
 
 def talk(x):
     import sys

@@ -10,6 +10,8 @@ from cluster_util import running_cluster, until
 from ipyparallel_broadcast.paths import DIRECT, TREE, PathChooser
 from ipyparallel_broadcast.results import TreeAsyncMapResult
 
+pytestmark = pytest.mark.cluster
+
 
 def _run(chooser, times, calls, op="gather", engines=8, nbytes=2**23):
     """Paths taken over ``calls`` calls, each path taking ``times[path]`` seconds."""

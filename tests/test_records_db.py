@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from ipyparallel_broadcast.controller import BroadcastController
 from ipyparallel_broadcast.records import BroadcastDictDB
 
+pytestmark = pytest.mark.pure
+
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 

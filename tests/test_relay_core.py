@@ -12,6 +12,8 @@ from ipyparallel_broadcast.topology import TreeShape
 
 from treesim import TreeSim
 
+pytestmark = pytest.mark.pure
+
 ENGINES = list(range(11))
 shapes = st.tuples(st.integers(0, 3), st.integers(2, 4))
 

@@ -21,6 +21,8 @@ from ipyparallel_broadcast import protocol as P
 from cluster_util import running_cluster, settled_stats, until
 from test_fuzz_core import Fuzzer
 
+pytestmark = pytest.mark.cluster
+
 
 def connection(rc, kind):
     (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", f"*-{kind}.json"))

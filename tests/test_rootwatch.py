@@ -1,9 +1,12 @@
 """The client's watch on the root, without sockets."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ipyparallel_broadcast.rootwatch import LOST, RootWatch
+
+pytestmark = pytest.mark.pure
 
 
 class Clock:

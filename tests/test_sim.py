@@ -15,6 +15,8 @@ from ipyparallel_broadcast.tools.sim import SimEngines
 
 from cluster_util import quiet_config, until
 
+pytestmark = pytest.mark.cluster
+
 N = 48
 
 

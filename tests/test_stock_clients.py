@@ -13,6 +13,8 @@ from ipyparallel import error, interactive
 
 from cluster_util import arrive_and_hold, arrived, running_cluster, until
 
+pytestmark = pytest.mark.cluster
+
 MODES = pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", "streaming"])
 
 

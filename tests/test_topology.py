@@ -14,6 +14,8 @@ from ipyparallel_broadcast.topology import (
     render,
 )
 
+pytestmark = pytest.mark.pure
+
 shapes = st.builds(TreeShape, depth=st.integers(0, 4), fanout=st.integers(2, 5))
 engine_lists = st.lists(st.integers(0, 5000), unique=True, max_size=60)
 

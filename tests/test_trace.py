@@ -7,6 +7,8 @@ from ipyparallel_broadcast import trace as T
 
 from cluster_util import running_cluster
 
+pytestmark = pytest.mark.cluster
+
 N = 4
 SLACK = 0.005  # s: engines' ISO dates are cut to microseconds; one host, one clock
 
