@@ -1,0 +1,157 @@
+"""Memory soak: many broadcasts, the RSS of every controller-side process over time.
+
+    python benchmarks/scripts/soak.py --engines 7 --depth 1 --calls 100000 --out FILE [--plot PNG]
+
+Rounds of ``--round`` calls cycle through the reply modes (coalescing,
+streaming, batches of 4) and two patterns: a *burst* (all of a round's calls
+sent at once, then awaited) and *steady* (a window of ``--window`` calls in
+flight, one sent as each completes). After each round the RSS of the hub
+(the controller process), of every relay node and of the client is sampled.
+The report gives each process's RSS at the start, the middle and the end,
+and the slope of a least-squares line over the second half (MB per 10,000
+calls): a process whose memory is bounded has a slope of about 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import report  # noqa: E402
+
+import ipyparallel_broadcast as ipb  # noqa: E402
+
+MODES = {"coalescing": True, "streaming": False, "batch 4": ipb.Batch(4)}
+PATTERNS = ("burst", "steady")
+MB = 2**20
+
+
+def echo(x):
+    return x
+
+
+def burst(view, n, payload):
+    ars = [view.apply_async(echo, payload) for _ in range(n)]
+    for ar in ars:
+        ar.get(timeout=300)
+
+
+def steady(view, n, payload, window):
+    inflight = collections.deque()
+    for _ in range(n):
+        if len(inflight) >= window:
+            inflight.popleft().get(timeout=300)
+        inflight.append(view.apply_async(echo, payload))
+    for ar in inflight:
+        ar.get(timeout=300)
+
+
+def processes(rc, cluster) -> dict:
+    """name -> psutil.Process: the hub (controller process), the relay nodes, the client."""
+    out = {"hub": psutil.Process(cluster.controller.process.pid)}
+    for node in sorted(rc.broadcast_stats(), key=lambda n: n["node"]):
+        out[f"node {node['node']}"] = psutil.Process(node["pid"])
+    out["client"] = psutil.Process()
+    return out
+
+
+def slope_per_10k(calls, rss) -> float:
+    """MB per 10,000 calls of a least-squares line through the second half."""
+    half = len(calls) // 2
+    x, y = np.array(calls[half:], float), np.array(rss[half:], float)
+    return float(np.polyfit(x, y, 1)[0] * 10_000 / MB) if len(x) > 1 else float("nan")
+
+
+def plot(calls, samples, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, rss in samples.items():
+        ax.plot(np.array(calls) / 1000, np.array(rss) / MB, label=name)
+    ax.axvline(calls[len(calls) // 2] / 1000, color="grey", lw=0.8, ls="--")
+    ax.set(xlabel="broadcasts (thousands)", ylabel="RSS (MB)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", type=int, default=7)
+    parser.add_argument("--depth", type=int, default=1)
+    parser.add_argument("--fanout", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--round", type=int, default=2000, help="calls per round (one RSS sample each)")
+    parser.add_argument("--window", type=int, default=8, help="calls in flight in the steady pattern")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None, help="PNG of RSS over calls")
+    args = parser.parse_args(argv)
+    payload = np.ones(128)  # 1 kB
+    rounds = itertools.cycle(itertools.product(PATTERNS, MODES))
+    calls, samples = [0], collections.defaultdict(list)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ipb-soak-") as profile_dir:
+        cluster = ipb.Cluster(n=args.engines, depth=args.depth, fanout=args.fanout,
+                              profile_dir=profile_dir, log_level=40)
+        rc = cluster.start_and_connect_sync()
+        try:
+            rc.wait_for_engines(args.engines, timeout=120)
+            procs = processes(rc, cluster)
+            for name, proc in procs.items():
+                samples[name].append(proc.memory_info().rss)
+            while calls[-1] < args.calls:
+                pattern, mode = next(rounds)
+                view = rc.broadcast_view(coalescing=MODES[mode])
+                n = min(args.round, args.calls - calls[-1])
+                if pattern == "burst":
+                    burst(view, n, payload)
+                else:
+                    steady(view, n, payload, args.window)
+                calls.append(calls[-1] + n)
+                for name, proc in procs.items():
+                    samples[name].append(proc.memory_info().rss)
+                print(f"{calls[-1]:>7} calls ({pattern}, {mode}), {time.monotonic() - t0:6.0f} s: "
+                      + ", ".join(f"{k} {v[-1] / MB:.0f}" for k, v in samples.items()), flush=True)
+            stats = {n["node"]: n for n in rc.broadcast_stats()}
+        finally:
+            rc.close()
+            cluster.stop_cluster_sync()
+    title = (f"{args.calls:,} broadcasts, {args.engines} engines, depth {args.depth}: "
+             "RSS of the controller's processes and the client")
+    mid = len(calls) // 2
+    lines = [f"{args.engines} engines, depth {args.depth}, fan-out {args.fanout}, {os.cpu_count()} cores; "
+             f"1 kB echoes in rounds of {args.round:,} calls cycling through {', '.join(PATTERNS)} "
+             f"(window {args.window}) x {', '.join(MODES)}; {time.monotonic() - t0:.0f} s in all.", "",
+             "| process | RSS at start (MB) | at the middle | at the end | slope over the 2nd half (MB per 10k calls) |",
+             "|---|---:|---:|---:|---:|"]
+    for name, rss in samples.items():
+        lines.append(f"| {name} | {rss[0] / MB:.1f} | {rss[mid] / MB:.1f} | {rss[-1] / MB:.1f} "
+                     f"| {slope_per_10k(calls, rss):+.2f} |")
+    lines += ["", "Pending requests at the end (every node must be 0): "
+              + ", ".join(f"node {k}: {v.get('pending')}" for k, v in sorted(stats.items())), "",
+              "Every sample (MB):", "", "| calls | " + " | ".join(samples) + " |",
+              "|---:|" + "---:|" * len(samples)]
+    for i, c in enumerate(calls):
+        lines.append(f"| {c} | " + " | ".join(f"{rss[i] / MB:.1f}" for rss in samples.values()) + " |")
+    if args.plot:
+        plot(calls, samples, args.plot, title)
+        lines += ["", f"Plot: `{args.plot}`."]
+    report("soak.py", argv, f"Memory soak: {args.calls:,} broadcasts", lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
