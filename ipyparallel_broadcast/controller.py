@@ -185,6 +185,7 @@ class BroadcastController(IPController):
             signature_scheme=session.signature_scheme,
             packer=session.packer,
             unpacker=session.unpacker,
+            digest_history_size=session.digest_history_size,
             log_level=self.log_level,
             ping_interval=self.ping_interval,
             node_timeout=self.node_timeout,

@@ -131,10 +131,9 @@ class Codec:
     attribute is a traitlet, and its ``msg``/``serialize``/``deserialize`` read
     dozens per message: most of a relay node's time per message)."""
 
-    history_size = 2**16  # signatures remembered against replays, as Session's
-
     def __init__(self, session: Session):
         self.session = session
+        self.history_size = session.digest_history_size  # signatures remembered against replays
         _disable_session_extract_dates()  # dates stay strings: parsing them is wasted work
         self.key = session.key or b""
         self._auth = _keyed_hmac(self.key, session.digest_mod) if self.key else None

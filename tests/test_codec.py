@@ -63,9 +63,8 @@ def test_a_peek_does_not_spend_the_signature(session):
     assert codec.unpack(frames)["content"] == {"a": 1}
 
 
-def test_the_replay_history_is_bounded(session):
-    codec = P.Codec(session)
-    codec.history_size = 10
+def test_the_replay_history_is_bounded_by_the_sessions_setting():
+    codec = P.Codec(Session(key=b"secret", digest_history_size=10))  # Session.digest_history_size
     first = codec.pack("x", {"n": -1})[1:]
     codec.unpack(first)
     for n in range(10):

@@ -22,11 +22,14 @@ def command(script: str, argv=None) -> str:
     return f"python benchmarks/scripts/{script} {args}".rstrip()
 
 
+STARTED_AT = commit()  # the code that runs is the code at the start, whatever changes meanwhile
+
+
 def report(script: str, argv, title: str, lines, out=None) -> str:
-    """Print a result file's text, headed by its title, command and commit;
-    write it to ``out`` too."""
+    """Print a result file's text, headed by its title, command and commit
+    (as when the script started); write it to ``out`` too."""
     text = "\n".join([f"# {title}", "", f"Command: `{command(script, argv)}`",
-                       f"Commit: {commit()}", "", *lines]) + "\n"
+                       f"Commit: {STARTED_AT}", "", *lines]) + "\n"
     print(text)
     if out:
         with open(out, "w") as f:

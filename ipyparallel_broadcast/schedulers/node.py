@@ -39,6 +39,7 @@ def session_from(spec: dict) -> Session:
         signature_scheme=spec["signature_scheme"],
         packer=spec["packer"],
         unpacker=spec["unpacker"],
+        digest_history_size=spec.get("digest_history_size", 2**16),
     )
 
 
