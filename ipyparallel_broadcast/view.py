@@ -197,7 +197,7 @@ class BroadcastView(DirectView):
             metadata[P.OUTPUTS_KEY] = "reply"
         return self._broadcast(
             "apply_request", targets, fname or getname(f), buffers=buffers, metadata=metadata, track=track,
-            block=block, each=own, reduce=reduce, key=reply_key(f),
+            block=block, each=own, reduce=reduce, key=reply_key(f) if self.coalescing == AUTO else None,
         )
 
     @sync_results
@@ -220,7 +220,8 @@ class BroadcastView(DirectView):
         label = self.label if label is None else label
         content = dict(code=code, silent=bool(silent), user_expressions={})
         ar = self._broadcast("execute_request", targets, "execute", content=content,
-                             metadata=dict(label=label), block=block, key=("execute", code))
+                             metadata=dict(label=label), block=block,
+                             key=("execute", code) if self.coalescing == AUTO else None)
         if block:
             try:
                 ar.get()

@@ -19,7 +19,6 @@ import collections
 import itertools
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -29,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
 import ipyparallel_broadcast as ipb  # noqa: E402
+from ipyparallel_broadcast.tools.bench import our_cluster  # noqa: E402
 
 MODES = {"coalescing": True, "streaming": False, "batch 4": ipb.Batch(4)}
 PATTERNS = ("burst", "steady")
@@ -103,32 +103,24 @@ def main(argv=None) -> int:
     rounds = itertools.cycle(itertools.product(PATTERNS, MODES))
     calls, samples = [0], collections.defaultdict(list)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ipb-soak-") as profile_dir:
-        cluster = ipb.Cluster(n=args.engines, depth=args.depth, fanout=args.fanout,
-                              profile_dir=profile_dir, log_level=40)
-        rc = cluster.start_and_connect_sync()
-        try:
-            rc.wait_for_engines(args.engines, timeout=120)
-            procs = processes(rc, cluster)
+    with our_cluster(args.engines, args.depth, args.fanout) as (rc, cluster):
+        procs = processes(rc, cluster)
+        for name, proc in procs.items():
+            samples[name].append(proc.memory_info().rss)
+        while calls[-1] < args.calls:
+            pattern, mode = next(rounds)
+            view = rc.broadcast_view(coalescing=MODES[mode])
+            n = min(args.round, args.calls - calls[-1])
+            if pattern == "burst":
+                burst(view, n, payload)
+            else:
+                steady(view, n, payload, args.window)
+            calls.append(calls[-1] + n)
             for name, proc in procs.items():
                 samples[name].append(proc.memory_info().rss)
-            while calls[-1] < args.calls:
-                pattern, mode = next(rounds)
-                view = rc.broadcast_view(coalescing=MODES[mode])
-                n = min(args.round, args.calls - calls[-1])
-                if pattern == "burst":
-                    burst(view, n, payload)
-                else:
-                    steady(view, n, payload, args.window)
-                calls.append(calls[-1] + n)
-                for name, proc in procs.items():
-                    samples[name].append(proc.memory_info().rss)
-                print(f"{calls[-1]:>7} calls ({pattern}, {mode}), {time.monotonic() - t0:6.0f} s: "
-                      + ", ".join(f"{k} {v[-1] / MB:.0f}" for k, v in samples.items()), flush=True)
-            stats = {n["node"]: n for n in rc.broadcast_stats()}
-        finally:
-            rc.close()
-            cluster.stop_cluster_sync()
+            print(f"{calls[-1]:>7} calls ({pattern}, {mode}), {time.monotonic() - t0:6.0f} s: "
+                  + ", ".join(f"{k} {v[-1] / MB:.0f}" for k, v in samples.items()), flush=True)
+        stats = {n["node"]: n for n in rc.broadcast_stats()}
     title = (f"{args.calls:,} broadcasts, {args.engines} engines, depth {args.depth}: "
              "RSS of the controller's processes and the client")
     mid = len(calls) // 2

@@ -13,15 +13,14 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-import ipyparallel_broadcast as ipb  # noqa: E402
 from ipyparallel_broadcast import trace  # noqa: E402
+from ipyparallel_broadcast.tools.bench import our_cluster  # noqa: E402
 
 
 def echo(x):
@@ -37,25 +36,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     payload = np.ones(128)  # 1 kB
-    with tempfile.TemporaryDirectory(prefix="ipb-trace-") as profile_dir:
-        cluster = ipb.Cluster(n=args.engines, depth=args.depth, fanout=args.fanout,
-                              profile_dir=profile_dir, log_level=40)
-        rc = cluster.start_and_connect_sync()
-        try:
-            rc.wait_for_engines(args.engines, timeout=120)
-            view = rc.broadcast_view()
-            for _ in range(20):
-                view.apply_sync(echo, payload)  # warm: imports, connections
-            runs = []
-            with view.temp_flags(trace=True):
-                for _ in range(args.calls):
-                    ar = view.apply_async(echo, payload)
-                    ar.get(timeout=60)
-                    events = ar.trace
-                    runs.append((trace.spans(events), events))
-        finally:
-            rc.close()
-            cluster.stop_cluster_sync()
+    with our_cluster(args.engines, args.depth, args.fanout) as (rc, _):
+        view = rc.broadcast_view()
+        for _ in range(20):
+            view.apply_sync(echo, payload)  # warm: imports, connections
+        runs = []
+        with view.temp_flags(trace=True):
+            for _ in range(args.calls):
+                ar = view.apply_async(echo, payload)
+                ar.get(timeout=60)
+                events = ar.trace
+                runs.append((trace.spans(events), events))
     places = list(runs[0][0])
     total = [max(last for _, last in spans.values()) for spans, _ in runs]
     median_run = sorted(range(len(runs)), key=total.__getitem__)[len(runs) // 2]

@@ -32,7 +32,7 @@ import os
 import statistics
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -61,6 +61,21 @@ def cheap(x):
 @ipp.interactive
 def local_array():
     return R  # noqa: F821  (pushed to every engine by prepare())
+
+
+@contextmanager
+def our_cluster(n: int, depth: int, fanout: int = 2):
+    """``(client, cluster)`` of a local cluster of ours with n engines, all
+    registered; stopped (and its profile removed) afterwards."""
+    with tempfile.TemporaryDirectory(prefix="ipb-bench-") as profile_dir:
+        cluster = Cluster(n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, log_level=40)
+        rc = cluster.start_and_connect_sync()
+        try:
+            rc.wait_for_engines(n, timeout=max(120, 4 * n))
+            yield rc, cluster
+        finally:
+            rc.close()
+            cluster.stop_cluster_sync()
 
 
 def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
