@@ -30,6 +30,7 @@ from .naming import BROADCAST_ID_PREFIX, TREE_KEY
 from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
 from .calls import Call, Calls
+from .history import History
 from .paths import PathChooser
 from .reduction import Reduction
 from .results import CallResults, fill_metadata, resolve_reduction
@@ -47,6 +48,8 @@ class NotABroadcastController(RuntimeError):
 
 class Client(TreeSurveys, CallResults, Upstream):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
+
+    history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
 
     broadcast_results_kept = Integer(
         16, config=True,
@@ -211,7 +214,7 @@ class Client(TreeSurveys, CallResults, Upstream):
         self._futures[msg_id] = call.future  # Client.wait() finds one future per call
         self.outstanding.add(msg_id)
         self.outstanding.update(call.vids)  # and each engine's part, as DirectView's
-        self.history.extend(call.vids)
+        self.history.add_call(msg_id, call.uuids)
         self._calls.start(call)
         return call
 

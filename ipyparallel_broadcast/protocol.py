@@ -207,6 +207,11 @@ class Codec:
     def _load(self, part: bytes):
         return {} if part == b"{}" else self.unpack_json(part)
 
+    @property
+    def remembered(self) -> int:
+        """Signatures held against replays (at most ``history_size``)."""
+        return len(self._seen_order)
+
     def _remember(self, signature: bytes):
         self._seen.add(signature)
         self._seen_order.append(signature)

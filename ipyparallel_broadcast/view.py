@@ -13,17 +13,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from typing import Optional
 
 from ipyparallel import util
 from ipyparallel.client.map import Map, dists
 from ipyparallel.client.remotefunction import ParallelFunction, _map, getname, sync_view_results
-from ipyparallel.client.view import DirectView, save_ids, sync_results
+from ipyparallel.client.view import DirectView, sync_results
 from ipyparallel.serialize import PrePickled, pack_apply_message
 from traitlets import Any, Bool, List, TraitError, validate
 
 from . import protocol as P
+from .history import History
 from .paths import DIRECT, TREE
 from .reduction import OPS, engine_value
 from .results import TreeAsyncMapResult, TreeAsyncResult
@@ -31,6 +32,23 @@ from .results import TreeAsyncMapResult, TreeAsyncResult
 AUTO = "auto"
 AUTO_STREAM_BYTES = 4 * 2**20  # auto mode streams calls expected to return more
 REPLY_SIZES_KEPT = 1024  # auto mode remembers the reply sizes of this many functions (the newest)
+
+
+def save_ids(method):
+    """ipyparallel's ``save_ids``: the view's history and outstanding get the
+    ids the call added to the client's, a broadcast as one history entry."""
+
+    @wraps(method)
+    def saving(self, *args, **kwargs):
+        before = len(self.client.history)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            new = self.client.history.tail(before)
+            self.history.extend(new)
+            self.outstanding.update(new)
+
+    return saving
 
 
 def reply_key(f):
@@ -78,6 +96,7 @@ class BroadcastView(DirectView):
     """
 
     coalescing = Any(True, help="True, False, a batch size, a Batch, or 'auto'.")
+    history = History(help="msg_ids of this view's calls, one per engine (a broadcast is one entry)")
     stream_outputs = Bool(
         False,
         help="Engines publish apply's outputs on IOPub as they come (and busy/idle "

@@ -51,6 +51,19 @@ def test_tree_is_visible(rc):
     assert f"depth={shape.depth} fanout={shape.fanout}" in repr(layout)
 
 
+def test_history_lists_each_engines_id_and_keeps_one_entry_per_call(rc, coalescing):
+    """ipyparallel's contract (the hub's records agree), at a cost per call, not per engine."""
+    view = rc.broadcast_view(coalescing=coalescing)
+    before, entries = len(rc.history), len(rc.history._items)
+    ars = [view.apply_async(lambda: 1) for _ in range(3)] + [view.push(dict(a=1), block=False)]
+    for ar in ars:
+        ar.get(timeout=20)
+    assert rc.history[before:] == [vid for ar in ars for vid in ar.msg_ids]
+    assert len(rc.history._items) - entries == len(ars)
+    assert view.history == [vid for ar in ars for vid in ar.msg_ids]
+    assert all(vid in rc.history for ar in ars for vid in ar.msg_ids)
+
+
 def test_apply_in_target_order(rc, coalescing):
     for targets in subsets(rc):
         view = rc.broadcast_view(targets, coalescing=coalescing)

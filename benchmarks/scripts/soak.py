@@ -9,7 +9,10 @@ flight, one sent as each completes). After each round the RSS of the hub
 (the controller process), of every relay node and of the client is sampled.
 The report gives each process's RSS at the start, the middle and the end,
 and the slope of a least-squares line over the second half (MB per 10,000
-calls): a process whose memory is bounded has a slope of about 0.
+calls): a process whose memory is bounded has a slope of about 0. RSS also
+moves with the C allocator's arenas and zmq's buffers, so the relay nodes'
+and the client's Python heap (``sys.getallocatedblocks``, from the stats
+survey) is reported too: a leak of Python objects shows there.
 """
 
 from __future__ import annotations
@@ -55,6 +58,13 @@ def steady(view, n, payload, window):
         ar.get(timeout=300)
 
 
+def heap_blocks(rc) -> dict:
+    """name -> Python heap blocks of every relay node (stats survey) and of the client."""
+    out = {f"node {n['node']}": n["blocks"] for n in sorted(rc.broadcast_stats(), key=lambda n: n["node"])}
+    out["client"] = sys.getallocatedblocks()
+    return out
+
+
 def processes(rc, cluster) -> dict:
     """name -> psutil.Process: the hub (controller process), the relay nodes, the client."""
     out = {"hub": psutil.Process(cluster.controller.process.pid)}
@@ -64,11 +74,18 @@ def processes(rc, cluster) -> dict:
     return out
 
 
-def slope_per_10k(calls, rss) -> float:
-    """MB per 10,000 calls of a least-squares line through the second half."""
+def slope_per_10k(calls, values, unit=MB) -> float:
+    """Units per 10,000 calls of a least-squares line through the second half."""
     half = len(calls) // 2
-    x, y = np.array(calls[half:], float), np.array(rss[half:], float)
-    return float(np.polyfit(x, y, 1)[0] * 10_000 / MB) if len(x) > 1 else float("nan")
+    x, y = np.array(calls[half:], float), np.array(values[half:], float)
+    return float(np.polyfit(x, y, 1)[0] * 10_000 / unit) if len(x) > 1 else float("nan")
+
+
+def sample(rc, procs, samples, blocks):
+    for name, proc in procs.items():
+        samples[name].append(proc.memory_info().rss)
+    for name, n in heap_blocks(rc).items():
+        blocks[name].append(n)
 
 
 def plot(calls, samples, path, title):
@@ -96,17 +113,21 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--round", type=int, default=2000, help="calls per round (one RSS sample each)")
     parser.add_argument("--window", type=int, default=8, help="calls in flight in the steady pattern")
+    parser.add_argument("--digest-history", type=int, default=None,
+                        help="Session.digest_history_size of the controller and its nodes (default: the Session's)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="PNG of RSS over calls")
     args = parser.parse_args(argv)
     payload = np.ones(128)  # 1 kB
     rounds = itertools.cycle(itertools.product(PATTERNS, MODES))
-    calls, samples = [0], collections.defaultdict(list)
+    calls, samples, blocks = [0], collections.defaultdict(list), collections.defaultdict(list)
     t0 = time.monotonic()
-    with our_cluster(args.engines, args.depth, args.fanout) as (rc, cluster):
+    options = {}
+    if args.digest_history:
+        options["controller_args"] = [f"--Session.digest_history_size={args.digest_history}"]
+    with our_cluster(args.engines, args.depth, args.fanout, **options) as (rc, cluster):
         procs = processes(rc, cluster)
-        for name, proc in procs.items():
-            samples[name].append(proc.memory_info().rss)
+        sample(rc, procs, samples, blocks)
         while calls[-1] < args.calls:
             pattern, mode = next(rounds)
             view = rc.broadcast_view(coalescing=MODES[mode])
@@ -116,8 +137,7 @@ def main(argv=None) -> int:
             else:
                 steady(view, n, payload, args.window)
             calls.append(calls[-1] + n)
-            for name, proc in procs.items():
-                samples[name].append(proc.memory_info().rss)
+            sample(rc, procs, samples, blocks)
             print(f"{calls[-1]:>7} calls ({pattern}, {mode}), {time.monotonic() - t0:6.0f} s: "
                   + ", ".join(f"{k} {v[-1] / MB:.0f}" for k, v in samples.items()), flush=True)
         stats = {n["node"]: n for n in rc.broadcast_stats()}
@@ -132,8 +152,16 @@ def main(argv=None) -> int:
     for name, rss in samples.items():
         lines.append(f"| {name} | {rss[0] / MB:.1f} | {rss[mid] / MB:.1f} | {rss[-1] / MB:.1f} "
                      f"| {slope_per_10k(calls, rss):+.2f} |")
+    lines += ["", "Python heap, in thousands of blocks (`sys.getallocatedblocks()`):", "",
+              "| process | at start | at the middle | at the end | slope over the 2nd half (thousand blocks per 10k calls) |",
+              "|---|---:|---:|---:|---:|"]
+    for name, n in blocks.items():
+        lines.append(f"| {name} | {n[0] / 1e3:.1f} | {n[mid] / 1e3:.1f} | {n[-1] / 1e3:.1f} "
+                     f"| {slope_per_10k(calls, n, 1e3):+.2f} |")
     lines += ["", "Pending requests at the end (every node must be 0): "
               + ", ".join(f"node {k}: {v.get('pending')}" for k, v in sorted(stats.items())), "",
+              "Signatures held against replays at the end (bounded by `Session.digest_history_size`): "
+              + ", ".join(f"node {k}: {v.get('signatures'):,}" for k, v in sorted(stats.items())), "",
               "Every sample (MB):", "", "| calls | " + " | ".join(samples) + " |",
               "|---:|" + "---:|" * len(samples)]
     for i, c in enumerate(calls):

@@ -205,7 +205,7 @@ class RelayNode:
         """This node's own state, as a survey reports it; with ``trace`` (a
         request's msg_id), the events this node recorded for that request."""
         stats = dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
-                     surveys=len(self.surveys), dropped=self.dropped,
+                     surveys=len(self.surveys), dropped=self.dropped, signatures=self.codec.remembered,
                      engines=self._engines_served() if self.is_leaf else None, **self.probe())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from typing import List
 
@@ -63,6 +64,7 @@ class NodeShell:
         self.node.probe = lambda: dict(
             rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"],
             busy=self.busy, cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
+            blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
         )
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),

@@ -64,11 +64,12 @@ def local_array():
 
 
 @contextmanager
-def our_cluster(n: int, depth: int, fanout: int = 2):
+def our_cluster(n: int, depth: int, fanout: int = 2, **cluster_options):
     """``(client, cluster)`` of a local cluster of ours with n engines, all
     registered; stopped (and its profile removed) afterwards."""
     with tempfile.TemporaryDirectory(prefix="ipb-bench-") as profile_dir:
-        cluster = Cluster(n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, log_level=40)
+        cluster = Cluster(n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, log_level=40,
+                          **cluster_options)
         rc = cluster.start_and_connect_sync()
         try:
             rc.wait_for_engines(n, timeout=max(120, 4 * n))
