@@ -15,12 +15,16 @@ simulated engines (``sim.SimEngines``) and our real relay nodes.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
-from ipyparallel_broadcast.tools.bench import write_report
-from ipyparallel_broadcast.compose.host import cpu_count
-from ipyparallel_broadcast.tools.farm import farm_cluster, t_echo
-from ipyparallel_broadcast.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, modelled_ms
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import report  # noqa: E402
+
+from ipyparallel_broadcast.compose.host import cpu_count  # noqa: E402
+from ipyparallel_broadcast.tools.farm import farm_cluster, t_echo  # noqa: E402
+from ipyparallel_broadcast.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, modelled_ms  # noqa: E402
 
 SHAPES = [(0, 2), (1, 2), (1, 3), (1, 4), (2, 2)]
 
@@ -66,11 +70,11 @@ def main(argv=None):
     engine_ms = (large["leaf"] - small["leaf"]) / (per_leaf[1] - per_leaf[0])
     hop_ms = small["leaf"] - per_leaf[0] * engine_ms
     lines = [
-        "# Tree shape 'auto': costs and picks",
-        "",
-        f"`python benchmarks/scripts/calibrate_shape.py` on {cores} cores; simulated engines, our relay nodes.",
+        f"{cores} cores; simulated engines, our relay nodes.",
         "",
         "## Costs (CPU ms per coalesced 1 kB call, depth 1, fan-out 2)",
+        "",
+        f"Each relay node's process CPU time, from the stats survey, over {args.calls} calls.",
         "",
         "| engines | per leaf | root | each leaf |",
         "|---:|---:|---:|---:|",
@@ -78,13 +82,14 @@ def main(argv=None):
         f"| {args.large} | {per_leaf[1]:.0f} | {large['root']:.2f} | {large['leaf']:.2f} |",
         "",
         f"Fit: `engine_ms` = {engine_ms:.3f} ms per engine, `hop_ms` = {hop_ms:.2f} ms per hop "
-        f"(the model uses {ENGINE_MS} and {HOP_MS}).",
+        f"(`topology` uses {ENGINE_MS} and {HOP_MS}).",
         "",
-        "## Picks (median round trip of a coalesced 1 kB call, ms)",
+        f"## Picks (median round trip of a coalesced 1 kB call over {args.reps} calls, ms)",
         "",
         "| engines | shape | measured | modelled | pick |",
         "|---:|---|---:|---:|---|",
     ]
+    verdicts = []
     for n in args.engines:
         pick = auto_shape(n, cores)
         measured = round_trips(n, SHAPES, args.reps)
@@ -94,10 +99,19 @@ def main(argv=None):
             marks = ("auto" if shape == pick else "") + (" fastest" if (depth, fanout) == best else "")
             lines.append(f"| {n} | d{depth} f{fanout} | {ms:.1f} | "
                          f"{modelled_ms(shape, n, cores):.1f} | {marks.strip()} |")
-        if (pick.depth, pick.fanout) not in measured:
+        picked = measured.get((pick.depth, pick.fanout))
+        if picked is None:
             lines.append(f"| {n} | d{pick.depth} f{pick.fanout} | - | "
                          f"{modelled_ms(pick, n, cores):.1f} | auto (not swept) |")
-    write_report(lines, args.out)
+            verdicts.append(f"- {n} engines: auto picks d{pick.depth} f{pick.fanout}, not swept.")
+        else:
+            verdicts.append(
+                f"- {n} engines: auto picks d{pick.depth} f{pick.fanout} ({picked:.1f} ms), the fastest "
+                f"is d{best[0]} f{best[1]} ({measured[best]:.1f} ms): auto is "
+                f"{100 * (picked / measured[best] - 1):.0f}% behind; the swept shapes span "
+                f"{min(measured.values()):.1f}-{max(measured.values()):.1f} ms.")
+    lines += ["", "Auto against the sweep:", "", *verdicts]
+    report("calibrate_shape.py", argv, "Tree shape 'auto': costs and picks", lines, args.out)
 
 
 if __name__ == "__main__":

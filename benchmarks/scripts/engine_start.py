@@ -1,7 +1,7 @@
 """Start time and memory of local engines: fresh interpreters against engines
 forked from one template process (``ipyparallel_broadcast.forked``).
 
-    python benchmarks/scripts/engine_start.py --engines 64 --out benchmarks/results/engine-start.md
+    python benchmarks/scripts/engine_start.py --engines 64 --out benchmarks/results/engine-start-64.md
 
 For each way: the seconds from ``start_cluster`` until every engine has
 registered (the controller is up first and not counted), and the PSS (the
@@ -12,13 +12,24 @@ per engine, engine and nanny processes together, the template included.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
 
 import psutil
 
-import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.tools.bench import write_report
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import report  # noqa: E402
+
+import ipyparallel_broadcast as ipb  # noqa: E402
+
+EXPLAINED = """Start: from `start_engines` until all {n} have registered with the hub (the controller is
+already up). Fresh: ipyparallel's launcher starts one interpreter per engine, and each
+starts its nanny as another fresh interpreter. Forked: one template process imports the
+stack once, freezes its objects out of the garbage collector's reach (`gc.freeze()`) and
+forks the engines, each of which forks its nanny. PSS per engine: the engines' and
+nannies' PSS, plus the template's, divided by {n}."""
 
 
 def pss_mb(pids) -> float:
@@ -63,9 +74,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rows = {way: measure(args.engines, way == "forked") for way in ("fresh", "forked")}
     lines = [
-        f"# Starting {args.engines} local engines, {psutil.cpu_count()} cores",
-        "",
-        "`python benchmarks/scripts/engine_start.py --engines %d`" % args.engines,
+        f"{psutil.cpu_count()} cores.",
         "",
         "| engines | start (s) | s per engine | PSS per engine (MB) | processes |",
         "|---|---:|---:|---:|---:|",
@@ -73,7 +82,8 @@ def main(argv=None):
     for way, r in rows.items():
         lines.append(f"| {way} | {r['seconds']:.1f} | {r['seconds'] / args.engines:.2f} | "
                      f"{r['pss']:.1f} | {r['processes']} |")
-    write_report(lines, args.out)
+    lines += ["", EXPLAINED.format(n=args.engines)]
+    report("engine_start.py", argv, f"Starting {args.engines} local engines", lines, args.out)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ commit that made it (a run with uncommitted changes says so)."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ def commit() -> str:
 
 
 def command(script: str, argv=None) -> str:
-    args = " ".join(argv if argv is not None else sys.argv[1:])
+    args = shlex.join(argv if argv is not None else sys.argv[1:])
     return f"python benchmarks/scripts/{script} {args}".rstrip()
 
 

@@ -173,6 +173,30 @@ def measure(clients, engines: int, modes: List[str], workloads: List[str], reps:
     }
 
 
+def describe(reps: int, quick: bool) -> str:
+    """What a run measured, on what: printed above its tables."""
+    import textwrap
+
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    blas = [f"{i['internal_api']} {i['version']} ({i.get('threading_layer')})"
+            for i in threadpool_info() if i["user_api"] == "blas"]
+    n = {w: (QUICK[w] if quick else count, size) for w, (_, count, size) in WORKLOADS.items()}
+    text = (
+        f"{os.cpu_count()} cores, NumPy {np.__version__} with {', '.join(blas) or 'no BLAS found'}. "
+        f"Work is split evenly over the E engines: eig {n['eig'][0]} eigenproblems of "
+        f"{n['eig'][1]}x{n['eig'][1]}, qr {n['qr'][0]} QRs of {n['qr'][1]}x{n['qr'][1] // 4}, matmul "
+        f"{n['matmul'][0]} products of {n['matmul'][1]}x{n['matmul'][1]}; phases is {n['phases'][0]} "
+        f"products of {n['phases'][1]}x{n['phases'][1]} on 1 engine, then on E/2, then on all E (the "
+        "three times added). default runs on engines started without limits (as ipyparallel's), "
+        "the other modes on engines started static and switched at run time. Times are medians of "
+        f"{reps} interleaved rounds; peak thr / mean thr are the runnable threads in all engines, "
+        "sampled every 10 ms."
+    )
+    return textwrap.fill(text, 92)
+
+
 def table(engines: int, results) -> str:
     lines = [f"E={engines} engines on one host ({os.cpu_count()} cores)",
              f"{'workload':<9} {'mode':<11} {'time':>8} {'vs default':>10} {'peak thr':>8} {'mean thr':>8}"]
@@ -215,6 +239,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="small work sizes (a smoke run)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
+    print(describe(args.reps, args.quick), end="\n\n", flush=True)
     report = run(args.engines, args.modes, args.workloads, args.reps, args.quick)
     if args.json:
         with open(args.json, "w") as f:
