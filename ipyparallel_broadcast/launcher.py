@@ -13,6 +13,8 @@ Other launchers (ssh, slurm, mpi, ...) run the same processes when their
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import sys
 
 import ipyparallel as ipp
@@ -81,6 +83,7 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
         mode = getattr(self.parent, "compose", None)  # Cluster(compose=...)
         self.engine_args = args + ([f"--BroadcastEngine.compose={mode}"] if mode else [])
         self.check_compose_mode()
+        self._compose_key = self.compose_key()
         if self.fork or getattr(self.parent, "fork_engines", False):
             return self.start_forked(n)
         return super().start(n)
@@ -92,6 +95,35 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
         self.environment = dict(self.environment, IPB_FORK_ENGINES=str(n), IPB_COMPOSE_ENGINES=str(n))
         super().start(1)
         self.n = n
+
+    async def stop(self):
+        await super().stop()
+        self.remove_compose_dir()
+
+    def compose_key(self):
+        """The engines' compose key, as they derive it (``compose.runtime``); None if unknown."""
+        from .compose import host
+
+        env = dict(os.environ, **self.environment)  # what the engines were given
+        if env.get("IPB_COMPOSE_KEY"):
+            return env["IPB_COMPOSE_KEY"]
+        name = f"ipcontroller-{self.cluster_id}-engine.json" if self.cluster_id else "ipcontroller-engine.json"
+        try:
+            with open(os.path.join(self.profile_dir, "security", name)) as f:
+                return host.cluster_key(json.load(f).get("key", "").encode())
+        except (OSError, ValueError) as e:
+            self.log.warning("compose directory of these engines unknown: %s", e)
+            return None
+
+    def remove_compose_dir(self):
+        """Once every engine has stopped: their host directory, if killed
+        engines left it (read at start: the controller's files go first)."""
+        from .compose import host
+
+        key = getattr(self, "_compose_key", None)
+        root = dict(os.environ, **self.environment).get(host.ROOT_ENV)
+        if key and host.remove_if_unused(key, root):
+            self.log.info("removed the compose directory of stopped engines")
 
     def check_compose_mode(self):
         """Refuse a mode the engines would refuse, now and with the reasons, not after n exits."""

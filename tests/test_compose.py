@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 
+import psutil
 import pytest
 
 import ipyparallel_broadcast as ipb
@@ -193,6 +194,23 @@ def test_tokens_return_when_a_holder_is_killed(tmp_path):
         until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == CORES,
               what="the tokens to come back")
         assert other.apply_sync(grown_threads)[0][1] == CORES
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_engines_killed_together_leave_no_host_directory(fork):
+    """Their exit handlers never run: once they have stopped, the launcher
+    removes the directory (as the cluster stops: its event loop runs then)."""
+    with running_cluster(2, 1, 2, compose="counting", fork_engines=fork) as rc:
+        path = host.host_path(cluster_key(rc.session.key))
+        pids = rc.broadcast_view().apply_sync(os.getpid)
+        assert os.path.isdir(path)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                  what=f"engine process {pid} to die")
+        assert os.path.isdir(path)  # nobody cleaned up
+    assert not os.path.exists(path)
 
 
 def test_the_view_switches_modes_and_regions_wrap_requests():

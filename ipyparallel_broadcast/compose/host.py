@@ -124,6 +124,23 @@ def host_path(key: str, root: str | None = None) -> str:
     return os.path.join(root or default_root(), f"ipb-compose-{os.getuid()}-{key}")
 
 
+def remove_if_unused(key: str, root: str | None = None) -> bool:
+    """Remove a cluster's host directory if no engine is in it (engines killed
+    before their exit handlers ran leave it behind); True if removed."""
+    path = host_path(key, root)
+    try:
+        fd = os.open(os.path.join(path, "alive"), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if not try_lock(fd):  # an engine holds its shared lock
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
+
+
 def survey(key: str, root: str | None = None) -> dict:
     """A look from outside (claiming nothing): engines alive and busy, tokens held."""
     path = host_path(key, root)
