@@ -30,6 +30,7 @@ from . import protocol as P
 from .naming import parse_date
 from .bundles import Entry
 from .calls import FAILED, Call
+from .grouping import GroupedCompositeError, GroupedDisplay
 
 log = logging.getLogger(__name__)
 _UNSET = object()  # a result not unpacked yet
@@ -57,8 +58,9 @@ def resolve_reduction(codec, future, reduction, raised, failed):
             error.collect_exceptions(errors, "reduce")
         future.set_result(reduction.result())
     except error.CompositeError as e:
-        e.partial = reduction.partial()
-        future.set_result(e)
+        grouped_error = GroupedCompositeError.of(e)
+        grouped_error.partial = reduction.partial()
+        future.set_result(grouped_error)
     except Exception as e:
         future.set_result(e)
 
@@ -265,14 +267,16 @@ class _Bulk:
 
 class _Survivors:
     """A ``CompositeError`` from ``get()`` keeps every engine's outcome in
-    ``.results``: the survivors' results, with the errors in place."""
+    ``.results``: the survivors' results, with the errors in place. Its
+    message and tracebacks show each distinct error once (``grouping``)."""
 
     def _collect_exceptions(self, results):
         try:
             return super()._collect_exceptions(results)
         except error.CompositeError as e:
-            e.results = list(results)
-            raise
+            grouped_error = GroupedCompositeError.of(e)
+            grouped_error.results = list(results)
+            raise grouped_error from None
 
 
 class _Traced:
@@ -287,7 +291,7 @@ class _Traced:
         return self._client.broadcast_trace(msg_id)
 
 
-class TreeAsyncResult(_Survivors, _Traced, _Bulk, AsyncResult):
+class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncResult):
     """DirectView's AsyncResult for a broadcast: ``children`` is the call (or,
     for a reduction, its one future)."""
 
@@ -299,7 +303,7 @@ class TreeAsyncResult(_Survivors, _Traced, _Bulk, AsyncResult):
             AsyncResult.__init__(self, client, children, fname=fname, targets=targets, owner=owner, **kwargs)
 
 
-class TreeAsyncMapResult(_Survivors, _Traced, _Bulk, AsyncMapResult):
+class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncMapResult):
     """AsyncMapResult over a call: chunks joined by ``mapObject``."""
 
     def __init__(self, client, call: Call, mapObject, fname="", ordered=True,

@@ -9,7 +9,10 @@ Each simulated engine does what an engine does on the wire, and no more:
 - it answers ``apply_request`` and ``execute_request`` with correctly signed
   replies (``reply_bytes`` of result, after ``delay`` seconds), and publishes
   the IOPub ``idle`` status clients wait for, except where our BroadcastView
-  asks for outputs in the reply (as our engines do, see ``kernel``).
+  asks for outputs in the reply (as our engines do, see ``kernel``);
+- ``execute_request`` runs its code (``exec``, in a namespace per engine that
+  holds ``engine_id``): what it prints goes out as an IOPub ``stream``, what
+  it raises as an error reply, as a kernel's would.
 With ``hosts=True`` each process is a host of its own: it runs a host relay
 (``hostrelay``; labelled ``<host>-sim<k>``, so that processes on one machine are
 told apart) and its engines reach the tree through it, as real engines on
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
 import logging
 import multiprocessing
@@ -32,6 +37,7 @@ import queue
 import signal
 import threading
 import time
+import traceback
 import uuid as uuidlib
 from datetime import datetime, timezone
 from itertools import count as counter
@@ -78,6 +84,7 @@ class SimEngine:
             s.LINGER = 0
         self.shell.SNDHWM = self.shell.RCVHWM = 0
         self.msg_ids = counter()
+        self.namespace: Optional[dict] = None  # execute's globals, made on first use
 
 
 class SimProcess:
@@ -165,26 +172,33 @@ class SimProcess:
             return
         if reply_type is None:
             return
+        if reply_type == "execute_reply":
+            reply_type = (reply_type, body[4])  # the content: its code runs when answered
         args = (engine, [P.as_bytes(i) for i in idents], parent, started, reply_type, request_md)
         if self.delay:
             self.server.later(self.delay, args)
         else:
             self.answer(*args)
 
-    def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict) -> list:
+    def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict, content=None) -> list:
         """``[DELIM, sig, header, parent, metadata, content]``, built without a
         Session.msg per reply (the farm must cost far less than the engines it stands for)."""
         header = json.dumps(dict(
             msg_id=f"{engine.uuid}_{next(engine.msg_ids)}", msg_type=msg_type, session=engine.uuid,
             username="sim", date=datetime.now(timezone.utc).isoformat(), version="5.3",
         )).encode()
-        parts = [header, parent, json.dumps(metadata).encode(), CONTENT[msg_type]]
+        parts = [header, parent, json.dumps(metadata).encode(), content or CONTENT[msg_type]]
         return [P._DELIM, self.session.sign(parts)] + parts
 
     def answer(self, engine: SimEngine, idents, parent: bytes, started: str, reply_type, request_md: bytes):
         if not engine.alive:
             return
         md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
+        content = None
+        if isinstance(reply_type, tuple):
+            reply_type, request = reply_type
+            content = self.execute(engine, parent, request)
+            md["status"] = json.loads(content)["status"]
         if b"original_msg_id" in request_md:  # ipyparallel's BroadcastView: echo its routing fields
             try:
                 theirs = json.loads(request_md)
@@ -195,11 +209,34 @@ class SimProcess:
         lean = reply_type == "apply_reply" and P.OUTPUTS_MARK in request_md
         if lean:  # as our engines (kernel.py): the outputs in the reply, no IOPub status
             md[P.OUTPUTS_KEY] = dict(stdout="", stderr="", outputs=[])
-        send_frames(engine.shell, idents + self.signed(engine, reply_type, parent, md) + buffers)
+        send_frames(engine.shell, idents + self.signed(engine, reply_type, parent, md, content) + buffers)
         if lean:
             return
         topic = f"engine.{engine.id}.status".encode()
         send_frames(self.iopub, [topic] + self.signed(engine, "status", parent, dict(engine=engine.uuid)))
+
+    def execute(self, engine: SimEngine, parent: bytes, request) -> bytes:
+        """Run an execute_request's code; publish what it printed; the reply's content."""
+        try:
+            code = json.loads(P.as_bytes(request)).get("code", "")
+        except (ValueError, AttributeError):
+            code = ""
+        if engine.namespace is None:
+            engine.namespace = {"engine_id": engine.id}
+        printed = io.StringIO()
+        reply = {"status": "ok", "execution_count": 1}
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, "<sim execute>", "exec"), engine.namespace)  # noqa: S102 (a test engine)
+        except Exception as e:
+            reply = dict(status="error", execution_count=1, ename=type(e).__name__, evalue=str(e),
+                         traceback=traceback.format_exception(e),
+                         engine_info=dict(engine_id=engine.id, engine_uuid=engine.uuid, method="execute"))
+        if printed.getvalue():
+            stream = json.dumps(dict(name="stdout", text=printed.getvalue())).encode()
+            send_frames(self.iopub, [f"engine.{engine.id}.stream".encode()]
+                        + self.signed(engine, "stream", parent, {}, stream))
+        return json.dumps(reply).encode()
 
     def kill(self, eid: int):
         """On the serving thread: engine ``eid`` stops answering and beating."""
