@@ -40,7 +40,7 @@ import psutil
 
 import ipyparallel as ipp
 
-from . import peers
+from . import peers, workloads
 from ..launcher import Cluster
 from ..view import Batch, BroadcastView
 
@@ -109,7 +109,7 @@ def views(ours, stock, suite="calls") -> Dict[str, object]:
         "ours streaming": ours.broadcast_view(coalescing=False),
         "ours auto": ours.broadcast_view(coalescing="auto"),
     }
-    if suite == "collectives":
+    if suite in ("collectives", "workloads"):
         del vs["ipp BroadcastView non-coalescing"]  # same code path as coalescing here
         vs["ours partial (Batch 8)"] = ours.broadcast_view(coalescing=Batch(8))
     return vs
@@ -183,6 +183,9 @@ SUITES: Dict[str, Dict[str, tuple]] = {
         f"map {MAP_ITEMS} items": (t_map, "ms", 1e3, False),
         "reduce(sum) 1MB": (t_reduce, "ms", 1e3, False),
     },
+    "workloads": {  # IPython Parallel's examples, each the natural way (tools/workloads.py)
+        name: (workloads.timed(fn), "ms", 1e3, False) for name, fn in workloads.WORKLOADS.items()
+    },
 }
 MEASURES = SUITES["calls"]
 
@@ -194,6 +197,9 @@ def prepare(vs: Dict[str, object], suite: str):
         if suite == "collectives":
             view.execute("import numpy as np; R = np.ones(131072)", block=True)
             t_scatter(view)
+        elif suite == "workloads":
+            for fn in workloads.WORKLOADS.values():
+                fn(view)
         else:
             t_push(view)
 
