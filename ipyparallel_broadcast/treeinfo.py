@@ -4,18 +4,19 @@ up the tree in one round trip), a traced call's path, and the layout."""
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import List
 
 from . import protocol as P
 from .topology import TreeShape, render
+from .reprs import NodeStats, Trace, tree_html
 from .trace import merge
 
 
 class TreeLayout:
     """The tree in use: which leaf serves which engines, and the host relays
-    (``hosts``: ``{label: (leaf index, engine ids)}``) with theirs."""
+    (``hosts``: ``{label: (leaf index, engine ids)}``) with theirs; in
+    Jupyter, a picture with each node's load from the survey (``nodes``)."""
 
-    def __init__(self, shape: TreeShape, engine_ids, hosts=None):
+    def __init__(self, shape: TreeShape, engine_ids, hosts=None, nodes=()):
         self.shape = shape
         self.depth, self.fanout = shape.depth, shape.fanout
         self.hosts = dict(hosts or {})
@@ -25,22 +26,26 @@ class TreeLayout:
             for path, eids in shape.layout(e for e in engine_ids if e not in hosted).items()
         }
         self._text = render(shape, engine_ids, self.hosts)
+        self.nodes = {str(n.get("host") or n.get("node")): n for n in nodes}
 
     def __repr__(self):
         return self._text
+
+    def _repr_html_(self):
+        return tree_html(self.shape, self.leaves, self.hosts, self.nodes)
 
 
 class TreeSurveys:
     """``broadcast_stats``, ``broadcast_trace`` and ``broadcast_tree`` of ``Client``."""
 
-    def broadcast_trace(self, msg_id: str, timeout: float = 10) -> List[dict]:
+    def broadcast_trace(self, msg_id: str, timeout: float = 10) -> Trace:
         """The events of a traced broadcast, in time order: the client's, each
         relay node's and each engine's (see ``ipyparallel_broadcast.trace``)."""
         if msg_id not in self._traces:
             raise KeyError(f"no trace of {msg_id!r} (not traced, or no longer kept)")
-        return merge(self._traces.events(msg_id), self.broadcast_stats(timeout, trace=msg_id))
+        return Trace(merge(self._traces.events(msg_id), self.broadcast_stats(timeout, trace=msg_id)))
 
-    def broadcast_stats(self, timeout: float = 10, trace=None) -> List[dict]:
+    def broadcast_stats(self, timeout: float = 10, trace=None) -> NodeStats:
         """Every relay node's own state, gathered up the tree in one round trip:
         ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``
         (bad messages refused), ``engines`` (leaves), ``rss``, ``pid``, ``busy``
@@ -53,7 +58,7 @@ class TreeSurveys:
         self._io_loop.add_callback(self._to_root, msg_id, self._broadcast_stream.send_multipart,
                                    self.session.serialize(msg))
         try:
-            return sorted(survey.result(timeout), key=lambda n: str(n.get("node")))
+            return NodeStats(sorted(survey.result(timeout), key=lambda n: str(n.get("node"))))
         finally:
             self._surveys.pop(msg_id, None)
             self._root_watch.done(msg_id)
@@ -69,4 +74,4 @@ class TreeSurveys:
                 path = () if leaf_of_host[n["host"]] == "root" else \
                     tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
                 hosts[n["host"]] = (shape.leaf_index(path), n.get("eids") or [])
-        return TreeLayout(shape, self.ids, hosts)
+        return TreeLayout(shape, self.ids, hosts, nodes)

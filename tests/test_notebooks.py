@@ -27,7 +27,7 @@ def outputs(nb, kind="stream"):
                    for o in c.outputs if o.output_type == kind)
 
 
-@pytest.mark.parametrize("name", ["broadcast_demo.ipynb", "benchmark_results.ipynb"])
+@pytest.mark.parametrize("name", ["broadcast_demo.ipynb", "benchmark_results.ipynb", "live_tree.ipynb"])
 def test_committed_without_outputs(name):
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     for cell in nb.cells:
