@@ -18,6 +18,16 @@ _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 if _hard == resource.RLIM_INFINITY or _soft < _hard:
     resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
 
+@pytest.fixture(scope="module")
+def shell(tmp_path_factory):
+    """An IPython shell for ``%px`` and friends, with an IPython dir of its own."""
+    from cluster_util import terminal_shell
+
+    os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
+    with terminal_shell() as ipython:
+        yield ipython
+
+
 KINDS = ("pure", "cluster", "multihost")  # see pyproject's markers; each test is of one kind
 
 

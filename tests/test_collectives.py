@@ -21,7 +21,7 @@ import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.reduction import OPS
 
-from cluster_util import running_cluster, terminal_shell
+from cluster_util import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -297,12 +297,6 @@ def test_auto_mode_remembers_a_bounded_number_of_functions(rc, monkeypatch):
 
 
 # ------------------------------------------------------ magics and datapub
-@pytest.fixture(scope="module")
-def shell(tmp_path_factory):
-    os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
-    with terminal_shell() as shell:
-        yield shell
-
 
 def out_lines(text):
     """``(engine id, value)`` of each ``Out[engine:count]: value`` line, in order."""

@@ -17,16 +17,10 @@ import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.grouping import engine_ranges
 from ipyparallel_broadcast.tools.sim import SimEngines
 
-from cluster_util import quiet_config, running_cluster, terminal_shell
+from cluster_util import quiet_config, running_cluster
 
 pytestmark = pytest.mark.cluster
 
-
-@pytest.fixture(scope="module")
-def shell(tmp_path_factory):
-    os.environ["IPYTHONDIR"] = str(tmp_path_factory.mktemp("ipython"))
-    with terminal_shell() as shell:
-        yield shell
 
 
 def real_engines(n):
