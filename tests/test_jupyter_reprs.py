@@ -18,13 +18,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "live_tree.ipynb")
 
 
+CHIP, MARK = 20, 3  # pixels of a colour in one row: a chip is wide, a trace mark 9 px across
+
+
 def rgb(colour: str) -> np.ndarray:
     return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
 
 
-def bands(image: np.ndarray, colour: str, tolerance: int = 3) -> list:
-    """``(first row, last row)`` of each run of rows that hold ``colour``."""
-    hit = (np.abs(image[:, :, :3].astype(int) - rgb(colour)) <= tolerance).all(axis=2).any(axis=1)
+def bands(image: np.ndarray, colour: str, wide: int, tolerance: int = 3) -> list:
+    """``(first row, last row)`` of each run of rows with at least ``wide``
+    pixels of ``colour`` (a lone anti-aliased pixel of another shape is no chip)."""
+    hit = (np.abs(image[:, :, :3].astype(int) - rgb(colour)) <= tolerance).all(axis=2).sum(axis=1) >= wide
     rows = np.flatnonzero(hit)
     out = []
     for r in rows:
@@ -63,15 +67,15 @@ def test_every_repr_gave_jupyter_html(rendered):
 def test_the_tree_is_drawn_in_its_order(rendered):
     _, image = rendered
     assert image.shape[:2] == (1800, 1000)
-    chips = sorted([(b, "relay") for b in bands(image, reprs.RELAY)]
-                   + [(b, "engines") for b in bands(image, reprs.ENGINES)])
+    chips = sorted([(b, "relay") for b in bands(image, reprs.RELAY, CHIP)]
+                   + [(b, "engines") for b in bands(image, reprs.ENGINES, CHIP)])
     assert [kind for _, kind in chips[:5]] == ["relay", "relay", "engines", "relay", "engines"]
-    assert len(bands(image, reprs.ENGINES)) == 2  # one chip per leaf, nowhere else
+    assert len(bands(image, reprs.ENGINES, CHIP)) == 2  # one chip per leaf, nowhere else
 
 
 def test_the_trace_has_a_row_of_marks_per_engine(rendered):
     _, image = rendered
-    engine_rows = bands(image, reprs.MARKS["started"])
+    engine_rows = bands(image, reprs.MARKS["started"], MARK)
     assert len(engine_rows) == 8
-    done = bands(image, reprs.MARKS["done"])
+    done = bands(image, reprs.MARKS["done"], MARK)
     assert len(done) == 1 and done[0][1] < engine_rows[0][0]  # the client's row comes first
