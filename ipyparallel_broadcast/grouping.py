@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+from contextlib import contextmanager
 from typing import Hashable, Iterable, List, Sequence, Tuple
 
 from ipyparallel import error
@@ -164,6 +165,34 @@ class GroupedDisplay:
     def _texts(self, kind):
         texts = self[kind]
         return texts if self._single_result else Outputs(texts, self["engine_id"], kind)
+
+    @contextmanager
+    def stream_output(self):
+        """ipyparallel's live streaming (``%px``'s default) up to ``GROUP_ABOVE``
+        engines. Above, live output could only come one engine at a time: the
+        outputs are shown grouped once the call is done, and its errors as one
+        traceback per distinct error (``%px`` then reports them as displayed)."""
+        if self._single_result or not grouped(len(self.msg_ids)):
+            with super().stream_output():
+                yield
+            return
+        try:
+            yield
+        finally:
+            self._show_grouped_at_end()
+
+    def _show_grouped_at_end(self):
+        import sys
+
+        self.wait_for_output(1)
+        self.display_outputs()
+        if self.done():
+            try:
+                self.get(0)
+            except error.CompositeError as e:
+                print("\n".join(e.render_traceback()), file=sys.stderr)
+            except Exception:  # not the engines' errors: the caller's get() raises it
+                pass
 
     def display_outputs(self, groupby="type", result_only=False, expand=False):
         """ipyparallel's, grouped by equality; ``expand=True``: one block per engine."""

@@ -126,3 +126,16 @@ def test_displays_and_results_group_and_expand_shows_every_engine(shell, monkeyp
         with capture_output(display=False) as io:
             ar.display_outputs(expand=True)
         assert headers(io.stdout) == [("stdout", "0"), ("stdout", "1"), ("stdout", "2")]
+
+
+def test_streaming_px_shows_the_groups_once_the_call_is_done(rc, shell):
+    """``%px``'s default streams output live; at this scale it comes grouped at the end."""
+    out = px(shell, rc, 'print("done")', flags="--stream")
+    assert headers(out) == [("stdout", engine_ranges(rc.ids))] and out.count("done") == 1
+    rc.broadcast_view(block=True).activate("_g")
+    with capture_output(display=False) as io:
+        with pytest.raises(error.RemoteError):  # AlreadyDisplayedError: %px saw it shown
+            shell.run_cell_magic("px_g", "--stream", "1/0")
+    err = re.sub(r"\x1b\[[0-9;]*m", "", io.stderr)
+    assert err.count(f"[{engine_ranges(rc.ids)}:execute] ({len(rc.ids)} engines):") == 1
+    assert err.count("ZeroDivisionError: division by zero") == 1

@@ -100,7 +100,9 @@ def settle_engines(*clients, timeout=20):
         while time.monotonic() < deadline:
             unsettled = {eid for eid, child in zip(ids, ar._children)
                          if not child.done() or isinstance(child.exception() or child.result(), Exception)}
-            if not any(unsettled & set(c.ids) for c in (rc, *clients)):
+            registered = [{k for k in rc.queue_status() if isinstance(k, int)}]  # the hub's own list:
+            registered += [set(c.ids) for c in clients]  # rc's may miss an unregistration at its start
+            if not any(unsettled & ids for ids in registered):
                 return
             time.sleep(0.1)
     finally:
