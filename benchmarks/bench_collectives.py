@@ -14,7 +14,6 @@ from . import common
 from .profiles import current
 
 P = current()
-VIEWS = [v for v in common.VIEWS if v != "ipp BroadcastView"]  # same path as its coalescing mode here
 MAP_ITEMS = 10_000
 
 
@@ -27,13 +26,9 @@ def cheap(x):
     return x + 1
 
 
-class Collectives:
-    params = (list(P.engines), VIEWS)
-    param_names = ["engines", "view"]
-    timeout = P.timeout
-
+class Collectives(common.EveryView):
     def setup(self, n, view):
-        self.view = common.view(view, n)
+        super().setup(n, view)
         self.chunks = np.ones((n * 128, 1024))  # 1 MB per engine
         self.view.execute("import numpy as np; R = np.ones(131072)", block=True)
         self.view.scatter("g", self.chunks, block=True)

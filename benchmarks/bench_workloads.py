@@ -7,19 +7,11 @@ the natural way on DirectView, ipyparallel's BroadcastView and ours; plus a
 from ipyparallel_broadcast.tools import workloads as W
 
 from . import common
-from .profiles import current
-
-P = current()
-VIEWS = [v for v in common.VIEWS if v != "ipp BroadcastView"]  # same path as its coalescing mode here
 
 
-class Workloads:
-    params = (list(P.engines), VIEWS)
-    param_names = ["engines", "view"]
-    timeout = P.timeout
-
+class Workloads(common.EveryView):
     def setup(self, n, view):
-        self.view = common.view(view, n)
+        super().setup(n, view)
         for run in W.WORKLOADS.values():  # warm: imports, pushed names, connections
             run(self.view)
 

@@ -17,6 +17,8 @@ VIEWS = (
     "ours streaming",
     "ours Batch(8)",
 )
+# suites where ipyparallel's BroadcastView takes its coalescing mode's path either way
+VIEWS_ONE_IPP_MODE = tuple(v for v in VIEWS if v != "ipp BroadcastView")
 FARM_VIEWS = (
     "DirectView",
     "ipp BroadcastView coalescing",
@@ -89,3 +91,15 @@ def echo(x):
 
 def noop(x):
     return None
+
+
+class EveryView:
+    """A suite over each view of ``VIEWS_ONE_IPP_MODE`` on all engines of a
+    pooled cluster, at each engine count of the profile (``self.view``)."""
+
+    params = (list(current().engines), list(VIEWS_ONE_IPP_MODE))
+    param_names = ["engines", "view"]
+    timeout = current().timeout
+
+    def setup(self, n, name):
+        self.view = view(name, n)
