@@ -150,8 +150,11 @@ class HostLink:
     def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT):
         """Join the host's relay (starting it if need be); return once the
         whole tree routes to this engine. Then watch the relay."""
+        from .shm import identity
+
+        me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity())  # shm: can it map the relay's?
         with open(os.path.join(self.place.joins, uuid), "w") as f:
-            json.dump(dict(eid=eid, uuid=uuid, pid=os.getpid()), f)
+            json.dump(me, f)
         ctx = zmq.Context.instance()
         codec = P.Codec(session)
         deadline = time.monotonic() + timeout
@@ -164,7 +167,7 @@ class HostLink:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.place.public, public, secret
             sock.connect(self.place.join_url)
             try:
-                sock.send_multipart(codec.pack(P.JOIN, dict(eid=eid, uuid=uuid, pid=os.getpid())))
+                sock.send_multipart(codec.pack(P.JOIN, me))
                 if sock.poll(1000):
                     msg = codec.unpack(P.split_idents(sock.recv_multipart())[1])
                     if msg["header"].get("msg_type") == P.JOINED:

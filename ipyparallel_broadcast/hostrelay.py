@@ -84,7 +84,7 @@ class HostRelayShell(NodeShell):
                 continue
             del self.expected[uuid]
             self.pids[uuid] = engine.get("pid")
-            self.perform(self.node.on_join(engine["eid"], uuid))
+            self.perform(self.node.on_join(engine["eid"], uuid, shm=engine.get("shm")))
         self.next_probe = time.monotonic() + PROBE_INTERVAL if self.expected else None
 
     def on_tick(self):
@@ -126,7 +126,7 @@ class HostRelayShell(NodeShell):
             raise P.ProtocolError("expected ipb_join {eid, uuid, pid}")
         pid = content.get("pid")
         self.pids[content["uuid"]] = pid if type(pid) is int else None
-        return self.node.on_join(content["eid"], content["uuid"], who=list(idents))
+        return self.node.on_join(content["eid"], content["uuid"], who=list(idents), shm=content.get("shm"))
 
     def on_joined(self, who):
         for idents in who:

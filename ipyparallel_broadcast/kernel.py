@@ -29,6 +29,7 @@ from ipyparallel.engine.kernel import IPythonParallelKernel
 from ipykernel.kernelbase import Kernel
 
 from . import protocol as P
+from . import shm
 from .applycall import Functions, run_apply
 from .protocol import OUTPUTS_KEY
 from .zmqframes import Direct, lean
@@ -117,6 +118,7 @@ class Captured:
 
 class BroadcastKernel(IPythonParallelKernel):
     _codec = None
+    _shm_identity = None
     _context = None
     _queued = 0  # shell messages on ipykernel's path, not yet done
 
@@ -146,6 +148,9 @@ class BroadcastKernel(IPythonParallelKernel):
         message still on ipykernel's path, takes that path, in arrival order.
         Nothing raises out of here: the stream must go on reading."""
         try:
+            msg = self._shared(msg)
+            if msg is None:
+                return
             busy = self._queued or self._main_asyncio_lock.locked()
             if busy or self._lean(msg, time.time()) is False:
                 self._queued += 1
@@ -162,6 +167,9 @@ class BroadcastKernel(IPythonParallelKernel):
     async def dispatch_shell(self, msg, *args, **kwargs):
         received = time.time()
         if P.is_probe(msg):  # a restarted host relay looking for its engines
+            return
+        msg = self._shared(msg)
+        if msg is None:
             return
         if P.may_be_dropped(msg) and self._dropped(msg):
             return
@@ -227,6 +235,51 @@ class BroadcastKernel(IPythonParallelKernel):
         shell._last_traceback = None
         self.log.info("Exception in apply request:\n%s", "\n".join(content["traceback"]))
         return content
+
+    def _shared(self, msg):
+        """A relay's greeting is answered (None); a request whose big buffers
+        are in shared memory gets them mapped in place (None if they cannot
+        be: the request is answered with the error); anything else is as it came."""
+        at = shm.reference_in(msg)
+        if at is None:
+            if len(msg) > 2 and len(msg[1]) == len(P.HELLO_KEY) and P.as_bytes(msg[1]) == P.HELLO_KEY:
+                self._greeted(msg)
+                return None
+            return msg
+        try:
+            return shm.expand(msg, at, self.codec.sign)
+        except shm.ShmError as e:
+            self.log.error("a request's shared buffers cannot be mapped: %s", e)
+            self._refuse(msg[:at] + msg[at + 1:], e)
+            return None
+
+    def _greeted(self, msg):
+        try:
+            idents, body = P.split_idents(msg)
+            self.codec.check_signature(body[:5])
+        except P.ProtocolError as e:
+            self.log.error("Invalid greeting: %s", e)
+            return
+        if self._shm_identity is None:
+            self._shm_identity = shm.identity()
+        frames = self.codec.serialize(P.HELLO_REPLY, dict(shm=self._shm_identity), P.as_bytes(body[1]))
+        Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
+
+    def _refuse(self, msg, e: Exception):
+        """Answer a request that cannot run here with an error naming why."""
+        try:
+            idents, body = P.split_idents(msg)
+            self.codec.check_signature(body[:5])
+            parent = self.session.unpack(P.as_bytes(body[1]))
+        except Exception:
+            self.log.error("Invalid Message", exc_info=True)
+            return
+        reply_type = parent.get("msg_type", "apply_request").replace("_request", "_reply")
+        try:
+            raise RuntimeError(f"engine {self.int_id} could not map a shared-memory buffer: {e}") from e
+        except RuntimeError:
+            content = error.wrap_exception(self.get_engine_info(method="apply"))
+        self.session.send(self.shell_stream, reply_type, content, parent=parent, ident=idents)
 
     def _dropped(self, msg) -> bool:
         """The hub dropped this engine (its host was cut off) and will not take

@@ -42,6 +42,10 @@ Jupyter message whose buffers follow):
     to the relay. ``ipb_lost {uuid, why}``: leaf -> host relay, an engine the hub
     lost. ``ipb_join {eid, uuid}`` / ``ipb_joined {boot}``: an engine and the
     relay on its host (see ``hostrelay``).
+``ipb_hello``  a leaf or host relay -> each engine it serves, idents ``[uuid, b"?hello"]``;
+    our engines answer ``ipb_hello_reply {shm}`` with the same idents: their
+    shared-memory identity. Engines whose identity is the relay's own get big
+    buffers as a signed ``shm.Reference`` ident instead (see ``shm``, ``schedulers.sharing``).
 ``ipb_ping``  client -> root, content ``{ids}``: requests the client waits on;
     ``ipb_pong`` back, ``{node, boot, unknown}``: those the root does not hold
     (lost: see ``rootwatch``).
@@ -68,6 +72,8 @@ PING, PONG = "ipb_ping", "ipb_pong"  # liveness of the links between nodes
 HOST, LOST = "ipb_host", "ipb_lost"  # host relay <-> leaf: its engines; an engine lost
 ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowledged down
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
+HELLO, HELLO_REPLY = "ipb_hello", "ipb_hello_reply"  # a relay greets an engine: shared memory?
+HELLO_KEY = b"?hello"  # a greeting's request key (no request has it: keys are r<n>)
 PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
 DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): it exits
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records

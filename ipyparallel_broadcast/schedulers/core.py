@@ -27,6 +27,7 @@ from .events import DOWN, HUB, MON, UP, Send
 from .liveness import Children
 from .pending import PARKED, InFlight, Pending
 from .routes import Announcements, Key, Routes
+from .sharing import HELLO_KEY, Sharing
 from .surveys import Surveys, own_trace
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class RelayNode:
     def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
                  clock: Callable[[], float] = time.monotonic,
                  ping_interval: float = 0.5, node_timeout: float = 10.0,
-                 wall: Callable[[], float] = time.time, host: Optional[str] = None):
+                 wall: Callable[[], float] = time.time, host: Optional[str] = None, store=None):
         self.codec, self.clock, self.shape = codec, clock, shape
         self.wall = wall  # trace timestamps: comparable across processes
         self.path = tuple(path)  # a host relay: its leaf's
@@ -58,6 +59,8 @@ class RelayNode:
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
+        self.sharing = Sharing(codec, store if self.is_leaf else None)  # big buffers, once per host
+        self.inflight.on_done = self.sharing.release
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         self._keys = count()
@@ -127,12 +130,12 @@ class RelayNode:
 
     def on_engine_registered(self, eid: int, uuid: str) -> List[Send]:
         self.engines[eid] = uuid
-        return self._retry_parked(final=False)
+        return self._greet([eid]) + self._retry_parked(final=False)
 
     def on_registry(self, engines: Dict[int, str]) -> List[Send]:
         """The hub's full engine table. Parked targets still unknown fail."""
         self.engines = dict(engines)
-        return self._retry_parked(final=True)
+        return self._greet(self.engines) + self._retry_parked(final=True)
 
     def on_engine_lost(self, uuid: str, why: str = P.DIED) -> List[Send]:
         """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
@@ -141,6 +144,7 @@ class RelayNode:
         the relay has fallen silent (a host cut off)."""
         eid = next((e for e, u in self.engines.items() if u == uuid), None)
         host = self.routes.via.get(eid)
+        self.sharing.forget(uuid)
         if why == P.DIED:
             self.engines = {e: u for e, u in self.engines.items() if u != uuid}
             if host is not None:
@@ -161,11 +165,13 @@ class RelayNode:
                                             f"replying (its host relay silent for {silent:.1f} s)", code])
         return sends
 
-    def on_join(self, eid: int, uuid: str, who=None) -> List[Send]:
-        """Host relay: an engine on this host joined (again). Its leaf learns
-        all of them; once the root has the route, ``Send(JOINED, [who, ...])``."""
+    def on_join(self, eid: int, uuid: str, who=None, shm=None) -> List[Send]:
+        """Host relay: an engine on this host joined (again), with its
+        shared-memory identity. Its leaf learns all of them; once the root has
+        the route, ``Send(JOINED, [who, ...])``."""
         self.engines[eid] = uuid
-        return self.announce.host_engines(self.engines, [who] if who is not None else [])
+        sends = self.announce.host_engines(self.engines, [who] if who is not None else [])
+        return sends + (self.sharing.joined(uuid, shm) if shm is not None else self._greet([eid]))
 
     def on_child_lost(self, key: Key, why: str = "is unreachable") -> List[Send]:
         """A child (relay node or host relay) cannot answer: what waits on it fails."""
@@ -207,6 +213,8 @@ class RelayNode:
         stats = dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
                      surveys=len(self.surveys), dropped=self.dropped, signatures=self.codec.remembered,
                      engines=self._engines_served() if self.is_leaf else None, **self.probe())
+        if self.sharing.on:
+            stats.update(self.sharing.stats())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:
@@ -242,6 +250,11 @@ class RelayNode:
             if known is not None and known != boot:
                 sends += self.announce.again(self.engines)
         return sends
+
+    def _greet(self, eids) -> List[Send]:
+        """Ask engines served here (not through a host relay) whether they share our memory."""
+        return self.sharing.greet([self.engines[e] for e in eids if e in self.engines
+                                   and e not in self.routes.via and self._serves(e)])
 
     def _engines_served(self) -> int:
         if self.host:
@@ -298,16 +311,22 @@ class RelayNode:
     def _to_engines(self, p: Pending, targets) -> List[Send]:
         sends, unknown = [], []
         key = p.key.encode()
+        known = [(eid, self.engines[eid]) for eid in targets if eid in self.engines]
+        self.sharing.prepare(p, [uuid for _, uuid in known])
         for eid in targets:
             uuid = self.engines.get(eid)
             if uuid is None:
                 unknown.append(eid)
                 continue
             p.waiting[uuid] = {eid}
-            inner = p.rename(uuid) if p.rename else p.inner
-            if p.own is not None:
-                inner = inner + p.own.pop(eid)
-            sends.append(Send(DOWN, P.to_engine(uuid, key, inner)))
+            own = p.own.pop(eid) if p.own is not None else []
+            frames = self.sharing.frames_for(p, uuid, key)
+            if frames is None:
+                inner = p.rename(uuid) if p.rename else p.inner
+                frames = P.to_engine(uuid, key, inner + own if own else inner)
+            elif own:
+                frames = frames + own
+            sends.append(Send(DOWN, frames))
         if unknown and self.host:  # a host relay knows its engines: no hub to ask
             sends += self._fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
         elif unknown:
@@ -336,6 +355,9 @@ class RelayNode:
 
     # ---------------------------------------------------------------- up path
     def _engine_reply(self, reply: E.EngineReply) -> List[Send]:
+        greetings = self.sharing.on_reply(reply.uuid, reply.key, reply.body) if self.sharing.on else []
+        if reply.key == HELLO_KEY:
+            return greetings
         p = self.pending.get(reply.key)
         if p is None or reply.uuid not in p.waiting:
             raise P.ProtocolError(f"unexpected reply from engine {reply.uuid} to {reply.key}")
@@ -348,10 +370,10 @@ class RelayNode:
             if not fold_reply(p.reduction, eids, body, self.codec):
                 p.raised.append(body)
         elif p.stream:
-            return copy + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
+            return greetings + copy + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
         else:
             p.parts.append(body)
-        return copy + self.inflight.finish_if_done(p)
+        return greetings + copy + self.inflight.finish_if_done(p)
 
     def _child_message(self, m: E.ChildMessage) -> List[Send]:
         """From a child node or host relay: a bundle, pong, survey reply or route."""

@@ -25,6 +25,7 @@ from jupyter_client.session import Session
 from ipyparallel import util
 
 from .. import protocol as P
+from ..shm import ShmStore, sweep
 from ..topology import TreeShape, node_identity, node_name
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, UP, Send
@@ -57,6 +58,7 @@ class NodeShell:
             ping_interval=spec.get("ping_interval", 0.5),
             node_timeout=spec.get("node_timeout", 10.0),
             host=spec.get("host"),
+            store=ShmStore() if spec.get("shm", True) else None,
         )
         self.node.inflight.coalesce = True  # streamed replies read together go up together
         process = psutil.Process()
@@ -138,13 +140,16 @@ class NodeShell:
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
-                    sends.extend(self._unreachable(send.frames[0]))
+                    sends.extend(self._unreachable(*send.frames[:2]))
 
     def on_joined(self, who: list):
         """Engines whose join is complete (host relays answer them)."""
 
-    def _unreachable(self, peer) -> List[Send]:
+    def _unreachable(self, peer, key=b"") -> List[Send]:
         peer = P.as_bytes(peer)
+        if P.as_bytes(key) == P.HELLO_KEY:  # a greeting: the engine is not connected here (yet)
+            self.node.sharing.undelivered(peer.decode())
+            return []
         if peer.startswith(HOST_PREFIX):
             return self.node.on_child_lost(peer, "is down (its link is closed)")
         if self.node.is_leaf:
@@ -153,6 +158,9 @@ class NodeShell:
 
     # ------------------------------------------------------------------ loop
     def start(self):
+        if self.node.sharing.on:  # segments of relays that died (SIGKILL) go now
+            for name in sweep():
+                self.log.info("removed %s, left by a relay that is gone", name)
         if self.node.is_leaf:
             self.ask_hub()
         self.perform(self.node.hello())

@@ -45,6 +45,7 @@ class Pending:
     reduction: Optional[Reduction] = None  # reduce: what this node combined
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
     trace: Optional[list] = None  # traced request: [event, wall time, detail] at this node
+    shared: Optional[tuple] = None  # big buffers in shared memory: (reference, its frame, inner, readers)
 
     def request_for(self, sub: List[int], mode) -> tuple:
         """Content and frames of this request for a child serving ``sub``."""
@@ -111,6 +112,7 @@ class InFlight:
         self.requests: Dict[str, Pending] = {}
         self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
+        self.on_done: Callable[[Pending], None] = lambda p: None  # a request left this node
 
     def stamp(self, p: Pending, event: str, detail=None):
         if p.trace is not None:
@@ -157,6 +159,7 @@ class InFlight:
         if p.waiting or self.requests.get(p.key) is not p:
             return []
         del self.requests[p.key]
+        self.on_done(p)
         self.parked.discard(p.key)
         self.dirty.pop(p.key, None)
         sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
