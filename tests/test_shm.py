@@ -1,0 +1,68 @@
+"""One copy per host on a real cluster: a big push reaches the engines of
+this host through one shared-memory segment per leaf, each engine's array is
+its own (copy-on-write), small buffers keep the usual path, and no name is
+left in /dev/shm."""
+
+import os
+
+import numpy as np
+import pytest
+from ipyparallel import interactive
+
+from ipyparallel_broadcast import shm
+
+from cluster_util import running_cluster, settled_stats
+
+pytestmark = pytest.mark.cluster
+
+
+def _names():
+    return sorted(n for n in os.listdir(shm.directory()) if n.startswith(f"ipb-shm-{os.getuid()}-"))
+
+
+@interactive
+def described():
+    return big.shape, big.dtype.str, big.flags.writeable, float(big[-1, -1]), list(small)  # noqa: F821
+
+
+@interactive
+def mark():
+    import os
+
+    big[0, 0] = os.getpid()  # noqa: F821
+    return float(big[0, 0]), float(big[0, 1])  # noqa: F821
+
+
+@interactive
+def total():
+    return float(x.sum())  # noqa: F821
+
+
+@pytest.fixture(scope="module")
+def rc():
+    with running_cluster(4, 1, 2) as client:
+        yield client
+
+
+@pytest.mark.parametrize("coalescing", [True, False])
+def test_big_push_is_shared_once_per_leaf_and_private_per_engine(rc, coalescing):
+    before = {s["node"]: s.get("shm_segments") for s in settled_stats(rc)}
+    view = rc.broadcast_view(block=True, coalescing=coalescing)
+    data = np.arange(3 << 20, dtype=np.float32).reshape(1024, -1)
+    view.push(dict(big=data, small=np.arange(10)))
+    assert view.apply(described) == [((1024, 3072), "<f4", True, float(data[-1, -1]), list(range(10)))] * 4
+    marks = view.apply(mark)
+    assert len({m[0] for m in marks}) == 4 and all(m[1] == 1.0 for m in marks)
+    after = {s["node"]: s for s in settled_stats(rc)}
+    leaves = [s for s in after.values() if "shm_segments" in s]
+    assert len(leaves) == 2 and all(s["shm_local"] == 2 for s in leaves)
+    assert all(s["shm_segments"] == before[s["node"]] + 1 for s in leaves)
+    assert _names() == []
+
+
+def test_values_below_the_threshold_take_the_usual_path(rc):
+    before = sum(s.get("shm_segments", 0) for s in settled_stats(rc))
+    view = rc.broadcast_view(block=True)
+    view["x"] = np.ones(shm.THRESHOLD // 8 - 1)
+    assert view.apply(total) == [shm.THRESHOLD // 8 - 1.0] * 4
+    assert sum(s.get("shm_segments", 0) for s in settled_stats(rc)) == before

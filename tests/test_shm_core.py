@@ -1,0 +1,90 @@
+"""Shared memory, pure: segments written once, mapped copy-on-write, counted
+down and unlinked by the last mapper, swept when their relay is gone, and
+references that are forged or malformed refused."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast import shm
+
+pytestmark = pytest.mark.pure
+
+
+def sign(parts):
+    return b"k" + bytes(len(parts[0]) % 7)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("IPB_SHM_DIR", str(tmp_path))
+    return shm.ShmStore()
+
+
+def request_frames(ref, bufs):
+    return [b"leaf", b"r1", ref.frame(sign), P._DELIM, b"sig", b"{}", b"{}", b"{}", b"{}"] + bufs
+
+
+def test_each_engine_maps_copy_on_write_and_the_last_unlinks(store, tmp_path):
+    a = np.asfortranarray(np.arange(3 << 18, dtype=np.int32).reshape(3, -1))
+    small = b"x" * 10
+    ref = store.put([(1, memoryview(np.ascontiguousarray(a)))], readers=3)
+    frames = request_frames(ref, [small, b""])
+    got = [shm.expand(list(frames), 2, sign) for _ in range(2)]
+    assert (tmp_path / ref.name).exists()  # one engine yet to map
+    got.append(shm.expand(list(frames), 2, sign))
+    assert not (tmp_path / ref.name).exists()
+    views = [np.frombuffer(g[-1], dtype=np.int32) for g in got]
+    assert all(len(g) == len(frames) - 1 and P.as_bytes(g[-2]) == small for g in got)
+    assert all((v == np.ascontiguousarray(a).ravel()).all() for v in views)
+    views[0][:] = -1  # private: the others do not see it
+    assert views[1][0] == 0 and views[2][-1] == a.size - 1
+    assert views[0].ctypes.data % shm.PAGE == 0
+
+
+def test_the_relay_unlinks_what_no_engine_mapped(store, tmp_path):
+    ref = store.put([(0, b"y" * (1 << 20))], readers=2)
+    store.drop(ref)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(shm.ShmError, match="is gone"):
+        shm.expand(request_frames(ref, [b""]), 2, sign)
+
+
+def test_forged_and_malformed_references_are_refused(store):
+    ref = store.put([(0, b"z" * 4096)], readers=1)
+    frames = request_frames(ref, [b""])
+    with pytest.raises(shm.ShmError, match="bad signature"):
+        shm.expand(frames, 2, lambda parts: b"other")
+    for name, bufs in (("../etc/passwd", [[0, 4096, 1]]), (ref.name, [[0, 100, 1]]), (ref.name, [[5, 4096, 1]])):
+        forged = shm.Reference(name, bufs)
+        with pytest.raises(shm.ShmError):
+            shm.expand([b"leaf", b"r1", forged.frame(sign)] + frames[3:], 2, sign)
+
+
+def test_segments_are_private_to_the_user(store, tmp_path):
+    ref = store.put([(0, b"a" * 10)], readers=1)
+    assert (tmp_path / ref.name).stat().st_mode & 0o777 == 0o600
+    assert f"-{os.getpid()}-" in ref.name and len(ref.name.rsplit("-", 1)[1]) == 16
+
+
+def test_sweep_removes_only_dead_relays_segments(store, tmp_path):
+    mine = store.put([(0, b"a")], readers=1)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f"ipb-shm-{os.getuid()}-{dead}-0123456789abcdef"
+    stale.write_bytes(b"")
+    other = tmp_path / "unrelated"
+    other.write_bytes(b"")
+    assert shm.sweep() == [stale.name]
+    assert sorted(os.listdir(tmp_path)) == sorted([mine.name, "unrelated"])
+
+
+def test_no_room_falls_back_and_logs_once(monkeypatch, caplog, tmp_path):
+    store = shm.ShmStore(root=str(tmp_path / "missing"))
+    assert store.put([(0, b"a")], readers=1) is None
+    assert store.put([(0, b"a")], readers=1) is None
+    assert sum("logged once" in r.getMessage() for r in caplog.records) == 1
