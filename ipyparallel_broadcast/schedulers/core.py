@@ -311,8 +311,7 @@ class RelayNode:
     def _to_engines(self, p: Pending, targets) -> List[Send]:
         sends, unknown = [], []
         key = p.key.encode()
-        known = [(eid, self.engines[eid]) for eid in targets if eid in self.engines]
-        self.sharing.prepare(p, [uuid for _, uuid in known])
+        self.sharing.prepare(p, targets, self.engines)
         for eid in targets:
             uuid = self.engines.get(eid)
             if uuid is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set
 
 from .. import protocol as P
+from ..bundles import _nbytes
 from .events import DOWN, Send
 
 HELLO_KEY = P.HELLO_KEY.decode()
@@ -78,13 +79,16 @@ class Sharing:
             known.discard(uuid)
 
     # --------------------------------------------------------------- requests
-    def prepare(self, p, uuids) -> None:
-        """Write ``p``'s big buffers once if local engines among ``uuids`` get it."""
+    def prepare(self, p, targets, engines: Dict[int, str]) -> None:
+        """Write ``p``'s big buffers once if local engines among ``targets`` get it
+        (engines are looked at only for a request with big buffers)."""
         if not self.on or p.rename is not None or p.shared is not None:
             return
-        readers = [u for u in uuids if u in self.local]
         big = [(i, b) for i, b in enumerate(p.inner[5:]) if _nbytes(b) >= self.store.threshold]
-        if not readers or not big:
+        if not big:
+            return
+        readers = [engines[e] for e in targets if engines.get(e) in self.local]
+        if not readers:
             return
         ref = self.store.put(big, len(readers))
         if ref is None:
@@ -113,6 +117,3 @@ class Sharing:
         return dict(shm_local=len(self.local), shm_segments=self.segments,
                     shm_bytes=self.bytes_shared, shm_saved=self.bytes_saved)
 
-
-def _nbytes(frame) -> int:
-    return len(frame) if not isinstance(frame, memoryview) else frame.nbytes
