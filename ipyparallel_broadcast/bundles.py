@@ -31,7 +31,7 @@ import logging
 from itertools import accumulate
 from typing import Any, Iterator, Tuple
 
-from .protocol import BUNDLE, OUTPUTS_KEY, Codec, Frames, ProtocolError, as_bytes
+from .protocol import BUNDLE, OUTPUTS_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
 
 log = logging.getLogger(__name__)
 PACK_BELOW = 64 * 1024  # reply buffers smaller than this are joined into one frame
@@ -82,17 +82,13 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
         head["digest"] = hashlib.sha256(text).hexdigest()
     buffers = [frame for b in kept for frame in b[5:]]
     frames = buffers
-    sizes = [_nbytes(f) for f in buffers]
+    sizes = [nbytes(f) for f in buffers]
     if sum(1 for n in sizes if n < PACK_BELOW) > 1:
         head["packed"] = [n if n < PACK_BELOW else -1 for n in sizes]
         frames = [b"".join(f for f, n in zip(buffers, sizes) if n < PACK_BELOW)] + \
             [f for f, n in zip(buffers, sizes) if n >= PACK_BELOW]
     metadata = bundle_metadata(req, msg_id, "replies", eids)
     return codec.serialize(BUNDLE, head, metadata=metadata)[1:] + [text] + frames
-
-
-def _nbytes(frame) -> int:
-    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
 
 
 def packed_buffers(packed, frames) -> list:

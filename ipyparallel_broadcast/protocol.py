@@ -101,6 +101,11 @@ def as_bytes(frame) -> bytes:
     return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
 
 
+def nbytes(frame) -> int:
+    """A frame's size in bytes (a memoryview's ``len`` counts items)."""
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
 def is_probe(frames) -> bool:
     """A host relay's probe? (Sizes first: a request's last frame may be megabytes.)"""
     return len(frames[-1]) == len(PROBE) and as_bytes(frames[-1]) == PROBE
@@ -257,6 +262,26 @@ def with_route(route: Sequence, body: Sequence) -> Frames:
 def record_copy(topic: bytes, ident, body: Sequence) -> Frames:
     """A copy for the hub's monitor (task records): ``[topic, ident, DELIM, *body]``."""
     return [topic, ident, _DELIM] + list(body)
+
+
+RECORD_LIMIT = 1 << 20  # a request buffer this big is not copied to the hub's records
+STRIPPED = b"ipb-stripped "  # its stand-in there: the mark, then its size in bytes
+
+
+def strip_big(frames: Sequence, n_buffers: int, limit: int = RECORD_LIMIT) -> Frames:
+    """``frames`` with each of its last ``n_buffers`` frames of ``limit`` bytes
+    or more replaced by ``STRIPPED`` and its size. Buffers are not signed, so
+    the copy stays valid; the hub keeps a request's metadata, not the user's data."""
+    out, start = list(frames), len(frames) - n_buffers
+    for i in range(max(start, 0), len(out)):
+        size = nbytes(out[i])
+        if size >= limit:
+            out[i] = STRIPPED + str(size).encode()
+    return out
+
+
+def is_stripped(frame) -> bool:
+    return len(frame) < 64 and as_bytes(frame).startswith(STRIPPED)
 
 
 def request_content(msg_id: str, targets: Sequence[int], reply: str, **extra) -> dict:

@@ -6,6 +6,10 @@ leaves copy each engine's reply to a reduction (``outbcast``), whose bundles
 carry only the combined value. Frames are copied untouched.
 The copies and the engines' IOPub reach the hub by different ways, in any
 order: records are merged whichever comes first.
+A request's buffers of ``protocol.RECORD_LIMIT`` bytes or more are left out
+of its copy (``protocol.strip_big``): the hub keeps the request's metadata, not
+a second copy of the user's data in the controller's memory. Only
+``rc.resubmit`` would read them back; it refuses such records with a clear error.
 ``BroadcastRecords`` takes those topics over from ipyparallel's own handlers
 (which keep one record per call) and files them under each engine's id
 ``f"{msg_id}_{uuid}"``, the id the client's AsyncResult uses, so that
@@ -30,7 +34,7 @@ from collections import OrderedDict, deque
 from functools import partial, wraps
 from itertools import islice
 
-from ipyparallel import util
+from ipyparallel import error, util
 from ipyparallel.controller.dictdb import DictDB
 from ipyparallel.controller.hub import init_record
 
@@ -141,7 +145,9 @@ class BroadcastRecords:
             hub.monitor_handlers[topic] = partial(self._defer, handler)
         self._save_iopub = hub.save_iopub_message
         hub.save_iopub_message = self.save_iopub
-        for name, handler in list(hub.query_handlers.items()):
+        if "resubmit_request" in hub.query_handlers:
+            hub.query_handlers["resubmit_request"] = self._whole_only(hub.query_handlers["resubmit_request"])
+        for name, handler in list(hub.query_handlers.items()):  # file first: then they read
             hub.query_handlers[name] = self._filing_first(handler)
         hub.unregister_engine = hub.query_handlers["unregistration_request"]
 
@@ -188,6 +194,28 @@ class BroadcastRecords:
             self.file_all()
             return handler(*args, **kwargs)
         return filed_then
+
+    def _whole_only(self, resubmit):
+        """``resubmit`` refusing records filed without their big buffers."""
+        @wraps(resubmit)
+        def checked(client_id, msg):
+            hub = self.hub
+            try:
+                ids = list(msg["content"]["msg_ids"])
+                records = hub.db.find_records({"msg_id": {"$in": ids}}, keys=["buffers"])
+                stripped = [r["msg_id"] for r in records if any(map(P.is_stripped, r.get("buffers") or ()))]
+                if stripped:
+                    raise ValueError(f"cannot resubmit {stripped}: their request buffers of "
+                                     f"{P.RECORD_LIMIT} bytes or more were not kept by the hub; "
+                                     "call the view again instead")
+            except ValueError:
+                reply = error.wrap_exception()
+                hub.session.send(hub.query, "resubmit_reply", content=reply, ident=client_id, parent=msg)
+                return
+            except Exception:  # ipyparallel's own handler reports malformed requests
+                pass
+            return resubmit(client_id, msg)
+        return checked
 
     def _hold_early(self, vid, value):
         self.early[vid] = value

@@ -176,3 +176,14 @@ def test_a_signed_but_malformed_table_is_a_protocol_error(change):
     forged = codec.serialize(P.BUNDLE, content, metadata=B.bundle_metadata("r0", "ipb-m", "replies"))[1:] + frames[5:]
     with pytest.raises(P.ProtocolError):
         list(B.iter_bundle(codec, codec.unpack(forged), tables=True))
+
+
+def test_a_record_copy_leaves_out_big_buffers_and_stays_signed(session):
+    big, small = memoryview(bytearray(P.RECORD_LIMIT)).cast("d"), b"s" * 10
+    msg = session.msg("execute_request", content={})
+    frames = session.serialize(msg) + [small, big]
+    copy = P.strip_big(frames, 2)
+    assert copy[:-1] == frames[:-1] and copy[-1] == P.STRIPPED + str(P.RECORD_LIMIT).encode()
+    assert P.is_stripped(copy[-1]) and not P.is_stripped(small)
+    assert session.deserialize(copy[1:])["buffers"][0] == small  # the signature still holds
+    assert P.strip_big(frames, 1, limit=5)[:-1] == frames[:-1]  # only the last n_buffers are looked at

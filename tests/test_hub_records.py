@@ -105,6 +105,25 @@ def test_collectives_leave_records_per_engine(rc):
     assert len(found) == N  # combined in the tree, each engine's part still filed
 
 
+def test_records_keep_metadata_not_big_buffers_and_resubmit_says_so(rc):
+    from ipyparallel import RemoteError
+
+    from ipyparallel_broadcast import protocol
+
+    view = rc.broadcast_view()
+    big, small = b"x" * protocol.RECORD_LIMIT, b"y" * 100
+    ar = view.apply_async(len, big)
+    assert ar.get(timeout=60) == [len(big)] * N
+    filed = records(rc, ar.msg_ids)
+    assert all(protocol.STRIPPED + str(len(big)).encode() in r["buffers"] for r in filed.values())
+    with pytest.raises(RemoteError, match="not kept by the hub"):
+        rc.resubmit(ar.msg_ids[:1]).get(timeout=60)
+    small_call = view.apply_async(len, small)
+    small_call.get(timeout=60)
+    again = rc.resubmit(small_call.msg_ids[:1])  # whole records resubmit as before
+    assert again.get(timeout=60) == [len(small)]  # one record, rerun as a task
+
+
 def test_hub_records_can_be_turned_off():
     config = quiet_config()
     config.BroadcastController.hub_records = False

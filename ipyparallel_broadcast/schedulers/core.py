@@ -88,7 +88,8 @@ class RelayNode:
                 dropped = self.dropped
                 sends = self._start(event.route, event.content, event.inner, arrived=arrived)
                 if self.records and self.is_root and self.dropped == dropped:  # taken: filed
-                    sends.insert(0, Send(MON, [P.INBCAST] + list(event.frames)))
+                    inner_buffers = len(event.inner) - 5  # the user's data: kept out of the hub
+                    sends.insert(0, Send(MON, [P.INBCAST] + P.strip_big(event.frames, inner_buffers)))
                 return sends
             if isinstance(event, E.StockRequest):
                 return self._start(event.route, event.compat.content, event.compat.inner, event.compat)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set
 
 from .. import protocol as P
-from ..bundles import _nbytes
 from .events import DOWN, Send
 
 HELLO_KEY = P.HELLO_KEY.decode()
@@ -84,7 +83,7 @@ class Sharing:
         (engines are looked at only for a request with big buffers)."""
         if not self.on or p.rename is not None or p.shared is not None:
             return
-        big = [(i, b) for i, b in enumerate(p.inner[5:]) if _nbytes(b) >= self.store.threshold]
+        big = [(i, b) for i, b in enumerate(p.inner[5:]) if P.nbytes(b) >= self.store.threshold]
         if not big:
             return
         readers = [engines[e] for e in targets if engines.get(e) in self.local]
@@ -93,7 +92,7 @@ class Sharing:
         ref = self.store.put(big, len(readers))
         if ref is None:
             return
-        nbytes = sum(_nbytes(b) for _, b in big)
+        nbytes = sum(P.nbytes(b) for _, b in big)
         self.segments += 1
         self.bytes_shared += nbytes
         self.bytes_saved += nbytes * (len(readers) - 1)
