@@ -74,6 +74,12 @@ class BroadcastController(IPController):
         "(rc.db_query, result_status, queue_status). The root copies each request and "
         "leaves copy each engine reply to the hub.",
     )
+    shared_memory = Bool(
+        True, config=True,
+        help="Send request buffers of 1 MiB or more to the engines of a relay's own host "
+        "once, through /dev/shm, mapped copy-on-write by each engine (see shm). Off: each "
+        "engine gets its own copy over ZeroMQ.",
+    )
     db_class = Union(
         [Unicode(), Type()], default_value=BroadcastDictDB, config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
@@ -167,7 +173,8 @@ class BroadcastController(IPController):
         controller's host (an engine elsewhere runs a host relay, see ``hostrelay``)."""
         cdict = dict(cdict)
         shape = self.shape
-        cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION)
+        cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION,
+                               shm=self.shared_memory)
         if self.auto_inputs:  # what an 'auto' shape was picked for
             cdict[TREE_KEY]["auto"] = self.auto_inputs
         if fname != self.client_json_file:
@@ -189,6 +196,7 @@ class BroadcastController(IPController):
             log_level=self.log_level,
             ping_interval=self.ping_interval,
             node_timeout=self.node_timeout,
+            shm=self.shared_memory,
         )
         if self.hub_records:
             spec["monitor_url"] = monitor_url

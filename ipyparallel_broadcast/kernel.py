@@ -209,7 +209,18 @@ class BroadcastKernel(IPythonParallelKernel):
             self.reply(stream, idents, request, content, [], None, {})
         finally:
             _signal.signal(_SIGINT, saved)
+            request["buffers"] = []  # see apply_request
         return None
+
+    def apply_request(self, stream, ident, parent):
+        """ipyparallel's, then the request's buffers are let go: it stays the
+        shell's parent (its header routes later output) until the next request,
+        and its buffers would keep a pushed value alive after ``del``."""
+        try:
+            return super().apply_request(stream, ident, parent)
+        finally:
+            if isinstance(parent, dict):
+                parent["buffers"] = []
 
     def do_apply(self, content, bufs, msg_id, reply_metadata):
         """ipyparallel's, with ``f`` called directly and unpickled once per

@@ -66,3 +66,18 @@ def test_values_below_the_threshold_take_the_usual_path(rc):
     view["x"] = np.ones(shm.THRESHOLD // 8 - 1)
     assert view.apply(total) == [shm.THRESHOLD // 8 - 1.0] * 4
     assert sum(s.get("shm_segments", 0) for s in settled_stats(rc)) == before
+
+
+@interactive
+def mapped():
+    with open("/proc/self/maps") as f:
+        return sum("ipb-shm-" in line for line in f)
+
+
+@pytest.mark.parametrize("coalescing", [True, False])
+def test_a_pushed_value_is_let_go_at_del_with_no_later_call(rc, coalescing):
+    view = rc.broadcast_view(block=True, coalescing=coalescing)
+    view.push(dict(mapped=mapped))
+    view.push(dict(big=np.ones(shm.THRESHOLD // 4)))
+    view.execute("before = mapped(); del big; after = mapped()")  # not an apply: see kernel.apply_request
+    assert view.pull(["before", "after"]) == [[1, 0]] * 4
