@@ -41,6 +41,7 @@ THRESHOLD = 1 << 20  # buffers of 1 MiB or more are shared (see benchmarks/resul
 MARK = b"ipb-shm "  # an ident frame that starts so is a Reference
 PAGE = mmap.PAGESIZE
 _COUNT = struct.Struct("<q")  # the header: engines yet to map the segment
+HELD = 1 << 62  # the count of a segment that only its writer unlinks (see ShmStore.put)
 _MAX_WRITE = 1 << 30  # one pwrite at most (Linux writes at most ~2 GiB at once)
 
 
@@ -81,8 +82,12 @@ class Reference:
     def __init__(self, name: str, bufs: Sequence[Tuple[int, int, int]]):
         self.name, self.bufs = name, [tuple(b) for b in bufs]
 
+    def content(self) -> dict:
+        """As a relay passes it to a child relay of its host, in a signed request's content."""
+        return dict(name=self.name, bufs=self.bufs)
+
     def frame(self, sign) -> bytes:
-        payload = json.dumps(dict(name=self.name, bufs=self.bufs), separators=(",", ":")).encode()
+        payload = json.dumps(self.content(), separators=(",", ":")).encode()
         return MARK + sign([payload]) + b" " + payload
 
     @classmethod
@@ -93,7 +98,13 @@ class Reference:
         if not sep or not hmac.compare_digest(head, sign([payload])):
             raise ShmError(errno.EPERM, "shared-memory reference with a bad signature")
         try:
-            d = json.loads(payload)
+            return cls.from_content(json.loads(payload))
+        except ValueError as e:
+            raise ShmError(errno.EINVAL, f"malformed shared-memory reference: {e}") from e
+
+    @classmethod
+    def from_content(cls, d) -> "Reference":
+        try:
             name, bufs = d["name"], [(int(i), int(o), int(n)) for i, o, n in d["bufs"]]
         except (ValueError, KeyError, TypeError) as e:
             raise ShmError(errno.EINVAL, f"malformed shared-memory reference: {e}") from e
@@ -115,10 +126,11 @@ class ShmStore:
         self.ident = identity()
         self.failed_once = False
 
-    def put(self, buffers: Sequence, readers: int) -> Optional[Reference]:
+    def put(self, buffers: Sequence, readers: int = HELD) -> Optional[Reference]:
         """Write ``buffers`` (index, bytes-like) in one new segment that
-        ``readers`` engines will map; None (and a log line, once) if shared
-        memory cannot take it."""
+        ``readers`` engines will map (the last unlinks it); by default, as many
+        as the relays below want, and only this relay unlinks it (``drop``).
+        None (and a log line, once) if shared memory cannot take it."""
         name = _prefix(os.getpid()) + secrets.token_hex(8)
         path = os.path.join(self.root, name)
         layout, offset = [], PAGE  # the first page holds the count
@@ -141,6 +153,11 @@ class ShmStore:
         finally:
             os.close(fd)
         return Reference(name, layout)
+
+    def map(self, ref: Reference) -> List[Tuple[int, memoryview]]:
+        """A segment a parent relay of this host wrote, mapped read-only to
+        send its buffers on from: ``[(index, view)]``. Raises ``ShmError``."""
+        return map_reference(ref, self.root, engine=False)
 
     def drop(self, ref: Reference):
         """The request is done here: the name goes (mappings keep the memory)."""
@@ -200,9 +217,10 @@ def _alive(pid: int) -> bool:
 
 
 # -------------------------------------------------------------- engine's side
-def map_reference(ref: Reference, root: Optional[str] = None) -> List[Tuple[int, memoryview]]:
+def map_reference(ref: Reference, root: Optional[str] = None, engine: bool = True) -> List[Tuple[int, memoryview]]:
     """Map each buffer of ``ref`` copy-on-write: ``[(index, writable view)]``.
-    The last engine to map the segment unlinks its name."""
+    The last engine to map the segment unlinks its name. Not ``engine`` (a
+    relay): read-only, and not counted."""
     path = os.path.join(root or directory(), ref.name)
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -217,12 +235,13 @@ def map_reference(ref: Reference, root: Optional[str] = None) -> List[Tuple[int,
             if n == 0:
                 views.append((index, memoryview(bytearray())))
                 continue
-            mm = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
+            mm = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE if engine else mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE if engine else mmap.PROT_READ, offset=offset)
             views.append((index, memoryview(mm)))  # the view keeps the mapping alive
     finally:
         os.close(fd)  # each mapping keeps a duplicate: the count is locked through another
-    _count_down(path)
+    if engine:
+        _count_down(path)
     return views
 
 

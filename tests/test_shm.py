@@ -1,5 +1,6 @@
 """One copy per host on a real cluster: a big push reaches the engines of
-this host through one shared-memory segment per leaf, each engine's array is
+this host through one shared-memory segment (the root writes it, the leaves
+pass it on), each engine's array is
 its own (copy-on-write), small buffers keep the usual path, and no name is
 left in /dev/shm."""
 
@@ -45,8 +46,8 @@ def rc():
 
 
 @pytest.mark.parametrize("coalescing", [True, False])
-def test_big_push_is_shared_once_per_leaf_and_private_per_engine(rc, coalescing):
-    before = {s["node"]: s.get("shm_segments") for s in settled_stats(rc)}
+def test_big_push_is_shared_once_per_host_and_private_per_engine(rc, coalescing):
+    before = {s["node"]: s for s in settled_stats(rc)}
     view = rc.broadcast_view(block=True, coalescing=coalescing)
     data = np.arange(3 << 20, dtype=np.float32).reshape(1024, -1)
     view.push(dict(big=data, small=np.arange(10)))
@@ -54,9 +55,12 @@ def test_big_push_is_shared_once_per_leaf_and_private_per_engine(rc, coalescing)
     marks = view.apply(mark)
     assert len({m[0] for m in marks}) == 4 and all(m[1] == 1.0 for m in marks)
     after = {s["node"]: s for s in settled_stats(rc)}
-    leaves = [s for s in after.values() if "shm_segments" in s]
-    assert len(leaves) == 2 and all(s["shm_local"] == 2 for s in leaves)
-    assert all(s["shm_segments"] == before[s["node"]] + 1 for s in leaves)
+    grew = {node: {k: after[node][k] - before[node][k] for k in ("shm_segments", "shm_bytes", "shm_saved")}
+            for node in after}
+    assert grew["root"] == dict(shm_segments=1, shm_bytes=data.nbytes, shm_saved=0)  # written once
+    leaves = [node for node in after if node != "root"]
+    assert len(leaves) == 2 and all(after[node]["shm_local"] == 2 for node in leaves)
+    assert all(grew[node] == dict(shm_segments=0, shm_bytes=0, shm_saved=2 * data.nbytes) for node in leaves)
     assert _names() == []
 
 

@@ -88,3 +88,37 @@ def test_no_room_falls_back_and_logs_once(monkeypatch, caplog, tmp_path):
     assert store.put([(0, b"a")], readers=1) is None
     assert store.put([(0, b"a")], readers=1) is None
     assert sum("logged once" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_relays_of_one_host_pass_one_segment_down_and_its_writer_unlinks_it(store, tmp_path):
+    from jupyter_client.session import Session
+
+    from ipyparallel_broadcast.schedulers.pending import Pending
+    from ipyparallel_broadcast.schedulers.sharing import Sharing
+
+    codec = P.Codec(Session(key=b"k"))
+    big, small = np.arange(1 << 18, dtype=np.float64), b"s" * 10
+    inner = [b"sig", b"{}", b"{}", b"{}", b"{}", small, memoryview(big)]
+    root, leaf = Sharing(codec, store), Sharing(codec, shm.ShmStore())
+    up = Pending(key="r0", msg_id="m", stream=False, route=[], inner=list(inner))
+    root.pass_down(up)
+    content, frames = up.request_for([0, 1], None, up.shared)
+    assert frames[5] == small and frames[6] == b"" and len(os.listdir(tmp_path)) == 1
+    down = Pending(key="r0", msg_id="m", stream=False, route=[], inner=list(frames))
+    leaf.joined("u0", leaf.store.ident)  # a local engine; u1 is not
+    leaf.take(down, content["shm"])
+    assert np.frombuffer(down.inner[6], dtype=np.float64).tolist() == big.tolist()  # for u1: bytes
+    leaf.prepare(down, [0, 1], {0: "u0", 1: "u1"})
+    assert down.shared.readers == {"u0"} and leaf.frames_for(down, "u1", b"r0") is None
+    to_u0 = leaf.frames_for(down, "u0", b"r0")
+    leaf.release(down)  # not the writer: the name stays for the other leaves
+    assert len(os.listdir(tmp_path)) == 1
+    mapped = shm.expand(to_u0, 2, codec.sign)
+    assert np.frombuffer(mapped[-1], dtype=np.float64)[-1] == big[-1]
+    assert len(os.listdir(tmp_path)) == 1  # engines of a passed segment do not unlink it
+    root.release(up)
+    assert os.listdir(tmp_path) == []
+    late = Pending(key="r0", msg_id="m", stream=False, route=[], inner=list(frames))
+    with pytest.raises(shm.ShmError, match="is gone"):
+        leaf.take(late, content["shm"])
+    assert root.stats()["shm_bytes"] == big.nbytes and leaf.stats()["shm_saved"] == big.nbytes

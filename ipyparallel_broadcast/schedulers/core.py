@@ -59,7 +59,7 @@ class RelayNode:
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
-        self.sharing = Sharing(codec, store if self.is_leaf else None)  # big buffers, once per host
+        self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.inflight.on_done = self.sharing.release
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
@@ -294,6 +294,14 @@ class RelayNode:
         )
         targets = content["targets"]
         p.n = len(targets)
+        if content.get("shm") is not None and not self.is_root:  # big buffers in this host's memory
+            try:
+                self.sharing.take(p, content["shm"])
+            except OSError as e:  # shm.ShmError: the segment is gone
+                return self._fail(p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}") \
+                    + self.inflight.finish_if_done(p)
+        elif not self.is_leaf and not mode:
+            self.sharing.pass_down(p)
         strays = [] if self.is_root else [e for e in targets if not self._serves(e)]
         sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
         if strays:
@@ -304,7 +312,8 @@ class RelayNode:
             sends += self._to_engines(p, direct)
         for child, sub in groups.items():  # one request to each child for its targets
             p.waiting[child] = set(sub)
-            envelope = self.codec.pack(P.REQUEST, *p.request_for(sub, mode))
+            same_host = isinstance(child, int)  # a relay of this tree, not a host relay
+            envelope = self.codec.pack(P.REQUEST, *p.request_for(sub, mode, p.shared if same_host else None))
             sends.append(Send(DOWN, [self.children.idents[child]] + envelope))
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)

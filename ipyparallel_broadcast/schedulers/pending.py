@@ -45,18 +45,21 @@ class Pending:
     reduction: Optional[Reduction] = None  # reduce: what this node combined
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
     trace: Optional[list] = None  # traced request: [event, wall time, detail] at this node
-    shared: Optional[tuple] = None  # big buffers in shared memory: (reference, its frame, inner, readers)
+    shared: Optional[Any] = None  # big buffers in shared memory (sharing.Shared)
 
-    def request_for(self, sub: List[int], mode) -> tuple:
-        """Content and frames of this request for a child serving ``sub``."""
+    def request_for(self, sub: List[int], mode, shared=None) -> tuple:
+        """Content and frames of this request for a child serving ``sub``;
+        ``shared``: its big buffers go as a segment of this host (a child relay here)."""
         content = P.request_content(self.msg_id, sub, P.STREAM if self.stream else P.COALESCE,
                                     req=self.key)
         frames = self.inner
+        if shared is not None:
+            content["shm"], frames = shared.content(), shared.inner
         if mode:
             content["compat"] = mode
         if self.own is not None:  # only this subtree's share goes down
             content["each"] = [len(self.own[e]) for e in sub]
-            frames = self.inner + [f for e in sub for f in self.own.pop(e)]
+            frames = frames + [f for e in sub for f in self.own.pop(e)]
         if self.batch:
             content["batch"] = list(self.batch)
         if self.reduction is not None:
