@@ -30,6 +30,7 @@ from .naming import TREE_KEY
 from .protocol import PROTOCOL_VERSION
 from .records import BroadcastDictDB, BroadcastRecords
 from .schedulers.node import run_node
+from .shm import sweep
 from .topology import TreeShape, auto_shape, balanced_id, node_name
 
 aliases = dict(ipp_aliases)
@@ -268,6 +269,11 @@ class BroadcastController(IPController):
     def terminate_children(self):
         self._stopping = True
         super().terminate_children()
+        for process in getattr(self, "node_processes", {}).values():
+            process.join(timeout=5)
+        if self.shared_memory:  # segments of nodes that died mid-request (a stopped node removes its own)
+            for name in sweep():
+                self.log.info("removed %s, left by a relay node that is gone", name)
 
 
 def main(*args, **kwargs):

@@ -5,6 +5,7 @@ its own (copy-on-write), small buffers keep the usual path, and no name is
 left in /dev/shm."""
 
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from ipyparallel import interactive
 
 from ipyparallel_broadcast import shm
 
-from cluster_util import running_cluster, settled_stats
+from cluster_util import arrive_and_hold, running_cluster, settled_stats, until
 
 pytestmark = pytest.mark.cluster
 
@@ -85,3 +86,38 @@ def test_a_pushed_value_is_let_go_at_del_with_no_later_call(rc, coalescing):
     view.push(dict(big=np.ones(shm.THRESHOLD // 4)))
     view.execute("before = mapped(); del big; after = mapped()")  # not an apply: see kernel.apply_request
     assert view.pull(["before", "after"]) == [[1, 0]] * 4
+
+
+def _held_push(rc, folder, data):
+    """Engine 0 is busy (held at a gate) when a big push reaches every engine:
+    the segment exists and engine 0 has not mapped it. Returns (push, pid 0)."""
+    held = rc[rc.ids[0]].apply_async(arrive_and_hold, str(folder))
+    until(lambda: len(os.listdir(folder)) == 1, what="engine 0 to be held")
+    push = rc.broadcast_view().push(dict(big=data), block=False)
+    until(lambda: len(_names()) == 1, what="the segment to be written")
+    return push, held, int(os.listdir(folder)[0])
+
+
+@pytest.mark.parametrize("victim", ["engine", "root", "leaf"])
+def test_a_kill_mid_push_leaves_no_name_and_the_survivors_have_the_value(tmp_path, victim):
+    from ipyparallel import error
+
+    data = np.arange(1 << 18, dtype=np.float64)
+    with running_cluster(4, 1, 2) as rc:
+        push, held, pid = _held_push(rc, tmp_path, data)
+        nodes = {s["node"]: s["pid"] for s in rc.broadcast_stats()}
+        os.kill({"engine": pid, "root": nodes["root"], "leaf": nodes.get("0")}[victim], signal.SIGKILL)
+        if victim == "engine":  # its leaf hears it is gone: the request ends, its writer unlinks
+            outcomes = push.get(timeout=60, return_exceptions=True)
+            assert isinstance(outcomes[0], error.RemoteError) and outcomes[1:] == [None] * 3
+        else:  # the dead node's segment goes when the controller restarts it
+            with pytest.raises(error.CompositeError):
+                push.get(timeout=60)
+        until(lambda: _names() == [], what="no segment name left")
+        (tmp_path / "go").touch()
+        view = rc.broadcast_view(block=True)
+        until(lambda: len(rc.ids) == (3 if victim == "engine" else 4), what="the hub to settle")
+        view.targets = rc.ids
+        view["x"] = data  # the tree serves again
+        assert view.apply(total) == [float(data.sum())] * len(rc.ids)
+        assert _names() == []
