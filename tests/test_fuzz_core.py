@@ -46,7 +46,7 @@ class Fuzzer:
 
     def request_content(self):
         content = dict(msg_id="m", targets=[0, 1], reply=P.COALESCE, req="r0")
-        for key in self.rng.sample(["msg_id", "targets", "reply", "req", "each", "batch", "reduce", "compat"], 2):
+        for key in self.rng.sample(["msg_id", "targets", "reply", "req", "each", "batch", "reduce", "compat", "shm"], 2):
             content[key] = self.rng.choice(NONSENSE + [P.STREAM, "sum", [2, None], [0, 1]])
         return content
 

@@ -68,6 +68,29 @@ def test_one_copy_of_a_push_crosses_each_host_link(bed):
     assert all(data.nbytes <= r < 1.1 * data.nbytes for r in received), received
 
 
+def test_each_host_maps_one_copy_of_a_big_push_though_all_share_one_dev_shm(bed):
+    rc = bed.rc
+    before = relays(rc)
+    data = np.arange(2**20, dtype=np.float64)
+    view = rc.broadcast_view(block=True)
+    view.push(dict(big=data))
+    assert view.apply(_mapped_sum) == [(True, float(data.sum()))] * len(rc.ids)
+    after = relays(rc)
+    for label, n in after.items():  # each host relay's engines are its own, not the others'
+        assert n["shm_local"] == PER_HOST
+        assert n["shm_segments"] - before[label]["shm_segments"] == 1
+        assert n["shm_saved"] - before[label]["shm_saved"] == PER_HOST * data.nbytes
+    root = next(s for s in rc.broadcast_stats() if s["node"] == "root")
+    assert root["shm_local"] == 0  # no engine on the controller's host
+
+
+@ipp.interactive
+def _mapped_sum():
+    with open("/proc/self/maps") as f:
+        mapped = any("ipb-shm-" in line for line in f)
+    return mapped, float(big.sum())  # noqa: F821
+
+
 @pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
 def test_every_operation_through_host_relays(bed, coalescing):
     rc = bed.rc

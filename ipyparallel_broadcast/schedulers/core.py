@@ -63,7 +63,8 @@ class RelayNode:
         self.inflight.on_done = self.sharing.release
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
-        self._keys = count()
+        # a restarted root must not reuse the keys of requests engines may still answer
+        self._keys = count(int(self.boot[:8], 16) << 20)
         self._records = False
 
     @property
@@ -297,7 +298,7 @@ class RelayNode:
         if content.get("shm") is not None and not self.is_root:  # big buffers in this host's memory
             try:
                 self.sharing.take(p, content["shm"])
-            except OSError as e:  # shm.ShmError: the segment is gone
+            except (OSError, P.ProtocolError) as e:  # shm.ShmError: the segment is gone
                 return self._fail(p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}") \
                     + self.inflight.finish_if_done(p)
         elif not self.is_leaf and not mode:
