@@ -65,6 +65,26 @@ def test_big_push_is_shared_once_per_host_and_private_per_engine(rc, coalescing)
     assert _names() == []
 
 
+def _pss(pids) -> int:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            total += sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    return total
+
+
+def test_the_engines_and_relays_of_a_host_hold_one_copy(rc):
+    view = rc.broadcast_view(block=True)
+    pids = view.apply(os.getpid) + [s["pid"] for s in rc.broadcast_stats()]
+    data = np.ones(8 << 20)  # 64 MiB
+    before = _pss(pids)
+    view["x"] = data
+    assert view.apply(total) == [float(data.size)] * 4  # every engine read every page
+    grew = _pss(pids) - before
+    view.execute("del x")
+    assert grew <= 1.3 * data.nbytes, f"{grew / data.nbytes:.2f} copies"  # 4 without sharing
+
+
 def test_values_below_the_threshold_take_the_usual_path(rc):
     before = sum(s.get("shm_segments", 0) for s in settled_stats(rc))
     view = rc.broadcast_view(block=True)
@@ -129,3 +149,27 @@ def test_a_kill_mid_push_leaves_no_name_and_the_survivors_have_the_value(tmp_pat
         view["x"] = data
         assert view.apply(total) == [float(data.sum())] * len(rc.ids)
         assert _names() == []
+
+
+def test_a_dev_shm_too_small_falls_back_to_copies(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root: mounting a small tmpfs must be tested")
+        pytest.skip("mounting a small tmpfs needs root")
+    import subprocess
+
+    small = tmp_path / "shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(small)], check=True)
+    try:
+        monkeypatch.setenv("IPB_SHM_DIR", str(small))  # the cluster's processes inherit it
+        with running_cluster(2, 0, 2) as client:
+            view = client.broadcast_view(block=True)
+            data = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: more than the file system holds
+            view["x"] = data
+            assert view.apply(total) == [float(data.sum())] * 2
+            (root,) = settled_stats(client)
+            assert root["shm_local"] == 2 and root["shm_segments"] == 0  # local, yet copies
+            assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
