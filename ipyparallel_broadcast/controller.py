@@ -81,6 +81,10 @@ class BroadcastController(IPController):
         "once, through /dev/shm, mapped copy-on-write by each engine (see shm). Off: each "
         "engine gets its own copy over ZeroMQ.",
     )
+    shared_memory_threshold = Integer(
+        1 << 20, config=True,
+        help="The smallest request buffer, in bytes, that shared_memory sends once per host.",
+    )
     db_class = Union(
         [Unicode(), Type()], default_value=BroadcastDictDB, config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
@@ -175,7 +179,7 @@ class BroadcastController(IPController):
         cdict = dict(cdict)
         shape = self.shape
         cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION,
-                               shm=self.shared_memory)
+                               shm=self.shared_memory, shm_threshold=self.shared_memory_threshold)
         if self.auto_inputs:  # what an 'auto' shape was picked for
             cdict[TREE_KEY]["auto"] = self.auto_inputs
         if fname != self.client_json_file:
@@ -198,6 +202,7 @@ class BroadcastController(IPController):
             ping_interval=self.ping_interval,
             node_timeout=self.node_timeout,
             shm=self.shared_memory,
+            shm_threshold=self.shared_memory_threshold,
         )
         if self.hub_records:
             spec["monitor_url"] = monitor_url

@@ -96,7 +96,7 @@ class HostLink:
             key=session.key.decode(), signature_scheme=session.signature_scheme,
             packer=session.packer, unpacker=session.unpacker, host=label,
             depth=info[TREE_KEY]["depth"], fanout=info[TREE_KEY]["fanout"],
-            shm=info[TREE_KEY].get("shm", True),
+            shm=info[TREE_KEY].get("shm", True), shm_threshold=info[TREE_KEY].get("shm_threshold"),
             down_url=place.down_url, log_level=log_level,
             curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
         ), place)

@@ -1,21 +1,24 @@
 """One copy per host: big request buffers in shared memory, mapped by engines.
 
-A relay that sends a request to engines of its own host (a host relay, or a
-controller-side leaf for engines on the controller's host) writes each buffer
-of at least ``THRESHOLD`` bytes once into a segment, a file in ``/dev/shm``,
-and sends those engines a small signed reference instead (an ident frame, see
-``Reference``). Each engine maps every buffer copy-on-write (``MAP_PRIVATE``):
-it can write to its array, and no other engine sees the write.
+The first relay of a host to see a request (the controller's root for engines
+on its host, or a host relay) writes each buffer of at least ``THRESHOLD``
+bytes once into a segment, a file in ``/dev/shm``; relays below it on that host
+get the segment's name in the request's content, and the engines a small
+signed reference instead of the bytes (an ident frame, see ``Reference``).
+Each engine maps every buffer copy-on-write (``MAP_PRIVATE``): it can write to
+its array, and no other engine sees the write.
 
 Nothing leaks:
-- the segment's first page counts the engines yet to map it; the engine that
-  maps it last unlinks the name, and the relay unlinks it when the request is
-  done at its level whatever happened (an engine that died before mapping);
+- the relay that wrote a segment unlinks its name when the request is done at
+  its level, whatever happened (an engine that died before mapping it); a
+  segment a leaf wrote for its own engines also counts them down in its first
+  page, and the last to map it unlinks the name at once;
 - the memory goes back when the last engine drops the value (the mapping
   lives as long as the array over it);
-- a name carries its relay's uid and pid, and a random part: relays and the
-  engine set launcher remove the names of relays that are no longer alive
-  (``sweep``), so a SIGKILLed relay's segment goes at the next start or stop.
+- a name carries its relay's uid and pid, and a random part: relays when they
+  start, and the controller when its relays stop, remove the names of relays
+  that are no longer alive (``sweep``), so a SIGKILLed relay's segment goes
+  when it is restarted or the cluster stops.
 
 Used by relays (``ShmStore``) and engines (``map_reference``); imports no NumPy.
 """
@@ -37,7 +40,7 @@ from . import protocol as P
 
 log = logging.getLogger(__name__)
 
-THRESHOLD = 1 << 20  # buffers of 1 MiB or more are shared (see benchmarks/results/shm-push-*)
+THRESHOLD = 1 << 20  # buffers of 1 MiB or more are shared (BroadcastController.shared_memory_threshold)
 MARK = b"ipb-shm "  # an ident frame that starts so is a Reference
 PAGE = mmap.PAGESIZE
 _COUNT = struct.Struct("<q")  # the header: engines yet to map the segment

@@ -4,6 +4,7 @@ every engine of one host, for each way of doing it.
     python benchmarks/scripts/shm_push.py --mib 256 --engines 8 --out benchmarks/results/shm-push-256m-n8.md
     python benchmarks/scripts/shm_push.py --mib 1024 --engines 16 --ways ours,memmap \\
         --out benchmarks/results/shm-push-1g-n16.md
+    python benchmarks/scripts/shm_push.py --threshold --engines 8 --out benchmarks/results/shm-threshold-n8.md
 
 Each way runs alone on the host: its cluster starts, the array is pushed
 and every engine reads it all (its pages are touched), then ``del`` on every
@@ -92,9 +93,10 @@ def _touch_none():
     return None
 
 
-def _ipb_cluster(stack: ExitStack, n: int, shm: bool):
+def _ipb_cluster(stack: ExitStack, n: int, shm: bool, threshold: int = 1 << 20):
     config = Config()
     config.BroadcastController.shared_memory = shm
+    config.BroadcastController.shared_memory_threshold = threshold
     cluster = ipb.Cluster(n=n, log_level=40, engine_timeout=max(120, 4 * n), config=config,
                           profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
     rc = cluster.start_and_connect_sync()
@@ -115,9 +117,9 @@ def _stock_cluster(stack: ExitStack, n: int):
 
 
 class Ours(Way):
-    def __init__(self, stack, n, shm=True):
+    def __init__(self, stack, n, shm=True, threshold=1 << 20):
         super().__init__(stack, n)
-        self.rc = _ipb_cluster(stack, n, shm)
+        self.rc = _ipb_cluster(stack, n, shm, threshold)
         self.view = self.rc.broadcast_view(coalescing=True)
 
     def push(self, data):
@@ -229,14 +231,43 @@ def measure(way: str, n: int, data: np.ndarray, reps: int) -> dict:
     return dict(times=times, gain=gain, stats=stats)
 
 
+def threshold_rows(n: int, reps: int) -> list:
+    """Median push time by size, shared memory on and off: where sharing starts to pay."""
+    sizes = [2**k for k in range(16, 25, 2)]  # 64 KiB .. 16 MiB
+    times = {}
+    for shm in (True, False):
+        with ExitStack() as stack:
+            view = Ours(stack, n, shm=shm, threshold=sizes[0]).view
+            for size in sizes:
+                data = np.ones(size // 8)
+                one = []
+                for _ in range(reps + 1):
+                    tic = time.perf_counter()
+                    view.push(dict(big=data), block=True)
+                    one.append(time.perf_counter() - tic)
+                times[shm, size] = statistics.median(one[1:])  # the first warms
+    lines = ["| size | shared memory (ms) | copies (ms) | ratio |", "|---:|---:|---:|---:|"]
+    for size in sizes:
+        on, off = times[True, size], times[False, size]
+        lines.append(f"| {size // 1024} KiB | {1e3 * on:.1f} | {1e3 * off:.1f} | {on / off:.2f} |")
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3, help="pushes timed per way (the first is measured)")
     parser.add_argument("--ways", default=",".join(WAYS))
+    parser.add_argument("--threshold", action="store_true",
+                        help="push time by size with shared memory on (from 64 KiB) and off")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    if args.threshold:
+        lines = [f"{os.cpu_count()} cores; {args.engines} engines on this host; median of {10} pushes "
+                 "(BroadcastView, coalescing) by array size.", ""] + threshold_rows(args.engines, 10)
+        report("shm_push.py", argv, f"Where one copy per host starts to pay: {args.engines} engines", lines, args.out)
+        return
     data = np.random.default_rng(0).random(args.mib * 2**20 // 8)
     rows = {way: measure(way, args.engines, data, args.reps) for way in args.ways.split(",")}
     base = rows.get("ours-noshm")

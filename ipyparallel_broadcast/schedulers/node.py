@@ -25,7 +25,7 @@ from jupyter_client.session import Session
 from ipyparallel import util
 
 from .. import protocol as P
-from ..shm import ShmStore, sweep
+from ..shm import THRESHOLD, ShmStore, sweep
 from ..topology import TreeShape, node_identity, node_name
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, UP, Send
@@ -58,7 +58,7 @@ class NodeShell:
             ping_interval=spec.get("ping_interval", 0.5),
             node_timeout=spec.get("node_timeout", 10.0),
             host=spec.get("host"),
-            store=ShmStore() if spec.get("shm", True) else None,
+            store=ShmStore(threshold=spec.get("shm_threshold") or THRESHOLD) if spec.get("shm", True) else None,
         )
         self.node.inflight.coalesce = True  # streamed replies read together go up together
         process = psutil.Process()
