@@ -32,6 +32,7 @@ import zmq
 from . import protocol as P
 from .hostlink import Place, _alive
 from .schedulers.node import NodeShell, _socket, run_node
+from .zmqframes import send_frames
 from .topology import host_ident
 
 GRACE = 5.0  # seconds a relay with no engine waits for one before it exits
@@ -46,9 +47,10 @@ class HostRelayShell(NodeShell):
         place = self.place = Place(spec["key"].encode(), spec["host"], bool(curve["curve_serverkey"]))
         self.up = _socket(ctx, zmq.DEALER)
         self.up.IDENTITY = host_ident(spec["host"])
-        if curve["curve_serverkey"]:  # to its leaf, as an engine connects: keys of its own
+        self.curve_serverkey = curve["curve_serverkey"].encode() if curve["curve_serverkey"] else None
+        if self.curve_serverkey:  # to its leaf, as an engine connects: keys of its own
             public, secret = zmq.curve_keypair()
-            self.up.curve_serverkey = curve["curve_serverkey"].encode()
+            self.up.curve_serverkey = self.curve_serverkey
             self.up.curve_publickey, self.up.curve_secretkey = public, secret
         self.up.connect(spec["up_url"])
         self.down = _socket(ctx, zmq.ROUTER)
@@ -59,7 +61,8 @@ class HostRelayShell(NodeShell):
             if place.secret:
                 sock.curve_server, sock.curve_secretkey = True, place.secret
             sock.bind(url)
-        self.notifications = self.registrar = self.monitor = None
+        self.notifications = self.registrar = self.monitor = self.pulse = None
+        self.pulse_url = None  # where the parent's pulse link is, once connected
         self.sockets = [self.up, self.down, self.joins]
         self.handlers = {self.up: self.node.on_up, self.down: self.node.on_down, self.joins: self.on_join}
         self.empty_since: Optional[float] = time.monotonic()
@@ -127,6 +130,38 @@ class HostRelayShell(NodeShell):
         pid = content.get("pid")
         self.pids[content["uuid"]] = pid if type(pid) is int else None
         return self.node.on_join(content["eid"], content["uuid"], who=list(idents), shm=content.get("shm"))
+
+    def perform(self, sends):
+        super().perform(sends)
+        if self.node.parent_pulse is not None:
+            self.follow_pulse(self.node.parent_pulse)
+
+    def follow_pulse(self, port: int):
+        """Connect (again, if the parent moved) to the parent's pulse link
+        (see ``schedulers.liveness``): pings and pongs beside the bulk data."""
+        url = f"{self.spec['up_url'].rsplit(':', 1)[0]}:{port}"
+        if url == self.pulse_url or getattr(self, "poller", None) is None:
+            return
+        if self.pulse is not None:
+            self.poller.unregister(self.pulse)
+            del self.handlers[self.pulse]
+            self.pulse.close()
+        self.pulse = _socket(self.context, zmq.DEALER)
+        self.pulse.IDENTITY = self.up.IDENTITY
+        if self.curve_serverkey:  # as the data link: the leaf's key, keys of its own
+            public, secret = zmq.curve_keypair()
+            self.pulse.curve_serverkey = self.curve_serverkey
+            self.pulse.curve_publickey, self.pulse.curve_secretkey = public, secret
+        self.pulse.connect(url)
+        self.pulse_url = url
+        self.handlers[self.pulse] = self.node.on_parent_pulse
+        self.poller.register(self.pulse, zmq.POLLIN)
+        self.log.info("%s: pings and pongs also on %s", self.node.name, url)
+
+    def send_pulse(self, frames):
+        self.follow_pulse(self.node.parent_pulse)
+        if self.pulse is not None:
+            send_frames(self.pulse, frames)
 
     def on_joined(self, who):
         for idents in who:

@@ -203,3 +203,27 @@ def test_engines_of_a_cut_off_host_fail_as_the_hub_drops_them_naming_the_host(st
     assert sorted(failures) == [0, 1, 2] and sorted(replies) == list(range(3, 12))
     assert all("on host h1 died" in f[2] for f in failures.values())
     assert not any(n.pending for k, n in sim.nodes.items() if k != ("h", "h1"))
+
+
+def test_pings_and_pongs_take_the_pulse_link_once_a_host_relay_knows_it():
+    from ipyparallel_broadcast.schedulers.events import DOWN, PULSE, UP
+
+    sim = hosted(depth=0)
+    leaf, relay = sim.nodes[()], sim.nodes[("h", "h1")]
+    leaf.pulse_port = 40001
+    ident = leaf.children.idents[next(k for k in leaf.children if isinstance(k, bytes) and b"h1" in k)]
+    sim.now += leaf.ping_interval
+    pings = [s for s in leaf.on_tick() if s.frames[0] == ident]
+    assert [s.socket for s in pings] == [DOWN]  # not pulsing yet: the data link tells the port
+    answer = relay.on_up(pings[0].frames[1:])  # a pong each way: on the pulse link, it says who it is
+    assert relay.parent_pulse == 40001 and sorted(s.socket for s in answer) == [PULSE, UP]
+    pulse = next(s for s in answer if s.socket == PULSE)
+    assert leaf.on_pulse([ident] + pulse.frames) == [] and leaf.children.pulsing == {ident}
+    pong = relay.on_parent_pulse(leaf._ping(sim.now)[0].frames[1:])  # pings that come that way
+    assert [s.socket for s in pong] == [PULSE]  # are answered that way
+    sim.now += leaf.ping_interval
+    both = [s for s in leaf.on_tick() if s.frames[0] == ident]
+    assert sorted(s.socket for s in both) == [DOWN, PULSE] and both[0].frames[-4:] != both[1].frames[-4:]
+    dropped = leaf.dropped
+    leaf.on_pulse([ident] + sim.codec.pack(P.BUNDLE, {}))  # only pongs come that way
+    assert leaf.dropped == dropped + 1

@@ -29,13 +29,17 @@ MODES = [True, False, ipb.Batch(2)]
 MODE_IDS = ["coalescing", "streaming", "batch2"]
 
 
-@pytest.fixture(scope="module")
-def bed():
+def needs_bed():
     why = NetBed.available()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the multi-host tests: {why}")
         pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def bed():
+    needs_bed()
     with NetBed(hosts=3) as bed, BedCluster(bed, depth=1, fanout=2) as cluster:
         for host in bed.hosts:
             cluster.start_engines(host, PER_HOST)
@@ -82,6 +86,11 @@ def test_each_host_maps_one_copy_of_a_big_push_though_all_share_one_dev_shm(bed)
         assert n["shm_saved"] - before[label]["shm_saved"] == PER_HOST * data.nbytes
     root = next(s for s in rc.broadcast_stats() if s["node"] == "root")
     assert root["shm_local"] == 0  # no engine on the controller's host
+
+
+@ipp.interactive
+def _data_size():
+    return int(data.size)  # noqa: F821
 
 
 @ipp.interactive
@@ -237,3 +246,34 @@ def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_p
 
     until(nothing_left, what="nothing left of the cut-off host at the controller")
     assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
+
+
+def test_a_big_push_on_slow_links_is_not_taken_for_a_dead_host_and_a_dead_host_still_is():
+    """Links capped so that the push takes longer than the node timeout: pings
+    on the pulse link keep the busy hosts alive; a host killed mid-transfer
+    is still found, and its engine fails by name while the others finish."""
+    from ipyparallel_broadcast.tools.netbed import kill_namespace
+
+    needs_bed()
+    timeout = 1.5  # seconds; the push below needs about 4 at 50 Mbit/s
+    args = [f"--BroadcastController.node_timeout={timeout}", "--BroadcastController.ping_interval=0.2"]
+    with NetBed(hosts=3) as bed, BedCluster(bed, depth=0, controller_args=args) as cluster:
+        for host in [bed.controller] + bed.hosts:
+            bed.limit(host, "50mbit")
+        for host in bed.hosts:
+            cluster.start_engines(host, 1)
+        rc = cluster.client(wait_for=3)
+        view = rc.broadcast_view()
+        assert view.apply_sync(lambda: 1) == [1] * 3
+        data = np.zeros(8 << 20, dtype=np.uint8)
+        view.push(dict(data=data), block=True)  # no EngineError: busy is not dead
+        assert view.apply_sync(_data_size) == [data.size] * 3
+        victim = bed.hosts[-1]
+        (cut,) = relays(rc)[label_of(bed, victim)]["eids"]
+        start = bed.link_bytes(victim)[0]
+        ar = view.push(dict(data=data), block=False)
+        until(lambda: bed.link_bytes(victim)[0] - start > 2 << 20, what="the push to be under way")
+        kill_namespace(victim.netns)
+        results = dict(zip(rc.ids, ar.get(timeout=60, return_exceptions=True)))
+        assert isinstance(results.pop(cut), error.RemoteError)
+        assert list(results.values()) == [None, None]

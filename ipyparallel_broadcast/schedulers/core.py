@@ -23,7 +23,7 @@ from ..reduction import Reduction, fold_bundle, fold_reply
 from ..topology import HOST_PREFIX, Path, TreeShape, node_name
 from . import events as E
 from .compat import CompatRequest, renamer
-from .events import DOWN, HUB, MON, UP, Send
+from .events import DOWN, HUB, MON, PULSE, UP, Send
 from .liveness import Children
 from .pending import PARKED, InFlight, Pending
 from .routes import Announcements, Key, Routes
@@ -56,6 +56,8 @@ class RelayNode:
         self.announce = Announcements(codec, self.routes, self.children.idents, self.is_root, host, self.boot)
         self.surveys = Surveys(codec)
         self.parent_boot: Optional[str] = None  # a new one: the parent restarted
+        self.pulse_port: Optional[int] = None  # the shell's pulse link for host relays, if bound
+        self.parent_pulse: Optional[int] = None  # host relay: the parent's pulse port, once told
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
@@ -230,10 +232,35 @@ class RelayNode:
         sends = []
         for key in self.children.silent(now):
             sends += self.on_child_lost(key, f"has not answered for {self.node_timeout:g} s")
-        ping = self.codec.pack(P.PING, dict(boot=self.boot))
+        ping = self.codec.pack(P.PING, dict(boot=self.boot, pulse=self.pulse_port))
         sends += [Send(DOWN, [ident] + ping) for ident in self.children.idents.values()]
+        if self.children.pulsing:  # signed apart: the same message twice would be a replay
+            ping = self.codec.pack(P.PING, dict(boot=self.boot, pulse=self.pulse_port))
+            sends += [Send(PULSE, [self.children.idents[k]] + ping) for k in self.children.pulsing]
         self.children.after_pings()
         return sends
+
+    def on_pulse(self, frames) -> List[Send]:
+        """A host relay's pong on the pulse link (see ``liveness``)."""
+        try:
+            event = E.from_below(self.codec, frames, False)
+            key = self.children.key_of(event.ident) if isinstance(event, E.ChildMessage) else None
+            if not isinstance(key, bytes) or event.kind != P.PONG:
+                raise P.ProtocolError("only pongs of known host relays come on the pulse link")
+            self.children.pulsing.add(key)
+            return self._child_message(event)
+        except P.ProtocolError as e:
+            return self._drop(f"pulse: {e}")
+
+    def on_parent_pulse(self, frames) -> List[Send]:
+        """A ping on the pulse link (a host relay's): the pong goes back that way."""
+        try:
+            event = E.from_above(self.codec, frames, self.is_root, bool(self.host))
+            if not isinstance(event, E.Ping) or self.is_root:
+                raise P.ProtocolError("only pings come on the pulse link")
+            return self._parent_ping(event.content, via=PULSE)
+        except P.ProtocolError as e:
+            return self._drop(f"pulse: {e}")
 
     def _client_ping(self, event: E.Ping) -> List[Send]:
         """A client lists requests it waits on: answer with those not held here."""
@@ -244,9 +271,13 @@ class RelayNode:
         pong = dict(node=self.name, boot=self.boot, unknown=[m for m in ids if m not in held])
         return [Send(UP, event.route + self.codec.pack(P.PONG, pong))]
 
-    def _parent_ping(self, content) -> List[Send]:
+    def _parent_ping(self, content, via=UP) -> List[Send]:
         """Answer the parent; a parent that restarted hears our routes again."""
-        boot, sends = content.get("boot"), self.hello()
+        boot, sends = content.get("boot"), [Send(via, s.frames) for s in self.hello()]
+        pulse = content.get("pulse")
+        if self.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
+            self.parent_pulse = pulse  # the shell connects to it; a pong says who we are there
+            sends += [Send(PULSE, s.frames) for s in self.hello()]
         if isinstance(boot, str):
             known, self.parent_boot = self.parent_boot, boot
             if known is not None and known != boot:

@@ -17,11 +17,12 @@ from .compat import CompatRequest
 UP, DOWN, HUB = "up", "down", "hub"  # HUB: ask the hub for the engine table
 MON = "mon"  # a copy for the hub's task records (see ``records``)
 JOINED = "joined"  # host relay: engines (frames: who joined) now reachable through the tree
+PULSE = "pulse"  # pings and pongs between a node and its host relays, on a link of their own
 
 
 @dataclass
 class Send:
-    socket: str  # UP, DOWN, HUB, MON or JOINED
+    socket: str  # UP, DOWN, HUB, MON, JOINED or PULSE
     frames: list
 
 

@@ -5,11 +5,19 @@ a leaf has the host relays that said hello (they come and go). A node pings
 them every ``ping_interval``; each answers with its ``boot`` (new each time
 its process starts). A child that restarted, or stayed silent for
 ``node_timeout``, is lost: the node fails what waited on it.
+
+Host relays hang from their node over a network link that a big request can
+fill for longer than ``node_timeout``; a ping queued behind it would make a
+busy host look dead. So a node with a pulse link (``pulse_port``, a socket of
+its own, hence a TCP connection of its own) tells host relays its port in
+every ping; each connects to it, and from then on pings and pongs also go
+that way, beside the bulk data instead of behind it. Pings keep going on the
+data link too: a restarted relay learns the port there.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Set
 
 from ..topology import HOST_PREFIX, Path, node_identity, node_name
 from .routes import Key
@@ -25,6 +33,7 @@ class Children:
         self.heard = {k: clock() for k in self.idents}  # child -> when it last spoke
         self.boots: Dict[Key, str] = {}  # child -> the boot it last reported
         self.next_ping: Optional[float] = clock() if self.keys and ping_interval else None
+        self.pulsing: Set[Key] = set()  # host relays that answer on the pulse link too
 
     def __contains__(self, key) -> bool:
         return key in self.idents
@@ -52,6 +61,7 @@ class Children:
         for table in (self.idents, self.names, self.heard, self.boots):
             table.pop(key, None)
         self.keys.pop(key, None)
+        self.pulsing.discard(key)
 
     def phrase(self, key: Key) -> str:
         """How errors name it: "Relay node 0.1" or "Host relay h1"."""

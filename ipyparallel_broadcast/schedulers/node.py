@@ -28,7 +28,7 @@ from .. import protocol as P
 from ..shm import THRESHOLD, ShmStore, sweep
 from ..topology import TreeShape, node_identity, node_name
 from .core import RelayNode
-from .events import DOWN, HUB, JOINED, MON, UP, Send
+from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 from ..topology import HOST_PREFIX
 from ..zmqframes import recv_frames, send_frames
 
@@ -91,6 +91,16 @@ class NodeShell:
         self.down.ROUTER_HANDOVER = 1  # a restarted child takes its identity back
         util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
         self.sockets = [self.up, self.down]
+        self.pulse = None
+        if self.node.is_leaf and spec["down_url"].startswith("tcp://"):  # host relays may hang here
+            self.pulse = _socket(ctx, zmq.ROUTER)
+            self.pulse.ROUTER_MANDATORY = 1
+            self.pulse.ROUTER_HANDOVER = 1
+            if curve["curve_secretkey"]:  # as util.bind does for the down socket
+                self.pulse.setsockopt(zmq.CURVE_SERVER, 1)
+                self.pulse.setsockopt(zmq.CURVE_SECRETKEY, curve["curve_secretkey"])
+            self.node.pulse_port = self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0])
+            self.sockets.append(self.pulse)
         self.notifications = self.registrar = None
         self.lookup_in_flight = False
         if self.node.is_leaf and spec.get("notification_url"):
@@ -109,6 +119,7 @@ class NodeShell:
             self.up: self.node.on_up,
             self.down: self.node.on_down,
             self.notifications: self.node.on_hub,
+            self.pulse: self.node.on_pulse,
             self.registrar: self.on_registry,
         }
 
@@ -134,6 +145,8 @@ class NodeShell:
                 self.ask_hub()
             elif send.socket == JOINED:
                 self.on_joined(send.frames)
+            elif send.socket == PULSE:
+                self.send_pulse(send.frames)
             elif send.socket == DOWN:
                 try:
                     send_frames(self.down, send.frames)
@@ -141,6 +154,16 @@ class NodeShell:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
                     sends.extend(self._unreachable(*send.frames[:2]))
+
+    def send_pulse(self, frames):
+        """A ping to a host relay on the pulse link; one gone stops pulsing
+        (it says so on its data link, where pings go too)."""
+        try:
+            send_frames(self.pulse, frames)
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self.node.children.pulsing.discard(self.node.children.key_of(P.as_bytes(frames[0])))
 
     def on_joined(self, who: list):
         """Engines whose join is complete (host relays answer them)."""
@@ -170,13 +193,13 @@ class NodeShell:
             "leaf" if self.node.is_leaf else "interior",
             len(self.node.engines),
         )
-        poller = zmq.Poller()
+        self.poller = zmq.Poller()
         for s in self.sockets:
-            poller.register(s, zmq.POLLIN)
+            self.poller.register(s, zmq.POLLIN)
         while self.running():
             deadline = self.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1e3
-            for sock, _ in poller.poll(timeout):
+            for sock, _ in self.poller.poll(timeout):
                 handler = self.handlers[sock]
                 for _ in range(BATCH):
                     try:
