@@ -1,0 +1,177 @@
+"""Big pushes across hosts at a capped link rate (issue 31's table), on the NetBed.
+
+    python benchmarks/scripts/bigpush_bed.py --hosts 8 --per-host 4 --rate 200mbit --sizes 16,64 \\
+        --out benchmarks/results/bigpush-8x4-200mbit.md
+
+The controller and the client share the bed's controller host (the client
+runs there, driven from this process through a pipe), and every host's link,
+the controller's too, is capped with ``tc tbf`` both ways. For each system
+and size: the push's wall time (median of ``--reps``) against the wire floor
+M/B (one copy over one link), the bytes that left the controller host, and
+the memory gained by the busiest engine host (PSS over its processes, every
+engine having read the array), in multiples of M; and a 1 kB echo.
+Systems: ours (BroadcastView through the host relays), DirectView on the
+same cluster, and IPython Parallel's BroadcastView on a stock cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import report  # noqa: E402
+
+from ipyparallel_broadcast.tools.bedcluster import BedCluster  # noqa: E402
+from ipyparallel_broadcast.tools.netbed import NetBed, _rate_bits  # noqa: E402
+
+DRIVER = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import ipyparallel as ipp
+    from ipyparallel_broadcast.client import Client
+
+    path, stock, n = sys.argv[1], sys.argv[2] == "stock", int(sys.argv[3])
+    rc = (ipp.Client if stock else Client)(path)
+    rc.wait_for_engines(n, timeout=600)
+    views = {"ipp BroadcastView": rc.broadcast_view(is_coalescing=True)} if stock else \\
+        {"ours": rc.broadcast_view(), "DirectView": rc[:]}
+
+    def read(a):
+        return float(a.sum())
+
+    for v in views.values():
+        v.apply_sync(lambda: 0)
+    print(json.dumps(list(views)), flush=True)
+    for line in sys.stdin:
+        name, what, size = json.loads(line)
+        view = views[name]
+        if what == "push":
+            data = np.ones(size // 8)
+            tic = time.perf_counter()
+            view.push(dict(big=data), block=True)
+            out = time.perf_counter() - tic
+            view.execute("_ = float(big.sum())", block=True)  # every engine reads every page
+        elif what == "drop":
+            view.execute("del big", block=True)
+            out = 0
+        else:
+            echo = np.zeros(1024, dtype=np.uint8)
+            tic = time.perf_counter()
+            view.apply_sync(lambda x: x, echo)
+            out = time.perf_counter() - tic
+        print(json.dumps(out), flush=True)
+""")
+
+
+def pss(pids) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+        except OSError:
+            pass
+    return total
+
+
+class Driver:
+    """The client, in the controller's namespace, one step per call."""
+
+    def __init__(self, bed, cluster, stock: bool, n: int):
+        self.proc = bed.popen(bed.controller, [sys.executable, "-c", DRIVER, cluster._file("client"),
+                                               "stock" if stock else "ours", str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.views = json.loads(self.proc.stdout.readline())
+
+    def __call__(self, name, what, size=0) -> float:
+        self.proc.stdin.write(json.dumps([name, what, size]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client driver exited during {what} on {name}")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def measure_system(args, stock: bool) -> dict:
+    n = args.hosts * args.per_host
+    rows = {}
+    with NetBed(hosts=args.hosts) as bed, BedCluster(bed, depth=1 if stock else 0, stock=stock) as cluster:
+        for host in [bed.controller] + bed.hosts:
+            bed.limit(host, args.rate)
+        for host in bed.hosts:
+            cluster.start_engines(host, args.per_host, kind="stock" if stock else "broadcast")
+        drive = Driver(bed, cluster, stock, n)
+        try:
+            for name in drive.views:
+                for mib in args.sizes:
+                    size = mib << 20
+                    times, out, mem = [], [], []
+                    for _ in range(args.reps):
+                        start_out = bed.link_bytes(bed.controller)[1]
+                        start_mem = [pss(bed.pids(h)) for h in bed.hosts]
+                        times.append(drive(name, "push", size))
+                        out.append((bed.link_bytes(bed.controller)[1] - start_out) / size)
+                        mem.append(max(pss(bed.pids(h)) - m for h, m in zip(bed.hosts, start_mem)) / size)
+                        drive(name, "drop")
+                    rows[name, mib] = dict(push=statistics.median(times), each=times,
+                                           out=statistics.median(out), mem=statistics.median(mem))
+                echoes = [drive(name, "echo") for _ in range(20)]
+                rows[name, "echo"] = statistics.median(echoes)
+        finally:
+            drive.close()
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--per-host", type=int, default=4)
+    parser.add_argument("--rate", default="200mbit")
+    parser.add_argument("--sizes", default="16,64", help="MiB, comma-separated")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--systems", default="ours,stock")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    why = NetBed.available()
+    if why:
+        parser.error(why)
+    rows = {}
+    for system in args.systems.split(","):
+        rows.update(measure_system(args, stock=system == "stock"))
+    rate = _rate_bits(args.rate) / 8
+    lines = [
+        f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
+        f"every link capped at {args.rate} each way (tbf). Ours: depth 0 (the root is the leaf), a relay "
+        f"per engine host; stock: depth 1 (its depth-0 broadcast scheduler never answered on the bed). "
+        f"Medians of {args.reps} pushes of a float64 array of M bytes; every engine then reads it all.",
+        "Floor: M/B, one copy over one link. Out: bytes that left the controller host, in M. "
+        "Host memory: PSS gained by the busiest engine host, in M.",
+        "",
+        "| system | M | push (s) | each (s) | x floor | out (x M) | host memory (x M) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    names = list(dict.fromkeys(name for name, _ in rows))
+    for name in names:
+        for mib in args.sizes:
+            r = rows[name, mib]
+            floor = (mib << 20) / rate
+            lines.append(f"| {name} | {mib} MiB | {r['push']:.2f} | {' '.join(f'{t:.2f}' for t in r['each'])} | "
+                         f"{r['push'] / floor:.1f} | {r['out']:.2f} | {r['mem']:.2f} |")
+    lines += ["", "| system | 1 kB echo (ms, median of 20) |", "|---|---:|"]
+    lines += [f"| {name} | {1e3 * rows[name, 'echo']:.1f} |" for name in names]
+    report("bigpush_bed.py", argv, f"Big pushes across {args.hosts} hosts at {args.rate}", lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
