@@ -1,0 +1,52 @@
+"""Predicted broadcast times between hosts, from the alpha-beta model
+(``ipyparallel_broadcast.linkmodel``), in multiples of the wire floor M/B.
+
+    python benchmarks/scripts/model_predict.py --alpha 2e-4 --rate 10e9 --mib 1024 \\
+        --out benchmarks/results/model-1g-10gbit.md
+
+``--alpha`` is the cost of one message at one hop (latency plus a relay's
+work on it), as measured on the bed; ``--rate`` the link's bits per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import report  # noqa: E402
+
+from ipyparallel_broadcast.linkmodel import Link, predict  # noqa: E402
+
+FAMILIES = ("star", "tree", "pipelined tree", "two trees")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--alpha", type=float, default=2e-4, help="seconds per message per hop")
+    parser.add_argument("--rate", type=float, default=10e9, help="link bits per second")
+    parser.add_argument("--mib", type=float, default=1024)
+    parser.add_argument("--hosts", default="100,1000,10000")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    link = Link.of(args.alpha, args.rate)
+    m = args.mib * 2**20
+    rows = predict([int(h) for h in args.hosts.split(",")], m, link)
+    lines = [
+        f"alpha = {args.alpha * 1e3:g} ms per message per hop; links {args.rate / 1e9:g} Gbit/s; "
+        f"M = {args.mib:g} MiB; floor M/B = {m * link.beta:.3f} s. Each family's best shape and chunk "
+        "count (1: whole messages); times in floors.",
+        "",
+        "| hosts | " + " | ".join(FAMILIES) + " | MPI lower bound | MPICH scatter + allgather |",
+        "|---:|" + "---|" * len(FAMILIES) + "---:|---:|",
+    ]
+    for row in rows:
+        cells = [f"{row[f][0]:.2f} ({row[f][1]}, {row[f][2]} chunks)" for f in FAMILIES]
+        lines.append(f"| {row['hosts']} | " + " | ".join(cells)
+                     + f" | {row['lower bound']:.2f} | {row['MPICH scatter + allgather']:.2f} |")
+    report("model_predict.py", argv, f"Modelled broadcasts of {args.mib:g} MiB between hosts", lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
