@@ -196,11 +196,3 @@ class HostLink:
             os.unlink(os.path.join(self.place.joins, uuid))
         except OSError:
             pass
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, TypeError, ValueError):
-        return False
-    return True

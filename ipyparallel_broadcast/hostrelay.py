@@ -30,7 +30,8 @@ from typing import Optional
 import zmq
 
 from . import protocol as P
-from .hostlink import Place, _alive
+from .hostlink import Place
+from .shm import pid_alive
 from .schedulers.node import NodeShell, _socket, run_node
 from .zmqframes import send_frames
 from .topology import host_ident
@@ -82,7 +83,7 @@ class HostRelayShell(NodeShell):
             except zmq.ZMQError as e:
                 if e.errno != zmq.EHOSTUNREACH:
                     raise
-                if not _alive(engine["pid"]):
+                if not pid_alive(engine["pid"]):
                     del self.expected[uuid]
                 continue
             del self.expected[uuid]
@@ -103,7 +104,7 @@ class HostRelayShell(NodeShell):
         (the controller may be gone too): the last one out stops the relay."""
         self.next_check = time.monotonic() + GRACE
         for uuid, pid in list(self.pids.items()):
-            if pid is not None and not _alive(pid):
+            if pid is not None and not pid_alive(pid):
                 del self.pids[uuid]
                 self.perform(self.node.on_engine_lost(uuid, P.DIED))
 
@@ -116,7 +117,7 @@ class HostRelayShell(NodeShell):
                     engine = json.load(f)
             except (OSError, ValueError):
                 continue
-            if isinstance(engine, dict) and _alive(engine.get("pid")):
+            if isinstance(engine, dict) and pid_alive(engine.get("pid")):
                 engines.append(engine)
         return engines
 

@@ -203,19 +203,20 @@ def sweep(root: Optional[str] = None) -> List[str]:
             pid = int(name[len(head):].split("-", 1)[0])
         except ValueError:
             continue
-        if not _alive(pid):
+        if not pid_alive(pid):
             _unlink(os.path.join(root, name))
             gone.append(name)
     return gone
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid) -> bool:
+    """Whether process ``pid`` exists (another user's counts; None or junk does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
+        os.kill(int(pid), 0)
     except PermissionError:
         return True
+    except (OSError, TypeError, ValueError):
+        return False
     return True
 
 
