@@ -11,7 +11,10 @@ M/B (one copy over one link), the bytes that left the controller host, and
 the memory gained by the busiest engine host (PSS over its processes, every
 engine having read the array), in multiples of M; and a 1 kB echo.
 Systems: ours (BroadcastView through the host relays), DirectView on the
-same cluster, and IPython Parallel's BroadcastView on a stock cluster.
+same cluster, IPython Parallel's BroadcastView on a stock cluster, and Dask's
+``scatter(broadcast=True)`` (a scheduler beside the client, ``--per-host``
+single-threaded workers on each engine host). MPI (mpi4py over MPICH) is not
+run here: it needs MPICH's launcher to start ranks inside the namespaces.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import os
 import statistics
 import subprocess
 import sys
+import signal
 import textwrap
+from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
@@ -36,14 +41,40 @@ DRIVER = textwrap.dedent("""
     import ipyparallel as ipp
     from ipyparallel_broadcast.client import Client
 
-    path, stock, n = sys.argv[1], sys.argv[2] == "stock", int(sys.argv[3])
-    rc = (ipp.Client if stock else Client)(path)
-    rc.wait_for_engines(n, timeout=600)
-    views = {"ipp BroadcastView": rc.broadcast_view(is_coalescing=True)} if stock else \\
-        {"ours": rc.broadcast_view(), "DirectView": rc[:]}
+    path, system, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 
-    def read(a):
-        return float(a.sum())
+
+    class DaskView:  # scatter(broadcast=True), as a view's push
+        def __init__(self, address):
+            from distributed import Client as DaskClient
+            self.client = DaskClient(address)
+            self.client.wait_for_workers(n, timeout=600)
+            self.future = None
+
+        def apply_sync(self, f, *args):
+            return list(self.client.run(f, *args).values())
+
+        def push(self, ns, block=True):
+            self.future = self.client.scatter(ns["big"], broadcast=True)
+
+        def execute(self, code, block=True):
+            if code.startswith("del"):
+                self.future.release()
+                self.future = None
+                while any(self.client.run(lambda dask_worker=None: len(dask_worker.data)).values()):
+                    time.sleep(0.05)
+            else:
+                key = self.future.key
+                self.client.run(lambda dask_worker=None: float(dask_worker.data[key].sum()))
+
+
+    if system == "dask":
+        views = {"Dask scatter(broadcast=True)": DaskView(path)}
+    else:
+        rc = (ipp.Client if system == "stock" else Client)(path)
+        rc.wait_for_engines(n, timeout=600)
+        views = {"ipp BroadcastView": rc.broadcast_view(is_coalescing=True)} if system == "stock" else \\
+            {"ours": rc.broadcast_view(), "DirectView": rc[:]}
 
     for v in views.values():
         v.apply_sync(lambda: 0)
@@ -83,9 +114,8 @@ def pss(pids) -> int:
 class Driver:
     """The client, in the controller's namespace, one step per call."""
 
-    def __init__(self, bed, cluster, stock: bool, n: int):
-        self.proc = bed.popen(bed.controller, [sys.executable, "-c", DRIVER, cluster._file("client"),
-                                               "stock" if stock else "ours", str(n)],
+    def __init__(self, bed, address: str, system: str, n: int):
+        self.proc = bed.popen(bed.controller, [sys.executable, "-c", DRIVER, address, system, str(n)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.views = json.loads(self.proc.stdout.readline())
 
@@ -102,15 +132,37 @@ class Driver:
         self.proc.wait(timeout=60)
 
 
-def measure_system(args, stock: bool) -> dict:
+def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int) -> str:
+    """Start ``system`` on the bed; the address its client connects to."""
+    if system == "dask":
+        port = 8786
+        log = stack.enter_context(open(os.devnull, "wb"))
+        procs = [bed.popen(bed.controller, [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                                            bed.controller.addr, "--port", str(port), "--no-dashboard"],
+                           stdout=log, stderr=log)]
+        procs += [bed.popen(h, [sys.executable, "-m", "distributed.cli.dask_worker",
+                                f"tcp://{bed.controller.addr}:{port}", "--nworkers", str(per_host),
+                                "--nthreads", "1", "--no-dashboard", "--host", h.addr],
+                            stdout=log, stderr=log) for h in bed.hosts]
+        for p in procs:  # each leads its own process group: its workers go too
+            stack.callback(p.wait)
+            stack.callback(os.killpg, p.pid, signal.SIGKILL)
+        return f"tcp://{bed.controller.addr}:{port}"
+    stock = system == "stock"
+    cluster = stack.enter_context(BedCluster(bed, depth=1 if stock else 0, stock=stock))
+    for host in bed.hosts:
+        cluster.start_engines(host, per_host, kind="stock" if stock else "broadcast")
+    return cluster._file("client")
+
+
+def measure_system(args, system: str) -> dict:
     n = args.hosts * args.per_host
     rows = {}
-    with NetBed(hosts=args.hosts) as bed, BedCluster(bed, depth=1 if stock else 0, stock=stock) as cluster:
+    with ExitStack() as stack:
+        bed = stack.enter_context(NetBed(hosts=args.hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
-        for host in bed.hosts:
-            cluster.start_engines(host, args.per_host, kind="stock" if stock else "broadcast")
-        drive = Driver(bed, cluster, stock, n)
+        drive = Driver(bed, start_system(stack, bed, system, args.per_host), system, n)
         try:
             for name in drive.views:
                 for mib in args.sizes:
@@ -139,7 +191,7 @@ def main(argv=None):
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--sizes", default="16,64", help="MiB, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--systems", default="ours,stock")
+    parser.add_argument("--systems", default="ours,stock,dask")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -148,7 +200,7 @@ def main(argv=None):
         parser.error(why)
     rows = {}
     for system in args.systems.split(","):
-        rows.update(measure_system(args, stock=system == "stock"))
+        rows.update(measure_system(args, system))
     rate = _rate_bits(args.rate) / 8
     lines = [
         f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
