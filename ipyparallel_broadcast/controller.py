@@ -85,6 +85,19 @@ class BroadcastController(IPController):
         1 << 20, config=True,
         help="The smallest request buffer, in bytes, that shared_memory sends once per host.",
     )
+    host_chunks = Bool(
+        True, config=True,
+        help="Send a request's big buffers to host relays in pipelined chunks, host to host "
+        "along a tree of the hosts (see bulk), instead of one whole copy from a leaf to each host.",
+    )
+    host_chunk_size = Integer(512 << 10, config=True, help="Bytes per chunk (host_chunks).")
+    host_chunk_threshold = Integer(
+        1 << 20, config=True, help="The smallest request buffer, in bytes, that goes in chunks (host_chunks).")
+    host_chunk_fanout = Integer(
+        0, config=True,
+        help="How many hosts each host feeds chunks to: 1 is a chain; 0 picks it per request "
+        "from the alpha-beta model (linkmodel).",
+    )
     db_class = Union(
         [Unicode(), Type()], default_value=BroadcastDictDB, config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
@@ -204,6 +217,11 @@ class BroadcastController(IPController):
             shm=self.shared_memory,
             shm_threshold=self.shared_memory_threshold,
         )
+        if self.host_chunks:
+            spec["bulk"] = dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold,
+                                fanout=self.host_chunk_fanout)
+        else:
+            spec["bulk"] = dict(threshold=1 << 62)
         if self.hub_records:
             spec["monitor_url"] = monitor_url
         if path:

@@ -62,10 +62,17 @@ class HostRelayShell(NodeShell):
             if place.secret:
                 sock.curve_server, sock.curve_secretkey = True, place.secret
             sock.bind(url)
+        self.bulk = _socket(ctx, zmq.ROUTER)  # chunks of big requests, from the host that feeds this one
+        if place.secret:
+            self.bulk.curve_server, self.bulk.curve_secretkey = True, place.secret
+        ip = os.environ.get("IPB_HOST_IP") or local_ip_towards(spec["up_url"])
+        port = self.bulk.bind_to_random_port(f"tcp://{ip}")
+        self.node.bulk_url = f"tcp://{ip}:{port}"
         self.notifications = self.registrar = self.monitor = self.pulse = None
         self.pulse_url = None  # where the parent's pulse link is, once connected
-        self.sockets = [self.up, self.down, self.joins]
-        self.handlers = {self.up: self.node.on_up, self.down: self.node.on_down, self.joins: self.on_join}
+        self.sockets = [self.up, self.down, self.joins, self.bulk]
+        self.handlers = {self.up: self.node.on_up, self.down: self.node.on_down, self.joins: self.on_join,
+                         self.bulk: self.node.on_chunk}
         self.empty_since: Optional[float] = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
         # each is announced once a probe shows it connected
@@ -207,6 +214,17 @@ class HostRelayShell(NodeShell):
         if self.empty_since is not None:
             times.append(self.empty_since + GRACE + 0.01)
         return min(times, default=None)
+
+
+def local_ip_towards(url: str) -> str:
+    """The address of this host's interface that reaches ``url`` (tcp://ip:port):
+    where the hosts that feed this one reach it too."""
+    import socket
+
+    host, port = url[len("tcp://"):].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, int(port)))  # no packet is sent: the kernel only picks a route
+        return s.getsockname()[0]
 
 
 def main():

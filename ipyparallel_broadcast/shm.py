@@ -134,11 +134,45 @@ class ShmStore:
         ``readers`` engines will map (the last unlinks it); by default, as many
         as the relays below want, and only this relay unlinks it (``drop``).
         None (and a log line, once) if shared memory cannot take it."""
+        made = self._create([(index, memoryview(buf).nbytes) for index, buf in buffers], readers)
+        if made is None:
+            return None
+        ref, fd, path = made
+        try:
+            for (_, off, n), (_, buf) in zip(ref.bufs, buffers):
+                _write_all(fd, memoryview(buf).cast("B"), off)
+        except OSError as e:
+            _unlink(path)
+            return self._fall_back(e)
+        finally:
+            os.close(fd)
+        return ref
+
+    def reserve(self, sizes: Sequence[Tuple[int, int]]) -> Optional[Tuple[Reference, List[memoryview]]]:
+        """A new segment for buffers of ``sizes`` ((index, nbytes)) that only
+        this relay unlinks, mapped writable here: the views to fill (chunks
+        arriving, see ``schedulers.bulk``). None if shared memory cannot take it."""
+        made = self._create(sizes, HELD)
+        if made is None:
+            return None
+        ref, fd, path = made
+        try:
+            views = [memoryview(mmap.mmap(fd, n, offset=off)) if n else memoryview(bytearray())
+                     for _, off, n in ref.bufs]
+        except OSError as e:
+            _unlink(path)
+            return self._fall_back(e)
+        finally:
+            os.close(fd)
+        return ref, views
+
+    def _create(self, sizes, readers: int):
+        """(reference, open descriptor, path) of a new segment laid out for
+        ``sizes``, its space reserved and its count written."""
         name = _prefix(os.getpid()) + secrets.token_hex(8)
         path = os.path.join(self.root, name)
         layout, offset = [], PAGE  # the first page holds the count
-        for index, buf in buffers:
-            n = memoryview(buf).nbytes
+        for index, n in sizes:
             layout.append((index, offset, n))
             offset += -(-n // PAGE) * PAGE
         try:
@@ -148,14 +182,11 @@ class ShmStore:
         try:
             os.posix_fallocate(fd, 0, offset)  # ENOSPC now, not SIGBUS in an engine later
             os.pwrite(fd, _COUNT.pack(readers), 0)
-            for (_, off, n), (_, buf) in zip(layout, buffers):
-                _write_all(fd, memoryview(buf).cast("B"), off)
         except OSError as e:
+            os.close(fd)
             _unlink(path)
             return self._fall_back(e)
-        finally:
-            os.close(fd)
-        return Reference(name, layout)
+        return Reference(name, layout), fd, path
 
     def map(self, ref: Reference) -> List[Tuple[int, memoryview]]:
         """A segment a parent relay of this host wrote, mapped read-only to

@@ -13,6 +13,7 @@ from jupyter_client.session import Session
 from ipyparallel_broadcast import bundles as B
 from ipyparallel_broadcast import protocol as P
 from ipyparallel_broadcast.schedulers.core import RelayNode
+from ipyparallel_broadcast.schedulers.bulk import BULK
 from ipyparallel_broadcast.schedulers.events import DOWN, HUB, JOINED, UP
 from ipyparallel_broadcast.topology import HOST_PREFIX, host_ident
 from ipyparallel_broadcast.topology import TreeShape, node_identity
@@ -23,12 +24,16 @@ def engine_uuid(eid: int) -> str:
 
 
 class TreeSim:
-    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None, coalesce=False):
+    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None, coalesce=False, bulk=None):
         """``hosts``: {label: (leaf index, [engine ids])}: those engines sit
         behind a host relay under that leaf (keyed ``("h", label)``).
         ``coalesce``: nodes hold streamed outcomes until ``drain()``, as their
-        shells do until every waiting message is read."""
-        self.coalesce = coalesce
+        shells do until every waiting message is read.
+        ``bulk``: the nodes' chunk options; host relays then have bulk sockets,
+        and ``chunks_at[host]`` counts the chunks each got."""
+        self.coalesce, self.bulk = coalesce, bulk
+        self.bulk_urls = {}  # url -> ("h", label)
+        self.chunks_at = {}
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
@@ -62,8 +67,12 @@ class TreeSim:
         key = ("h", label)
         leaf = self.host_leaf[key] = self.shape.leaf_path(leaf_index)
         node = self.nodes[key] = RelayNode(P.Codec(Session(key=self.key)), self.shape, leaf,
-                                           clock=lambda: self.now, host=label)
+                                           clock=lambda: self.now, host=label, bulk=self.bulk)
         node.inflight.coalesce = self.coalesce
+        if self.bulk is not None:
+            node.bulk_url = f"tcp://{label}:5555"
+            self.bulk_urls[node.bulk_url] = key
+            self.chunks_at.setdefault(key, 0)
         self.node_inbox[key] = []
         self._run(node, node.hello(), key)
         for eid in eids:
@@ -71,7 +80,7 @@ class TreeSim:
         return node
 
     def _new_node(self, path):
-        node = RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now)
+        node = RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now, bulk=self.bulk)
         node.inflight.coalesce = self.coalesce
         return node
 
@@ -200,6 +209,12 @@ class TreeSim:
                     parent = path[:-1]
                     frames = [node_identity(path)] + send.frames
                     self.queue.extend((parent, s) for s in self.nodes[parent].on_down(frames))
+            elif send.socket == BULK:  # a chunk, to a host relay's bulk socket
+                host = self.bulk_urls[P.as_bytes(send.frames[0]).decode()]
+                if host in self.down_nodes:
+                    continue
+                self.chunks_at[host] += 1
+                self.queue.extend((host, s) for s in self.nodes[host].on_chunk([b"feeder"] + send.frames[2:]))
             elif send.socket == JOINED:
                 self.joined.extend((path, who) for who in send.frames)
             elif send.socket == DOWN and node.is_leaf and P.as_bytes(send.frames[0]).startswith(HOST_PREFIX):

@@ -22,6 +22,7 @@ from .. import protocol as P
 from ..reduction import Reduction, fold_bundle, fold_reply
 from ..topology import HOST_PREFIX, Path, TreeShape, node_name
 from . import events as E
+from .bulk import Bulk, Incoming
 from .compat import CompatRequest, renamer
 from .events import DOWN, HUB, MON, PULSE, UP, Send
 from .liveness import Children
@@ -31,6 +32,7 @@ from .sharing import HELLO_KEY, Sharing
 from .surveys import Surveys, own_trace
 
 log = logging.getLogger(__name__)
+BULK_WAIT = "~bulk"  # waiting-table key: targets whose request waits for its chunks
 
 
 class RelayNode:
@@ -39,7 +41,8 @@ class RelayNode:
     def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
                  clock: Callable[[], float] = time.monotonic,
                  ping_interval: float = 0.5, node_timeout: float = 10.0,
-                 wall: Callable[[], float] = time.time, host: Optional[str] = None, store=None):
+                 wall: Callable[[], float] = time.time, host: Optional[str] = None, store=None,
+                 bulk: Optional[dict] = None):
         self.codec, self.clock, self.shape = codec, clock, shape
         self.wall = wall  # trace timestamps: comparable across processes
         self.path = tuple(path)  # a host relay: its leaf's
@@ -62,7 +65,11 @@ class RelayNode:
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
         self.sharing = Sharing(codec, store)  # big buffers, once per host
-        self.inflight.on_done = self.sharing.release
+        self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
+        self.bulk_url: Optional[str] = None  # a host relay's bulk socket, said in its pongs
+        if self.sharing.on:  # chunks are written straight into the segment engines map
+            self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
+        self.inflight.on_done = self._done
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         # a restarted root must not reuse the keys of requests engines may still answer
@@ -183,6 +190,8 @@ class RelayNode:
         sends = self.surveys.child_lost(key, self.children.names.get(key, repr(key)),
                                         f"{child[0].lower()}{child[1:]} {why}")
         sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
+        if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
+            sends += self.bulk.orphaned(key)
         if isinstance(key, bytes) and key not in self.routes.via.values():
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
@@ -190,7 +199,7 @@ class RelayNode:
     def on_tick(self) -> List[Send]:
         """Time passed: send up batches whose interval is over; ping children."""
         now = self.clock()
-        sends = self.inflight.due(now)
+        sends = self.inflight.due(now) + self._stalled(now)
         if self.children.next_ping is not None and self.children.next_ping <= now:
             sends += self._ping(now)
         return sends
@@ -202,14 +211,15 @@ class RelayNode:
 
     def next_deadline(self) -> Optional[float]:
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
-        times = [t for t in (self.inflight.next_deadline(), self.children.next_ping) if t is not None]
+        times = [t for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline())
+                 if t is not None]
         return min(times, default=None)
 
     def hello(self) -> List[Send]:
         """Tell the parent this node is alive, and which life of it this is."""
         if self.is_root:
             return []
-        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot)))]
+        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot, bulk=self.bulk_url)))]
 
     def stats(self, trace=None) -> dict:
         """This node's own state, as a survey reports it; with ``trace`` (a
@@ -219,6 +229,7 @@ class RelayNode:
                      engines=self._engines_served() if self.is_leaf else None, **self.probe())
         if self.sharing.on:
             stats.update(self.sharing.stats())
+        stats.update(self.bulk.stats())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:
@@ -338,17 +349,73 @@ class RelayNode:
         sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
         if strays:
             targets = [e for e in targets if self._serves(e)]
+        if content.get("bulk") is not None and self.host:  # its big buffers come in chunks
+            return sends + self._expect_bulk(p, content["bulk"], targets)
+        return sends + self._dispatch(p, targets, mode)
+
+    def _dispatch(self, p: Pending, targets, mode=None) -> List[Send]:
+        """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
-        if direct:
-            sends += self._to_engines(p, direct)
-        for child, sub in groups.items():  # one request to each child for its targets
+        sends = self._to_engines(p, direct) if direct else []
+        hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
+        out = self.bulk.start(p, hosts, self.boot) if hosts and not mode else None
+        for child, sub in groups.items():
             p.waiting[child] = set(sub)
             same_host = isinstance(child, int)  # a relay of this tree, not a host relay
-            envelope = self.codec.pack(P.REQUEST, *p.request_for(sub, mode, p.shared if same_host else None))
-            sends.append(Send(DOWN, [self.children.idents[child]] + envelope))
+            content, frames = p.request_for(sub, mode, p.shared if same_host else None)
+            if out is not None and child in out.urls:  # its big buffers come in chunks
+                content["bulk"], frames = self.bulk.envelope(out, child, frames)
+            sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
+        if out is not None:
+            sends += self.bulk.sends_for(out, out.tree[None])
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)
+
+    # ------------------------------------------------------------- chunks
+    def on_chunk(self, frames) -> List[Send]:
+        """A host relay: a chunk of a big request, from the host or leaf that feeds it (``bulk``)."""
+        try:
+            sends, inc = self.bulk.on_chunk(frames)
+        except P.ProtocolError as e:
+            return self._drop(f"chunk: {e}")
+        return sends + (self._bulk_complete(inc) if inc is not None else [])
+
+    def _expect_bulk(self, p: Pending, content, targets) -> List[Send]:
+        p.waiting[BULK_WAIT] = set(targets)  # not done before its data came
+        inc, sends = self.bulk.expect(p, content, len(p.inner) - 5)
+        return sends + (self._bulk_complete(inc) if inc.complete else [])
+
+    def _bulk_complete(self, inc: Incoming) -> List[Send]:
+        """Every chunk is here and checked: the request goes to the engines."""
+        p, buffers, ref = self.pending.get(inc.key), inc.buffers, inc.ref
+        adopted = p is not None and BULK_WAIT in p.waiting
+        self.bulk.finished(inc, adopted)
+        if not adopted:
+            return []
+        inner = list(p.inner)
+        for (i, _), buf in zip(inc.layout.bufs, buffers):
+            inner[5 + i] = buf
+        p.inner = inner
+        if ref is not None:
+            self.sharing.adopt(p, ref, [(i, buf) for (i, _), buf in zip(inc.layout.bufs, buffers)])
+        self.inflight.stamp(p, "chunks in", inc.layout.n)
+        return self._dispatch(p, sorted(p.waiting.pop(BULK_WAIT)))
+
+    def _stalled(self, now) -> List[Send]:
+        sends = []
+        for inc in self.bulk.stalled(now):
+            p = self.pending.get(inc.key) if inc.key is not None else None
+            if p is not None and BULK_WAIT in p.waiting:
+                why = (f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
+                       f"then none for {self.bulk.stall:g} s")
+                sends += self._fail(p, sorted(p.waiting.pop(BULK_WAIT)), P.UNREACHABLE, why)
+                sends += self.inflight.finish_if_done(p)
+        return sends
+
+    def _done(self, p: Pending):
+        self.sharing.release(p)
+        self.bulk.done(p.key)
 
     def _to_engines(self, p: Pending, targets) -> List[Send]:
         sends, unknown = [], []
@@ -425,9 +492,12 @@ class RelayNode:
             child = self.children.add_host(m.ident)
         self.children.spoke(child)
         if m.kind == P.PONG:
-            boot = m.content(self.codec).get("boot")
+            content = m.content(self.codec)
+            boot, bulk = content.get("boot"), content.get("bulk")
             if not isinstance(boot, str):
                 raise P.ProtocolError("pong without a boot id")
+            if isinstance(child, bytes):
+                self.children.bulk_link(child, bulk)
             return self.on_child_lost(child, "restarted") if self.children.pong(child, boot) else []
         if m.kind == P.STATS_REPLY:
             return self.surveys.reply(child, m.content(self.codec))

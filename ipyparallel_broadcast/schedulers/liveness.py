@@ -34,6 +34,7 @@ class Children:
         self.boots: Dict[Key, str] = {}  # child -> the boot it last reported
         self.next_ping: Optional[float] = clock() if self.keys and ping_interval else None
         self.pulsing: Set[Key] = set()  # host relays that answer on the pulse link too
+        self.bulk: Dict[Key, str] = {}  # host relays' bulk sockets, where chunks go (``bulk``)
 
     def __contains__(self, key) -> bool:
         return key in self.idents
@@ -58,10 +59,17 @@ class Children:
 
     def forget(self, key: bytes):
         """A host relay gone for good."""
-        for table in (self.idents, self.names, self.heard, self.boots):
+        for table in (self.idents, self.names, self.heard, self.boots, self.bulk):
             table.pop(key, None)
         self.keys.pop(key, None)
         self.pulsing.discard(key)
+
+    def bulk_link(self, key: bytes, url) -> None:
+        """A host relay's pong named its bulk socket (or none)."""
+        if isinstance(url, str) and url.startswith("tcp://") and len(url) < 256:
+            self.bulk[key] = url
+        else:
+            self.bulk.pop(key, None)
 
     def phrase(self, key: Key) -> str:
         """How errors name it: "Relay node 0.1" or "Host relay h1"."""

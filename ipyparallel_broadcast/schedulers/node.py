@@ -27,6 +27,7 @@ from ipyparallel import util
 from .. import protocol as P
 from ..shm import THRESHOLD, ShmStore, sweep
 from ..topology import TreeShape, node_identity, node_name
+from .bulk import BULK
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 from ..topology import HOST_PREFIX
@@ -59,7 +60,9 @@ class NodeShell:
             node_timeout=spec.get("node_timeout", 10.0),
             host=spec.get("host"),
             store=ShmStore(threshold=spec.get("shm_threshold") or THRESHOLD) if spec.get("shm", True) else None,
+            bulk=spec.get("bulk"),
         )
+        self.feeds: dict = {}  # bulk url -> a DEALER to that host relay's bulk socket
         self.node.inflight.coalesce = True  # streamed replies read together go up together
         process = psutil.Process()
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
@@ -147,6 +150,8 @@ class NodeShell:
                 self.on_joined(send.frames)
             elif send.socket == PULSE:
                 self.send_pulse(send.frames)
+            elif send.socket == BULK:
+                self.send_bulk(send.frames)
             elif send.socket == DOWN:
                 try:
                     send_frames(self.down, send.frames)
@@ -164,6 +169,22 @@ class NodeShell:
             if e.errno != zmq.EHOSTUNREACH:
                 raise
             self.node.children.pulsing.discard(self.node.children.key_of(P.as_bytes(frames[0])))
+
+    def send_bulk(self, frames):
+        """A chunk to a host relay's bulk socket: ``[url, its identity, *message]``
+        (one DEALER per host fed, made at first use; curve: that relay's derived keys)."""
+        url = P.as_bytes(frames[0]).decode()
+        sock = self.feeds.get(url)
+        if sock is None:
+            sock = self.feeds[url] = _socket(self.context, zmq.DEALER)
+            if self.spec.get("curve_serverkey") or self.spec.get("curve_secretkey"):
+                from ..hostlink import Place  # the keys every engine of the cluster derives
+
+                label = P.as_bytes(frames[1])[len(HOST_PREFIX):].decode()
+                sock.curve_serverkey = Place(self.spec["key"].encode(), label, curve=True).public
+                sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+            sock.connect(url)
+        send_frames(sock, frames[2:])
 
     def on_joined(self, who: list):
         """Engines whose join is complete (host relays answer them)."""

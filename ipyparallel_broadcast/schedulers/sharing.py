@@ -113,9 +113,7 @@ class Sharing:
         big = self._big(p)
         ref = self.store.put(big) if big else None
         if ref is not None:
-            p.shared = self._shared(p, ref, big, owner=True)
-            self.segments += 1
-            self.bytes_shared += p.shared.nbytes
+            self.adopt(p, ref, big)
 
     def take(self, p, content) -> None:
         """A request whose big buffers the parent passed as a segment: they are
@@ -132,6 +130,13 @@ class Sharing:
         big = [(i, views[i]) for i in sorted(views)]
         p.inner = [views.get(k - 5, f) for k, f in enumerate(p.inner)]
         p.shared = self._shared(p, ref, big, owner=False)
+
+    def adopt(self, p, ref, big) -> None:
+        """``p``'s big buffers were assembled in a segment here (``bulk``):
+        its local engines map it, and this relay unlinks it when ``p`` is done."""
+        p.shared = self._shared(p, ref, big, owner=True)
+        self.segments += 1
+        self.bytes_shared += p.shared.nbytes
 
     def prepare(self, p, targets, engines: Dict[int, str]) -> None:
         """Which of ``targets`` map ``p``'s big buffers: the local ones; the

@@ -1,0 +1,211 @@
+"""Big requests to host relays in pipelined chunks (``schedulers.bulk``), in the pure core.
+
+The leaf sends each host its request less the big buffers, and the chunks
+along a tree of hosts; every engine gets the whole request once, checked.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jupyter_client.session import Session
+
+from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.schedulers.bulk import CHUNK_MSG, Bulk, Layout, plan
+
+from treesim import TreeSim
+
+pytestmark = pytest.mark.pure
+
+CHUNK = 1000  # bytes: small, so that tests have many chunks
+
+
+def bed(n_hosts=4, per_host=2, fanout=1, chunk=CHUNK, threshold=CHUNK):
+    hosts = {f"h{i}": (0, list(range(i * per_host, (i + 1) * per_host))) for i in range(n_hosts)}
+    engines = list(range(n_hosts * per_host))
+    sim = TreeSim(0, 2, engines, hosts=hosts, bulk=dict(chunk=chunk, threshold=threshold, fanout=fanout))
+    return sim, engines
+
+
+def big_inner(sim, *buffers):
+    msg = sim.session.msg("apply_request", content={}, metadata={})
+    return sim.session.serialize(msg)[1:] + list(buffers)
+
+
+def buffers_got(sim, eid):
+    (frames,) = sim.engine_inbox[eid]
+    _, body = P.split_idents(frames[1:])
+    return [P.as_bytes(b) for b in body[5:]]
+
+
+def data(n, seed=0):
+    return bytes((i * 7 + seed) % 251 for i in range(n))
+
+
+@pytest.mark.parametrize("fanout", [1, 2, 3])
+def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copies(fanout):
+    sim, engines = bed(n_hosts=5, fanout=fanout)
+    big, small = data(10_500), b"small"
+    sim.request(engines, inner=big_inner(sim, small, big))
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == engines and not failures
+    for e in engines:
+        assert buffers_got(sim, e) == [small, big]
+    n = Layout(((1, len(big)),), CHUNK).n
+    assert n == 11
+    leaf = sim.nodes[()]
+    assert leaf.bulk.sent == min(fanout, 5) * n  # the rest is forwarded host to host
+    assert all(count == n for count in sim.chunks_at.values())  # each host got each chunk once
+    for host in sim.chunks_at:  # the control link carried no big buffer
+        (request,) = [f for f in sim.node_inbox[host]
+                      if sim.codec.unpack(P.split_idents(f)[1], content=False)["msg_type"] == P.REQUEST]
+        assert sum(P.nbytes(f) for f in request) < 2000
+    assert sim.pending_total() == 0
+    assert all(not n.bulk.outgoing for n in sim.nodes.values())
+
+
+def test_small_requests_keep_the_one_message_path():
+    sim, engines = bed()
+    sim.request(engines, inner=big_inner(sim, data(CHUNK - 1)))
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == engines and not failures
+    assert sum(sim.chunks_at.values()) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_hosts=st.integers(1, 9), fanout=st.integers(0, 4), sizes=st.lists(st.integers(0, 5000), max_size=3),
+       chunk=st.integers(300, 3000))
+def test_any_sizes_chunks_and_tree_deliver_the_exact_bytes(n_hosts, fanout, sizes, chunk):
+    sim, engines = bed(n_hosts=n_hosts, per_host=1, fanout=fanout, chunk=chunk, threshold=1000)
+    buffers = [data(n, seed=i) for i, n in enumerate(sizes)]
+    sim.request(engines, inner=big_inner(sim, *buffers))
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == engines and not failures
+    for e in engines:
+        assert buffers_got(sim, e) == buffers
+
+
+def test_plan_is_a_breadth_first_tree_and_a_chain_at_fanout_one():
+    hosts = list("abcdefg")
+    assert plan(hosts, 1) == {None: ["a"], "a": ["b"], "b": ["c"], "c": ["d"], "d": ["e"], "e": ["f"],
+                              "f": ["g"], "g": []}
+    tree = plan(hosts, 2)
+    assert tree[None] == ["a", "b"] and tree["a"] == ["c", "d"] and tree["b"] == ["e", "f"] and tree["c"] == ["g"]
+    fed = [h for feeds in tree.values() for h in feeds]
+    assert sorted(fed) == hosts  # every host fed exactly once
+
+
+def test_a_host_relay_that_hangs_mid_chain_is_healed_around_and_no_engine_gets_a_chunk_twice():
+    sim, engines = bed(n_hosts=4, fanout=1)
+    second = ("h", "h1")
+    sim.down_nodes[second] = "hung"  # it takes nothing in and sends nothing on
+    big = data(8_000)
+    sim.request(engines, inner=big_inner(sim, big))
+    assert sim.client_inbox == []  # the hosts after it wait for their chunks
+    leaf = sim.nodes[()]
+    step = leaf.ping_interval
+    for _ in range(int(leaf.node_timeout / step) + 2):
+        sim.tick(step)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [2, 3] and sorted(replies) == [0, 1, 4, 5, 6, 7]
+    assert all("Host relay h1 has not answered" in f[2] for f in failures.values())
+    for e in replies:
+        assert len(sim.engine_inbox[e]) == 1 and buffers_got(sim, e) == [big]
+    assert not any(n.pending for k, n in sim.nodes.items() if k != second)
+
+
+def test_hosts_whose_chunks_stop_coming_fail_their_engines_naming_the_cause():
+    sim, engines = bed(n_hosts=2, fanout=1)
+    head = sim.nodes[("h", "h0")]
+    original = head.on_chunk
+    head.on_chunk = lambda frames: []  # the head takes its chunks and forwards none
+    sim.request(engines, inner=big_inner(sim, data(5_000)))
+    head.on_chunk = original
+    for _ in range(int(2 * head.node_timeout / head.ping_interval) + 2):
+        sim.tick(head.ping_interval)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [0, 1, 2, 3] and not replies
+    assert all("did not get the request's data: 0 of 5 chunks came" in f[2] for f in failures.values())
+    assert sim.pending_total() == 0
+
+
+# --------------------------------------------------------------- one node's Bulk
+def receiver(codec):
+    clock = [0.0]
+    return Bulk(codec, lambda: clock[0], stall=10.0, chunk=4, threshold=4), clock
+
+
+class _P:
+    def __init__(self, key):
+        self.key = key
+
+
+def chunk_message(codec, bulk_id, i, payload, digest=None):
+    import hashlib
+
+    d = digest or hashlib.sha256(payload).hexdigest()
+    return [b"feeder"] + codec.pack(CHUNK_MSG, dict(id=bulk_id, i=i, d=d), [payload])
+
+
+def test_chunks_that_come_before_their_envelope_wait_for_it_and_go_on():
+    codec = P.Codec(Session(key=b"k"))
+    bulk, _ = receiver(codec)
+    sends, done = bulk.on_chunk(chunk_message(codec, "b1", 1, b"5678"))
+    assert sends == [] and done is None and bulk.early_bytes == 4
+    content = dict(bufs=[[0, 8]], chunk=4, id="b1", to=[["h9", "tcp://10.0.0.9:1"]])
+    inc, sends = bulk.expect(_P("r1"), content, 1)
+    assert len(sends) == 1 and bulk.early_bytes == 0  # forwarded to the host it feeds
+    sends, done = bulk.on_chunk(chunk_message(codec, "b1", 0, b"1234"))
+    assert done is inc and bytes(inc.buffers[0]) == b"12345678" and len(sends) == 1
+    sends, done = bulk.on_chunk(chunk_message(codec, "b1", 0, b"1234"))  # again (healing): dropped
+    assert sends == [] and bulk.duplicates == 1
+
+
+@pytest.mark.parametrize("forge", ["digest", "signature", "index", "size"])
+def test_forged_or_malformed_chunks_are_refused(forge):
+    codec = P.Codec(Session(key=b"k"))
+    bulk, _ = receiver(codec)
+    bulk.expect(_P("r1"), dict(bufs=[[0, 8]], chunk=4, id="b1", to=[]), 1)
+    if forge == "digest":
+        frames = chunk_message(codec, "b1", 0, b"1234", digest="0" * 64)
+    elif forge == "signature":
+        frames = chunk_message(codec, "b1", 0, b"1234")
+        frames[2] = b"f" * len(frames[2])
+    elif forge == "index":
+        frames = chunk_message(codec, "b1", 7, b"1234")
+    else:
+        frames = chunk_message(codec, "b1", 0, b"123")
+    with pytest.raises(P.ProtocolError):
+        bulk.on_chunk(frames)
+    assert not bulk.incoming["b1"].have
+
+
+@pytest.mark.parametrize("layout", [dict(bufs=[[3, 8]], chunk=4), dict(bufs=[[0, 8]], chunk=0),
+                                    dict(bufs=[], chunk=4), dict(bufs=[[0, 8], [0, 8]], chunk=4),
+                                    dict(bufs=[[0, 1 << 40]], chunk=1), dict(bufs="x", chunk=4)])
+def test_bad_layouts_are_refused(layout):
+    with pytest.raises(P.ProtocolError):
+        Layout.from_content(layout, 1)
+
+
+def test_a_malformed_chunk_is_dropped_by_the_node_not_raised():
+    sim, engines = bed(n_hosts=1)
+    node = sim.nodes[("h", "h0")]
+    assert node.on_chunk([b"feeder", b"junk"]) == [] and node.dropped == 1
+
+
+def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(tmp_path):
+    from ipyparallel_broadcast.shm import ShmStore
+
+    codec = P.Codec(Session(key=b"k"))
+    bulk, clock = receiver(codec)
+    store = ShmStore(root=str(tmp_path))
+    bulk.reserve, bulk.discard = store.reserve, store.drop
+    inc, _ = bulk.expect(_P("r1"), dict(bufs=[[0, 8]], chunk=4, id="b1", to=[]), 1)
+    (name,) = [p.name for p in tmp_path.iterdir()]
+    assert inc.ref.name == name
+    bulk.on_chunk(chunk_message(codec, "b1", 1, b"5678"))
+    ((_, offset, _),) = inc.ref.bufs
+    assert (tmp_path / name).read_bytes()[offset + 4:offset + 8] == b"5678"  # in place, no copy of its own
+    clock[0] = 11.0
+    assert bulk.stalled(clock[0]) == [inc]
+    assert list(tmp_path.iterdir()) == []
