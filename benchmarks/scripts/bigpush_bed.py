@@ -70,6 +70,10 @@ DRIVER = textwrap.dedent("""
 
     if system == "dask":
         views = {"Dask scatter(broadcast=True)": DaskView(path)}
+    elif system == "star":
+        rc = Client(path)
+        rc.wait_for_engines(n, timeout=600)
+        views = {"ours, star (no chunks)": rc.broadcast_view()}
     else:
         rc = (ipp.Client if system == "stock" else Client)(path)
         rc.wait_for_engines(n, timeout=600)
@@ -149,17 +153,18 @@ def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int) -> s
             stack.callback(os.killpg, p.pid, signal.SIGKILL)
         return f"tcp://{bed.controller.addr}:{port}"
     stock = system == "stock"
-    cluster = stack.enter_context(BedCluster(bed, depth=1 if stock else 0, stock=stock))
+    args = ["--BroadcastController.host_chunks=False"] if system == "star" else []
+    cluster = stack.enter_context(BedCluster(bed, depth=1 if stock else 0, stock=stock, controller_args=args))
     for host in bed.hosts:
         cluster.start_engines(host, per_host, kind="stock" if stock else "broadcast")
     return cluster._file("client")
 
 
-def measure_system(args, system: str) -> dict:
-    n = args.hosts * args.per_host
+def measure_system(args, system: str, hosts: int) -> dict:
+    n = hosts * args.per_host
     rows = {}
     with ExitStack() as stack:
-        bed = stack.enter_context(NetBed(hosts=args.hosts))
+        bed = stack.enter_context(NetBed(hosts=hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
         drive = Driver(bed, start_system(stack, bed, system, args.per_host), system, n)
@@ -175,10 +180,10 @@ def measure_system(args, system: str) -> dict:
                         out.append((bed.link_bytes(bed.controller)[1] - start_out) / size)
                         mem.append(max(pss(bed.pids(h)) - m for h, m in zip(bed.hosts, start_mem)) / size)
                         drive(name, "drop")
-                    rows[name, mib] = dict(push=statistics.median(times), each=times,
+                    rows[name, hosts, mib] = dict(push=statistics.median(times), each=times,
                                            out=statistics.median(out), mem=statistics.median(mem))
                 echoes = [drive(name, "echo") for _ in range(20)]
-                rows[name, "echo"] = statistics.median(echoes)
+                rows[name, hosts, "echo"] = statistics.median(echoes)
         finally:
             drive.close()
     return rows
@@ -186,43 +191,59 @@ def measure_system(args, system: str) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--hosts", default="8", help="engine hosts, comma-separated: one bed each")
     parser.add_argument("--per-host", type=int, default=4)
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--sizes", default="16,64", help="MiB, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--systems", default="ours,stock,dask")
+    parser.add_argument("--systems", default="ours,star,stock,dask")
     parser.add_argument("--out")
+    parser.add_argument("--json", help="the rows as JSON too (for the notebook's plot)")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    host_counts = [int(h) for h in args.hosts.split(",")]
     why = NetBed.available()
     if why:
         parser.error(why)
     rows = {}
-    for system in args.systems.split(","):
-        rows.update(measure_system(args, system))
+    for hosts in host_counts:
+        for system in args.systems.split(","):
+            rows.update(measure_system(args, system, hosts))
     rate = _rate_bits(args.rate) / 8
     lines = [
         f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
         f"every link capped at {args.rate} each way (tbf). Ours: depth 0 (the root is the leaf), a relay "
-        f"per engine host; stock: depth 1 (its depth-0 broadcast scheduler never answered on the bed). "
+        f"per engine host, big buffers in pipelined chunks host to host (star: "
+        f"host_chunks off, one whole copy from the leaf to each host); stock: depth 1 (its depth-0 broadcast scheduler never answered on the bed). "
         f"Medians of {args.reps} pushes of a float64 array of M bytes; every engine then reads it all.",
         "Floor: M/B, one copy over one link. Out: bytes that left the controller host, in M. "
         "Host memory: PSS gained by the busiest engine host, in M.",
         "",
-        "| system | M | push (s) | each (s) | x floor | out (x M) | host memory (x M) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| system | hosts | M | push (s) | each (s) | x floor | out (x M) | host memory (x M) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    names = list(dict.fromkeys(name for name, _ in rows))
+    names = list(dict.fromkeys(name for name, _, _ in rows))
+    table = []
     for name in names:
-        for mib in args.sizes:
-            r = rows[name, mib]
-            floor = (mib << 20) / rate
-            lines.append(f"| {name} | {mib} MiB | {r['push']:.2f} | {' '.join(f'{t:.2f}' for t in r['each'])} | "
-                         f"{r['push'] / floor:.1f} | {r['out']:.2f} | {r['mem']:.2f} |")
-    lines += ["", "| system | 1 kB echo (ms, median of 20) |", "|---|---:|"]
-    lines += [f"| {name} | {1e3 * rows[name, 'echo']:.1f} |" for name in names]
-    report("bigpush_bed.py", argv, f"Big pushes across {args.hosts} hosts at {args.rate}", lines, args.out)
+        for hosts in host_counts:
+            for mib in args.sizes:
+                r = rows[name, hosts, mib]
+                floor = (mib << 20) / rate
+                table.append(dict(system=name, hosts=hosts, mib=mib, floor=floor, **r))
+                lines.append(f"| {name} | {hosts} | {mib} MiB | {r['push']:.2f} | "
+                             f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['push'] / floor:.1f} | "
+                             f"{r['out']:.2f} | {r['mem']:.2f} |")
+    lines += ["", "| system | hosts | 1 kB echo (ms, median of 20) |", "|---|---:|---:|"]
+    lines += [f"| {name} | {hosts} | {1e3 * rows[name, hosts, 'echo']:.1f} |" for name in names for hosts in host_counts]
+    text = report("bigpush_bed.py", argv, f"Big pushes across {args.hosts} hosts at {args.rate}", lines, args.out)
+    if args.json:
+        from report import STARTED_AT, command
+
+        echo = [dict(system=n, hosts=h, seconds=rows[n, h, "echo"]) for n in names for h in host_counts]
+        with open(args.json, "w") as f:
+            json.dump(dict(command=command("bigpush_bed.py", argv), commit=STARTED_AT, rate=args.rate,
+                           per_host=args.per_host, rows=table, echo=echo), f, indent=1)
+    return text
 
 
 if __name__ == "__main__":
