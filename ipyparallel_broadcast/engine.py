@@ -19,7 +19,7 @@ import zmq
 from ipyparallel.engine import app as ipp_engine_app
 from ipyparallel.engine.app import IPEngine
 from ipyparallel.engine.app import aliases as engine_aliases
-from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float
+from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
 
 from . import compose
 from .compose.host import cluster_key
@@ -56,6 +56,12 @@ class BroadcastEngine(IPEngine):
         help="""Reach the broadcast tree through a relay on this host (one per host,
         started by its engines; see ipyparallel_broadcast.hostrelay): 'auto' on a
         host other than the controller's, 'always', or 'never' (straight to a leaf).""",
+    )
+    host_relay_ip = Unicode(
+        "", config=True,
+        help="""The address this host's relay listens on for the chunks of big requests
+        that other hosts send it (see ipyparallel_broadcast.schedulers.bulk); a random port.
+        Default: the address of the interface that reaches the controller.""",
     )
     aliases = Dict(aliases)
     host_link = None
@@ -118,7 +124,8 @@ class BroadcastEngine(IPEngine):
             return connect  # ipyparallel reports the refusal
         eid, uuid = content["id"], self.bident.decode()
         link = self.host_link = HostLink.from_connection(
-            self.connection_info, self.session, host_label(), self.curve_serverkey, self.log_level)
+            self.connection_info, self.session, host_label(), self.curve_serverkey, self.log_level,
+            ip=self.host_relay_ip)
         link.attach(eid)
         place, leaves = link.place, link.leaves
         await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)

@@ -87,7 +87,7 @@ class HostLink:
 
     @classmethod
     def from_connection(cls, info: dict, session, label: str, curve_serverkey=None,
-                        log_level=30) -> "HostLink":
+                        log_level=30, ip: str = "") -> "HostLink":
         """The link of an engine whose engine connection file is ``info``."""
         from .naming import TREE_KEY
 
@@ -97,7 +97,7 @@ class HostLink:
             packer=session.packer, unpacker=session.unpacker, host=label,
             depth=info[TREE_KEY]["depth"], fanout=info[TREE_KEY]["fanout"],
             shm=info[TREE_KEY].get("shm", True), shm_threshold=info[TREE_KEY].get("shm_threshold"),
-            down_url=place.down_url, log_level=log_level,
+            down_url=place.down_url, log_level=log_level, ip=ip,
             curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
         ), place)
         link.leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]

@@ -65,7 +65,7 @@ class HostRelayShell(NodeShell):
         self.bulk = _socket(ctx, zmq.ROUTER)  # chunks of big requests, from the host that feeds this one
         if place.secret:
             self.bulk.curve_server, self.bulk.curve_secretkey = True, place.secret
-        ip = os.environ.get("IPB_HOST_IP") or local_ip_towards(spec["up_url"])
+        ip = spec.get("ip") or local_ip_towards(spec["up_url"])  # BroadcastEngine.host_relay_ip
         port = self.bulk.bind_to_random_port(f"tcp://{ip}")
         self.node.bulk_url = f"tcp://{ip}:{port}"
         self.notifications = self.registrar = self.monitor = self.pulse = None

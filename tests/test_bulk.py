@@ -209,3 +209,11 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
     clock[0] = 11.0
     assert bulk.stalled(clock[0]) == [inc]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_fanout_is_a_chain_for_few_hosts_and_wider_for_many():
+    from ipyparallel_broadcast.schedulers.bulk import choose_fanout
+
+    assert choose_fanout(8, 64 << 20, 512 << 10) == 1
+    assert choose_fanout(1000, 64 << 20, 512 << 10) > 1
+    assert choose_fanout(1, 1 << 20, 512 << 10) == 1

@@ -277,3 +277,61 @@ def test_a_big_push_on_slow_links_is_not_taken_for_a_dead_host_and_a_dead_host_s
         results = dict(zip(rc.ids, ar.get(timeout=60, return_exceptions=True)))
         assert isinstance(results.pop(cut), error.RemoteError)
         assert list(results.values()) == [None, None]
+
+
+def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_once(bed):
+    rc, hosts = bed.rc, bed.bed.hosts
+    before = {s["node"]: s for s in rc.broadcast_stats()}
+    data = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: 16 chunks of 512 KiB
+    out = bed.bed.link_bytes(bed.bed.controller)[1]
+    view = rc.broadcast_view(block=True)
+    view.push(dict(big=data))
+    out = bed.bed.link_bytes(bed.bed.controller)[1] - out
+    assert view.apply(_mapped_sum) == [(True, float(data.sum()))] * len(rc.ids)
+    after = {s["node"]: s for s in rc.broadcast_stats()}
+    moved = {k: {f: after[k][f] - before[k].get(f, 0) for f in ("bulk_sent", "bulk_received", "bulk_forwarded")}
+             for k in after}
+    leaves = [k for k in after if not after[k].get("host") and moved[k]["bulk_sent"]]
+    relays_moved = [moved[k] for k in after if after[k].get("host")]
+    assert all(m["bulk_received"] == 16 for m in relays_moved)  # each host got each chunk once
+    assert sum(moved[k]["bulk_sent"] for k in leaves) + sum(m["bulk_forwarded"] for m in relays_moved) == 16 * 3
+    # the hosts hang under both leaves here: at most one chain each leaves the controller
+    assert sum(moved[k]["bulk_sent"] for k in leaves) <= 16 * len(leaves) and len(leaves) <= 2
+    assert out < (len(leaves) + 0.3) * data.nbytes
+
+
+def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
+    """A chain of three hosts at 50 Mbit/s; the first, which feeds the others,
+    dies mid-push: its engine fails by name, the leaf feeds the other two
+    itself, and their engines get the whole array once."""
+    from ipyparallel_broadcast.tools.netbed import kill_namespace
+
+    needs_bed()
+    args = ["--BroadcastController.node_timeout=1.5", "--BroadcastController.ping_interval=0.2",
+            "--BroadcastController.host_chunk_fanout=1"]
+    with NetBed(hosts=3) as bed, BedCluster(bed, depth=0, controller_args=args) as cluster:
+        for host in [bed.controller] + bed.hosts:
+            bed.limit(host, "50mbit")
+        for host in bed.hosts:
+            cluster.start_engines(host, 1)
+        rc = cluster.client(wait_for=3)
+        view = rc.broadcast_view()
+        found = relays(rc)
+        head_label = min(found, key=lambda label: min(found[label]["eids"]))  # the chain's order: targets'
+        head = next(h for h in bed.hosts if label_of(bed, h) == head_label)
+        (cut,) = found[head_label]["eids"]
+        data = np.ones(8 << 20, dtype=np.uint8)  # about 1.4 s on one link
+        start = bed.link_bytes(head)[0]
+        ar = view.push(dict(data=data), block=False)
+        until(lambda: bed.link_bytes(head)[0] - start > 2 << 20, what="the push to be under way")
+        kill_namespace(head.netns)
+        results = dict(zip(rc.ids, ar.get(timeout=60, return_exceptions=True)))
+        failed = results.pop(cut)
+        assert isinstance(failed, error.RemoteError) and "Host relay" in str(failed)
+        assert list(results.values()) == [None, None]
+        survivors = rc.broadcast_view(targets=sorted(results))
+        assert survivors.apply_sync(_data_size) == [data.size] * 2
+        stats = {s["node"]: s for s in rc.broadcast_stats()}
+        assert stats["root"]["bulk_sent"] > 16  # the head's chunks, and again to the hosts it fed
+        # each survivor took each chunk once, whether it came from the head or from the leaf
+        assert [s["bulk_received"] for s in stats.values() if s.get("host")] == [16, 16]

@@ -55,7 +55,9 @@ DRIVER = textwrap.dedent("""
             return list(self.client.run(f, *args).values())
 
         def push(self, ns, block=True):
-            self.future = self.client.scatter(ns["big"], broadcast=True)
+            # hash=False: a fresh key each time (equal arrays hash alike, and a key
+            # scattered again while its release is under way stays held)
+            self.future = self.client.scatter(ns["big"], broadcast=True, hash=False)
 
         def execute(self, code, block=True):
             if code.startswith("del"):
