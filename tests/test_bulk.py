@@ -111,6 +111,7 @@ def test_a_host_relay_that_hangs_mid_chain_is_healed_around_and_no_engine_gets_a
     for e in replies:
         assert len(sim.engine_inbox[e]) == 1 and buffers_got(sim, e) == [big]
     assert not any(n.pending for k, n in sim.nodes.items() if k != second)
+    assert sim.closed_links == [second]  # what was queued for it goes
 
 
 def test_hosts_whose_chunks_stop_coming_fail_their_engines_naming_the_cause():

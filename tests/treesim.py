@@ -34,6 +34,7 @@ class TreeSim:
         self.coalesce, self.bulk = coalesce, bulk
         self.bulk_urls = {}  # url -> ("h", label)
         self.chunks_at = {}
+        self.closed_links = []  # hosts whose bulk link a node closed
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
@@ -211,6 +212,9 @@ class TreeSim:
                     self.queue.extend((parent, s) for s in self.nodes[parent].on_down(frames))
             elif send.socket == BULK:  # a chunk, to a host relay's bulk socket
                 host = self.bulk_urls[P.as_bytes(send.frames[0]).decode()]
+                if len(send.frames) == 1:  # the link to a lost host closed
+                    self.closed_links.append(host)
+                    continue
                 if host in self.down_nodes:
                     continue
                 self.chunks_at[host] += 1

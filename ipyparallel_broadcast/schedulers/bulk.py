@@ -35,7 +35,7 @@ from .events import Send
 
 log = logging.getLogger(__name__)
 
-BULK = "bulk"  # a Send to a host relay's bulk socket: frames [url, label, *message]
+BULK = "bulk"  # a Send to a host relay's bulk socket: [url, identity, *message]; [url]: close the link
 CHUNK_MSG = "ipb_chunk"
 CHUNK = 512 << 10  # bytes per chunk (MPI's large-message segments are 512 KB)
 THRESHOLD = 1 << 20  # buffers this big go in chunks
@@ -199,8 +199,10 @@ class Bulk:
         return sends
 
     def orphaned(self, host: bytes) -> List[Send]:
-        """``host`` is lost: the hosts it fed get every chunk from the leaf."""
-        sends = []
+        """``host`` is lost: the hosts it fed get every chunk from the leaf
+        (and the link to it goes, with what it still held)."""
+        urls = {out.urls[host] for out in self.outgoing.values() if host in out.urls}
+        sends = [Send(BULK, [url.encode()]) for url in urls]
         for out in self.outgoing.values():
             feeds = out.tree.pop(host, None)
             if feeds:

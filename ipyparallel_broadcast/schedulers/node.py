@@ -174,6 +174,10 @@ class NodeShell:
         """A chunk to a host relay's bulk socket: ``[url, its identity, *message]``
         (one DEALER per host fed, made at first use; curve: that relay's derived keys)."""
         url = P.as_bytes(frames[0]).decode()
+        if len(frames) == 1:  # that host relay is lost: drop the chunks still queued for it
+            if url in self.feeds:
+                self.feeds.pop(url).close()
+            return
         sock = self.feeds.get(url)
         if sock is None:
             sock = self.feeds[url] = _socket(self.context, zmq.DEALER)
