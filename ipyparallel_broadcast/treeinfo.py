@@ -27,12 +27,25 @@ class TreeLayout:
         }
         self._text = render(shape, engine_ids, self.hosts)
         self.nodes = {str(n.get("host") or n.get("node")): n for n in nodes}
+        for name, n in sorted(self.nodes.items()):  # the data plane: where the last big request's chunks went
+            if n.get("bulk_last"):
+                self._text += "\n" + chunk_path(name, n["bulk_last"])
 
     def __repr__(self):
         return self._text
 
     def _repr_html_(self):
         return tree_html(self.shape, self.leaves, self.hosts, self.nodes)
+
+
+def chunk_path(leaf: str, last: dict) -> str:
+    """How the last big request's chunks went from ``leaf`` to its hosts (``bulk``)."""
+    hosts, k = last.get("hosts") or [], last.get("fanout") or 1
+    if k == 1:
+        shape = " -> ".join([leaf] + list(hosts))
+    else:
+        shape = f"{leaf} -> a {k}-ary tree of {len(hosts)} hosts: " + ", ".join(hosts)
+    return f"chunks of the last big request ({last.get('chunks')}): {shape}"
 
 
 class TreeSurveys:

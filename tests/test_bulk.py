@@ -218,3 +218,13 @@ def test_the_fanout_is_a_chain_for_few_hosts_and_wider_for_many():
     assert choose_fanout(8, 64 << 20, 512 << 10) == 1
     assert choose_fanout(1000, 64 << 20, 512 << 10) > 1
     assert choose_fanout(1, 1 << 20, 512 << 10) == 1
+
+
+def test_the_tree_shows_where_the_last_big_requests_chunks_went():
+    from ipyparallel_broadcast.treeinfo import chunk_path
+
+    sim, engines = bed(n_hosts=3, fanout=1)
+    sim.request(engines, inner=big_inner(sim, data(3_000)))
+    last = sim.nodes[()].stats()["bulk_last"]
+    assert chunk_path("root", last) == "chunks of the last big request (3): root -> h0 -> h1 -> h2"
+    assert chunk_path("0", dict(last, fanout=2)).startswith("chunks of the last big request (3): 0 -> a 2-ary tree")

@@ -298,6 +298,9 @@ def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_
     # the hosts hang under both leaves here: at most one chain each leaves the controller
     assert sum(moved[k]["bulk_sent"] for k in leaves) <= 16 * len(leaves) and len(leaves) <= 2
     assert out < (len(leaves) + 0.3) * data.nbytes
+    shown = repr(rc.broadcast_tree())  # the data plane: the chunks' path from each leaf
+    assert shown.count("chunks of the last big request (16)") == len(leaves)
+    assert all(label in shown.split("chunks of the last", 1)[1] for label in relays(rc))
 
 
 def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():

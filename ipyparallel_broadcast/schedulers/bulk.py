@@ -159,6 +159,7 @@ class Bulk:
         self.early_since: Dict[str, float] = {}
         self.early_bytes = 0
         self.sent = self.received = self.forwarded = self.duplicates = 0  # chunks, for stats
+        self.last: Optional[dict] = None  # the last request's plan: fanout, hosts in order, chunks
 
     # ------------------------------------------------------------- the leaf
     def start(self, p, hosts: List[Tuple[bytes, str]], boot: str) -> Optional[Outgoing]:
@@ -178,6 +179,7 @@ class Bulk:
             data = memoryview(p.inner[5 + bufs[k][0]]).cast("B")[offset:offset + size]
             messages.append(self.codec.pack(CHUNK_MSG, dict(id=out_id, i=j, d=digest(data)), [data]))
         out = Outgoing(out_id, layout, plan([h for h, _ in hosts], fanout), messages, dict(hosts))
+        self.last = dict(fanout=fanout, chunks=layout.n, hosts=[h[len(HOST_PREFIX):].decode() for h, _ in hosts])
         self.outgoing[p.key] = out
         return out
 
@@ -323,5 +325,8 @@ class Bulk:
         self.early_since.pop(bulk_id, None)
 
     def stats(self) -> dict:
-        return dict(bulk_sent=self.sent, bulk_received=self.received, bulk_forwarded=self.forwarded,
-                    bulk_duplicates=self.duplicates)
+        stats = dict(bulk_sent=self.sent, bulk_received=self.received, bulk_forwarded=self.forwarded,
+                     bulk_duplicates=self.duplicates)
+        if self.last is not None:
+            stats["bulk_last"] = self.last
+        return stats
