@@ -13,7 +13,8 @@ engine having read the array), in multiples of M; and a 1 kB echo.
 Systems: ours (BroadcastView through the host relays), DirectView on the
 same cluster, IPython Parallel's BroadcastView on a stock cluster, and Dask's
 ``scatter(broadcast=True)`` (a scheduler beside the client, ``--per-host``
-single-threaded workers on each engine host). MPI (mpi4py over MPICH) is not
+single-threaded workers on each engine host; its active memory manager off, as
+it would drop the broadcast's replicas while they are made). MPI (mpi4py over MPICH) is not
 run here: it needs MPICH's launcher to start ranks inside the namespaces.
 """
 
@@ -143,9 +144,12 @@ def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int) -> s
     if system == "dask":
         port = 8786
         log = stack.enter_context(open(os.devnull, "wb"))
+        # the active memory manager (on by default) drops the replicas that
+        # scatter(broadcast=True) makes while it is still making them: the push livelocks
+        env = dict(os.environ, DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START="False")
         procs = [bed.popen(bed.controller, [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
                                             bed.controller.addr, "--port", str(port), "--no-dashboard"],
-                           stdout=log, stderr=log)]
+                           stdout=log, stderr=log, env=env)]
         procs += [bed.popen(h, [sys.executable, "-m", "distributed.cli.dask_worker",
                                 f"tcp://{bed.controller.addr}:{port}", "--nworkers", str(per_host),
                                 "--nthreads", "1", "--no-dashboard", "--host", h.addr],
