@@ -10,12 +10,14 @@ and size: the push's wall time (median of ``--reps``) against the wire floor
 M/B (one copy over one link), the bytes that left the controller host, and
 the memory gained by the busiest engine host (PSS over its processes, every
 engine having read the array), in multiples of M; and a 1 kB echo.
-Systems: ours (BroadcastView through the host relays), DirectView on the
+Systems: ours (BroadcastView through the host relays, big buffers in
+chunks host to host), the star (ours with ``host_chunks`` off), DirectView on the
 same cluster, IPython Parallel's BroadcastView on a stock cluster, and Dask's
 ``scatter(broadcast=True)`` (a scheduler beside the client, ``--per-host``
 single-threaded workers on each engine host; its active memory manager off, as
 it would drop the broadcast's replicas while they are made). MPI (mpi4py over MPICH) is not
-run here: it needs MPICH's launcher to start ranks inside the namespaces.
+run here: it needs MPICH's launcher to start ranks inside the namespaces
+(see docs/bigdata.md).
 """
 
 from __future__ import annotations
