@@ -228,3 +228,19 @@ def test_the_tree_shows_where_the_last_big_requests_chunks_went():
     last = sim.nodes[()].stats()["bulk_last"]
     assert chunk_path("root", last) == "chunks of the last big request (3): root -> h0 -> h1 -> h2"
     assert chunk_path("0", dict(last, fanout=2)).startswith("chunks of the last big request (3): 0 -> a 2-ary tree")
+
+
+def test_a_segment_whose_request_was_done_before_its_chunks_came_is_unlinked_when_they_have(tmp_path):
+    from ipyparallel_broadcast.shm import ShmStore
+
+    codec = P.Codec(Session(key=b"k"))
+    bulk, _ = receiver(codec)
+    store = ShmStore(root=str(tmp_path))
+    bulk.reserve, bulk.discard = store.reserve, store.drop
+    content = dict(bufs=[[0, 8]], chunk=4, id="b1", to=[["h9", "tcp://10.0.0.9:1"]])
+    inc, _ = bulk.expect(_P("r1"), content, 1)
+    bulk.done("r1")  # every engine here failed first; the chunks still go on to h9
+    bulk.on_chunk(chunk_message(codec, "b1", 0, b"1234"))
+    sends, done = bulk.on_chunk(chunk_message(codec, "b1", 1, b"5678"))
+    assert done is None and len(sends) == 1
+    assert list(tmp_path.iterdir()) == [] and inc.ref is None

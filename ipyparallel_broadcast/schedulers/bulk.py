@@ -266,6 +266,8 @@ class Bulk:
             self._trim_early()
             return [], None
         sends = self._take(inc, body, j=content["i"])
+        if inc.complete and inc.key is None and inc.buffers:  # its request was done here already
+            self.finished(inc, adopted=False)
         return sends, inc if inc.complete and inc.key is not None else None
 
     def _take(self, inc: Incoming, body, j: Optional[int] = None) -> List[Send]:
@@ -305,6 +307,8 @@ class Bulk:
                 self.discard(inc.ref)
         for inc in [i for i in self.incoming.values() if i.complete and now - i.last > self.stall]:
             del self.incoming[inc.id]  # complete and quiet: no duplicate can still come
+            if inc.ref is not None:
+                self.discard(inc.ref)
         for bulk_id in [b for b, t in self.early_since.items() if now - t > self.stall]:
             self._forget_early(bulk_id)  # no envelope came: the request was not for this host
         return gone
