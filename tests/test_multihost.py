@@ -9,6 +9,7 @@ it and must not skip (``CI=true`` turns a skip into a failure).
 import os
 import re
 import signal
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -248,21 +249,27 @@ def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_p
     assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
 
 
+@contextmanager
+def slow_bed(*extra_args):
+    """3 hosts of one engine each, every link at 50 Mbit/s, a node timeout of
+    1.5 s: (bed, client)."""
+    needs_bed()
+    args = ["--BroadcastController.node_timeout=1.5", "--BroadcastController.ping_interval=0.2", *extra_args]
+    with NetBed(hosts=3) as bed, BedCluster(bed, depth=0, controller_args=args) as cluster:
+        for host in [bed.controller] + bed.hosts:
+            bed.limit(host, "50mbit")
+        for host in bed.hosts:
+            cluster.start_engines(host, 1)
+        yield bed, cluster.client(wait_for=3)
+
+
 def test_a_big_push_on_slow_links_is_not_taken_for_a_dead_host_and_a_dead_host_still_is():
     """Links capped so that the push takes longer than the node timeout: pings
     on the pulse link keep the busy hosts alive; a host killed mid-transfer
     is still found, and its engine fails by name while the others finish."""
     from ipyparallel_broadcast.tools.netbed import kill_namespace
 
-    needs_bed()
-    timeout = 1.5  # seconds; the push below needs about 4 at 50 Mbit/s
-    args = [f"--BroadcastController.node_timeout={timeout}", "--BroadcastController.ping_interval=0.2"]
-    with NetBed(hosts=3) as bed, BedCluster(bed, depth=0, controller_args=args) as cluster:
-        for host in [bed.controller] + bed.hosts:
-            bed.limit(host, "50mbit")
-        for host in bed.hosts:
-            cluster.start_engines(host, 1)
-        rc = cluster.client(wait_for=3)
+    with slow_bed() as (bed, rc):  # the push below needs about 4 s at 50 Mbit/s
         view = rc.broadcast_view()
         assert view.apply_sync(lambda: 1) == [1] * 3
         data = np.zeros(8 << 20, dtype=np.uint8)
@@ -310,15 +317,7 @@ def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
     itself, and their engines get the whole array once."""
     from ipyparallel_broadcast.tools.netbed import kill_namespace
 
-    needs_bed()
-    args = ["--BroadcastController.node_timeout=1.5", "--BroadcastController.ping_interval=0.2",
-            "--BroadcastController.host_chunk_fanout=1"]
-    with NetBed(hosts=3) as bed, BedCluster(bed, depth=0, controller_args=args) as cluster:
-        for host in [bed.controller] + bed.hosts:
-            bed.limit(host, "50mbit")
-        for host in bed.hosts:
-            cluster.start_engines(host, 1)
-        rc = cluster.client(wait_for=3)
+    with slow_bed("--BroadcastController.host_chunk_fanout=1") as (bed, rc):
         view = rc.broadcast_view()
         found = relays(rc)
         head_label = min(found, key=lambda label: min(found[label]["eids"]))  # the chain's order: targets'
