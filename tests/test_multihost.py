@@ -220,35 +220,6 @@ def label_of(bed, host):
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_path):
-    """Last in this module: the cut-off host's engines are gone afterwards."""
-    rc, host = bed.rc, bed.bed.hosts[-1]
-    label = label_of(bed.bed, host)
-    cut = relays(rc)[label]["eids"]
-    gate, targets = tmp_path / "gate", list(rc.ids)
-    ar = rc.broadcast_view(targets).apply_async(_gate_until, str(gate))
-    bed.bed.set_link(host, False)
-    gate.touch()
-    results = dict(zip(targets, ar.get(timeout=60, return_exceptions=True)))
-    for eid, r in results.items():
-        if eid in cut:
-            assert isinstance(r, error.RemoteError) and label in str(r), r
-        else:
-            assert isinstance(r, int), r
-    live = [e for e in rc.ids if e not in cut]
-    assert rc.broadcast_view(live).apply_sync(lambda: 3) == [3] * len(live)
-    until(lambda: not set(cut) & set(rc.ids), what="the hub to drop the cut-off engines")
-    bed.bed.set_link(host, True)
-    # the relay hears they were dropped and tells them; they exit, and so does it
-    until(lambda: not bed.bed.pids(host), what="the cut-off host's engines and relay to exit")
-    def nothing_left():  # no request pending, and no leaf keeps the host
-        nodes = rc.broadcast_stats()
-        return all(n.get("pending") == 0 and label not in (n.get("hosts") or ()) for n in nodes)
-
-    until(nothing_left, what="nothing left of the cut-off host at the controller")
-    assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
-
-
 @contextmanager
 def slow_bed(*extra_args):
     """3 hosts of one engine each, every link at 50 Mbit/s, a node timeout of
@@ -338,3 +309,32 @@ def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
         assert stats["root"]["bulk_sent"] > 16  # the head's chunks, and again to the hosts it fed
         # each survivor took each chunk once, whether it came from the head or from the leaf
         assert [s["bulk_received"] for s in stats.values() if s.get("host")] == [16, 16]
+
+
+def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_path):
+    """Last in this module: the cut-off host's engines are gone afterwards."""
+    rc, host = bed.rc, bed.bed.hosts[-1]
+    label = label_of(bed.bed, host)
+    cut = relays(rc)[label]["eids"]
+    gate, targets = tmp_path / "gate", list(rc.ids)
+    ar = rc.broadcast_view(targets).apply_async(_gate_until, str(gate))
+    bed.bed.set_link(host, False)
+    gate.touch()
+    results = dict(zip(targets, ar.get(timeout=60, return_exceptions=True)))
+    for eid, r in results.items():
+        if eid in cut:
+            assert isinstance(r, error.RemoteError) and label in str(r), r
+        else:
+            assert isinstance(r, int), r
+    live = [e for e in rc.ids if e not in cut]
+    assert rc.broadcast_view(live).apply_sync(lambda: 3) == [3] * len(live)
+    until(lambda: not set(cut) & set(rc.ids), what="the hub to drop the cut-off engines")
+    bed.bed.set_link(host, True)
+    # the relay hears they were dropped and tells them; they exit, and so does it
+    until(lambda: not bed.bed.pids(host), what="the cut-off host's engines and relay to exit")
+    def nothing_left():  # no request pending, and no leaf keeps the host
+        nodes = rc.broadcast_stats()
+        return all(n.get("pending") == 0 and label not in (n.get("hosts") or ()) for n in nodes)
+
+    until(nothing_left, what="nothing left of the cut-off host at the controller")
+    assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
