@@ -1,7 +1,8 @@
 """``python -m ipyparallel_broadcast.controller``: ipcontroller with our relay tree.
 
-Everything but broadcast is ipyparallel's own: hub, registration, heartbeats,
-mux, control, task and IOPub queues. In place of its broadcast schedulers we
+Everything but broadcast and IOPub is ipyparallel's own: hub, registration,
+heartbeats, mux, control and task queues. IOPub is relayed as ipyparallel
+does, with a hello for each new client (see ``iopubrelay``). In place of its broadcast schedulers we
 start one process per node of a tree of ``depth`` levels and ``fanout``
 children per node; ``fanout ** depth`` leaves each serve the engines whose id
 is their index modulo the number of leaves.
@@ -17,6 +18,7 @@ import os
 import secrets
 import sys
 from multiprocessing import Process
+from threading import Thread
 
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Enum, Float, Integer, Type, Unicode, Union, default, validate
@@ -24,6 +26,7 @@ from traitlets import Bool, Enum, Float, Integer, Type, Unicode, Union, default,
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
+from .iopubrelay import run_iopub_relay
 from .logs import drop_unwritten_levels
 from .hostlink import HOST_KEY, host_label
 from .naming import TREE_KEY
@@ -258,6 +261,26 @@ class BroadcastController(IPController):
         self.node_processes = {path: self._node_process(path) for path in self.node_specs}
         self.node_restarts_done = dict.fromkeys(self.node_specs, 0)
         children.extend(self.node_processes.values())
+
+    def init_schedulers(self):
+        """ipyparallel's queues, with our IOPub relay in place of its IOPub
+        queue: the same sockets and monitor copies, and a hello for each
+        client whose subscription is live (see ``iopubrelay``)."""
+        super().init_schedulers()
+        session = self.session
+        spec = dict(engine_url=self.engine_url("iopub"), client_url=self.client_url("iopub"),
+                    monitor_url=disambiguate_url(self.monitor_url), key=session.key.decode("ascii"),
+                    signature_scheme=session.signature_scheme, packer=session.packer,
+                    unpacker=session.unpacker)
+        if self.enable_curve:
+            spec.update(curve_secretkey=self.curve_secretkey, curve_publickey=self.curve_publickey)
+        (stock,) = [c for c in self.children if getattr(c, "name", None) == "IOPubScheduler"]
+        if "Process" in self.mq_class:
+            relay = Process(target=run_iopub_relay, kwargs=dict(spec=spec), name="IOPubRelay", daemon=True)
+        else:
+            relay = Thread(target=run_iopub_relay, kwargs=dict(spec=spec, in_process=False),
+                           name="IOPubRelay", daemon=True)
+        self.children[self.children.index(stock)] = relay
 
     def _node_process(self, path) -> Process:
         spec = self.node_specs[path]
