@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from functools import partial
 from threading import current_thread
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -21,6 +22,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from tornado.ioloop import PeriodicCallback
 
 import ipyparallel as ipp
+from ipyparallel import error
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
@@ -218,6 +220,38 @@ class Upstream(ipp.Client):
                 call = self._calls.of_vid(i)[0] if isinstance(i, str) else None
                 msg_ids.append(call.msg_id if call is not None else i)
         return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
+
+    def _send(self, socket, msg_type, *args, ident=None, track_outstanding=False, **kwargs):
+        """ipyparallel's, and a request to one engine that is gone by the time it
+        is sent fails as its engine's death does, instead of waiting forever:
+        ipyparallel files a request under its engine only if the engine is
+        registered when it looks, and fails what is filed when the engine
+        unregisters, so a request sent across that moment was never answered
+        (it hung ``scatter`` under overlapping faults, issue 32). The check runs
+        on the I/O thread after the send, where unregistrations are handled."""
+        uuid = None
+        if track_outstanding and ident:
+            uuid = (ident[-1] if isinstance(ident, list) else ident).decode("utf-8")
+            eid = self._engines.get(uuid)
+        future = super()._send(socket, msg_type, *args, ident=ident, track_outstanding=track_outstanding,
+                               **kwargs)
+        if uuid is not None and future is not None:
+            self._io_loop.add_callback(guarded_callback(
+                partial(self._fail_if_engine_gone, future.msg_id, uuid, eid), "engine check"))
+        return future
+
+    def _fail_if_engine_gone(self, msg_id, uuid, eid):
+        if self._engines.get(uuid) is not None or msg_id not in self.outstanding or msg_id in self.results:
+            return  # still registered: its unregistration will fail what it holds
+        try:
+            raise error.EngineError(f"Engine {eid if eid is not None else uuid!r} is gone (it died or "
+                                    f"unregistered): request {msg_id!r} did not reach it")
+        except error.EngineError:
+            content = error.wrap_exception()
+        msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
+        msg["parent_header"]["msg_id"] = msg_id
+        msg["metadata"]["engine"] = uuid
+        self._handle_apply_reply(msg)
 
     def _extract_metadata(self, msg):
         """ipyparallel's, with the engine's start time parsed by the fast C parser."""
