@@ -31,6 +31,7 @@ from .adapter import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 from .treeinfo import TreeSurveys
 from .calls import Call, Calls
 from .history import History
+from .iopublive import IOPubLiveness
 from .paths import PathChooser
 from .reduction import Reduction
 from .results import CallResults, fill_metadata, resolve_reduction
@@ -46,7 +47,7 @@ class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(TreeSurveys, CallResults, Upstream):
+class Client(TreeSurveys, CallResults, IOPubLiveness, Upstream):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
