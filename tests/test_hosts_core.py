@@ -135,6 +135,25 @@ def test_a_restarted_root_learns_the_routes_again_at_its_first_ping():
     assert sorted(replies) == ENGINES and not failures
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_restarted_leaf_is_found_again_by_its_host_relays(stream):
+    """A leaf that restarted does not know its host relays, so it pings none:
+    each relay, its leaf silent for three pings, says hello and lists its
+    engines again, and they are reachable once more (issue 32's soak found
+    hosts cut off for good after a leaf restart)."""
+    sim = hosted(depth=1)
+    sim.restart((0,))
+    leaf = sim.nodes[(0,)]
+    assert not leaf.children.idents  # h1 hangs under leaf 0; the new process has not heard of it
+    relay = sim.nodes[("h", "h1")]
+    assert relay.next_deadline() <= relay.parent_heard + relay.parent_silence
+    wait(sim, relay.parent_silence + leaf.ping_interval)
+    sim.client_inbox.clear()
+    sim.request(ENGINES, stream=stream)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == ENGINES and not failures
+
+
 def test_a_silent_host_relay_with_no_engines_left_is_forgotten():
     sim = hosted()
     sim.down_nodes[("h", "h1")] = "hung"

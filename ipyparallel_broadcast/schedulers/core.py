@@ -61,6 +61,10 @@ class RelayNode:
         self.parent_boot: Optional[str] = None  # a new one: the parent restarted
         self.pulse_port: Optional[int] = None  # the shell's pulse link for host relays, if bound
         self.parent_pulse: Optional[int] = None  # host relay: the parent's pulse port, once told
+        # host relay: when its leaf last pinged it. A leaf that restarted does
+        # not know its host relays; each says hello again when its leaf is silent
+        self.parent_heard: Optional[float] = clock() if host else None
+        self.parent_silence = min(node_timeout, 3 * ping_interval)  # three pings missed
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
@@ -202,6 +206,9 @@ class RelayNode:
         sends = self.inflight.due(now) + self._stalled(now)
         if self.children.next_ping is not None and self.children.next_ping <= now:
             sends += self._ping(now)
+        if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
+            self.parent_heard = now  # again after as long, until a ping comes
+            sends += self.hello() + self.announce.again(self.engines)
         return sends
 
     def on_drained(self) -> List[Send]:
@@ -211,8 +218,9 @@ class RelayNode:
 
     def next_deadline(self) -> Optional[float]:
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
-        times = [t for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline())
-                 if t is not None]
+        silence = None if self.parent_heard is None else self.parent_heard + self.parent_silence
+        times = [t for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline(),
+                             silence) if t is not None]
         return min(times, default=None)
 
     def hello(self) -> List[Send]:
@@ -285,6 +293,8 @@ class RelayNode:
     def _parent_ping(self, content, via=UP) -> List[Send]:
         """Answer the parent; a parent that restarted hears our routes again."""
         boot, sends = content.get("boot"), [Send(via, s.frames) for s in self.hello()]
+        if self.parent_heard is not None:
+            self.parent_heard = self.clock()
         pulse = content.get("pulse")
         if self.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
             self.parent_pulse = pulse  # the shell connects to it; a pong says who we are there
