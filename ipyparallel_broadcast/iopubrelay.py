@@ -17,7 +17,8 @@ IPython Parallel's own clients drop any IOPub message without a parent.
 
 The engines' side and the hub's monitor are as ipyparallel has them: a SUB
 bound for the engines, subscribed to everything, and a copy of each output,
-prefixed ``b"iopub"``, to the hub's monitor.
+prefixed ``b"iopub"``, to the hub's monitor (not of a message with no topic:
+the hub cannot file it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from jupyter_client.session import Session
 
 log = logging.getLogger(__name__)
 HELLO_PREFIX = b"ipb-iopub-hello:"
+DELIM = b"<IDS|MSG>"
 WELCOME = "iopub_welcome"
 DRAIN = 256  # outputs relayed per wake-up at most, before the subscriptions are looked at
 
@@ -95,7 +97,9 @@ class IOPubRelay:
                 except zmq.Again:
                     break
                 self.xpub.send_multipart(msg, copy=False)
-                if self.monitor is not None:
+                # the hub files outputs by topic; a kernel's own iopub_welcome
+                # (ipykernel 7) has none, and the hub logged an error for each
+                if self.monitor is not None and msg[0].bytes != DELIM:
                     self.monitor.send_multipart([b"iopub", *msg], copy=False)
                 relayed += 1
         if self.xpub in events:
