@@ -135,6 +135,19 @@ def test_a_restarted_root_learns_the_routes_again_at_its_first_ping():
     assert sorted(replies) == ENGINES and not failures
 
 
+def test_a_request_on_its_way_as_a_hosted_engine_died_fails_it_as_dead():
+    """The root still routes engine 4 (the leaf's news of its death is on the
+    way) when a request goes out: the leaf fails it as dead, by name, not as
+    sent to the wrong subtree (the chaos soak saw the latter)."""
+    sim = hosted()
+    sim.kill(4)
+    sim.nodes[()].routes.learn(1, [4], [])  # the root has not heard yet
+    sim.request(ENGINES)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [4] and "Engine 4 died" in failures[4][2]
+    assert sorted(replies) == [e for e in ENGINES if e != 4]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_restarted_leaf_is_found_again_by_its_host_relays(stream):
     """A leaf that restarted does not know its host relays, so it pings none:

@@ -356,7 +356,7 @@ class RelayNode:
         elif not self.is_leaf and not mode:
             self.sharing.pass_down(p)
         strays = [] if self.is_root else [e for e in targets if not self._serves(e)]
-        sends = self._fail(p, strays, P.UNREACHABLE, "was routed to the wrong subtree") if strays else []
+        sends = self._fail_strays(p, strays) if strays else []
         if strays:
             targets = [e for e in targets if self._serves(e)]
         if content.get("bulk") is not None and self.host:  # its big buffers come in chunks
@@ -548,6 +548,15 @@ class RelayNode:
         del p.waiting[child]
         (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
         return self.inflight.finish_if_done(p)
+
+    def _fail_strays(self, p: Pending, strays) -> List[Send]:
+        """Targets not under this node: engines whose route went as they died
+        (the request was on its way), or routed here by mistake."""
+        departed = self.routes.departed
+        dead = [e for e in strays if e in departed]
+        other = [e for e in strays if e not in departed]
+        sends = self._fail(p, dead, P.DIED, "died (it was unregistered) before replying") if dead else []
+        return sends + (self._fail(p, other, P.UNREACHABLE, "was routed to the wrong subtree") if other else [])
 
     def _fail(self, p: Pending, eids, code, reason) -> List[Send]:
         failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]

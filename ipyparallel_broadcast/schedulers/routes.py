@@ -12,6 +12,7 @@ learns when its engines can be reached through the whole tree.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from itertools import count
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
@@ -19,6 +20,7 @@ from .. import protocol as P
 from ..topology import Path, TreeShape
 from .events import DOWN, JOINED, UP, Send
 
+DEPARTED_KEPT = 4096  # engines whose routes went, remembered for the requests still on their way
 Key = Union[int, bytes]  # a child: its digit (a relay node) or its identity (a host relay)
 
 
@@ -31,6 +33,16 @@ class Routes:
         self.overrides: Dict[int, int] = {}  # interior: eid -> child digit, where not modulo
         self.learned: Dict[int, int] = {}  # interior: every engine a child announced
         self.via: Dict[int, bytes] = {}  # leaf: eid -> the host relay it is behind
+        # engines whose route was removed (they died): a request that was on its
+        # way meanwhile fails them as dead, not as sent to the wrong subtree
+        self.departed: "OrderedDict[int, None]" = OrderedDict()
+
+    def _depart(self, eids: Iterable[int]):
+        for e in eids:
+            self.departed[e] = None
+            self.departed.move_to_end(e)
+        while len(self.departed) > DEPARTED_KEPT:
+            self.departed.popitem(last=False)
 
     def serves(self, eid: int) -> bool:
         """Whether ``eid`` is in this node's subtree, as far as it knows."""
@@ -66,15 +78,19 @@ class Routes:
         added = sorted(e for e in eids if self.via.get(e) != host)
         for e in added:
             self.via[e] = host
+            self.departed.pop(e, None)
+        self._depart(gone)
         return added, gone
 
     def host_lost_engine(self, eid: int):
-        self.via.pop(eid, None)
+        if self.via.pop(eid, None) is not None:
+            self._depart([eid])
 
     def learn(self, digit: int, add: Iterable[int], remove: Iterable[int]):
         """A child announced engines under it (``add``) or gone (``remove``)."""
         for e in add:
             self.learned[e] = digit
+            self.departed.pop(e, None)
             if self.shape.child_digit(self.path, e) == digit:
                 self.overrides.pop(e, None)  # the modulo rule already says so
             else:
@@ -82,6 +98,7 @@ class Routes:
         for e in remove:
             if self.learned.get(e) == digit:
                 del self.learned[e]
+                self._depart([e])
             if self.overrides.get(e) == digit:
                 del self.overrides[e]
 
