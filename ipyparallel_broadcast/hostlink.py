@@ -148,12 +148,13 @@ class HostLink:
         finally:
             os.close(fd)  # the relay holds the lock through its copy
 
-    def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT):
+    def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True):
         """Join the host's relay (starting it if need be); return once the
-        whole tree routes to this engine. Then watch the relay."""
+        whole tree routes to this engine. Then watch the relay. ``maps``: the
+        engine can map the relay's shared memory (simulated engines cannot)."""
         from .shm import identity
 
-        me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity())  # shm: can it map the relay's?
+        me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None)
         with open(os.path.join(self.place.joins, uuid), "w") as f:
             json.dump(me, f)
         ctx = zmq.Context.instance()

@@ -40,6 +40,7 @@ import time
 import traceback
 import uuid as uuidlib
 from datetime import datetime, timezone
+from functools import partial
 from itertools import count as counter
 from typing import Dict, List, Optional
 
@@ -130,8 +131,8 @@ class SimProcess:
             engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
         else:  # joined once the whole tree routes to it, as a real engine does
             self.link.attach(engine.id)
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.link.join, engine.id, engine.uuid, self.session)
+            await asyncio.get_running_loop().run_in_executor(  # no shared memory: bytes, as over TCP
+                None, partial(self.link.join, engine.id, engine.uuid, self.session, maps=False))
             engine.shell.connect(self.link.place.down_url)
         engine.heart.connect(self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
@@ -367,25 +368,48 @@ class SimEngines:
         self.n, self.per_process, self.hosts = n, per_process, hosts
         self.reply_bytes, self.delay = reply_bytes, delay
         self.processes: List[tuple] = []  # (process, pipe, engine ids)
+        self._labels = counter()
 
     def start(self, timeout: float = 600) -> List[int]:
         left = self.n
         while left > 0:
             count = min(left, self.per_process)
-            here, there = multiprocessing.Pipe()
-            host = f"{host_label()}-sim{len(self.processes)}" if self.hosts else None
-            proc = multiprocessing.Process(
-                target=_run_process, args=(self.info, count, self.reply_bytes, self.delay, host, there),
-                daemon=True, name=f"SimEngines({count})",
-            )
-            proc.start()
-            self.processes.append((proc, here, []))
+            self._spawn(count)
             left -= count
         for proc, pipe, ids in self.processes:
-            if not pipe.poll(timeout):
-                raise TimeoutError(f"simulated engines did not register within {timeout} s")
-            ids.extend(pipe.recv())
+            self._registered(pipe, ids, timeout)
         return self.ids
+
+    def _spawn(self, count: int) -> tuple:
+        here, there = multiprocessing.Pipe()
+        host = f"{host_label()}-sim{next(self._labels)}" if self.hosts else None  # a new host each time
+        proc = multiprocessing.Process(
+            target=_run_process, args=(self.info, count, self.reply_bytes, self.delay, host, there),
+            daemon=True, name=f"SimEngines({count})",
+        )
+        proc.start()
+        entry = (proc, here, [])
+        self.processes.append(entry)
+        return entry
+
+    @staticmethod
+    def _registered(pipe, ids, timeout):
+        if not pipe.poll(timeout):
+            raise TimeoutError(f"simulated engines did not register within {timeout} s")
+        ids.extend(pipe.recv())
+
+    def add(self, count: int, timeout: float = 120) -> List[int]:
+        """One more process of ``count`` engines (with ``hosts``: a new host); its ids."""
+        _, pipe, ids = self._spawn(count)
+        self._registered(pipe, ids, timeout)
+        return list(ids)
+
+    def kill_process(self, index: int) -> List[int]:
+        """SIGKILL one process (with ``hosts``: a whole host, relay and all); its ids."""
+        proc, pipe, ids = self.processes.pop(index)
+        proc.kill()
+        proc.join(5)
+        return list(ids)
 
     @property
     def ids(self) -> List[int]:
