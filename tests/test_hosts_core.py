@@ -148,6 +148,19 @@ def test_a_request_on_its_way_as_a_hosted_engine_died_fails_it_as_dead():
     assert sorted(replies) == [e for e in ENGINES if e != 4]
 
 
+def test_a_request_for_a_hosted_engine_the_root_heard_died_fails_there():
+    """The root has heard engine 4 (behind h2, under leaf 1 by announcement,
+    leaf 0 by the modulo rule) is gone: a request the client sent before it
+    heard fails 4 as dead at the root, not at the modulo leaf as misrouted."""
+    sim = hosted()
+    sim.kill(4)
+    assert 4 in sim.nodes[()].routes.departed
+    sim.request(ENGINES)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [4] and "Engine 4 died" in failures[4][2]
+    assert sorted(replies) == [e for e in ENGINES if e != 4]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_restarted_leaf_is_found_again_by_its_host_relays(stream):
     """A leaf that restarted does not know its host relays, so it pings none:

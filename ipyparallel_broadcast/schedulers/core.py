@@ -355,10 +355,14 @@ class RelayNode:
                     + self.inflight.finish_if_done(p)
         elif not self.is_leaf and not mode:
             self.sharing.pass_down(p)
-        strays = [] if self.is_root else [e for e in targets if not self._serves(e)]
+        if self.is_root:  # everything is under the root, but for engines whose route went
+            strays = [e for e in targets if e in self.routes.departed] if self.routes.departed else []
+        else:
+            strays = [e for e in targets if not self._serves(e)]
         sends = self._fail_strays(p, strays) if strays else []
         if strays:
-            targets = [e for e in targets if self._serves(e)]
+            gone = set(strays)
+            targets = [e for e in targets if e not in gone]
         if content.get("bulk") is not None and self.host:  # its big buffers come in chunks
             return sends + self._expect_bulk(p, content["bulk"], targets)
         return sends + self._dispatch(p, targets, mode)
