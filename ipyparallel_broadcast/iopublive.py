@@ -44,7 +44,7 @@ class IOPubLiveness(ipp.Client):
     iopub_timeout = Float(
         10.0, config=True,
         help="Seconds a new client waits for proof that its IOPub subscription is live "
-        "before it sends anything (outputs published before it is live are lost).",
+        "before it sends anything (outputs published before it is live are lost); 0: no wait.",
     )
 
     output_timeout = Float(
@@ -61,7 +61,8 @@ class IOPubLiveness(ipp.Client):
         tic = time.perf_counter()
         if not self._iopub_live.is_set() and TREE_KEY not in self._config:
             self._probe_iopub()
-        if not self._iopub_live.wait(self.iopub_timeout) and (TREE_KEY in self._config or self.ids):
+        waited = self.iopub_timeout > 0 and self._iopub_live.wait(self.iopub_timeout)
+        if self.iopub_timeout > 0 and not waited and (TREE_KEY in self._config or self.ids):
             log.warning("No sign within %.0f s that this client's IOPub subscription is live: "
                         "outputs of its first requests may be lost", self.iopub_timeout)
         self.iopub_wait = time.perf_counter() - tic
