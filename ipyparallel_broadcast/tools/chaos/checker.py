@@ -1,0 +1,112 @@
+"""The soak's checker: pure. The recorded history and the engines' logs in,
+a verdict out (``Verdict``); nothing here touches a socket.
+
+A call record (``workload.Record.as_dict``) holds the call's operation, reply
+mode and targets; when it was sent and when it ended (``None``: it never did);
+per engine, ``["ok", detail]`` or ``["error", text]``; results that were not
+its own (``wrong``); engines whose output did not come (``output_missing``).
+
+What the checker asserts (the issue's promise):
+- every call ends within ``bound`` seconds (else *hung*);
+- every target engine has an outcome: its result, or an error that names the
+  engine and a cause (else *lost*);
+- a result is the call's own (else *wrong*: another call's or client's);
+- each token runs at most once on each engine (else *twice*);
+- each engine that answered ``ok`` to an ``execute`` printed its token, or its
+  output was named missing (counted apart: *output missing*).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List
+
+CAUSES = (  # how an error names what happened to its engine
+    ("died", re.compile(r"died|is gone|unregistered|was dropped|not registered", re.I)),
+    ("unreachable", re.compile(r"not answered|not connected|unreachable|cut off|silent|lost|is down", re.I)),
+    ("misrouted", re.compile(r"wrong subtree", re.I)),
+    ("restarted", re.compile(r"restarted|lost the request", re.I)),
+    ("data", re.compile(r"did not get the request's data|shared memory|No space", re.I)),
+)
+
+
+def cause_of(text: str) -> str:
+    for name, pattern in CAUSES:
+        if pattern.search(text):
+            return name
+    return "other"
+
+
+def names_engine(text: str, eid) -> bool:
+    return re.search(rf"\b[Ee]ngine {eid}\b", text) is not None or f"engine {eid}" in text
+
+
+@dataclass
+class Verdict:
+    calls: int = 0
+    by_op: Dict[str, collections.Counter] = field(default_factory=dict)  # op -> ok/failed/hung counts
+    errors_by_cause: collections.Counter = field(default_factory=collections.Counter)
+    hung: List[dict] = field(default_factory=list)
+    ended_late: int = 0
+    lost: List[tuple] = field(default_factory=list)
+    unnamed: List[tuple] = field(default_factory=list)
+    wrong: List[tuple] = field(default_factory=list)
+    twice: List[tuple] = field(default_factory=list)
+    output_missing: List[tuple] = field(default_factory=list)
+    send_errors: collections.Counter = field(default_factory=collections.Counter)
+    executions: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (self.hung or self.lost or self.unnamed or self.wrong or self.twice)
+
+    def summary(self) -> dict:
+        return dict(calls=self.calls, hung=len(self.hung), lost=len(self.lost), unnamed=len(self.unnamed),
+                    wrong=len(self.wrong), twice=len(self.twice), output_missing=len(self.output_missing),
+                    ended_late=self.ended_late, executions=self.executions,
+                    send_errors=sum(self.send_errors.values()))
+
+
+def check(records: Iterable[dict], logs: Dict[str, List[str]], bound: float) -> Verdict:
+    v = Verdict()
+    for r in records:
+        op = r["op"]
+        counts = v.by_op.setdefault(op, collections.Counter())
+        if r.get("send_error"):
+            v.send_errors[r["send_error"].split(":")[0]] += 1
+            counts["refused"] += 1
+            continue
+        v.calls += 1
+        ended = r.get("ended")
+        if ended is None or ended - r["sent"] > bound:
+            v.hung.append(dict(client=r["client"], seq=r["seq"], op=op, mode=r["mode"], targets=len(r["targets"]),
+                               ended_after=None if ended is None else ended - r["sent"], waiting=r.get("hung")))
+            counts["hung"] += 1
+            if ended is not None:
+                v.ended_late += 1
+            continue
+        outcomes = r["outcomes"]
+        failed = False
+        for eid in r["targets"]:
+            got = outcomes.get(str(eid))
+            if got is None:
+                v.lost.append((r["client"], r["seq"], op, eid))
+                failed = True
+            elif got[0] == "error":
+                failed = True
+                v.errors_by_cause[cause_of(got[1])] += 1
+                if not names_engine(got[1], eid) and op not in ("reduce",):
+                    v.unnamed.append((r["client"], r["seq"], op, eid, got[1][:160]))
+        for item in r.get("wrong", ()):
+            v.wrong.append((r["client"], r["seq"], op, *item))
+        for eid in r.get("output_missing", ()):
+            v.output_missing.append((r["client"], r["seq"], eid))
+        counts["failed" if failed else "ok"] += 1
+    for name, tokens in logs.items():
+        v.executions += len(tokens)
+        for token, n in collections.Counter(tokens).items():
+            if n > 1:
+                v.twice.append((name, token, n))
+    return v
