@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 HELLO_PREFIX = b"ipb-iopub-hello:"
 DELIM = b"<IDS|MSG>"
 WELCOME = "iopub_welcome"
+CLIENT_BACKLOG = 100_000  # outputs queued for one client that is behind, before any is dropped
 DRAIN = 256  # outputs relayed per wake-up at most, before the subscriptions are looked at
 
 
@@ -60,6 +61,11 @@ class IOPubRelay:
     def __init__(self, ctx: zmq.Context, spec: dict):
         self.sub, self.xpub = ctx.socket(zmq.SUB), ctx.socket(zmq.XPUB)
         self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every hello subscription, even a repeated topic
+        # ZeroMQ drops what a subscriber is too far behind to take (1000 messages
+        # by default, ipyparallel's too): a busy client lost an output that way in
+        # the chaos soak. Far more is kept now, bounded, for a client that stops reading
+        self.xpub.SNDHWM = CLIENT_BACKLOG
+        self.sub.RCVHWM = 0
         for sock in (self.sub, self.xpub):
             sock.setsockopt(zmq.LINGER, 0)
             if spec.get("curve_secretkey"):
