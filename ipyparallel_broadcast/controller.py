@@ -1,8 +1,9 @@
 """``python -m ipyparallel_broadcast.controller``: ipcontroller with our relay tree.
 
-Everything but broadcast and IOPub is ipyparallel's own: hub, registration,
-heartbeats, mux, control and task queues. IOPub is relayed as ipyparallel
-does, with a hello for each new client (see ``iopubrelay``). In place of its broadcast schedulers we
+Everything but broadcast is ipyparallel's own: hub, registration, heartbeats,
+task queue. The IOPub, mux and control queues relay as ipyparallel's do, with
+a hello for each new client on IOPub (``iopubrelay``) and malformed messages
+dropped rather than a queue broken (``queues``). In place of its broadcast schedulers we
 start one process per node of a tree of ``depth`` levels and ``fanout``
 children per node; ``fanout ** depth`` leaves each serve the engines whose id
 is their index modulo the number of leaves.
@@ -27,6 +28,7 @@ from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
 
 from .iopubrelay import run_iopub_relay
+from .queues import run_router_queue
 from .logs import drop_unwritten_levels
 from .hostlink import HOST_KEY, host_label
 from .naming import TREE_KEY
@@ -263,24 +265,33 @@ class BroadcastController(IPController):
         children.extend(self.node_processes.values())
 
     def init_schedulers(self):
-        """ipyparallel's queues, with our IOPub relay in place of its IOPub
-        queue: the same sockets and monitor copies, and a hello for each
-        client whose subscription is live (see ``iopubrelay``)."""
+        """ipyparallel's queues, with ours in place of three: IOPub (a hello
+        for each client whose subscription is live, see ``iopubrelay``), mux
+        and control (a malformed message is dropped, not a device broken: see
+        ``queues``). Same sockets, same monitor copies."""
         super().init_schedulers()
         session = self.session
-        spec = dict(engine_url=self.engine_url("iopub"), client_url=self.client_url("iopub"),
-                    monitor_url=disambiguate_url(self.monitor_url), key=session.key.decode("ascii"),
-                    signature_scheme=session.signature_scheme, packer=session.packer,
-                    unpacker=session.unpacker)
+        common = dict(monitor_url=disambiguate_url(self.monitor_url))
         if self.enable_curve:
-            spec.update(curve_secretkey=self.curve_secretkey, curve_publickey=self.curve_publickey)
-        (stock,) = [c for c in self.children if getattr(c, "name", None) == "IOPubScheduler"]
+            common.update(curve_secretkey=self.curve_secretkey, curve_publickey=self.curve_publickey)
+        iopub = dict(common, engine_url=self.engine_url("iopub"), client_url=self.client_url("iopub"),
+                     key=session.key.decode("ascii"), signature_scheme=session.signature_scheme,
+                     packer=session.packer, unpacker=session.unpacker)
+        self._replace_queue("IOPubScheduler", run_iopub_relay, iopub)
+        for name, channel in (("DirectScheduler", "mux"), ("ControlScheduler", "control")):
+            prefix = b"" if channel == "mux" else b"control"  # ipyparallel's names, as the hub reads them
+            spec = dict(common, in_url=self.client_url(channel), out_url=self.engine_url(channel),
+                        in_identity=f"{channel}_in".encode(), out_identity=f"{channel}_out".encode(),
+                        in_prefix=b"in" + prefix, out_prefix=b"out" + prefix)
+            self._replace_queue(name, run_router_queue, spec)
+
+    def _replace_queue(self, name: str, target, spec: dict):
+        (stock,) = [c for c in self.children if getattr(c, "name", None) == name]
         if "Process" in self.mq_class:
-            relay = Process(target=run_iopub_relay, kwargs=dict(spec=spec), name="IOPubRelay", daemon=True)
+            ours = Process(target=target, kwargs=dict(spec=spec), name=name, daemon=True)
         else:
-            relay = Thread(target=run_iopub_relay, kwargs=dict(spec=spec, in_process=False),
-                           name="IOPubRelay", daemon=True)
-        self.children[self.children.index(stock)] = relay
+            ours = Thread(target=target, kwargs=dict(spec=spec, in_process=False), name=name, daemon=True)
+        self.children[self.children.index(stock)] = ours
 
     def _node_process(self, path) -> Process:
         spec = self.node_specs[path]

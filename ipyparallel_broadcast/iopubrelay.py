@@ -30,6 +30,8 @@ from typing import List, Optional
 import zmq
 from jupyter_client.session import Session
 
+from .queues import monitor_socket, server_socket
+
 log = logging.getLogger(__name__)
 HELLO_PREFIX = b"ipb-iopub-hello:"
 DELIM = b"<IDS|MSG>"
@@ -59,31 +61,17 @@ class IOPubRelay:
     clients, a PUB to the hub's monitor; ``once()`` is one wake-up."""
 
     def __init__(self, ctx: zmq.Context, spec: dict):
-        self.sub, self.xpub = ctx.socket(zmq.SUB), ctx.socket(zmq.XPUB)
+        self.sub, self.xpub = server_socket(ctx, zmq.SUB, spec), server_socket(ctx, zmq.XPUB, spec)
         self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every hello subscription, even a repeated topic
         # ZeroMQ drops what a subscriber is too far behind to take (1000 messages
         # by default, ipyparallel's too): a busy client lost an output that way in
         # the chaos soak. Far more is kept now, bounded, for a client that stops reading
         self.xpub.SNDHWM = CLIENT_BACKLOG
         self.sub.RCVHWM = 0
-        for sock in (self.sub, self.xpub):
-            sock.setsockopt(zmq.LINGER, 0)
-            if spec.get("curve_secretkey"):
-                sock.setsockopt(zmq.CURVE_SERVER, 1)
-                sock.setsockopt(zmq.CURVE_SECRETKEY, spec["curve_secretkey"])
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.bind(spec["engine_url"])
         self.xpub.bind(spec["client_url"])
-        self.monitor = None
-        if spec.get("monitor_url"):
-            self.monitor = ctx.socket(zmq.PUB)
-            self.monitor.setsockopt(zmq.LINGER, 0)
-            if spec.get("curve_secretkey"):  # the monitor is a client of the hub's
-                public, secret = zmq.curve_keypair()
-                self.monitor.setsockopt(zmq.CURVE_SERVERKEY, spec["curve_publickey"])
-                self.monitor.setsockopt(zmq.CURVE_SECRETKEY, secret)
-                self.monitor.setsockopt(zmq.CURVE_PUBLICKEY, public)
-            self.monitor.connect(spec["monitor_url"])
+        self.monitor = monitor_socket(ctx, spec)
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.xpub, zmq.POLLIN)

@@ -1,0 +1,104 @@
+"""The controller's mux and control queues, in place of ipyparallel's.
+
+ipyparallel relays DirectView's requests (mux) and control messages between
+clients and engines with pyzmq's compiled ``monitored_queue``: two ROUTER
+sockets, each message's first two frames (sender, recipient) swapped, a copy
+to the hub's monitor. A message of a single frame after the sender's identity
+breaks that device for good: every later request through it is lost, and each
+waits forever (found by the chaos soak: a nemesis's junk to the mux hung
+every client's next DirectView ``scatter`` and ``map``). Here the same relay is
+a few lines of Python that drop such a message (counted, logged once) and
+go on; what it relays is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import zmq
+
+log = logging.getLogger(__name__)
+DRAIN = 256  # messages relayed from one side per wake-up at most
+
+
+def server_socket(ctx: zmq.Context, kind: int, spec: dict) -> zmq.Socket:
+    """A socket clients or engines connect to (a CurveZMQ server when curve is on)."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if spec.get("curve_secretkey"):
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, spec["curve_secretkey"])
+    return sock
+
+
+def monitor_socket(ctx: zmq.Context, spec: dict):
+    """The PUB that copies traffic to the hub's monitor (a curve client), or None."""
+    if not spec.get("monitor_url"):
+        return None
+    sock = ctx.socket(zmq.PUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    if spec.get("curve_secretkey"):
+        public, secret = zmq.curve_keypair()
+        sock.setsockopt(zmq.CURVE_SERVERKEY, spec["curve_publickey"])
+        sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.connect(spec["monitor_url"])
+    return sock
+
+
+class RouterQueue:
+    """Two ROUTERs, ``in`` (clients) and ``out`` (engines): each message goes
+    to the other side with its sender and recipient frames swapped; the monitor
+    gets it too, prefixed by the side it came from."""
+
+    def __init__(self, ctx: zmq.Context, spec: dict):
+        self.ins = server_socket(ctx, zmq.ROUTER, spec)
+        self.outs = server_socket(ctx, zmq.ROUTER, spec)
+        self.ins.IDENTITY, self.outs.IDENTITY = spec["in_identity"], spec["out_identity"]
+        self.ins.bind(spec["in_url"])
+        self.outs.bind(spec["out_url"])
+        self.monitor = monitor_socket(ctx, spec)
+        self.prefixes = {self.ins: spec["in_prefix"], self.outs: spec["out_prefix"]}
+        self.other = {self.ins: self.outs, self.outs: self.ins}
+        self.poller = zmq.Poller()
+        for sock in (self.ins, self.outs):
+            self.poller.register(sock, zmq.POLLIN)
+        self.dropped = 0
+
+    def once(self, timeout=None) -> int:
+        """Relay what waits on either side; returns how many messages went."""
+        relayed = 0
+        for sock in dict(self.poller.poll(timeout)):
+            for _ in range(DRAIN):
+                try:
+                    msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if len(msg) < 3:  # sender, recipient, and at least one frame of message
+                    self.dropped += 1
+                    if self.dropped == 1:
+                        log.warning("%s queue: dropped a message of %d frames (more are counted, not logged)",
+                                    self.prefixes[sock].decode(), len(msg))
+                    continue
+                msg[0], msg[1] = msg[1], msg[0]
+                self.other[sock].send_multipart(msg, copy=False)
+                if self.monitor is not None:
+                    self.monitor.send_multipart([self.prefixes[sock], *msg], copy=False)
+                relayed += 1
+        return relayed
+
+
+def run_router_queue(spec: dict, in_process: bool = True):
+    """Entry point (a process, or a thread with ``in_process=False``): relay until terminated."""
+    if in_process:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    queue = RouterQueue(zmq.Context() if in_process else zmq.Context.instance(), spec)
+    while True:
+        try:
+            queue.once()
+        except zmq.ContextTerminated:
+            return
+        except Exception:  # one bad message must not stop every client's requests
+            log.exception("%s queue: a message could not be relayed", spec["in_prefix"].decode())
