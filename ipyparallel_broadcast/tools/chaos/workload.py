@@ -117,8 +117,15 @@ class Client:
         owed = [m for m in ar.msg_ids if m in rc.outstanding]
         engines = {m: rc.metadata[m].get("engine_id") if m in rc.metadata else None for m in owed}
         call = getattr(ar, "_call", None)
+        targets = getattr(ar, "_targets", None) or []
+        owed_targets = [t for m, t in zip(ar.msg_ids, targets) if m in rc.outstanding] \
+            if len(targets) == len(ar.msg_ids) else None
+        try:  # what the hub's records say of them (direct-path requests)
+            status = rc.result_status(owed[:8], status_only=True) if owed and call is None else None
+        except Exception as e:
+            status = repr(e)[:200]
         return dict(kind=type(ar).__name__, tree=call is not None, owed=owed[:8], engines=list(engines.values())[:8],
-                    registered=sorted(rc.ids)[:64])
+                    owed_targets=owed_targets, hub=status, registered=sorted(rc.ids)[:64])
 
     def send(self, view, op, token, targets):
         """``(AsyncResult, check)``: ``check(eid, value)`` says whether a value is right."""
