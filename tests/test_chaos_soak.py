@@ -1,0 +1,38 @@
+"""The chaos soak, short (issue 32): real engines on two network-namespace
+hosts and two simulated hosts, three busy clients, and a nemesis striking
+about once a second with every fault it has, several at a time. Afterwards
+the checker reads the history: every call ended within the bound, no target
+went without an outcome, no result reached the wrong call, nothing ran twice
+on an engine, and the cluster serves every operation again.
+
+The long version (thousands of engines, ten minutes) is
+``benchmarks/scripts/chaos_soak.py``. Needs root; under ``CI=true`` a skip is a failure.
+"""
+
+import os
+
+import pytest
+
+from ipyparallel_broadcast.tools.netbed import NetBed
+
+pytestmark = pytest.mark.multihost
+SECONDS, BOUND = 40, 60
+
+
+def test_a_short_chaos_soak_loses_nothing_and_hangs_nothing():
+    why = NetBed.available()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the chaos soak: {why}")
+        pytest.skip(why)
+    from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run
+
+    with SoakBed(hosts=2, engines=2, sim_hosts=2, sim_engines=16) as bed:
+        result = run(bed, clients=3, seconds=SECONDS, bound=BOUND, rate=1.0, seed=32, progress=lambda line: None)
+    verdict = result["verdict"]
+    assert not result["stuck_clients"]
+    assert len(result["faults"]) >= SECONDS // 3 and verdict.calls >= 100 and verdict.executions > 0
+    assert verdict.hung == [], verdict.hung
+    assert verdict.lost == [] and verdict.unnamed == [], (verdict.lost, verdict.unnamed)
+    assert verdict.wrong == [] and verdict.twice == [], (verdict.wrong, verdict.twice)
+    assert {k: v for k, v in result["after"].items() if v != "ok"} == {}
