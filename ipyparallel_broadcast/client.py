@@ -18,7 +18,7 @@ from functools import partial
 from typing import Dict
 
 import zmq
-from traitlets import Enum, Float, Integer
+from traitlets import Enum, Float, Integer, observe
 
 from ipyparallel import util
 from ipyparallel.client.client import Metadata
@@ -51,6 +51,13 @@ class Client(TreeSurveys, CallResults, IOPubLiveness, Upstream):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
+
+    history_limit = Integer(
+        10_000, config=True,
+        help="The client's and each BroadcastView's history keep this many entries (a broadcast "
+        "is one, a DirectView call one per engine) and forget the oldest: a client that calls for "
+        "days stays the same size. Indices do not move; a forgotten one raises IndexError. 0 keeps all.",
+    )
 
     broadcast_results_kept = Integer(
         16, config=True,
@@ -90,6 +97,11 @@ class Client(TreeSurveys, CallResults, IOPubLiveness, Upstream):
         self._paths = PathChooser()  # shared by this client's views
         super().__init__(*args, **kwargs)
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
+        self.history.limit = self.history_limit
+
+    @observe("history_limit")
+    def _history_limit_changed(self, change):
+        self.history.limit = change["new"]
 
     # ----------------------------------------------------------------- views
     @property

@@ -132,6 +132,7 @@ class BroadcastView(DirectView):
     def __init__(self, client=None, socket=None, targets=None, coalescing=True, **flags):
         super().__init__(client=client, socket=socket, targets=targets, **flags)
         self.coalescing = coalescing
+        self.history.limit = getattr(self.client, "history_limit", 0)
         self._reply_sizes = {}  # reply_key -> bytes per engine last seen (auto mode), newest last
         self._sizing = {}  # reply_key -> its newest call in flight (auto mode)
         self._sizes_lock = threading.Lock()  # learnt by the I/O thread or the caller's

@@ -64,6 +64,30 @@ def test_history_lists_each_engines_id_and_keeps_one_entry_per_call(rc, coalesci
     assert all(vid in rc.history for ar in ars for vid in ar.msg_ids)
 
 
+def test_a_bounded_history_forgets_old_calls_and_every_view_still_records_its_own(rc):
+    """``Client.history_limit``: the client stays small over many calls, and
+    ipyparallel's DirectView (which reads its new ids as ``history[-n:]``)
+    and the BroadcastView still find each call's ids."""
+    old = rc.history_limit
+    rc.history_limit = 6
+    try:
+        bview, dview = rc.broadcast_view(), rc[:]
+        assert bview.history.limit == 6
+        for _ in range(10):
+            bar, dar = bview.apply_async(os.getpid), dview.apply_async(os.getpid)
+            bar.get(timeout=20), dar.get(timeout=20)
+            assert bview.history[-len(rc):] == bar.msg_ids
+            assert dview.history[-len(rc):] == dar.msg_ids
+            assert rc.history[-len(rc):] == dar.msg_ids
+        assert len(rc.history._items) <= 6 and len(bview.history._items) <= 6
+        assert rc.history.forgotten > 0
+        with pytest.raises(IndexError, match="history_limit"):
+            rc.history[0]
+        assert rc.get_result(-1).get(timeout=20) in (dar.get()[-1], dar.get()[-1:])
+    finally:
+        rc.history_limit = old
+
+
 def test_apply_in_target_order(rc, coalescing):
     for targets in subsets(rc):
         view = rc.broadcast_view(targets, coalescing=coalescing)

@@ -115,3 +115,80 @@ def test_the_trait_turns_an_assigned_list_into_a_call_history():
     assert isinstance(owner.history, CallHistory) and owner.history == ["a", "b"]
     with pytest.raises(TraitError):
         owner.history = "ab"
+
+
+class BoundedHistoryAgainstList(HistoryAgainstList):
+    """With a limit, the history reads as the list's last ids: every index
+    still names the id it named, and a forgotten one raises IndexError."""
+
+    LIMIT = 5
+
+    def __init__(self):
+        super().__init__()
+        self.history = CallHistory(limit=self.LIMIT)
+
+    def kept_from(self) -> int:
+        return self.history.forgotten
+
+    @invariant()
+    def reads_as_the_list(self):
+        head = self.kept_from()
+        assert len(self.history) == len(self.ids)
+        assert len(self.history._items) <= self.LIMIT
+        assert list(self.history) == self.ids[head:]
+        assert list(reversed(self.history)) == self.ids[head:][::-1]
+        if head:
+            with pytest.raises(IndexError, match="forgotten"):
+                self.history[head - 1]
+
+    @rule(start=st.integers(-2, 40))
+    def tail_extends_another(self, start):
+        other = CallHistory(["x"])
+        other.extend(self.history.tail(start))
+        assert list(other) == ["x"] + self.ids[max(self.kept_from(), start):]
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data())
+    def index(self, data):
+        i = data.draw(st.integers(-len(self.ids), len(self.ids) - 1))
+        if (i + len(self.ids) if i < 0 else i) >= self.kept_from():
+            assert self.history[i] == self.ids[i]
+
+    @rule(start=st.integers(-10, 10), stop=st.integers(-10, 10) | st.none())
+    def slice(self, start, stop):
+        kept = range(*slice(start, stop).indices(len(self.ids)))
+        assert self.history[start:stop] == [self.ids[i] for i in kept if i >= self.kept_from()]
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data())
+    def contains(self, data):
+        present = data.draw(st.sampled_from(self.ids))
+        assert (present in self.history) == (present in self.ids[self.kept_from():])
+
+    @precondition(lambda self: False)
+    @rule()
+    def edit(self):
+        """Editing (rare: purges) renumbers a bounded history; not modelled."""
+
+
+TestBoundedHistoryAgainstList = BoundedHistoryAgainstList.TestCase
+TestBoundedHistoryAgainstList.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+
+
+def test_a_bounded_history_stays_small_over_many_calls():
+    history = CallHistory(limit=100)
+    for k in range(10_000):
+        history.add_call(f"call-{k}", UUIDS)
+    assert len(history) == 40_000 and history.forgotten >= 40_000 - 4 * 100
+    assert len(history._items) <= 100
+    assert history[-1] == engine_vid("call-9999", UUIDS[-1])
+
+
+def test_assigning_a_list_keeps_the_limit():
+    class Holder(HasTraits):
+        h = History()
+
+    holder = Holder()
+    holder.h.limit = 7
+    holder.h = ["a", "b"]
+    assert isinstance(holder.h, CallHistory) and holder.h.limit == 7

@@ -8,8 +8,11 @@ sent at once, then awaited) and *steady* (a window of ``--window`` calls in
 flight, one sent as each completes). After each round the RSS of the hub
 (the controller process), of every relay node and of the client is sampled.
 The report gives each process's RSS at the start, the middle and the end,
-and the slope of a least-squares line over the second half (MB per 10,000
-calls): a process whose memory is bounded has a slope of about 0. RSS also
+the slope of a least-squares line over the second half (MB per 10,000
+calls), and the growth between the means of the first and the last whole
+cycle of rounds in the second half (MB per 100,000 calls; a burst peaks
+higher than a steady round, so means of whole cycles compare like with
+like): a process whose memory is bounded has about 0 in both. RSS also
 moves with the C allocator's arenas and zmq's buffers, so the relay nodes'
 and the client's Python heap (``sys.getallocatedblocks``, from the stats
 survey) is reported too: a leak of Python objects shows there.
@@ -81,6 +84,19 @@ def slope_per_10k(calls, values, unit=MB) -> float:
     return float(np.polyfit(x, y, 1)[0] * 10_000 / unit) if len(x) > 1 else float("nan")
 
 
+def cycle_growth_per_100k(calls, values, cycle, unit=MB) -> float:
+    """Units per 100,000 calls between the mean over the first whole cycle of
+    rounds after the middle and the mean over the last whole cycle: bursts and
+    steady rounds peak differently, and a cycle's mean compares like with like."""
+    n = len(values) - 1  # samples after rounds (the first is before any call)
+    last = 1 + (n // cycle - 1) * cycle
+    first = 1 + ((n // 2) // cycle) * cycle
+    if last <= first:
+        return float("nan")
+    mean = lambda i: float(np.mean(values[i:i + cycle]))  # noqa: E731
+    return (mean(last) - mean(first)) / unit * 100_000 / (calls[last] - calls[first])
+
+
 def sample(rc, procs, samples, blocks):
     for name, proc in procs.items():
         samples[name].append(proc.memory_info().rss)
@@ -115,6 +131,8 @@ def main(argv=None) -> int:
     parser.add_argument("--window", type=int, default=8, help="calls in flight in the steady pattern")
     parser.add_argument("--digest-history", type=int, default=None,
                         help="Session.digest_history_size of the controller and its nodes (default: the Session's)")
+    parser.add_argument("--heap-trim", type=float, default=None,
+                        help="BroadcastController.heap_trim_interval in seconds (0: never; default: the controller's)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="PNG of RSS over calls")
     args = parser.parse_args(argv)
@@ -123,8 +141,13 @@ def main(argv=None) -> int:
     calls, samples, blocks = [0], collections.defaultdict(list), collections.defaultdict(list)
     t0 = time.monotonic()
     options = {}
+    controller_args = []
     if args.digest_history:
-        options["controller_args"] = [f"--Session.digest_history_size={args.digest_history}"]
+        controller_args.append(f"--Session.digest_history_size={args.digest_history}")
+    if args.heap_trim is not None:
+        controller_args.append(f"--BroadcastController.heap_trim_interval={args.heap_trim}")
+    if controller_args:
+        options["controller_args"] = controller_args
     with our_cluster(args.engines, args.depth, args.fanout, **options) as (rc, cluster):
         procs = processes(rc, cluster)
         sample(rc, procs, samples, blocks)
@@ -147,11 +170,13 @@ def main(argv=None) -> int:
     lines = [f"{args.engines} engines, depth {args.depth}, fan-out {args.fanout}, {os.cpu_count()} cores; "
              f"1 kB echoes in rounds of {args.round:,} calls cycling through {', '.join(PATTERNS)} "
              f"(window {args.window}) x {', '.join(MODES)}; {time.monotonic() - t0:.0f} s in all.", "",
-             "| process | RSS at start (MB) | at the middle | at the end | slope over the 2nd half (MB per 10k calls) |",
-             "|---|---:|---:|---:|---:|"]
+             "| process | RSS at start (MB) | at the middle | at the end | slope over the 2nd half (MB per 10k calls) "
+             "| growth over the 2nd half, cycle means (MB per 100k calls) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    cycle = len(PATTERNS) * len(MODES)
     for name, rss in samples.items():
         lines.append(f"| {name} | {rss[0] / MB:.1f} | {rss[mid] / MB:.1f} | {rss[-1] / MB:.1f} "
-                     f"| {slope_per_10k(calls, rss):+.2f} |")
+                     f"| {slope_per_10k(calls, rss):+.2f} | {cycle_growth_per_100k(calls, rss, cycle):+.1f} |")
     lines += ["", "Python heap, in thousands of blocks (`sys.getallocatedblocks()`):", "",
               "| process | at start | at the middle | at the end | slope over the 2nd half (thousand blocks per 10k calls) |",
               "|---|---:|---:|---:|---:|"]

@@ -30,6 +30,7 @@ from ..topology import TreeShape, node_identity, node_name
 from .bulk import BULK
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
+from .trim import HeapTrimmer
 from ..topology import HOST_PREFIX
 from ..zmqframes import recv_frames, send_frames
 
@@ -63,6 +64,7 @@ class NodeShell:
             bulk=spec.get("bulk"),
         )
         self.feeds: dict = {}  # bulk url -> a DEALER to that host relay's bulk socket
+        self.trimmer = HeapTrimmer(spec.get("trim_interval", 10.0))
         self.node.inflight.coalesce = True  # streamed replies read together go up together
         process = psutil.Process()
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
@@ -238,6 +240,7 @@ class NodeShell:
                         self.log.exception("error handling a message")
                     self.busy += time.perf_counter() - tic
             self.perform(self.node.on_drained())
+            self.trimmer.maybe()
             if deadline is not None:
                 self.on_tick()
 
