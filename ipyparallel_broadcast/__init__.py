@@ -14,17 +14,17 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "AUTO": "view",
-    "Batch": "view",
-    "BroadcastView": "view",
-    "ReduceError": "reduction",
-    "BroadcastControllerLauncher": "launcher",
-    "BroadcastEngineSetLauncher": "launcher",
-    "Cluster": "launcher",
-    "Client": "client",
-    "NotABroadcastController": "client",
-    "TreeLayout": "treeinfo",
-    "TreeShape": "topology",
+    "AUTO": "client.view",
+    "Batch": "client.view",
+    "BroadcastView": "client.view",
+    "ReduceError": "wire.reduction",
+    "BroadcastControllerLauncher": "launch.launcher",
+    "BroadcastEngineSetLauncher": "launch.launcher",
+    "Cluster": "launch.launcher",
+    "Client": "client.client",
+    "NotABroadcastController": "client.client",
+    "TreeLayout": "client.treeinfo",
+    "TreeShape": "wire.topology",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -32,7 +32,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name):
     if name == "compose":
-        return importlib.import_module(".compose", __name__)
+        return importlib.import_module(".engine.compose", __name__)
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

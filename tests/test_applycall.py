@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ipyparallel.serialize import pack_apply_message, unpack_apply_message
 
-from ipyparallel_broadcast.applycall import Functions, reusable, run_apply, unpack_call
+from ipyparallel_broadcast.engine.applycall import Functions, reusable, run_apply, unpack_call
 
 pytestmark = pytest.mark.pure
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
 
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.schedulers.bulk import CHUNK_MSG, Bulk, Layout, plan
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.relay.bulk import CHUNK_MSG, Bulk, Layout, plan
 
 from treesim import TreeSim
 
@@ -195,7 +195,7 @@ def test_a_malformed_chunk_is_dropped_by_the_node_not_raised():
 
 
 def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(tmp_path):
-    from ipyparallel_broadcast.shm import ShmStore
+    from ipyparallel_broadcast.host.shm import ShmStore
 
     codec = P.Codec(Session(key=b"k"))
     bulk, clock = receiver(codec)
@@ -213,7 +213,7 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
 
 
 def test_the_fanout_is_a_chain_for_few_hosts_and_wider_for_many():
-    from ipyparallel_broadcast.schedulers.bulk import choose_fanout
+    from ipyparallel_broadcast.relay.bulk import choose_fanout
 
     assert choose_fanout(8, 64 << 20, 512 << 10) == 1
     assert choose_fanout(1000, 64 << 20, 512 << 10) > 1
@@ -221,7 +221,7 @@ def test_the_fanout_is_a_chain_for_few_hosts_and_wider_for_many():
 
 
 def test_the_tree_shows_where_the_last_big_requests_chunks_went():
-    from ipyparallel_broadcast.treeinfo import chunk_path
+    from ipyparallel_broadcast.client.treeinfo import chunk_path
 
     sim, engines = bed(n_hosts=3, fanout=1)
     sim.request(engines, inner=big_inner(sim, data(3_000)))
@@ -231,7 +231,7 @@ def test_the_tree_shows_where_the_last_big_requests_chunks_went():
 
 
 def test_a_segment_whose_request_was_done_before_its_chunks_came_is_unlinked_when_they_have(tmp_path):
-    from ipyparallel_broadcast.shm import ShmStore
+    from ipyparallel_broadcast.host.shm import ShmStore
 
     codec = P.Codec(Session(key=b"k"))
     bulk, _ = receiver(codec)

@@ -6,8 +6,8 @@ import logging
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.calls import FAILED, Call, Calls, vid_parts
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.client.calls import FAILED, Call, Calls, vid_parts
 
 pytestmark = pytest.mark.pure
 
@@ -135,7 +135,7 @@ def test_any_mix_settles_every_engine_at_most_once(events):
 def test_results_unpack_as_ipyparallel_unpacks_them(value):
     from ipyparallel.serialize import deserialize_object, serialize_object
 
-    from ipyparallel_broadcast.results import unpack_result
+    from ipyparallel_broadcast.client.results import unpack_result
 
     buffers = serialize_object(value)
     assert unpack_result(buffers) == deserialize_object(buffers)[0] == value
@@ -145,7 +145,7 @@ def test_results_with_extracted_buffers_unpack_as_ipyparallel_unpacks_them():
     import numpy as np
     from ipyparallel.serialize import serialize_object
 
-    from ipyparallel_broadcast.results import unpack_result
+    from ipyparallel_broadcast.client.results import unpack_result
 
     value = {"a": np.arange(300_000.0), "b": [np.ones(3), "x"]}
     buffers = serialize_object(value, buffer_threshold=1024)
@@ -173,7 +173,7 @@ def table_bundle(values, statuses):
     from ipyparallel.serialize import serialize_object
     from jupyter_client.session import Session
 
-    from ipyparallel_broadcast import bundles as B
+    from ipyparallel_broadcast.wire import bundles as B
 
     session = Session(key=b"k")
     codec = P.Codec(session)
@@ -191,7 +191,7 @@ def table_bundle(values, statuses):
 def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one():
     import numpy as np
 
-    from ipyparallel_broadcast.results import CallResults
+    from ipyparallel_broadcast.client.results import CallResults
 
     class Client(CallResults):  # with what outcome_result asks of the client, for errors
         unpacked = 0

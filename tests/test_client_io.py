@@ -14,8 +14,8 @@ import threading
 import pytest
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.naming import is_broadcast_id
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.naming import is_broadcast_id
 
 from cluster_util import running_cluster
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
 
-from ipyparallel_broadcast import bundles as B
-from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure
 

@@ -18,8 +18,8 @@ import ipyparallel as ipp
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.reduction import OPS
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.reduction import OPS
 
 from cluster_util import running_cluster
 

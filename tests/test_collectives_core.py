@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from ipyparallel.serialize import serialize_object
 
-from ipyparallel_broadcast import bundles as B
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.reduction import OPS, Reduction, ReduceError, engine_value
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.reduction import OPS, Reduction, ReduceError, engine_value
 
 from treesim import TreeSim
 

@@ -16,9 +16,9 @@ import pytest
 
 import ipyparallel_broadcast as ipb
 from cluster_util import at_gate, quiet_config, running_cluster, until
-from ipyparallel_broadcast import compose
-from ipyparallel_broadcast.compose import host, limits
-from ipyparallel_broadcast.compose.host import cluster_key
+from ipyparallel_broadcast.engine import compose
+from ipyparallel_broadcast.engine.compose import host, limits
+from ipyparallel_broadcast.engine.compose.host import cluster_key
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +27,7 @@ CORES = compose.runtime().cores
 
 def load_numpy():
     """Engine side: OS threads before and after NumPy loads, and the status."""
-    from ipyparallel_broadcast.compose import limits, status
+    from ipyparallel_broadcast.engine.compose import limits, status
 
     before = limits.os_threads()
     import numpy
@@ -37,7 +37,7 @@ def load_numpy():
 
 
 def blas_threads():
-    from ipyparallel_broadcast.compose import runtime
+    from ipyparallel_broadcast.engine.compose import runtime
 
     return runtime().pools.get()[0]
 
@@ -54,7 +54,7 @@ def region_threads(gate=None, share=None, parties=1):
     import os
     import time
 
-    from ipyparallel_broadcast.compose import runtime, threads
+    from ipyparallel_broadcast.engine.compose import runtime, threads
 
     with threads() as n:
         counting = runtime().counting
@@ -85,7 +85,7 @@ def grown_threads(timeout=30):
     once the region has grown to the whole host (or at the timeout)."""
     import time
 
-    from ipyparallel_broadcast.compose import runtime
+    from ipyparallel_broadcast.engine.compose import runtime
 
     rt = runtime()
     first, deadline = rt.pools.get()[0], time.monotonic() + timeout
@@ -265,7 +265,7 @@ def test_an_unknown_mode_is_refused_before_any_engine_starts():
 
 
 def test_tbb_mode_is_refused_with_what_was_found():
-    from ipyparallel_broadcast.compose import tbbmode
+    from ipyparallel_broadcast.engine.compose import tbbmode
 
     found = tbbmode.problems()
     assert found, "a working IPC TBB here? then this test must start engines under it"

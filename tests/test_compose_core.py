@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.compose import host as H
-from ipyparallel_broadcast.compose import limits as L
-from ipyparallel_broadcast.compose.errors import ComposeError
-from ipyparallel_broadcast.compose.runtime import Runtime
-from ipyparallel_broadcast.compose.tokens import TokenPool
+from ipyparallel_broadcast.engine.compose import host as H
+from ipyparallel_broadcast.engine.compose import limits as L
+from ipyparallel_broadcast.engine.compose.errors import ComposeError
+from ipyparallel_broadcast.engine.compose.runtime import Runtime
+from ipyparallel_broadcast.engine.compose.tokens import TokenPool
 
 from cluster_util import until
 
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.cluster
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from ipyparallel_broadcast.compose.host import HostDir
-    from ipyparallel_broadcast.compose.tokens import TokenPool
+    from ipyparallel_broadcast.engine.compose.host import HostDir
+    from ipyparallel_broadcast.engine.compose.tokens import TokenPool
     root, key, tokens, busy = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
     d = HostDir(key, root)
     if busy:
@@ -319,7 +319,7 @@ def test_bad_settings_are_refused(rt, root):
 def test_tbb_checks_name_what_they_found():
     from importlib.util import find_spec
 
-    from ipyparallel_broadcast.compose import tbbmode
+    from ipyparallel_broadcast.engine.compose import tbbmode
 
     found = tbbmode.problems()
     if find_spec("tbb") is None:

@@ -43,7 +43,7 @@ def test_ipcluster_start_with_config_flags_and_file():
             assert len(layout.leaves) == 9
             assert rc.broadcast_view().apply_sync(lambda: "hi") == ["hi"] * 3
             shown = subprocess.run(
-                [sys.executable, "-m", "ipyparallel_broadcast.tree", f"--profile-dir={profile_dir}"],
+                [sys.executable, "-m", "ipyparallel_broadcast.launch.tree", f"--profile-dir={profile_dir}"],
                 capture_output=True, text=True, timeout=60,
             )
             assert "depth=2 fanout=3" in shown.stdout and "engines [0]" in shown.stdout
@@ -105,8 +105,8 @@ def test_engine_killed_mid_request(coalescing, tmp_path):
 def test_auto_tree_is_sized_for_the_clusters_engines(n, depth):
     """depth/fanout 'auto': the controller learns the cluster's engine count
     and builds the shape topology.auto_shape picks for it on this host."""
-    from ipyparallel_broadcast.compose.host import cpu_count
-    from ipyparallel_broadcast.topology import auto_shape
+    from ipyparallel_broadcast.engine.compose.host import cpu_count
+    from ipyparallel_broadcast.wire.topology import auto_shape
 
     expected = auto_shape(n, cpu_count(), depth=None if depth == "auto" else depth)
     with running_cluster(n, depth, "auto") as rc:

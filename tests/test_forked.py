@@ -1,4 +1,4 @@
-"""Engines forked from one template process (``ipyparallel_broadcast.forked``),
+"""Engines forked from one template process (``ipyparallel_broadcast.engine.forked``),
 on a real cluster: each is a whole engine with its own nanny, rank and
 random stream; signals, deaths and shutdown work as for fresh engines."""
 
@@ -9,7 +9,7 @@ import psutil
 import pytest
 from ipyparallel import error
 
-from ipyparallel_broadcast import compose
+from ipyparallel_broadcast.engine import compose
 
 from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
@@ -29,7 +29,7 @@ def test_forked_engines_are_whole_engines(rc):
     pids = view.apply_sync(os.getpid)
     engines = [psutil.Process(p) for p in pids]
     (template,) = {e.ppid() for e in engines}  # one parent for all
-    assert "ipyparallel_broadcast.forked" in " ".join(psutil.Process(template).cmdline())
+    assert "ipyparallel_broadcast.engine.forked" in " ".join(psutil.Process(template).cmdline())
     for engine in engines:  # each has its nanny, forked from it
         (nanny,) = engine.children()
         assert nanny.pid != engine.pid

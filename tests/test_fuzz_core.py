@@ -8,8 +8,8 @@ import random
 import pytest
 from jupyter_client.session import Session
 
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.topology import node_identity
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.topology import node_identity
 
 from treesim import TreeSim
 

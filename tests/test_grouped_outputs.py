@@ -14,7 +14,7 @@ from IPython.utils.io import capture_output
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.grouping import engine_ranges
+from ipyparallel_broadcast.client.display.grouping import engine_ranges
 from ipyparallel_broadcast.tools.sim import SimEngines
 
 from cluster_util import quiet_config, running_cluster
@@ -112,7 +112,7 @@ def test_stdout_reads_per_engine_and_shows_grouped(rc):
 
 def test_displays_and_results_group_and_expand_shows_every_engine(shell, monkeypatch):
     """On 3 engines with the threshold at 1: displays and results group as text does."""
-    from ipyparallel_broadcast import grouping
+    from ipyparallel_broadcast.client.display import grouping
 
     monkeypatch.setattr(grouping, "GROUP_ABOVE", 1)
     with running_cluster(3, 0, 2) as small:

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ipyparallel import error
 
-from ipyparallel_broadcast import grouping as G
+from ipyparallel_broadcast.client.display import grouping as G
 
 pytestmark = pytest.mark.pure
 

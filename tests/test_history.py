@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from traitlets import HasTraits, TraitError
 
-from ipyparallel_broadcast.history import CallHistory, History
-from ipyparallel_broadcast.naming import engine_vid
+from ipyparallel_broadcast.client.history import CallHistory, History
+from ipyparallel_broadcast.wire.naming import engine_vid
 
 pytestmark = pytest.mark.pure
 

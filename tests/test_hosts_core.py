@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from ipyparallel.serialize import serialize_object
 
-from ipyparallel_broadcast import bundles as B
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.reduction import Reduction, engine_value
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.reduction import Reduction, engine_value
 
 from treesim import TreeSim, stock_request
 
@@ -251,7 +251,7 @@ def test_engines_of_a_cut_off_host_fail_as_the_hub_drops_them_naming_the_host(st
 
 
 def test_pings_and_pongs_take_the_pulse_link_once_a_host_relay_knows_it():
-    from ipyparallel_broadcast.schedulers.events import DOWN, PULSE, UP
+    from ipyparallel_broadcast.relay.events import DOWN, PULSE, UP
 
     sim = hosted(depth=0)
     leaf, relay = sim.nodes[()], sim.nodes[("h", "h1")]

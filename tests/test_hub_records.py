@@ -108,7 +108,7 @@ def test_collectives_leave_records_per_engine(rc):
 def test_records_keep_metadata_not_big_buffers_and_resubmit_says_so(rc):
     from ipyparallel import RemoteError
 
-    from ipyparallel_broadcast import protocol
+    from ipyparallel_broadcast.wire import protocol
 
     view = rc.broadcast_view()
     big, small = b"x" * protocol.RECORD_LIMIT, b"y" * 100

@@ -14,7 +14,7 @@ import ipyparallel as ipp
 from jupyter_client.session import Session
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.iopubrelay import HELLO_PREFIX, WELCOME, Hellos
+from ipyparallel_broadcast.controller.iopubrelay import HELLO_PREFIX, WELCOME, Hellos
 
 from cluster_util import running_cluster, until
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.linkmodel import Link, best, candidates, depth_of, mpi_bounds, pipeline, predict
+from ipyparallel_broadcast.relay.linkmodel import Link, best, candidates, depth_of, mpi_bounds, pipeline, predict
 
 pytestmark = pytest.mark.pure
 

@@ -4,7 +4,7 @@ is delivered, no state is left, and later requests go through."""
 
 import pytest
 
-from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.wire import protocol as P
 
 from treesim import TreeSim
 

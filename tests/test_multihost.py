@@ -215,7 +215,7 @@ def label_of(bed, host):
     import subprocess
     import sys
 
-    code = "from ipyparallel_broadcast.hostlink import host_label; print(host_label())"
+    code = "from ipyparallel_broadcast.host.link import host_label; print(host_label())"
     return subprocess.run(["ip", "netns", "exec", host.netns, sys.executable, "-c", code],
                           capture_output=True, text=True, check=True).stdout.strip()
 

@@ -196,7 +196,7 @@ def test_aborted_requests_are_answered_in_one_message(rc, iopub, tmp_path):
 
 def break_reply_outputs(broken):
     """Engine side: make (or stop making) the lean path's own plumbing raise."""
-    from ipyparallel_broadcast import kernel
+    from ipyparallel_broadcast.engine import kernel
 
     if broken:
         kernel.Captured._real_outputs = kernel.Captured.outputs

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from ipyparallel.client.asyncresult import AsyncMapResult
 
 from cluster_util import running_cluster, until
-from ipyparallel_broadcast.paths import DIRECT, TREE, PathChooser
-from ipyparallel_broadcast.results import TreeAsyncMapResult
+from ipyparallel_broadcast.client.paths import DIRECT, TREE, PathChooser
+from ipyparallel_broadcast.client.results import TreeAsyncMapResult
 
 pytestmark = pytest.mark.cluster
 

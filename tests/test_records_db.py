@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.controller import BroadcastController
-from ipyparallel_broadcast.records import BroadcastDictDB
+from ipyparallel_broadcast.controller.app import BroadcastController
+from ipyparallel_broadcast.controller.records import BroadcastDictDB
 
 pytestmark = pytest.mark.pure
 
@@ -80,8 +80,8 @@ class HubStandIn:
 
 
 def journal(db):
-    from ipyparallel_broadcast import protocol as P
-    from ipyparallel_broadcast.records import BroadcastRecords
+    from ipyparallel_broadcast.wire import protocol as P
+    from ipyparallel_broadcast.controller.records import BroadcastRecords
 
     hub = HubStandIn(db)
     records = BroadcastRecords(hub)
@@ -95,8 +95,8 @@ def journal(db):
 
 @given(st.integers(1, 40), st.integers(1, 5))
 def test_copies_are_filed_in_order_when_asked_and_the_oldest_past_the_bound_are_dropped(n, limit):
-    from ipyparallel_broadcast import protocol as P
-    from ipyparallel_broadcast.records import JOURNAL_FACTOR
+    from ipyparallel_broadcast.wire import protocol as P
+    from ipyparallel_broadcast.controller.records import JOURNAL_FACTOR
 
     hub, records, order = journal(BroadcastDictDB(record_limit=limit))
     for i in range(n):
@@ -114,7 +114,7 @@ def test_copies_are_filed_in_order_when_asked_and_the_oldest_past_the_bound_are_
 def test_another_store_gets_every_copy_filed_never_dropped():
     from ipyparallel.controller.dictdb import NoDB
 
-    from ipyparallel_broadcast import protocol as P
+    from ipyparallel_broadcast.wire import protocol as P
 
     hub, records, order = journal(NoDB())
     for i in range(2000):
@@ -125,8 +125,8 @@ def test_another_store_gets_every_copy_filed_never_dropped():
 def test_the_bound_counts_the_engine_outcomes_a_copy_carries():
     """A root's bundle copy is labelled with its engines' count: a few large
     calls fill the journal as many small ones do (the records they make)."""
-    from ipyparallel_broadcast import protocol as P
-    from ipyparallel_broadcast.records import JOURNAL_FACTOR
+    from ipyparallel_broadcast.wire import protocol as P
+    from ipyparallel_broadcast.controller.records import JOURNAL_FACTOR
 
     limit = 8
     hub, records, order = journal(BroadcastDictDB(record_limit=limit))

@@ -5,10 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
 
-from ipyparallel_broadcast import bundles as B
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.schedulers.core import RelayNode
-from ipyparallel_broadcast.topology import TreeShape
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.relay.core import RelayNode
+from ipyparallel_broadcast.wire.topology import TreeShape
 
 from treesim import TreeSim
 

@@ -16,7 +16,7 @@ from jupyter_client.session import Session
 from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast import protocol as P
+from ipyparallel_broadcast.wire import protocol as P
 
 from cluster_util import running_cluster, settled_stats, until
 from test_fuzz_core import Fuzzer

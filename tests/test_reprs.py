@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from ipyparallel_broadcast import reprs
-from ipyparallel_broadcast.topology import TreeShape
-from ipyparallel_broadcast.treeinfo import TreeLayout
+from ipyparallel_broadcast.client.display import reprs
+from ipyparallel_broadcast.wire.topology import TreeShape
+from ipyparallel_broadcast.client.treeinfo import TreeLayout
 
 pytestmark = pytest.mark.pure
 

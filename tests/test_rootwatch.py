@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.rootwatch import LOST, RootWatch
+from ipyparallel_broadcast.client.rootwatch import LOST, RootWatch
 
 pytestmark = pytest.mark.pure
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from ipyparallel import interactive
 
-from ipyparallel_broadcast import shm
+from ipyparallel_broadcast.host import shm
 
 from cluster_util import arrive_and_hold, running_cluster, settled_stats, until
 

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast import shm
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.host import shm
 
 pytestmark = pytest.mark.pure
 
@@ -93,8 +93,8 @@ def test_no_room_falls_back_and_logs_once(monkeypatch, caplog, tmp_path):
 def test_relays_of_one_host_pass_one_segment_down_and_its_writer_unlinks_it(store, tmp_path):
     from jupyter_client.session import Session
 
-    from ipyparallel_broadcast.schedulers.pending import Pending
-    from ipyparallel_broadcast.schedulers.sharing import Sharing
+    from ipyparallel_broadcast.relay.pending import Pending
+    from ipyparallel_broadcast.relay.sharing import Sharing
 
     codec = P.Codec(Session(key=b"k"))
     big, small = np.arange(1 << 18, dtype=np.float64), b"s" * 10

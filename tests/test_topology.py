@@ -2,17 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.topology import (
-    ENGINE_MS,
-    HOP_MS,
-    TreeShape,
-    auto_shape,
-    balanced_id,
-    modelled_ms,
-    node_identity,
-    node_name,
-    render,
-)
+from ipyparallel_broadcast.wire.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, balanced_id, modelled_ms, node_identity, node_name, render
 
 pytestmark = pytest.mark.pure
 
@@ -148,8 +138,8 @@ def test_auto_shape_follows_the_engine_count_and_the_cores():
 def test_auto_tree_serves_hosts_when_engines_are_behind_host_relays(hosts):
     """With engines on many hosts (one relay each), the controller-side leaves
     serve hosts: 'auto' sizes the tree for the hosts, not the engines."""
-    from ipyparallel_broadcast.compose.host import cpu_count
-    from ipyparallel_broadcast.controller import BroadcastController
+    from ipyparallel_broadcast.engine.compose.host import cpu_count
+    from ipyparallel_broadcast.controller.app import BroadcastController
 
     controller = BroadcastController(depth="auto", fanout="auto", engines=4096, hosts=hosts)
     assert controller.shape == auto_shape(4096 if hosts == 1 else hosts, cpu_count())

@@ -3,7 +3,7 @@ causal order, and the timeline can be shown and plotted."""
 
 import pytest
 
-from ipyparallel_broadcast import trace as T
+from ipyparallel_broadcast.client.display import trace as T
 
 from cluster_util import running_cluster
 

@@ -10,13 +10,13 @@ from collections import deque
 
 from jupyter_client.session import Session
 
-from ipyparallel_broadcast import bundles as B
-from ipyparallel_broadcast import protocol as P
-from ipyparallel_broadcast.schedulers.core import RelayNode
-from ipyparallel_broadcast.schedulers.bulk import BULK
-from ipyparallel_broadcast.schedulers.events import DOWN, HUB, JOINED, UP
-from ipyparallel_broadcast.topology import HOST_PREFIX, host_ident
-from ipyparallel_broadcast.topology import TreeShape, node_identity
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.relay.core import RelayNode
+from ipyparallel_broadcast.relay.bulk import BULK
+from ipyparallel_broadcast.relay.events import DOWN, HUB, JOINED, UP
+from ipyparallel_broadcast.wire.topology import HOST_PREFIX, host_ident
+from ipyparallel_broadcast.wire.topology import TreeShape, node_identity
 
 
 def engine_uuid(eid: int) -> str:

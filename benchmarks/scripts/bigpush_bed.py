@@ -42,7 +42,7 @@ DRIVER = textwrap.dedent("""
     import json, sys, time
     import numpy as np
     import ipyparallel as ipp
-    from ipyparallel_broadcast.client import Client
+    from ipyparallel_broadcast.client.client import Client
 
     path, system, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 

@@ -22,9 +22,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.compose.host import cpu_count  # noqa: E402
+from ipyparallel_broadcast.engine.compose.host import cpu_count  # noqa: E402
 from ipyparallel_broadcast.tools.farm import farm_cluster, t_echo  # noqa: E402
-from ipyparallel_broadcast.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, modelled_ms  # noqa: E402
+from ipyparallel_broadcast.wire.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, modelled_ms  # noqa: E402
 
 SHAPES = [(0, 2), (1, 2), (1, 3), (1, 4), (2, 2)]
 

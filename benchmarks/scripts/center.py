@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
 from ipyparallel_broadcast.tools import bench  # noqa: E402
-from ipyparallel_broadcast.guard import contained  # noqa: E402
+from ipyparallel_broadcast.client.guard import contained  # noqa: E402
 from ipyparallel_broadcast.tools.farm import REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
 
 

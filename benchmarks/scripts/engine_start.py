@@ -1,5 +1,5 @@
 """Start time and memory of local engines: fresh interpreters against engines
-forked from one template process (``ipyparallel_broadcast.forked``).
+forked from one template process (``ipyparallel_broadcast.engine.forked``).
 
     python benchmarks/scripts/engine_start.py --engines 64 --out benchmarks/results/engine-start-64.md
 

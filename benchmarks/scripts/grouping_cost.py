@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast import grouping as G  # noqa: E402
+from ipyparallel_broadcast.client.display import grouping as G  # noqa: E402
 
 TRACEBACK = "".join(f'  File "<cell>", line {i}, in f\n    step_{i}()\n' for i in range(8))
 

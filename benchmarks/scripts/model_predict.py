@@ -1,5 +1,5 @@
 """Predicted broadcast times between hosts, from the alpha-beta model
-(``ipyparallel_broadcast.linkmodel``), in multiples of the wire floor M/B.
+(``ipyparallel_broadcast.relay.linkmodel``), in multiples of the wire floor M/B.
 
     python benchmarks/scripts/model_predict.py --alpha 2e-4 --rate 10e9 --mib 1024 \\
         --out benchmarks/results/model-1g-10gbit.md
@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.linkmodel import Link, predict  # noqa: E402
+from ipyparallel_broadcast.relay.linkmodel import Link, predict  # noqa: E402
 
 FAMILIES = ("star", "tree", "pipelined tree", "two trees")
 

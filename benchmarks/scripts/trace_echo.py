@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast import trace  # noqa: E402
+from ipyparallel_broadcast.client.display import trace  # noqa: E402
 from ipyparallel_broadcast.tools.bench import our_cluster  # noqa: E402
 
 

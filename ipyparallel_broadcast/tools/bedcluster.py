@@ -113,7 +113,7 @@ class BedCluster(Managed):
 
     def _remove_relay_files(self):
         """Relays killed with their namespaces leave their files on the shared disk."""
-        from ..hostlink import Place
+        from ..host.link import Place
 
         path = self._file("engine")
         if path is None:
@@ -125,7 +125,7 @@ class BedCluster(Managed):
 
     def client(self, wait_for: int = 0, timeout: float = 120):
         """A client in this (the root) namespace; ``wait_for`` engines first."""
-        from ..client import Client
+        from ..client.client import Client
 
         rc = Client(self._file("client"))
         self.clients.append(rc)

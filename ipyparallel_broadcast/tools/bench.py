@@ -41,8 +41,8 @@ import psutil
 import ipyparallel as ipp
 
 from . import peers, workloads
-from ..launcher import Cluster
-from ..view import Batch, BroadcastView
+from ..launch.launcher import Cluster
+from ..client.view import Batch, BroadcastView
 
 ECHO = np.ones(128)  # 1 kB
 PUSH = np.ones(131072)  # 1 MB

@@ -209,7 +209,7 @@ def table(engines: int, results) -> str:
 
 
 def run(engine_counts, modes, workloads, reps, quick=False, out=print):
-    from ..launcher import Cluster
+    from ..launch.launcher import Cluster
 
     report = {}
     for n in engine_counts:

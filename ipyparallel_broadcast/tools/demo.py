@@ -11,7 +11,7 @@ import ipyparallel as ipp
 import numpy as np
 
 from . import bench
-from ..view import Batch
+from ..client.view import Batch
 
 
 def show_broadcasts(rc):

@@ -29,9 +29,9 @@ import ipyparallel as ipp
 import psutil
 
 from . import bench
-from ..launcher import Cluster
+from ..launch.launcher import Cluster
 from .sim import SimEngines
-from ..view import Batch
+from ..client.view import Batch
 
 # a farm's heartbeats share 2 cores with thousands of replies: ipyparallel's
 # lenient defaults, for both controllers, so no simulated engine is dropped

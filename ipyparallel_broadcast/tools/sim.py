@@ -49,9 +49,9 @@ import zmq.asyncio
 from ipyparallel.serialize import serialize_object
 from jupyter_client.session import Session
 
-from .. import protocol as P
-from ..hostlink import host_label
-from ..zmqframes import recv_frames, send_frames
+from ..wire import protocol as P
+from ..host.link import host_label
+from ..wire.frames import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
@@ -96,7 +96,7 @@ class SimProcess:
         self.info, self.count, self.delay = info, count, delay
         self.link = None
         if host is not None:  # this process is a host: its engines are behind its relay
-            from ..hostlink import HostLink
+            from ..host.link import HostLink
 
             self.link = HostLink.from_connection(info, session_from(info), host)
         self.session = session_from(info)

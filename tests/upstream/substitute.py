@@ -72,7 +72,7 @@ def on_our_engines():
                 rc[:].execute("_ipb_kernel = type(get_ipython().kernel).__module__", block=True)
                 kinds = rc[:].pull("_ipb_kernel", block=True)
                 rc.close()
-                assert kinds == ["ipyparallel_broadcast.kernel"], kinds
+                assert kinds == ["ipyparallel_broadcast.engine.kernel"], kinds
                 yield
             finally:
                 ipp_tests.teardown()

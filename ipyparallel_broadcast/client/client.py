@@ -1,0 +1,369 @@
+"""``ipyparallel_broadcast.Client``: ipyparallel's Client plus the broadcast tree.
+
+One ``ipb_request`` goes out per call, and one ``calls.Call`` tracks it. Replies
+come back as bundles (coalesced or streamed); each engine's outcome in a
+bundle is filed in one pass, results are unpacked once when the call is
+complete, and per-engine futures and metadata are made only when read
+(``results``). Per-engine ids ``f"{msg_id}_{uuid}"`` name each engine's part,
+as DirectView's msg_ids do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from functools import partial
+from typing import Dict
+
+import zmq
+from traitlets import Enum, Float, Integer, observe
+
+from ipyparallel import util
+from ipyparallel.client.client import Metadata
+from ipyparallel.client.futures import MessageFuture
+
+from ..wire import bundles as B
+from ..wire import protocol as P
+from ..wire.naming import BROADCAST_ID_PREFIX, TREE_KEY
+from .upstream import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
+from .treeinfo import TreeSurveys
+from .calls import Call, Calls
+from .history import History
+from .iopublive import IOPubLiveness
+from .paths import PathChooser
+from ..wire.reduction import Reduction
+from .results import CallResults, fill_metadata, resolve_reduction
+from ..wire.topology import TreeShape
+from .display.trace import Traces
+
+log = logging.getLogger(__name__)
+_SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
+_SENT_ALL.set_result([None])
+
+
+class NotABroadcastController(RuntimeError):
+    """The controller does not run the ipyparallel_broadcast relay tree."""
+
+
+class Client(TreeSurveys, CallResults, IOPubLiveness, Upstream):
+    """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
+
+    history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
+
+    history_limit = Integer(
+        10_000, config=True,
+        help="The client's and each BroadcastView's history keep this many entries (a broadcast "
+        "is one, a DirectView call one per engine) and forget the oldest: a client that calls for "
+        "days stays the same size. Indices do not move; a forgotten one raises IndexError. 0 keeps all.",
+    )
+
+    broadcast_results_kept = Integer(
+        16, config=True,
+        help="How many recent broadcast calls' results get_result() and %pxresult can recall.",
+    )
+    broadcast_outcomes_kept = Integer(
+        4096, config=True,
+        help="At most this many engines' results, in all, are kept for the recent calls "
+        "(the last call always is): kept objects cost every garbage collection.",
+    )
+
+    root_ping_interval = Float(
+        0.5, config=True,
+        help="Seconds between pings to the root about requests in flight (a root that "
+        "restarted has lost them: they fail). No pings while nothing is in flight.",
+    )
+    root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
+    broadcast_path = Enum(
+        ["auto", "tree", "direct"], "auto", config=True,
+        help="The way views' scatter, gather and map go: 'tree', 'direct' (DirectView's, "
+        "one message per engine through the hub's mux) or 'auto': the one measured faster "
+        "for calls of that kind and size (see ipyparallel_broadcast.client.paths).",
+    )
+
+    def __init__(self, *args, **kwargs):
+        # our state first: the parent connects and starts the I/O thread, and
+        # a message may reach our handlers before its __init__ returns
+        self._calls = Calls()  # broadcasts in flight, and the last few finished
+        self._children_lock = threading.Lock()  # per-engine futures: made by any thread, settled by I/O
+        self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, future, as list) until sent
+        self._reductions: Dict[str, MessageFuture] = {}  # msg_id -> future, until done
+        self._replies_received = 0  # messages from the tree (tests count them)
+        self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
+        self._traces = Traces()  # events of recent traced calls (see ``trace``)
+        self.metadata = CallMetadata(self)
+        self._outstanding_dict = OutstandingByEngine(self._calls)
+        self._paths = PathChooser()  # shared by this client's views
+        super().__init__(*args, **kwargs)
+        self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
+        self.history.limit = self.history_limit
+
+    @observe("history_limit")
+    def _history_limit_changed(self, change):
+        self.history.limit = change["new"]
+
+    # ----------------------------------------------------------------- views
+    @property
+    def tree_shape(self) -> TreeShape:
+        info = self._config.get(TREE_KEY)
+        if not info:
+            raise NotABroadcastController(
+                "This controller does not run the ipyparallel_broadcast relay tree "
+                "(its connection file has no 'broadcast_tree'). Start the cluster with "
+                "`ipcluster start --controller=broadcast` or `ipyparallel_broadcast.Cluster`, "
+                "or use ipyparallel's own `Client.broadcast_view` / `direct_view`."
+            )
+        return TreeShape(info["depth"], info["fanout"])
+
+    def broadcast_view(self, targets="all", coalescing=True, is_coalescing=None, **kwargs):
+        """A view that reaches ``targets`` with one message per call.
+
+        ``coalescing=True``: one merged reply per call; ``False``: each engine's
+        reply is streamed back as it arrives. ``is_coalescing`` is accepted as
+        ipyparallel's name for the same switch.
+        """
+        from .view import BroadcastView
+
+        self.tree_shape  # fail now, with a clear message, on a stock controller
+        if is_coalescing is not None:
+            coalescing = is_coalescing
+        if targets is None:
+            targets = "all"
+        if not isinstance(targets, str):  # as direct_view: an int stays one engine
+            eids = self._build_targets(targets)[1]
+            targets = eids[0] if isinstance(targets, int) else eids
+        return BroadcastView(
+            client=self,
+            socket=self._broadcast_stream,
+            targets=targets,
+            coalescing=coalescing,
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------------ send
+    def resolve_targets(self, targets):
+        """``(uuids, engine ids)`` of ``targets`` (an int, a list, a slice, "all")."""
+        eids = self._build_targets(targets)[1]
+        engines = self._engines
+        return [engines[e] for e in eids], eids
+
+    def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
+                       metadata=None, reply=P.COALESCE, track=False, each=None,
+                       batch=None, reduce=None, trace=False):
+        """Sign one request for ``eids`` and send it to the root of the tree.
+
+        ``each``: every target's own buffers, in target order, sent after the
+        shared ``buffers``. ``batch``: ``[count, interval]`` for streaming.
+        ``trace``: record the call's path (``broadcast_trace``).
+        Returns the ``calls.Call`` (its ``future`` gives every engine's result,
+        in target order); with ``reduce`` (an op of ``reduction.OPS``), the one
+        future of the combined value.
+        """
+        if self._closed:
+            raise RuntimeError("Client cannot be used after its sockets have been closed")
+        if len(set(eids)) != len(eids):
+            raise ValueError(f"targets name an engine more than once: {eids}")
+        if not eids:  # ipyparallel's AsyncResult needs at least one engine
+            raise ValueError("a broadcast needs at least one target engine")
+        md = dict(metadata or {}, is_broadcast=True)
+        if trace:
+            md[P.TRACE_KEY] = True
+        header = self.session.msg_header(msg_type)
+        header["msg_id"] = BROADCAST_ID_PREFIX + header["msg_id"]
+        inner = self.session.msg(msg_type, content=content or {}, metadata=md, header=header)
+        msg_id = inner["header"]["msg_id"]
+        frames = self.session.serialize(inner)[1:] + list(buffers)
+        request = P.request_content(msg_id, eids, reply)
+        if each is not None:
+            request["each"] = [len(b) for b in each]
+            frames += [b for own in each for b in own]
+        if batch is not None:
+            request["batch"] = list(batch)
+        if trace:
+            request["trace"] = True
+            self._traces.start(msg_id)
+        if reduce is not None:
+            request["reduce"] = reduce
+            sent = self._reduce_future(msg_id, inner["header"], track)
+            sent.targets, sent.op, sent.broadcast_id = list(eids), reduce, msg_id
+            tracker, as_list = sent.tracker, False
+        else:
+            sent = self._start_call(msg_id, inner["header"], eids, uuids, track)
+            sent.stream = reply == P.STREAM
+            tracker, as_list = sent.tracker, True
+        envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))
+
+        to_send = self.session.serialize(envelope) + frames
+        biggest = max((memoryview(f).nbytes for f in frames[5:]), default=0)
+        copy = biggest < self.session.copy_threshold
+        if track:
+            self._tracking[id(to_send)] = (to_send, tracker, as_list)
+        # through the ZMQStream: a send behind its back can eat the socket's
+        # edge-triggered read event, and replies would wait unread
+        send = self._broadcast_stream.send_multipart
+        if trace:
+            send = partial(self._send_traced, msg_id, send)
+        self._io_loop.add_callback(self._to_root, msg_id, send, to_send, copy=copy, track=track)
+        return sent
+
+    def _send_traced(self, msg_id, send, *args, **kwargs):
+        self._traces.add(msg_id, "request out", time.time())
+        send(*args, **kwargs)
+
+    def _broadcast_sent(self, msg, status):
+        """ZMQStream send callback: hand the zmq MessageTracker to the call."""
+        _, tracker, as_list = self._tracking.pop(id(msg), (None, None, False))
+        if tracker is not None and not tracker.done():
+            status = status if isinstance(status, zmq.MessageTracker) else None
+            tracker.set_result([status] if as_list else status)
+
+    def _start_call(self, msg_id, header, eids, uuids, track) -> Call:
+        """A call's state: one result future and one output future for all engines."""
+        call = Call(msg_id, header, eids, uuids)
+        call.future, call.output = EngineFuture(msg_id, header), EngineFuture(msg_id, header)
+        call.future.output, call.output.metadata = call.output, Metadata(msg_id=msg_id)
+        call.tracker = Future() if track else _SENT_ALL
+        self._futures[msg_id] = call.future  # Client.wait() finds one future per call
+        self.outstanding.add(msg_id)
+        self.outstanding.update(call.vids)  # and each engine's part, as DirectView's
+        self.history.add_call(msg_id, call.uuids)
+        self._calls.start(call)
+        return call
+
+    def _reduce_future(self, msg_id, header, track) -> MessageFuture:
+        """One future for a reduction's combined value."""
+        future = EngineFuture(msg_id, header, track=track)
+        future.output = EngineFuture(msg_id, header)
+        future.output.metadata = self.metadata[msg_id]
+        self._reductions[msg_id] = self._futures[msg_id] = future
+        self.outstanding.add(msg_id)
+        self.history.append(msg_id)
+
+        def done(_):
+            self._root_watch.done(msg_id)
+            self._traces.add(msg_id, "done", time.time())
+            self.outstanding.discard(msg_id)
+            self._futures.pop(msg_id, None)
+            self.metadata.pop(msg_id, None)
+            future.output.set_result(None)
+
+        future.add_done_callback(done)
+        return future
+
+    # --------------------------------------------------------- call progress
+    def _settled(self, call: Call, indices):
+        """Engines' outcomes were filed: update what exists, finish what is done."""
+        vids = call.vids
+        self.outstanding.difference_update([vids[i] for i in indices])
+        if call.mds is not None:
+            for i in indices:
+                fill_metadata(self, call, i)
+        if call.msg_id in self._traces:
+            for i in indices:
+                if call.outcomes[i][0] == "reply":
+                    self._traces.add_engine(call.msg_id, call.eids[i], call.outcomes[i][1])
+        with self._children_lock:
+            made = call.children is not None
+        if made:  # (a thread that made them meanwhile also scheduled these on this thread)
+            self._settle_children(call, indices)
+        if call.done and not call.future.done():
+            self._root_watch.done(call.msg_id)
+            self.outstanding.discard(call.msg_id)
+            call.future.set_result(self._results(call))
+        if call.outputs_done and not call.output.done():
+            self._call_finished(call)
+
+    def _call_finished(self, call: Call):
+        """Results and outputs are all in: the call leaves the live table."""
+        self._traces.add(call.msg_id, "done", time.time())
+        with self._children_lock:  # per-engine futures made from now on are not registered
+            self._calls.finish(call)
+            made = call.children is not None
+        self._futures.pop(call.msg_id, None)
+        if made:
+            for vid in call.vids:
+                self._futures.pop(vid, None)
+                self._output_futures.pop(vid, None)
+        call.output.set_result(None)
+
+    def _output_done(self, call: Call, i: int):
+        if self._calls.output_done(call, i):
+            if call.children is not None and not call.children[i].output.done():
+                call.children[i].output.set_result(None)
+            if call.outputs_done and not call.output.done():
+                self._call_finished(call)
+
+    # --------------------------------------------------------------- receive
+    def _to_root(self, msg_id, send, *args, **kwargs):
+        """IO thread: hand a request to the socket, and watch for it."""
+        self._root_watch.sent(msg_id)
+        send(*args, **kwargs)
+
+    def _watch_root(self):
+        """Ping the root about requests waited on; fail what it lost."""
+        ids, lost = self._root_watch.tick()
+        if ids:
+            self._broadcast_stream.send_multipart(self._codec.pack(P.PING, dict(ids=ids)))
+        self._root_lost(lost)
+
+    def _root_lost(self, lost):
+        """Requests that cannot come back: every engine's part fails."""
+        if lost:
+            log.error("%s: failing %d request(s)", lost[0][1], len(lost))
+        for msg_id, why in lost:
+            call = self._calls.get(msg_id)
+            if call is not None:
+                owed = [call.uuids[i] for i in call.pending()]
+                self._settled(call, self._calls.fail(
+                    call, owed, lambda eid: f"{why}; engine {eid} did not answer", util.utcnow()))
+            future = self._reductions.pop(msg_id, None)
+            if future is not None:
+                failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
+                resolve_reduction(self._codec, future, Reduction(future.op), [], failed)
+            survey = self._surveys.get(msg_id)
+            if survey is not None and not survey.done():
+                survey.set_exception(ConnectionError(why))
+
+    def _dispatch_broadcast(self, frames):
+        arrived = time.time()
+        try:
+            _, body = P.split_idents(frames)
+            msg = self._codec.unpack(body)
+            kind = msg["header"].get("msg_type")
+            if kind == P.PONG:  # the root's, not a reply
+                return self._root_lost(self._root_watch.pong(msg["content"].get("unknown") or ()))
+            self._replies_received += 1
+            if kind == P.STATS_REPLY:
+                self._root_watch.done(msg["content"].get("msg_id"))
+                survey = self._surveys.get(msg["content"].get("msg_id"))
+                if survey is not None and not survey.done():
+                    survey.set_result(msg["content"].get("nodes", []))
+                return
+            if kind != P.BUNDLE:
+                return self._dispatch_reply(frames)  # a stock broadcast reply
+            msg_id = msg["metadata"].get("msg_id")
+            self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
+            if msg_id in self._reductions:
+                return self._reduced(self._reductions.pop(msg_id), msg)
+            call = self._calls.get(msg_id)
+            if call is None:
+                log.debug("bundle for unknown broadcast %s", msg_id)
+                return
+            outcomes = B.iter_bundle(self._codec, msg, tables=True)
+            settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log)
+        except P.ProtocolError as e:
+            log.error("Dropped an invalid broadcast reply: %s", e)
+            return
+        self._settled(call, settled)
+
+    def _reduced(self, future, msg):
+        """Resolve a reduction: its value, or the engines' errors."""
+        try:
+            state, value, raised, failed = B.reduced_parts(msg)
+            reduction = Reduction(state.get("op"))
+            reduction.add_partial(state, value)
+        except (P.ProtocolError, ValueError) as e:
+            log.error("Dropped an invalid reduction reply: %s", e)
+            return
+        resolve_reduction(self._codec, future, reduction, raised, failed)

@@ -1,0 +1,312 @@
+"""Results of broadcasts: one AsyncResult per call over a ``calls.Call``.
+
+ipyparallel's AsyncResult waits on two futures per engine. ``TreeAsyncResult``
+waits on the call's own two (results, outputs). Its per-engine parts are
+built when read: ``metadata`` (and ``stdout``, ``engine_id``, ...) makes each
+engine's ``Metadata`` from its outcome; iterating a call still in flight,
+``stream_output`` or ``split`` make per-engine futures, which the client then
+settles as outcomes come. The rest of AsyncResult's API is unchanged.
+
+``outcome_result`` and ``outcome_metadata`` turn one engine's outcome into
+what ipyparallel's reply handlers would have filed: the adapter between the
+pure ``calls`` core and ipyparallel's result types.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from concurrent.futures import Future
+from threading import Event
+
+from ipyparallel import error
+from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
+from ipyparallel.client.client import ExecuteReply, Metadata
+from ipyparallel.serialize import deserialize_object
+from ipyparallel.serialize.canning import uncan, uncan_sequence
+from ipyparallel.serialize.serialize import MAX_ITEMS
+
+from ..wire import protocol as P
+from ..wire.naming import parse_date
+from ..wire.bundles import Entry
+from .calls import FAILED, Call
+from .display.grouping import GroupedCompositeError, GroupedDisplay
+
+log = logging.getLogger(__name__)
+_UNSET = object()  # a result not unpacked yet
+
+
+def engine_error(eid, uuid, message, method) -> dict:
+    """Error content for an engine that cannot answer (as an engine's own:
+    ``engine_info`` with ``method``, which rendering the error needs)."""
+    try:
+        raise error.EngineError(message)
+    except error.EngineError:
+        return error.wrap_exception(dict(engine_uuid=uuid, engine_id=eid, method=method))
+
+
+def resolve_reduction(codec, future, reduction, raised, failed):
+    """Settle a reduction's one future: the combined value, or a
+    ``CompositeError`` of the engines' errors that keeps what the survivors
+    combined (``.partial``)."""
+    errors = [error.unwrap_exception(codec.unpack(r)["content"]) for r in raised]
+    errors += [error.unwrap_exception(engine_error(*f[:3], "apply")) for f in failed]
+    order = {eid: i for i, eid in enumerate(future.targets)}
+    errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
+    try:
+        if errors:
+            error.collect_exceptions(errors, "reduce")
+        future.set_result(reduction.result())
+    except error.CompositeError as e:
+        grouped_error = GroupedCompositeError.of(e)
+        grouped_error.partial = reduction.partial()
+        future.set_result(grouped_error)
+    except Exception as e:
+        future.set_result(e)
+
+
+_PLAIN = frozenset((bytes, str, int, float, complex, bool, type(None)))
+
+
+def unpack_result(buffers):
+    """``deserialize_object(buffers)[0]``, one Python step per result in the
+    usual case of a single buffer (nothing extracted to restore)."""
+    if len(buffers) != 1:
+        return deserialize_object(buffers)[0]
+    return uncanned(pickle.loads(buffers[0]))
+
+
+def uncanned(canned):
+    """An unpickled result, uncanned as ipyparallel does (plain values as they are)."""
+    kind = type(canned)
+    if kind in _PLAIN:
+        return canned
+    if kind in (list, tuple, set) and len(canned) < MAX_ITEMS:
+        return uncan_sequence(canned)
+    if kind is dict and len(canned) < MAX_ITEMS:
+        return {k: uncan(canned[k]) for k in sorted(canned)}
+    return uncan(canned)
+
+
+def ok_buffers(call: Call, outcome):
+    """The result buffers of an ``ok`` apply reply in a host's table (read
+    without parsing its JSON), or None."""
+    entry = outcome[1]
+    if type(entry) is Entry and entry.k not in entry.table.odd and call.header["msg_type"] == "apply_request":
+        return entry.table.parts[entry.k]
+    return None
+
+
+def outcome_result(client, call: Call, i: int):
+    """Engine ``i``'s result, as ipyparallel files it: a value, an
+    ``ExecuteReply``, or an exception object."""
+    o = call.outcomes[i]
+    if o[0] == FAILED:
+        method = call.header["msg_type"].split("_")[0]  # apply or execute
+        return client._unwrap_exception(engine_error(o[1], o[2], o[3], method))
+    buffers = ok_buffers(call, o)
+    if buffers is not None:  # the usual case: no JSON read
+        return unpack_result(buffers)
+    reply = o[1]
+    content = reply["content"]
+    status = content.get("status")
+    if status == "ok":
+        if reply["header"].get("msg_type") == "execute_reply":
+            return ExecuteReply(call.vids[i], content, outcome_metadata(client, call, i))
+        return unpack_result(reply["buffers"])
+    if status == "aborted":
+        return error.TaskAborted(call.vids[i])
+    return client._unwrap_exception(content)
+
+
+class CallResults:
+    """The client's per-engine results, unpacked once each (``call.results``)."""
+
+    _unpack_result = staticmethod(unpack_result)
+
+    def _result(self, call: Call, i: int):
+        """Engine ``i``'s result, unpacked once."""
+        if call.results is None:
+            call.results = [_UNSET] * len(call.uuids)
+        result = call.results[i]
+        if result is _UNSET:
+            try:
+                result = self._engine_result(call, i)
+            except Exception as e:  # one engine's bad reply fails that engine only
+                result = self._unhandled(call, i, e)
+            call.results[i] = result
+        return result
+
+    def _results(self, call: Call) -> list:
+        """Every engine's result: the usual ones (an ``ok`` apply reply in a
+        host's table) unpacked in one pass, the rest one by one."""
+        if call.results is None:
+            call.results = results = [_UNSET] * len(call.uuids)
+            unpack = self._unpack_result
+            for i, o in enumerate(call.outcomes):
+                buffers = ok_buffers(call, o)
+                if buffers is not None:
+                    try:
+                        results[i] = unpack(buffers)
+                    except Exception as e:
+                        results[i] = self._unhandled(call, i, e)
+        for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
+            self._result(call, i)
+        return list(call.results)
+
+    @staticmethod
+    def _unhandled(call: Call, i: int, e: Exception) -> Exception:
+        log.error("Could not handle engine %s's reply to %s", call.eids[i], call.msg_id, exc_info=e)
+        return RuntimeError(f"engine {call.eids[i]}: its reply could not be handled: {e!r}")
+
+    def _engine_result(self, call: Call, i: int):
+        return outcome_result(self, call, i)
+
+
+def outcome_metadata(client, call: Call, i: int) -> Metadata:
+    """Engine ``i``'s Metadata, made on first read and filled once its outcome is in."""
+    if call.mds is None:
+        call.mds = [None] * len(call.uuids)
+    md = call.mds[i]
+    if md is None:
+        md = call.mds[i] = Metadata(msg_id=call.vids[i], submitted=call.header.get("date"),
+                                    engine_uuid=call.uuids[i], engine_id=call.eids[i])
+        fill_metadata(client, call, i)
+    return md
+
+
+def fill_metadata(client, call: Call, i: int):
+    """Copy engine ``i``'s outcome into its Metadata, if both exist (once)."""
+    md = call.mds[i] if call.mds is not None else None
+    o = call.outcomes[i]
+    if md is None or o is None or md.get("received") is not None:
+        return
+    md["received"] = call.received[i]
+    if o[0] == FAILED:
+        return
+    reply = o[1]
+    meta, content = reply["metadata"], reply["content"]
+    # as ipyparallel's Client._extract_metadata (dict.update: its extra keys too)
+    dict.update(md, status=content.get("status"), follow=meta.get("follow", []),
+                after=meta.get("after", []), label=meta.get("label"), is_broadcast=True,
+                is_coalescing=False, completed=reply["header"].get("date"),
+                started=parse_date(meta.get("started")))
+    outputs = meta.get(P.OUTPUTS_KEY)
+    if outputs:  # our engine: what IOPub would have brought came in the reply
+        for name in ("stdout", "stderr"):
+            if outputs.get(name):
+                md[name] = (md[name] or "") + outputs[name]
+        md["outputs"].extend(outputs.get("outputs") or ())
+    if content.get("status") == "error" and md["error"] is None:
+        md["error"] = client._unwrap_exception(content)
+
+
+class _Bulk:
+    """An AsyncResult over one ``Call``: two futures per call, not two per engine."""
+
+    _call = None
+
+    def _bulk_init(self, client, call: Call, fname, targets, single, owner,
+                   return_exceptions=False, chunk_sizes=None):
+        Future.__init__(self)
+        self._call, self._client, self._fname = call, client, fname
+        self._targets, self.owner = targets, owner
+        self._single_result, self._return_exceptions = single, return_exceptions
+        self._chunk_sizes = chunk_sizes or {}
+        self.msg_ids = call.vids
+        self._ready, self._ready_event = False, Event()
+        self._output_ready, self._output_event = False, Event()
+        self._sent_event, self._success = Event(), None
+        call.tracker.add_done_callback(self._handle_sent)
+        call.future.add_done_callback(self._resolve_result)
+        call.output.add_done_callback(self._resolve_output)
+        self.add_done_callback(self._finalize_result)
+
+    @property
+    def _children(self) -> list:
+        """Per-engine futures, made on first use (iteration in flight, ``split``, ...)."""
+        if self._call is None:  # a reduction's one future
+            return self._own_children
+        return self._client._children_of(self._call)
+
+    @_children.setter
+    def _children(self, children):
+        self._own_children = children
+
+    @property
+    def _metadata(self) -> list:
+        if self._call is None:
+            return self._own_metadata
+        return [outcome_metadata(self._client, self._call, i) for i in range(len(self._call.uuids))]
+
+    @_metadata.setter
+    def _metadata(self, metadata):
+        self._own_metadata = metadata
+
+    def _resolve_output(self, f=None):
+        if self._call is None:
+            return super()._resolve_output(f)
+        self._output_ready = True
+        self._output_event.set()
+
+    def _finalize_result(self, f):
+        if self._call is None:
+            return super()._finalize_result(f)
+        self._ready = True
+        self._ready_event.set()
+
+    @property
+    def progress(self) -> int:
+        if self._call is None:
+            return super().progress
+        call = self._call
+        if not self._chunk_sizes:
+            return len(call.uuids) - call.left
+        return sum(self._chunk_sizes.get(v, 1) for v, o in zip(call.vids, call.outcomes) if o is not None)
+
+
+class _Survivors:
+    """A ``CompositeError`` from ``get()`` keeps every engine's outcome in
+    ``.results``: the survivors' results, with the errors in place. Its
+    message and tracebacks show each distinct error once (``grouping``)."""
+
+    def _collect_exceptions(self, results):
+        try:
+            return super()._collect_exceptions(results)
+        except error.CompositeError as e:
+            grouped_error = GroupedCompositeError.of(e)
+            grouped_error.results = list(results)
+            raise grouped_error from None
+
+
+class _Traced:
+    @property
+    def trace(self) -> list:
+        """When this call passed the client, each relay node and each engine
+        (a view with ``trace=True``; see ``ipyparallel_broadcast.client.display.trace``).
+        Waits for the call to finish."""
+        self.wait()
+        msg_id = self._call.msg_id if self._call is not None else \
+            getattr(self._children[0], "broadcast_id", None)
+        return self._client.broadcast_trace(msg_id)
+
+
+class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncResult):
+    """DirectView's AsyncResult for a broadcast: ``children`` is the call (or,
+    for a reduction, its one future)."""
+
+    def __init__(self, client, children, fname="unknown", targets=None, owner=False,
+                 single=False, **kwargs):
+        if isinstance(children, Call):
+            self._bulk_init(client, children, fname, targets, single, owner, **kwargs)
+        else:
+            AsyncResult.__init__(self, client, children, fname=fname, targets=targets, owner=owner, **kwargs)
+
+
+class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncMapResult):
+    """AsyncMapResult over a call: chunks joined by ``mapObject``."""
+
+    def __init__(self, client, call: Call, mapObject, fname="", ordered=True,
+                 return_exceptions=False, chunk_sizes=None):
+        self._mapObject, self.ordered = mapObject, ordered
+        self._bulk_init(client, call, fname, None, False, False, return_exceptions, chunk_sizes)

@@ -1,0 +1,355 @@
+"""The one place that reaches into ``ipyparallel.Client``'s internals.
+
+``Upstream`` is the broadcast client's base: ipyparallel's Client, with the
+private methods it must override (how targets resolve, how jobs are waited on,
+found, aborted; how streams are read; IOPub routing) and the per-engine
+futures ipyparallel's AsyncResult reads, made on demand. Everything here
+follows ipyparallel's own names and caches (``_futures``, ``_output_futures``,
+``outstanding``, ``history``, ``results``, ``metadata``); when ipyparallel
+changes them, this module is what changes. ``client.Client`` builds the
+broadcast on top of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from functools import partial
+from threading import current_thread
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FuturesTimeout
+
+from tornado.ioloop import PeriodicCallback
+
+import ipyparallel as ipp
+from ipyparallel import error
+from ipyparallel.client.client import Metadata
+from ipyparallel.client.futures import MessageFuture
+
+from ..wire import protocol as P
+from ..wire.naming import engine_of_topic, is_broadcast_id, parse_date
+from .calls import FAILED, Call
+from .guard import contained, guarded_callback
+from .results import outcome_metadata
+from .rootwatch import RootWatch
+
+log = logging.getLogger(__name__)
+# ipyparallel's IOPub handling of a parsed message, taken once: a rebound
+# ``ipyparallel.Client`` (a user's subclass, a mock) must not change it
+_UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
+_SENT = Future()
+_SENT.set_result(None)
+
+
+class EngineFuture(MessageFuture):
+    """A MessageFuture without the Event and tracker Future it does not need
+    (made only for a reduction, or for engines someone waits on one by one)."""
+
+    def __init__(self, msg_id, header=None, *, track=False):
+        Future.__init__(self)
+        self.msg_id = msg_id
+        self.header = header
+        self.track = track
+        self._tracker = None
+        self.tracker = Future() if track else _SENT
+        self.iopub_callbacks = []
+        self.output = None
+        self.broadcast_id = None  # the msg_id of the broadcast this is part of
+
+    def wait(self, timeout=None):
+        try:
+            self.exception(timeout)
+        except FuturesTimeout:
+            return False
+        except CancelledError:
+            pass
+        return True
+
+
+class CallMetadata(defaultdict):
+    """``Client.metadata``: a broadcast engine's per-engine id finds that
+    engine's Metadata in its call (made on first read, never copied here)."""
+
+    def __init__(self, client):
+        super().__init__(Metadata)
+        self.client = client
+
+    def __missing__(self, key):
+        call, i = self.client._calls.of_vid(key)
+        if call is None:
+            return super().__missing__(key)
+        return outcome_metadata(self.client, call, i)
+
+
+class EngineOutstanding(set):
+    """One engine's set in ``Client._outstanding_dict``: its broadcasts'
+    per-engine ids are *in* it, without being added, until its outcome is in."""
+
+    def __init__(self, calls, uuid):
+        super().__init__()
+        self.calls, self.uuid = calls, uuid
+
+    def __contains__(self, key):
+        if set.__contains__(self, key):
+            return True
+        call, i = self.calls.of_vid(key)
+        return (call is not None and call.uuids[i] == self.uuid and call.outcomes[i] is None
+                and call.msg_id in self.calls.live)
+
+
+class OutstandingByEngine(defaultdict):
+    """``Client._outstanding_dict``: engine uuid -> its ``EngineOutstanding``."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def __missing__(self, uuid):
+        value = self[uuid] = EngineOutstanding(self.calls, uuid)
+        return value
+
+
+class Upstream(ipp.Client):
+    """ipyparallel's Client, adapted to calls that reach many engines at once."""
+
+    def _build_targets(self, targets):
+        """ipyparallel's, with a clear error for an engine that is not registered
+        (it died or never came) instead of a bare ``KeyError``, and the engine
+        table read once (ipyparallel reads its traitlet once per target)."""
+        try:
+            if (targets is None or isinstance(targets, str) and targets.lower() == "all") and self._ids:
+                targets = self._ids
+            if isinstance(targets, (tuple, list, range)):
+                engines, lookup = self._engines, dict.get  # (ReverseDict's own lookup is Python)
+                uuids = [lookup(engines, t) for t in targets]
+                if None in uuids:  # a reverse lookup, or the KeyError below
+                    uuids = [engines[t] for t in targets]
+                return [u.encode("utf8") for u in uuids], list(targets)
+            return super()._build_targets(targets)
+        except KeyError as e:
+            raise IndexError(
+                f"Engine {e.args[0]!r} is not registered: it died or never registered "
+                f"(registered engines: {self.ids})"
+            ) from None
+
+    def _children_of(self, call: Call) -> list:
+        """Per-engine futures of a call, made once by any thread; the I/O
+        thread settles them (those already in: at once if the call is complete)."""
+        with self._children_lock:  # the I/O thread finishes calls under it (``_call_finished``)
+            if call.children is not None:
+                return call.children
+            children = []
+            live = call.msg_id in self._calls.live  # IOPub callbacks reach a live call's
+            for i, vid in enumerate(call.vids):
+                child = EngineFuture(vid, call.header)
+                child.output = EngineFuture(vid, call.header)
+                child.output.metadata = outcome_metadata(self, call, i)
+                child.broadcast_id = call.msg_id
+                children.append(child)
+                if live:
+                    self._futures.setdefault(vid, child)
+                    self._output_futures.setdefault(vid, child.output)
+            call.children = children
+            ready = [i for i, o in enumerate(call.outcomes) if o is not None]
+        if call.future.done() or current_thread() is self._io_thread:  # results unpacked already
+            self._settle_children(call, ready)
+        else:  # results are unpacked on the I/O thread only: once each
+            self._io_loop.add_callback(self._settle_children, call, ready)
+        return children
+
+    def _settle_children(self, call: Call, indices):
+        children = call.children
+        for i in indices:
+            child = children[i]
+            if not child.done():
+                child.set_result(self._result(call, i))
+            o = call.outcomes[i]
+            if (o[0] == FAILED or not o[2]) and not child.output.done():
+                child.output.set_result(None)
+
+    def purge_local_results(self, jobs=[], targets=[]):
+        """ipyparallel's; purged broadcasts are no longer recalled by ``get_result``."""
+        super().purge_local_results(jobs, targets)
+        if jobs == "all":
+            self._calls.recent.clear()
+            return
+        for job in [jobs] if isinstance(jobs, (str, int, ipp.AsyncResult)) else jobs:
+            ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [self.history[job] if isinstance(job, int) else job]
+            for vid in ids:
+                call = self._calls.of_vid(vid)[0]
+                if call is not None:
+                    self._calls.recent.pop(call.msg_id, None)
+
+    def wait(self, jobs=None, timeout=-1):
+        """ipyparallel's; a broadcast's AsyncResult or per-engine id waits on its call."""
+        if jobs is not None:
+            many = not isinstance(jobs, (str, int, ipp.AsyncResult)) and hasattr(jobs, "__iter__")
+            jobs = [self._waitable(j) for j in (jobs if many else [jobs])]
+        return super().wait(jobs, timeout)
+
+    def _waitable(self, job):
+        job = self.history[job] if isinstance(job, int) else job
+        call = getattr(job, "_call", None)
+        if call is None and isinstance(job, str):
+            call = self._calls.of_vid(job)[0]
+        return call.future if call is not None else job
+
+    def _asyncresult_from_jobs(self, jobs=None, owner=False):
+        many = isinstance(jobs, (list, tuple, set))
+        for job in jobs if many else [jobs]:
+            job = self.history[job] if isinstance(job, int) else job
+            call, i = self._calls.of_vid(job)
+            if call is None:
+                continue
+            if call.future.done():  # recent: its result, as ipyparallel caches one
+                self.results[job] = self._result(call, i)
+            else:  # in flight: that engine's future
+                self._children_of(call)
+        return super()._asyncresult_from_jobs(jobs, owner=owner)
+
+    def abort(self, jobs=None, targets=None, block=None):
+        """ipyparallel's abort; a broadcast's per-engine ids are translated to
+        the one msg_id its engines know."""
+        jobs = list(self.outstanding) if jobs is None else jobs
+        if isinstance(jobs, (str, ipp.AsyncResult)):
+            jobs = [jobs]
+        msg_ids = []
+        for job in jobs:
+            ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [job]
+            for i in ids:
+                call = self._calls.of_vid(i)[0] if isinstance(i, str) else None
+                msg_ids.append(call.msg_id if call is not None else i)
+        return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
+
+    def _send(self, socket, msg_type, *args, ident=None, track_outstanding=False, **kwargs):
+        """ipyparallel's, and a request to one engine that is gone by the time it
+        is sent fails as its engine's death does, instead of waiting forever:
+        ipyparallel files a request under its engine only if the engine is
+        registered when it looks, and fails what is filed when the engine
+        unregisters, so a request sent across that moment was never answered
+        (it hung ``scatter`` under overlapping faults, issue 32). The check runs
+        on the I/O thread after the send, where unregistrations are handled."""
+        uuid = None
+        if track_outstanding and ident:
+            uuid = (ident[-1] if isinstance(ident, list) else ident).decode("utf-8")
+            eid = self._engines.get(uuid)
+        future = super()._send(socket, msg_type, *args, ident=ident, track_outstanding=track_outstanding,
+                               **kwargs)
+        if uuid is not None and future is not None:
+            self._io_loop.add_callback(guarded_callback(
+                partial(self._fail_if_engine_gone, future.msg_id, uuid, eid), "engine check"))
+        return future
+
+    def _fail_if_engine_gone(self, msg_id, uuid, eid):
+        if self._engines.get(uuid) is not None or msg_id not in self.outstanding or msg_id in self.results:
+            return  # still registered: its unregistration will fail what it holds
+        try:
+            raise error.EngineError(f"Engine {eid if eid is not None else uuid!r} is gone (it died or "
+                                    f"unregistered): request {msg_id!r} did not reach it")
+        except error.EngineError:
+            content = error.wrap_exception()
+        msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
+        msg["parent_header"]["msg_id"] = msg_id
+        msg["metadata"]["engine"] = uuid
+        self._handle_apply_reply(msg)
+
+    def _extract_metadata(self, msg):
+        """ipyparallel's, with the engine's start time parsed by the fast C parser."""
+        started = msg["metadata"].pop("started", None)
+        md = super()._extract_metadata(msg)
+        if started is not None:
+            msg["metadata"]["started"] = started
+            md["started"] = parse_date(started)
+        return md
+
+    # --------------------------------------------------------------- streams
+    def _setup_streams(self):
+        """IO thread, before its loop runs: the parent's streams, each read by
+        a ``contained`` handler (an exception is logged, never stops a stream)."""
+        self._codec = P.Codec(self.session)
+        self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
+        super()._setup_streams()
+        handlers = [
+            (self._query_stream, self._dispatch_single_reply, "query", None),
+            (self._control_stream, self._dispatch_single_reply, "control", self._reply_failed),
+            (self._mux_stream, self._dispatch_reply, "mux", self._reply_failed),
+            (self._task_stream, self._dispatch_reply, "task", self._reply_failed),
+            (self._iopub_stream, self._dispatch_iopub, "IOPub", self._iopub_failed),
+            (self._notification_stream, self._dispatch_notification, "notification", None),
+            (self._broadcast_stream, self._dispatch_broadcast, "broadcast", None),
+        ]
+        for stream, handler, what, on_error in handlers:
+            stream.on_recv(contained(handler, self.session, what, on_error), copy=False)
+        self._broadcast_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
+        pings = PeriodicCallback(guarded_callback(self._watch_root, "root watch"),
+                                 self.root_ping_interval * 1e3, jitter=0.1)
+        self._io_loop.add_callback(pings.start)  # on this loop, once it runs
+
+    def _parent_id(self, frames):
+        """The msg_id a raw message answers, or None if it cannot be read."""
+        try:
+            body = P.split_idents(frames)[1]
+            return (self.session.unpack(P.as_bytes(body[2])) or {}).get("msg_id")
+        except Exception:
+            return None
+
+    def _reply_failed(self, frames, exc):
+        """A reply that could not be handled fails its own request, at once."""
+        msg_id = self._parent_id(frames)
+        future = self._futures.get(msg_id)
+        if future is not None and not future.done():  # an error result, as ipyparallel's
+            failure = RuntimeError(f"the client could not handle the reply: {exc!r}")
+            self.results[msg_id] = failure
+            self.outstanding.discard(msg_id)
+            future.set_result(failure)
+        output = self._output_futures.get(msg_id)
+        if output is not None and not output.done():
+            output.set_result(None)
+
+    def _iopub_failed(self, frames, exc):
+        """An IOPub message that could not be handled is dropped; if it was the
+        ``status`` that ends a request's output, that output is complete."""
+        try:
+            idents, body = P.split_idents(frames)
+            header, parent, metadata = (self.session.unpack(P.as_bytes(b)) for b in body[1:4])
+        except Exception:
+            return
+        if header.get("msg_type") != "status":
+            return
+        msg_id = (parent or {}).get("msg_id")
+        call = self._calls.get(msg_id)
+        if call is not None:  # one engine's part of a broadcast
+            i = call.index.get(metadata.get("engine") or self._engines.get(engine_of_topic(idents)))
+            if i is not None:
+                self._output_done(call, i)
+            return
+        output = self._output_futures.get(msg_id)
+        if output is not None and not output.done():
+            output.set_result(None)
+
+    def _dispatch_iopub(self, frames):
+        """Route an engine's output for a broadcast to that engine's part."""
+        try:
+            idents, body = self.session.feed_identities(frames, copy=False)
+            msg = self.session.deserialize(body, content=True, copy=False)
+        except Exception as e:
+            log.error("Dropped an invalid IOPub message: %s", e)
+            return
+        parent = msg["parent_header"]
+        msg_id = parent.get("msg_id") if parent else None
+        call = self._calls.get(msg_id) if msg_id else None
+        if call is not None:
+            uuid = msg["metadata"].get("engine") or self._engines.get(engine_of_topic(idents))
+            i = call.index.get(uuid)
+            if i is None:
+                return
+            if msg["header"]["msg_type"] == "status":
+                if msg["content"].get("execution_state") == "idle":
+                    self._output_done(call, i)
+                return
+            outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
+            msg["parent_header"] = dict(parent, msg_id=call.vids[i])
+        elif (is_broadcast_id(msg_id) and msg_id not in self._reductions
+              and not msg["header"]["msg_type"].startswith("comm_")):
+            return  # output of a finished broadcast (e.g. a thread printing late)
+        return _UPSTREAM_IOPUB(self, msg)

@@ -1,0 +1,2 @@
+"""Seams to the upstreams: one module per upstream holds every use of its
+private members (``pyzmq``), each with a line that says why. Imports ``wire``."""

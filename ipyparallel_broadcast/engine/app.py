@@ -1,0 +1,160 @@
+"""``python -m ipyparallel_broadcast.engine``: an ipyparallel engine whose
+native thread pools are composed with those of its host's other engines.
+
+It is ipyparallel's ``IPEngine`` plus a compose mode, set before anything
+loads NumPy: ``--BroadcastEngine.compose=static|counting|default|tbb``
+(``--compose=...`` for short). ``ipcluster``/``Cluster`` start it through
+``BroadcastEngineSetLauncher``; ssh, MPI or batch launchers start it when
+their ``engine_cmd`` is this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import time
+
+import zmq
+
+from ipyparallel.engine import app as ipp_engine_app
+from ipyparallel.engine.app import IPEngine
+from ipyparallel.engine.app import aliases as engine_aliases
+from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
+
+from . import compose
+from .compose.host import cluster_key
+from ..host.link import HOST_KEY, HostLink, host_label
+from .kernel import BroadcastKernel
+from ..wire.naming import TREE_KEY
+from ..wire.logs import drop_unwritten_levels
+
+ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]
+
+aliases = dict(engine_aliases, compose="BroadcastEngine.compose")
+
+
+class BroadcastEngine(IPEngine):
+    compose = Enum(
+        compose.MODES,
+        "static",
+        config=True,
+        help="""How this engine's BLAS/OpenMP threads share the host with other engines:
+        'static' (a fixed budget of cores*factor/engines-on-host threads),
+        'counting' (the budget at rest; threads() regions take free cores from a
+        host-wide token pool), 'default' (no limits) or 'tbb' (one IPC TBB pool).""",
+    )
+    compose_factor = Float(1.0, config=True, help="Oversubscription factor of the static budget.")
+    compose_pin = Bool(False, config=True, help="Static mode: pin to this engine's slice of cores.")
+    compose_requests = Bool(
+        False, config=True, help="Counting mode: run every request in a threads() region."
+    )
+    compose_strict = Bool(
+        False, config=True, help="Counting mode: regions wait for at least one token."
+    )
+    host_relay = CaselessStrEnum(
+        ["auto", "always", "never"], "auto", config=True,
+        help="""Reach the broadcast tree through a relay on this host (one per host,
+        started by its engines; see ipyparallel_broadcast.relay.hostshell): 'auto' on a
+        host other than the controller's, 'always', or 'never' (straight to a leaf).""",
+    )
+    host_relay_ip = Unicode(
+        "", config=True,
+        help="""The address this host's relay listens on for the chunks of big requests
+        that other hosts send it (see ipyparallel_broadcast.relay.bulk); a random port.
+        Default: the address of the interface that reaches the controller.""",
+    )
+    aliases = Dict(aliases)
+    host_link = None
+
+    def init_engine(self):
+        drop_unwritten_levels(self.log)
+        super().init_engine()  # reads the connection file, which has the session key
+        try:
+            status = compose.configure(
+                self.compose,
+                key=cluster_key(self.session.key),
+                factor=self.compose_factor,
+                pin=self.compose_pin,
+                requests=self.compose_requests,
+                strict=self.compose_strict,
+            )
+        except compose.ComposeError as e:
+            self.log.critical("cannot start in compose mode %r: %s", self.compose, e)
+            self.exit(1)
+        self.log.info(
+            "compose %s: %i threads (%i cores, %i engines on %s, rank %s)",
+            status["mode"], status["budget"], status["cores"], status["engines_on_host"],
+            status["host"], status["rank"],
+        )
+
+    def start_heartbeat(self, *args, **kwargs):
+        """ipyparallel's heart, but the main thread no longer wakes for each
+        ping: ``_hb_monitor`` (every period + 0.5 s) drains the pings that came
+        (a Python wake-up per ping in every engine cost idle clusters CPU)."""
+        super().start_heartbeat(*args, **kwargs)
+        stream = self._hb_listener
+        if stream is not None:
+            stream.stop_on_recv()
+            stream.io_loop.remove_handler(stream.socket)  # its fd no longer wakes the loop
+
+    def _hb_monitor(self):
+        if self._hb_listener is not None and _drain(self._hb_listener.socket):
+            self._hb_last_pinged = time.time()
+        super()._hb_monitor()
+
+    def _use_host_relay(self) -> bool:
+        info = self.connection_info
+        if self.host_relay == "never" or TREE_KEY not in info or self.using_ssh:
+            return False
+        return self.host_relay == "always" or info.get(HOST_KEY) != host_label()
+
+    async def complete_registration(self, msg, connect, maybe_tunnel):
+        ipp_engine_app.Kernel = BroadcastKernel  # the kernel class ipyparallel instantiates
+        if self._use_host_relay():
+            connect = await self._join_host_relay(msg, connect)
+        await super().complete_registration(msg, connect, maybe_tunnel)
+        if self.kernel is not None:
+            compose.runtime().attach(self.kernel)
+
+    async def _join_host_relay(self, msg, connect):
+        """Join this host's relay (started if need be); return a ``connect``
+        that takes the broadcast socket to it instead of to a leaf."""
+        content = self.session.unpack(self.session.feed_identities(msg)[1][4])
+        if content.get("status") != "ok":
+            return connect  # ipyparallel reports the refusal
+        eid, uuid = content["id"], self.bident.decode()
+        link = self.host_link = HostLink.from_connection(
+            self.connection_info, self.session, host_label(), self.curve_serverkey, self.log_level,
+            ip=self.host_relay_ip)
+        link.attach(eid)
+        place, leaves = link.place, link.leaves
+        await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)
+        atexit.register(link.leave, uuid)
+        self.log.info("broadcasts reach this engine through the relay of host %s", place.label)
+
+        def via_relay(sock, url, curve_serverkey=None):
+            if url not in leaves:
+                return connect(sock, url, curve_serverkey=curve_serverkey)
+            if place.public:
+                sock.curve_serverkey = place.public
+                sock.curve_publickey, sock.curve_secretkey = self.curve_publickey, self.curve_secretkey
+            sock.connect(place.down_url)
+
+        return via_relay
+
+
+def _drain(sock) -> int:
+    """Read and drop what ``sock`` holds now; return how many messages."""
+    n = 0
+    while True:
+        try:
+            sock.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return n
+        n += 1
+
+
+main = launch_new_instance = BroadcastEngine.launch_instance
+
+if __name__ == "__main__":
+    main()

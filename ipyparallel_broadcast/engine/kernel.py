@@ -1,0 +1,336 @@
+"""The engine's kernel: ipyparallel's, with a lean path for broadcast applies.
+
+A stock engine answers each request with five messages: IOPub ``busy``, the
+outputs (each a message, through the IOPub thread, flushed with a cross-thread
+wait), the reply, then IOPub ``idle``. The controller relays and records every
+one and the client parses them, per engine.
+
+An ``apply_request`` whose metadata says ``OUTPUTS_KEY: "reply"`` (our
+BroadcastView sends that unless ``stream_outputs`` is on) is answered with the
+reply alone: what the call printed to ``sys.stdout``/``sys.stderr`` and showed
+with ``display()`` rides in the reply's metadata, errors in its content, and no
+status is published. Only if the call publishes data (``publish_data``) does
+the engine still send IOPub ``idle`` after the reply, and the reply says so, so
+the client waits for it. Everything else (execute, ``%px``, DirectView, stock
+clients) goes through ipyparallel's path unchanged.
+"""
+
+from __future__ import annotations
+
+import _signal
+import asyncio
+import io
+import sys
+import time
+from contextvars import copy_context
+
+from ipyparallel import error
+from ipyparallel.engine.kernel import IPythonParallelKernel
+from ipykernel.kernelbase import Kernel
+
+from ..wire import protocol as P
+from ..host import shm
+from .applycall import Functions, run_apply
+from ..wire.protocol import OUTPUTS_KEY
+from ..compat.pyzmq import Direct, lean
+
+_SIGINT = int(_signal.SIGINT)
+
+
+def outputs_in_reply(frames):
+    """``(idents, body)`` of a raw request that asks for its outputs in the
+    reply, else None. (Looks only at the small metadata frame; the signature
+    is checked when it is parsed.)"""
+    try:
+        idents, body = P.split_idents(frames)  # [sig, header, parent, metadata, content, ...]
+    except P.ProtocolError:
+        return None
+    return (idents, body) if len(body) > 3 and P.OUTPUTS_MARK in P.as_bytes(body[3]) else None
+
+
+class _Displays:
+    """Stands in for the shell's display publisher during a lean request."""
+
+    def __init__(self, real):
+        self.real, self.outputs = real, []
+
+    def publish(self, data, metadata=None, transient=None, update=False, **kwargs):
+        self.outputs.append(dict(data=data, metadata=metadata or {}, transient=transient or {}))
+
+    def clear_output(self, wait=False):
+        self.outputs.clear()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class _Data:
+    """Stands in for the data publisher: data still goes out on IOPub (it is
+    pickled objects), with this request as its parent, and the reply tells the
+    client to wait for ``idle``."""
+
+    def __init__(self, real, parent):
+        self.real, self.parent, self.used = real, parent, False
+
+    def publish_data(self, data):
+        if not self.used:
+            self.real.set_parent(self.parent)
+            self.used = True
+        self.real.publish_data(data)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class Captured:
+    """Swaps in the stand-ins for one request, and restores what was there."""
+
+    def __init__(self, shell, parent):
+        self.shell = shell
+        self.stdout, self.stderr = io.StringIO(), io.StringIO()
+        self.displays = _Displays(shell.display_pub)
+        self.data = _Data(shell.data_pub, parent)
+
+    def _showtraceback(self, etype, evalue, stb):
+        self.shell._last_traceback = stb  # the reply carries it; nothing on IOPub
+
+    def __enter__(self):
+        shell = self.shell
+        self.saved = sys.stdout, sys.stderr, shell.display_pub, shell.data_pub
+        sys.stdout, sys.stderr = self.stdout, self.stderr
+        shell.display_pub, shell.data_pub = self.displays, self.data
+        shell._showtraceback = self._showtraceback  # instance attribute hides the method
+        return self
+
+    def __exit__(self, *exc):
+        shell = self.shell
+        sys.stdout, sys.stderr, shell.display_pub, shell.data_pub = self.saved
+        del shell._showtraceback
+        return False
+
+    def outputs(self) -> dict:
+        out = dict(stdout=self.stdout.getvalue(), stderr=self.stderr.getvalue(),
+                   outputs=self.displays.outputs)
+        if self.data.used:
+            out["iopub"] = True
+        return out
+
+
+class BroadcastKernel(IPythonParallelKernel):
+    _codec = None
+    _shm_identity = None
+    _context = None
+    _queued = 0  # shell messages on ipykernel's path, not yet done
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.functions = Functions()
+
+    @property
+    def codec(self) -> P.Codec:
+        """The lean path's messages, read and signed with the session's key read
+        once (``Session.deserialize``/``send`` read its traitlets per message)."""
+        if self._codec is None or self._codec.session is not self.session:
+            self._codec = P.Codec(self.session)
+        return self._codec
+
+    def start(self):
+        super().start()
+        if (self.shell_stream is not None and hasattr(self, "_main_asyncio_lock")
+                and not getattr(self, "_supports_kernel_subshells", False)):
+            self._context = copy_context()  # shared by the shell's tasks, as ipykernel's are
+            lean(self.shell_stream).on_recv(self._on_shell, copy=False)
+
+    def _on_shell(self, msg):
+        """Every shell message. A broadcast apply runs here and now when no
+        other shell message is running or waiting (no task, no lock: the
+        stream's callback is the handler); anything else, or anything behind a
+        message still on ipykernel's path, takes that path, in arrival order.
+        Nothing raises out of here: the stream must go on reading."""
+        try:
+            msg = self._shared(msg)
+            if msg is None:
+                return
+            busy = self._queued or self._main_asyncio_lock.locked()
+            if busy or self._lean(msg, time.time()) is False:
+                self._queued += 1
+                asyncio.get_running_loop().create_task(self._counted(msg), context=self._context)
+        except Exception:
+            self.log.error("Exception handling a shell message", exc_info=True)
+
+    async def _counted(self, msg):
+        try:
+            await self.shell_main(None, msg)
+        finally:
+            self._queued -= 1
+
+    async def dispatch_shell(self, msg, *args, **kwargs):
+        received = time.time()
+        if P.is_probe(msg):  # a restarted host relay looking for its engines
+            return
+        msg = self._shared(msg)
+        if msg is None:
+            return
+        if P.may_be_dropped(msg) and self._dropped(msg):
+            return
+        if self._lean(msg, received) is False:
+            return await super().dispatch_shell(msg, *args, **kwargs)
+
+    def _lean(self, msg, received):
+        """Answer a broadcast apply with its one reply; False if ``msg`` is not
+        one (it then takes ipykernel's path)."""
+        parts = outputs_in_reply(msg)
+        if parts is None:
+            return False
+        idents, body = parts
+        if b'"apply_request"' not in P.as_bytes(body[1]) or self._aborting:  # (ipykernel aborts)
+            return False
+        try:
+            request = self.codec.unpack(body)
+            header = request["header"]
+            if header.get("msg_type") != "apply_request":
+                raise P.ProtocolError(f"not an apply_request: {header.get('msg_type')!r}")
+        except Exception:
+            self.log.error("Invalid Message", exc_info=True)
+            return None
+        request["buffers"] = [memoryview(b) for b in request["buffers"]]
+        Kernel.set_parent(self, idents, request, "shell")  # the shell's parts: see Captured
+        stream = self.shell_stream
+        msg_id = header["msg_id"]
+        if msg_id in self.aborted:  # as ipyparallel's should_handle, without an INFO line a call
+            self.aborted.remove(msg_id)
+            return self.reply(stream, idents, request, {"status": "aborted"}, [], None, {})
+        saved = _signal.signal(_SIGINT, _signal.default_int_handler)  # pre_handler_hook, no enums
+        try:
+            self.apply_outputs_in_reply(stream, idents, request, received)
+        except Exception:  # our plumbing failed, not the call: the client still gets a reply
+            self.log.error("Exception in apply_request %s:", msg_id, exc_info=True)
+            content = error.wrap_exception(self.get_engine_info(method="apply"))
+            self.reply(stream, idents, request, content, [], None, {})
+        finally:
+            _signal.signal(_SIGINT, saved)
+            request["buffers"] = []  # see apply_request
+        return None
+
+    def apply_request(self, stream, ident, parent):
+        """ipyparallel's, then the request's buffers are let go: it stays the
+        shell's parent (its header routes later output) until the next request,
+        and its buffers would keep a pushed value alive after ``del``."""
+        try:
+            return super().apply_request(stream, ident, parent)
+        finally:
+            if isinstance(parent, dict):
+                parent["buffers"] = []
+
+    def do_apply(self, content, bufs, msg_id, reply_metadata):
+        """ipyparallel's, with ``f`` called directly and unpickled once per
+        distinct function (``applycall``)."""
+        session = self.session
+        return run_apply(bufs, self.shell.user_ns, self.functions, session.buffer_threshold,
+                         session.item_threshold, self._apply_error)
+
+    def _apply_error(self, e: BaseException) -> dict:
+        """A failed apply's reply content, as ipyparallel's ``do_apply`` makes it."""
+        shell = self.shell
+        try:
+            shell.showtraceback()  # formats it; ipykernel keeps it in _last_traceback
+        except Exception as tb_error:
+            self.log.error(f"Failed to show traceback for {e}: {tb_error}")
+        try:
+            evalue = str(e)
+        except Exception as str_error:
+            evalue = f"Failed to cast exception to string: {str_error}"
+        content = dict(status="error", ename=type(e).__name__, evalue=evalue,
+                       traceback=getattr(shell, "_last_traceback", None) or [],
+                       engine_info=self.get_engine_info(method="apply"))
+        shell._last_traceback = None
+        self.log.info("Exception in apply request:\n%s", "\n".join(content["traceback"]))
+        return content
+
+    def _shared(self, msg):
+        """A relay's greeting is answered (None); a request whose big buffers
+        are in shared memory gets them mapped in place (None if they cannot
+        be: the request is answered with the error); anything else is as it came."""
+        at = shm.reference_in(msg)
+        if at is None:
+            if len(msg) > 2 and len(msg[1]) == len(P.HELLO_KEY) and P.as_bytes(msg[1]) == P.HELLO_KEY:
+                self._greeted(msg)
+                return None
+            return msg
+        try:
+            return shm.expand(msg, at, self.codec.sign)
+        except shm.ShmError as e:
+            self.log.error("a request's shared buffers cannot be mapped: %s", e)
+            self._refuse(msg[:at] + msg[at + 1:], e)
+            return None
+
+    def _greeted(self, msg):
+        try:
+            idents, body = P.split_idents(msg)
+            self.codec.check_signature(body[:5])
+        except P.ProtocolError as e:
+            self.log.error("Invalid greeting: %s", e)
+            return
+        if self._shm_identity is None:
+            self._shm_identity = shm.identity()
+        frames = self.codec.serialize(P.HELLO_REPLY, dict(shm=self._shm_identity), P.as_bytes(body[1]))
+        Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
+
+    def _refuse(self, msg, e: Exception):
+        """Answer a request that cannot run here with an error naming why."""
+        try:
+            idents, body = P.split_idents(msg)
+            self.codec.check_signature(body[:5])
+            parent = self.session.unpack(P.as_bytes(body[1]))
+        except Exception:
+            self.log.error("Invalid Message", exc_info=True)
+            return
+        reply_type = parent.get("msg_type", "apply_request").replace("_request", "_reply")
+        try:
+            raise RuntimeError(f"engine {self.int_id} could not map a shared-memory buffer: {e}") from e
+        except RuntimeError:
+            content = error.wrap_exception(self.get_engine_info(method="apply"))
+        self.session.send(self.shell_stream, reply_type, content, parent=parent, ident=idents)
+
+    def _dropped(self, msg) -> bool:
+        """The hub dropped this engine (its host was cut off) and will not take
+        it back, as its host relay tells it: exit cleanly, as a lost engine should.
+        False if the message is something else (it is then handled as usual)."""
+        try:
+            _, body = self.session.feed_identities(msg, copy=False)
+            if self.session.unpack(P.as_bytes(body[1])).get("msg_type") != P.DROPPED:
+                return False
+            self.session.deserialize(body, content=False, copy=False)  # its signature
+        except Exception:
+            self.log.error("Invalid Message", exc_info=True)
+            return True
+        self.log.critical("the hub dropped this engine (its host was cut off); exiting")
+        self.io_loop.add_callback(self.io_loop.stop)
+        return True
+
+    def apply_outputs_in_reply(self, stream, ident, parent, received=None):
+        """ipyparallel's ``apply_request``, outputs captured into the reply
+        (and, for a traced request, when it reached this process)."""
+        md = self.init_metadata(parent)
+        if parent["metadata"].get(P.TRACE_KEY):
+            md["ipb_received"] = received
+        with Captured(self.shell, parent) as captured:
+            self.shell_is_blocking = True
+            try:
+                content, result_buf = self.do_apply(
+                    parent["content"], parent["buffers"], parent["header"]["msg_id"], md)
+            finally:
+                self.shell_is_blocking = False
+        self.reply(stream, ident, parent, content, result_buf, md, captured.outputs())
+
+    def reply(self, stream, ident, parent, content, buffers, md, outputs):
+        """The one message a lean request gets; ``md`` None: an aborted request's."""
+        md = self.finish_metadata(parent, self.init_metadata(parent) if md is None else md, content)
+        if content["status"] == "aborted":
+            md["status"] = "aborted"
+        md[OUTPUTS_KEY] = outputs
+        frames = self.codec.serialize("apply_reply", content, parent["raw_header"], md)
+        # at once on the socket, by this (the loop's) thread: one event-loop turn less
+        Direct(stream).send_multipart(list(ident) + frames + list(buffers), copy=False)
+        if outputs.get("iopub"):
+            self._publish_status("idle", "shell")

@@ -1,0 +1,199 @@
+"""An engine's side of its host's relay (see ``hostrelay``): where the relay
+lives, its keys, starting it, joining it, and starting another if it dies.
+
+Kept apart from ``hostrelay`` so that an engine imports no more than it needs
+before its compose mode has set thread limits (nothing here loads NumPy).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import zmq
+from zmq.utils import z85
+
+from ..wire import protocol as P
+
+log = logging.getLogger(__name__)
+HOST_KEY = "ipb_host"  # in the engine connection file: the controller's host label
+JOIN_TIMEOUT = 30.0
+
+
+def host_label() -> str:
+    """This host's name, with what tells it from a namesake: boot id and
+    network namespace (the hosts of a ``NetBed`` share a hostname)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        boot, netns = "", 0
+    digest = hashlib.sha1(f"{boot}:{netns}".encode()).hexdigest()[:6]
+    return f"{socket.gethostname()}-{digest}"
+
+
+class Place:
+    """Where a cluster's relay lives on this host: names, keys, files."""
+
+    @staticmethod
+    def base() -> str:
+        return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(),
+                            "ipyparallel-broadcast")
+
+    @staticmethod
+    def prefix(key: bytes) -> str:
+        """What every name of this cluster's relays starts with."""
+        return f"ipb-{hashlib.sha256(b'ipyparallel-broadcast host' + bytes(1) + key).hexdigest()[:12]}-"
+
+    def __init__(self, key: bytes, label: str, curve: bool):
+        self.label = label
+        self.name = f"{self.prefix(key)}{label}"
+        self.down_url = f"ipc://@{self.name}"
+        self.join_url = f"ipc://@{self.name}-join"
+        base = self.base()
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        self.lock_path = os.path.join(base, f"{self.name}.lock")
+        self.leaf_path = os.path.join(base, f"{self.name}.leaf")
+        self.joins = os.path.join(base, f"{self.name}.d")
+        self.log_path = os.path.join(base, f"{self.name}.log")
+        self.secret = self.public = None
+        if curve:  # the local link's server keys: every engine of the cluster can derive them
+            seed = hmac.new(key, b"host relay " + label.encode(), hashlib.sha256).digest()
+            self.secret = z85.encode(seed)
+            self.public = zmq.curve_public(self.secret)
+
+
+class HostLink:
+    """An engine's side: make sure the host's relay runs, join it, and start
+    another if it dies while this engine lives."""
+
+    def __init__(self, spec: dict, place: Place):
+        self.spec, self.place = spec, place  # spec: the relay's, less its leaf
+        os.makedirs(place.joins, mode=0o700, exist_ok=True)
+        self.stopped = threading.Event()
+        self.watching = False
+
+    @classmethod
+    def from_connection(cls, info: dict, session, label: str, curve_serverkey=None,
+                        log_level=30, ip: str = "") -> "HostLink":
+        """The link of an engine whose engine connection file is ``info``."""
+        from ..wire.naming import TREE_KEY
+
+        place = Place(session.key, label, curve=bool(curve_serverkey))
+        link = cls(dict(
+            key=session.key.decode(), signature_scheme=session.signature_scheme,
+            packer=session.packer, unpacker=session.unpacker, host=label,
+            depth=info[TREE_KEY]["depth"], fanout=info[TREE_KEY]["fanout"],
+            shm=info[TREE_KEY].get("shm", True), shm_threshold=info[TREE_KEY].get("shm_threshold"),
+            down_url=place.down_url, log_level=log_level, ip=ip,
+            curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
+        ), place)
+        link.leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]
+        return link
+
+    def attach(self, eid: int):
+        """Place the relay under its leaf: the one the host's first engine picked."""
+        from ..wire.topology import TreeShape
+
+        index = self.leaf_index(eid % len(self.leaves))
+        path = TreeShape(self.spec["depth"], self.spec["fanout"]).leaf_path(index)
+        self.spec.update(path=list(path), up_url=self.leaves[index])
+
+    def leaf_index(self, proposed: int) -> int:
+        """The leaf this host's relay hangs under: the first engine's choice, kept."""
+        fd = os.open(self.place.leaf_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            known = os.read(fd, 32)
+            if known.strip():
+                return int(known)
+            os.write(fd, str(proposed).encode())
+            return proposed
+        finally:
+            os.close(fd)
+
+    def ensure_relay(self, block: bool = False) -> bool:
+        """Start the relay if nobody holds the host's lock (``block``: wait
+        until the running relay dies first). True if this call started one."""
+        fd = os.open(self.place.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        try:
+            spec = dict(self.spec, lock_fd=fd)
+            with open(self.place.log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "ipyparallel_broadcast.relay.hostshell"], stdin=subprocess.PIPE,
+                    stdout=out, stderr=subprocess.STDOUT, pass_fds=(fd,), start_new_session=True)
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+            log.info("started the host relay of %s (pid %s)", self.place.label, proc.pid)
+            return True
+        finally:
+            os.close(fd)  # the relay holds the lock through its copy
+
+    def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True):
+        """Join the host's relay (starting it if need be); return once the
+        whole tree routes to this engine. Then watch the relay. ``maps``: the
+        engine can map the relay's shared memory (simulated engines cannot)."""
+        from .shm import identity
+
+        me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None)
+        with open(os.path.join(self.place.joins, uuid), "w") as f:
+            json.dump(me, f)
+        ctx = zmq.Context.instance()
+        codec = P.Codec(session)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.ensure_relay()
+            sock = ctx.socket(zmq.DEALER)
+            sock.LINGER = 0
+            if self.place.public:
+                public, secret = zmq.curve_keypair()
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.place.public, public, secret
+            sock.connect(self.place.join_url)
+            try:
+                sock.send_multipart(codec.pack(P.JOIN, me))
+                if sock.poll(1000):
+                    msg = codec.unpack(P.split_idents(sock.recv_multipart())[1])
+                    if msg["header"].get("msg_type") == P.JOINED:
+                        break
+            finally:
+                sock.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the host relay of {self.place.label} did not take engine {eid} "
+                                   f"in {timeout:g} s; see {self.place.log_path}")
+        if not self.watching:
+            self.watching = True
+            threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()
+
+    def _watch(self):
+        while not self.stopped.is_set():  # blocks while a relay holds the lock
+            try:
+                self.ensure_relay(block=True)
+            except OSError:
+                log.exception("could not restart the host relay")
+                self.stopped.wait(1.0)
+
+    def leave(self, uuid: str):
+        self.stopped.set()
+        try:
+            os.unlink(os.path.join(self.place.joins, uuid))
+        except OSError:
+            pass

@@ -1,0 +1,321 @@
+"""One copy per host: big request buffers in shared memory, mapped by engines.
+
+The first relay of a host to see a request (the controller's root for engines
+on its host, or a host relay) writes each buffer of at least ``THRESHOLD``
+bytes once into a segment, a file in ``/dev/shm``; relays below it on that host
+get the segment's name in the request's content, and the engines a small
+signed reference instead of the bytes (an ident frame, see ``Reference``).
+Each engine maps every buffer copy-on-write (``MAP_PRIVATE``): it can write to
+its array, and no other engine sees the write.
+
+Nothing leaks:
+- the relay that wrote a segment unlinks its name when the request is done at
+  its level, whatever happened (an engine that died before mapping it); a
+  segment a leaf wrote for its own engines also counts them down in its first
+  page, and the last to map it unlinks the name at once;
+- the memory goes back when the last engine drops the value (the mapping
+  lives as long as the array over it);
+- a name carries its relay's uid and pid, and a random part: relays when they
+  start, and the controller when its relays stop, remove the names of relays
+  that are no longer alive (``sweep``), so a SIGKILLed relay's segment goes
+  when it is restarted or the cluster stops.
+
+Used by relays (``ShmStore``) and engines (``map_reference``); imports no NumPy.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import mmap
+import os
+import secrets
+import struct
+from typing import List, Optional, Sequence, Tuple
+
+from ..wire import protocol as P
+
+log = logging.getLogger(__name__)
+
+THRESHOLD = 1 << 20  # buffers of 1 MiB or more are shared (BroadcastController.shared_memory_threshold)
+MARK = b"ipb-shm "  # an ident frame that starts so is a Reference
+PAGE = mmap.PAGESIZE
+_COUNT = struct.Struct("<q")  # the header: engines yet to map the segment
+HELD = 1 << 62  # the count of a segment that only its writer unlinks (see ShmStore.put)
+_MAX_WRITE = 1 << 30  # one pwrite at most (Linux writes at most ~2 GiB at once)
+
+
+def directory() -> str:
+    """Where segments live: ``IPB_SHM_DIR`` (tests), else ``/dev/shm``."""
+    return os.environ.get("IPB_SHM_DIR", "/dev/shm")
+
+
+def identity() -> str:
+    """What tells this process's shared memory apart: its host (boot id and
+    network namespace, as ``hostlink.host_label``), the shared-memory file
+    system and the user. Hosts of a test bed share ``/dev/shm``; they are
+    still different hosts."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+        st = os.stat(directory())
+    except OSError:
+        return ""  # nothing shared can be proven: never local
+    return hashlib.sha1(f"{boot}:{netns}:{st.st_dev}:{st.st_ino}:{os.getuid()}".encode()).hexdigest()
+
+
+def _prefix(pid: int) -> str:
+    return f"ipb-shm-{os.getuid()}-{pid}-"
+
+
+class ShmError(OSError):
+    """A reference that cannot be mapped (its segment is gone, or it is malformed)."""
+
+
+# ----------------------------------------------------------------- references
+class Reference:
+    """The ident frame that stands for a request's shared buffers:
+    ``MARK + signature + b" " + JSON {name, bufs: [[index, offset, nbytes]]}``;
+    the signature is the session's HMAC over the JSON, made once per request."""
+
+    def __init__(self, name: str, bufs: Sequence[Tuple[int, int, int]]):
+        self.name, self.bufs = name, [tuple(b) for b in bufs]
+
+    def content(self) -> dict:
+        """As a relay passes it to a child relay of its host, in a signed request's content."""
+        return dict(name=self.name, bufs=self.bufs)
+
+    def frame(self, sign) -> bytes:
+        payload = json.dumps(self.content(), separators=(",", ":")).encode()
+        return MARK + sign([payload]) + b" " + payload
+
+    @classmethod
+    def parse(cls, frame: bytes, sign) -> "Reference":
+        import hmac
+
+        head, sep, payload = frame[len(MARK):].partition(b" ")
+        if not sep or not hmac.compare_digest(head, sign([payload])):
+            raise ShmError(errno.EPERM, "shared-memory reference with a bad signature")
+        try:
+            return cls.from_content(json.loads(payload))
+        except ValueError as e:
+            raise ShmError(errno.EINVAL, f"malformed shared-memory reference: {e}") from e
+
+    @classmethod
+    def from_content(cls, d) -> "Reference":
+        try:
+            name, bufs = d["name"], [(int(i), int(o), int(n)) for i, o, n in d["bufs"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ShmError(errno.EINVAL, f"malformed shared-memory reference: {e}") from e
+        if not isinstance(name, str) or not name.startswith("ipb-shm-") or "/" in name:
+            raise ShmError(errno.EINVAL, f"not a segment name: {name!r}")
+        return cls(name, bufs)
+
+
+def is_reference(frame) -> bool:
+    return bytes(frame[: len(MARK)]) == MARK
+
+
+# --------------------------------------------------------------- relay's side
+class ShmStore:
+    """A relay's segments: written once, named for its process, swept."""
+
+    def __init__(self, root: Optional[str] = None, threshold: int = THRESHOLD):
+        self.root, self.threshold = root or directory(), threshold
+        self.ident = identity()
+        self.failed_once = False
+
+    def put(self, buffers: Sequence, readers: int = HELD) -> Optional[Reference]:
+        """Write ``buffers`` (index, bytes-like) in one new segment that
+        ``readers`` engines will map (the last unlinks it); by default, as many
+        as the relays below want, and only this relay unlinks it (``drop``).
+        None (and a log line, once) if shared memory cannot take it."""
+        made = self._create([(index, memoryview(buf).nbytes) for index, buf in buffers], readers)
+        if made is None:
+            return None
+        ref, fd, path = made
+        try:
+            for (_, off, n), (_, buf) in zip(ref.bufs, buffers):
+                _write_all(fd, memoryview(buf).cast("B"), off)
+        except OSError as e:
+            _unlink(path)
+            return self._fall_back(e)
+        finally:
+            os.close(fd)
+        return ref
+
+    def reserve(self, sizes: Sequence[Tuple[int, int]]) -> Optional[Tuple[Reference, List[memoryview]]]:
+        """A new segment for buffers of ``sizes`` ((index, nbytes)) that only
+        this relay unlinks, mapped writable here: the views to fill (chunks
+        arriving, see ``schedulers.bulk``). None if shared memory cannot take it."""
+        made = self._create(sizes, HELD)
+        if made is None:
+            return None
+        ref, fd, path = made
+        try:
+            views = [memoryview(mmap.mmap(fd, n, offset=off)) if n else memoryview(bytearray())
+                     for _, off, n in ref.bufs]
+        except OSError as e:
+            _unlink(path)
+            return self._fall_back(e)
+        finally:
+            os.close(fd)
+        return ref, views
+
+    def _create(self, sizes, readers: int):
+        """(reference, open descriptor, path) of a new segment laid out for
+        ``sizes``, its space reserved and its count written."""
+        name = _prefix(os.getpid()) + secrets.token_hex(8)
+        path = os.path.join(self.root, name)
+        layout, offset = [], PAGE  # the first page holds the count
+        for index, n in sizes:
+            layout.append((index, offset, n))
+            offset += -(-n // PAGE) * PAGE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            return self._fall_back(e)
+        try:
+            os.posix_fallocate(fd, 0, offset)  # ENOSPC now, not SIGBUS in an engine later
+            os.pwrite(fd, _COUNT.pack(readers), 0)
+        except OSError as e:
+            os.close(fd)
+            _unlink(path)
+            return self._fall_back(e)
+        return Reference(name, layout), fd, path
+
+    def map(self, ref: Reference) -> List[Tuple[int, memoryview]]:
+        """A segment a parent relay of this host wrote, mapped read-only to
+        send its buffers on from: ``[(index, view)]``. Raises ``ShmError``."""
+        return map_reference(ref, self.root, engine=False)
+
+    def drop(self, ref: Reference):
+        """The request is done here: the name goes (mappings keep the memory)."""
+        _unlink(os.path.join(self.root, ref.name))
+
+    def _fall_back(self, e: OSError) -> None:
+        if not self.failed_once:
+            self.failed_once = True
+            log.warning("shared memory in %s cannot take a request (%s): engines of this host "
+                        "get their own copies instead (logged once)", self.root, e)
+        return None
+
+
+def _write_all(fd: int, view: memoryview, offset: int):
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done : done + _MAX_WRITE], offset + done)
+
+
+def _unlink(path: str):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def sweep(root: Optional[str] = None) -> List[str]:
+    """Remove this user's segments whose relay is no longer alive; their names."""
+    root = root or directory()
+    head = f"ipb-shm-{os.getuid()}-"
+    gone = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return gone
+    for name in names:
+        if not name.startswith(head):
+            continue
+        try:
+            pid = int(name[len(head):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if not pid_alive(pid):
+            _unlink(os.path.join(root, name))
+            gone.append(name)
+    return gone
+
+
+def pid_alive(pid) -> bool:
+    """Whether process ``pid`` exists (another user's counts; None or junk does not)."""
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:
+        return True
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+# -------------------------------------------------------------- engine's side
+def map_reference(ref: Reference, root: Optional[str] = None, engine: bool = True) -> List[Tuple[int, memoryview]]:
+    """Map each buffer of ``ref`` copy-on-write: ``[(index, writable view)]``.
+    The last engine to map the segment unlinks its name. Not ``engine`` (a
+    relay): read-only, and not counted."""
+    path = os.path.join(root or directory(), ref.name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} is gone: {e.strerror}") from e
+    try:
+        size = os.fstat(fd).st_size
+        views = []
+        for index, offset, n in ref.bufs:
+            if offset % PAGE or offset < PAGE or offset + n > size:
+                raise ShmError(errno.EINVAL, f"buffer {index} lies outside segment {ref.name}")
+            if n == 0:
+                views.append((index, memoryview(bytearray())))
+                continue
+            mm = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE if engine else mmap.MAP_SHARED,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE if engine else mmap.PROT_READ, offset=offset)
+            views.append((index, memoryview(mm)))  # the view keeps the mapping alive
+    finally:
+        os.close(fd)  # each mapping keeps a duplicate: the count is locked through another
+    if engine:
+        _count_down(path)
+    return views
+
+
+def _count_down(path: str):
+    """One engine fewer to map the segment; the last one unlinks its name."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return  # the relay was done with it first
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+        (left,) = _COUNT.unpack(os.pread(fd, _COUNT.size, 0))
+        os.pwrite(fd, _COUNT.pack(left - 1), 0)
+        if left <= 1:
+            _unlink(path)
+    finally:
+        os.close(fd)
+
+
+def reference_in(frames: Sequence) -> Optional[int]:
+    """The position of a ``Reference`` among the idents of ``frames``, if any."""
+    for i, frame in enumerate(frames):
+        data = P.as_bytes(frame) if len(frame) <= 4096 else b""
+        if data == P._DELIM:
+            return None
+        if data.startswith(MARK):
+            return i
+    return None
+
+
+def expand(frames: list, at: int, sign) -> list:
+    """``frames`` as an engine received them, with the ``Reference`` ident at
+    ``at`` removed and the buffers it names mapped in place of their (empty)
+    frames. Raises ``ShmError``."""
+    ref = Reference.parse(P.as_bytes(frames[at]), sign)
+    rest = frames[:at] + frames[at + 1:]
+    first = 1 + 5 + next(k for k, f in enumerate(rest) if len(f) == len(P._DELIM) and P.as_bytes(f) == P._DELIM)
+    if any(first + index >= len(rest) for index, _, _ in ref.bufs):
+        raise ShmError(errno.EINVAL, "a shared-memory reference names a buffer the request lacks")
+    for index, view in map_reference(ref):
+        rest[first + index] = view  # after the signature and the four JSON frames
+    return rest

@@ -1,0 +1,336 @@
+"""Big requests to many hosts: the data plane, in pipelined chunks.
+
+A leaf with host relays sends every host its request directly (the control
+plane: small, so replies, routes and liveness keep their short paths), less
+the request's big buffers. Those go in chunks along a tree of the hosts
+(``plan``; fanout 1 is a chain), each host relay forwarding every chunk to its
+own children in the tree as soon as it has checked it (cut-through), on links
+of their own (``BULK`` sends: the shell connects to each host relay's bulk
+socket). So the controller host's link carries about ``fanout`` copies, not
+one per host, and a big push costs about one copy's time on one link.
+
+Integrity: the envelope names the chunks' layout (``Layout``) and is signed;
+every chunk is a signed message whose content carries the SHA-256 of its
+bytes, checked at each host before it is forwarded or used. A host hands its
+engines the request only once every chunk has arrived (``Incoming``); a
+chunk that comes twice (after healing) is dropped.
+
+Healing: when the leaf loses a host relay of a plan, it sends every chunk
+again straight to that host's children in the plan (``orphaned``); a host
+that gets no chunk for ``stall`` seconds fails its engines, naming the cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..wire import protocol as P
+from .linkmodel import Link, estimate
+from ..wire.topology import HOST_PREFIX, host_ident
+from .events import Send
+
+log = logging.getLogger(__name__)
+
+BULK = "bulk"  # a Send to a host relay's bulk socket: [url, identity, *message]; [url]: close the link
+CHUNK_MSG = "ipb_chunk"
+CHUNK = 512 << 10  # bytes per chunk (MPI's large-message segments are 512 KB)
+THRESHOLD = 1 << 20  # buffers this big go in chunks
+MAX_CHUNKS = 1 << 20  # a layout naming more is refused
+EARLY_LIMIT = 256 << 20  # bytes of chunks held for envelopes not yet here
+ASSUMED = Link.of(1e-3, 1e9)  # the link the fanout is chosen for (only its alpha/beta ratio counts)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which buffers of a request go in chunks, and their sizes:
+    chunk ``j`` is bytes ``[o, o + size)`` of one buffer, buffer by buffer."""
+
+    bufs: Tuple[Tuple[int, int], ...]  # (index among the request's buffers, nbytes)
+    chunk: int
+
+    @property
+    def counts(self) -> List[int]:
+        return [max(1, -(-n // self.chunk)) for _, n in self.bufs]
+
+    @property
+    def n(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.bufs)
+
+    def locate(self, j: int) -> Tuple[int, int, int]:
+        """(position in ``bufs``, offset, size) of chunk ``j``."""
+        for k, count in enumerate(self.counts):
+            if j < count:
+                offset = j * self.chunk
+                return k, offset, min(self.chunk, self.bufs[k][1] - offset)
+            j -= count
+        raise IndexError(j)
+
+    def content(self) -> dict:
+        return dict(bufs=[list(b) for b in self.bufs], chunk=self.chunk)
+
+    @classmethod
+    def from_content(cls, d, n_buffers: int) -> "Layout":
+        try:
+            bufs = tuple((int(i), int(n)) for i, n in d["bufs"])
+            layout = cls(bufs, int(d["chunk"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise P.ProtocolError(f"bad chunk layout: {e}") from e
+        indices = [i for i, _ in bufs]
+        if layout.chunk < 1 or not bufs or len(set(indices)) != len(indices) \
+                or not all(0 <= i < n_buffers and n >= 0 for i, n in bufs) or layout.n > MAX_CHUNKS:
+            raise P.ProtocolError(f"bad chunk layout {d!r}")
+        return layout
+
+
+def plan(hosts: Sequence, fanout: int) -> Dict[object, list]:
+    """A tree of ``hosts`` under the sender (key ``None``), breadth first:
+    the sender feeds the first ``fanout``; host ``i`` feeds hosts
+    ``fanout * (i + 1)`` to ``fanout * (i + 1) + fanout - 1``."""
+    tree: Dict[object, list] = {None: list(hosts[:fanout])}
+    for i, host in enumerate(hosts):
+        first = fanout * (i + 1)
+        tree[host] = list(hosts[first:first + fanout])
+    return tree
+
+
+def choose_fanout(n_hosts: int, nbytes: int, chunk: int, link: Link = ASSUMED) -> int:
+    """The pipelined tree's fanout the model finds fastest for this request
+    (chunks fixed by ``chunk``); a chain for the few hosts of most clusters."""
+    chunks = max(1, math.ceil(nbytes / chunk))
+    return min(range(1, 5), key=lambda k: estimate("pipelined tree", n_hosts, nbytes, link, k,
+                                                   max_chunks=chunks).seconds)
+
+
+def digest(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Outgoing:
+    """At the leaf: a request's chunks and the plan they follow."""
+
+    id: str
+    layout: Layout
+    tree: Dict[object, list]  # host key (None: the leaf) -> the hosts it feeds
+    messages: List[list]  # each chunk's signed message, made once
+    urls: Dict[bytes, str]  # host -> its bulk socket
+
+
+@dataclass
+class Incoming:
+    """At a host relay: a request's chunks, assembled, and where they go on."""
+
+    id: str
+    layout: Layout
+    to: List[Tuple[str, str]]  # the hosts this one feeds: (label, url)
+    key: Optional[str]  # the request it completes (None: it was done here already)
+    last: float  # when a chunk last arrived
+    buffers: list = field(default_factory=list)  # writable views, in the order of ``layout.bufs``
+    have: set = field(default_factory=set)
+    ref: object = None  # the shared-memory segment the buffers are in (``shm``), if any
+
+    @property
+    def complete(self) -> bool:
+        return len(self.have) == self.layout.n
+
+
+class Bulk:
+    """One node's chunks in flight: those it sends (a leaf) and those it
+    assembles and passes on (a host relay)."""
+
+    def __init__(self, codec: P.Codec, clock: Callable[[], float], stall: float,
+                 chunk: int = CHUNK, threshold: int = THRESHOLD, fanout: int = 0):
+        self.codec, self.clock, self.stall = codec, clock, stall
+        # where a host relay assembles: sizes -> (segment, views) in shared memory, or None
+        self.reserve: Callable[[tuple], Optional[tuple]] = lambda sizes: None
+        self.discard: Callable[[object], None] = lambda ref: None  # a segment no request took
+        self.chunk, self.threshold, self.fanout = chunk, threshold, fanout  # fanout 0: chosen per request
+        self.outgoing: Dict[str, Outgoing] = {}  # request key -> its chunks
+        self.incoming: Dict[str, Incoming] = {}  # bulk id -> its assembly
+        self.early: Dict[str, list] = {}  # bulk id -> chunks come before their envelope
+        self.early_since: Dict[str, float] = {}
+        self.early_bytes = 0
+        self.sent = self.received = self.forwarded = self.duplicates = 0  # chunks, for stats
+        self.last: Optional[dict] = None  # the last request's plan: fanout, hosts in order, chunks
+
+    # ------------------------------------------------------------- the leaf
+    def start(self, p, hosts: List[Tuple[bytes, str]], boot: str) -> Optional[Outgoing]:
+        """Chunks for request ``p`` to ``hosts`` ((identity, bulk url)), if it
+        has big buffers; the first sends, to the hosts the leaf feeds, are ``sends_for``."""
+        if not hosts or p.stock or p.rename is not None:
+            return None
+        bufs = tuple((i, P.nbytes(b)) for i, b in enumerate(p.inner[5:]) if P.nbytes(b) >= self.threshold)
+        if not bufs:
+            return None
+        layout = Layout(bufs, self.chunk)
+        fanout = self.fanout or choose_fanout(len(hosts), layout.nbytes, self.chunk)
+        out_id = f"{boot[:12]}.{p.key}"
+        messages = []
+        for j in range(layout.n):
+            k, offset, size = layout.locate(j)
+            data = memoryview(p.inner[5 + bufs[k][0]]).cast("B")[offset:offset + size]
+            messages.append(self.codec.pack(CHUNK_MSG, dict(id=out_id, i=j, d=digest(data)), [data]))
+        out = Outgoing(out_id, layout, plan([h for h, _ in hosts], fanout), messages, dict(hosts))
+        self.last = dict(fanout=fanout, chunks=layout.n, hosts=[h[len(HOST_PREFIX):].decode() for h, _ in hosts])
+        self.outgoing[p.key] = out
+        return out
+
+    def envelope(self, out: Outgoing, host: bytes, frames: list) -> Tuple[dict, list]:
+        """What ``host``'s request carries: the layout and the hosts it feeds;
+        its frames, less the chunked buffers."""
+        chunked = {5 + i for i, _ in out.layout.bufs}
+        feeds = [[h[len(HOST_PREFIX):].decode(), out.urls[h]] for h in out.tree.get(host, [])]
+        content = dict(out.layout.content(), id=out.id, to=feeds)
+        return content, [b"" if k in chunked else f for k, f in enumerate(frames)]
+
+    def sends_for(self, out: Outgoing, hosts) -> List[Send]:
+        """Every chunk, to each of ``hosts`` (identities)."""
+        sends = []
+        for host in hosts:
+            target = [out.urls[host].encode(), host]
+            sends += [Send(BULK, target + m) for m in out.messages]
+        self.sent += len(sends)
+        return sends
+
+    def orphaned(self, host: bytes) -> List[Send]:
+        """``host`` is lost: the hosts it fed get every chunk from the leaf
+        (and the link to it goes, with what it still held)."""
+        urls = {out.urls[host] for out in self.outgoing.values() if host in out.urls}
+        sends = [Send(BULK, [url.encode()]) for url in urls]
+        for out in self.outgoing.values():
+            feeds = out.tree.pop(host, None)
+            if feeds:
+                out.tree[None] = out.tree[None] + feeds
+                sends += self.sends_for(out, feeds)
+        return sends
+
+    def done(self, key: str):
+        self.outgoing.pop(key, None)
+        for inc in self.incoming.values():
+            if inc.key == key:
+                inc.key = None  # its chunks still go on to the hosts it feeds
+
+    # ------------------------------------------------------- a host relay
+    def expect(self, p, content, n_buffers: int) -> Tuple[Incoming, List[Send]]:
+        """``p`` came with a chunk layout: assemble it (chunks come on the bulk socket)."""
+        if not isinstance(content, dict) or not isinstance(content.get("id"), str):
+            raise P.ProtocolError("bulk content without an id")
+        layout = Layout.from_content(content, n_buffers)
+        to = content.get("to") or []
+        if not isinstance(to, list) or not all(isinstance(t, list) and len(t) == 2 and
+                                               all(isinstance(s, str) for s in t) for t in to):
+            raise P.ProtocolError("bulk content with a bad list of hosts to feed")
+        if content["id"] in self.incoming:
+            raise P.ProtocolError(f"bulk id {content['id']!r} in use")
+        inc = self.incoming[content["id"]] = Incoming(content["id"], layout, [tuple(t) for t in to],
+                                                      p.key, self.clock())
+        made = self.reserve(layout.bufs)  # written in place: the engines of this host map it
+        if made is not None:
+            inc.ref, views = made
+            inc.buffers = [v.cast("B") for v in views]
+        else:
+            inc.buffers = [memoryview(bytearray(n)) for _, n in layout.bufs]
+        sends = []
+        self.early_since.pop(inc.id, None)
+        for frames in self.early.pop(inc.id, []):
+            self.early_bytes -= P.nbytes(frames[-1])
+            sends += self._take(inc, frames)
+        return inc, sends
+
+    def on_chunk(self, frames) -> Tuple[List[Send], Optional[Incoming]]:
+        """A chunk from the host (or leaf) that feeds this one: checked, passed
+        on, kept; the assembly if it is now complete."""
+        _, body = P.split_idents(frames)
+        if len(body) != 6:
+            raise P.ProtocolError(f"a chunk message has {len(body)} frames, needs 6")
+        msg = self.codec.unpack(body)
+        content = msg["content"]
+        if msg["header"].get("msg_type") != CHUNK_MSG or not isinstance(content, dict) \
+                or not isinstance(content.get("id"), str) or type(content.get("i")) is not int:
+            raise P.ProtocolError("not a chunk")
+        if digest(body[5]) != content.get("d"):
+            raise P.ProtocolError(f"chunk {content['i']} of {content['id']} does not match its digest")
+        inc = self.incoming.get(content["id"])
+        if inc is None:  # its envelope is still on its way (another link)
+            self.early.setdefault(content["id"], []).append(body)
+            self.early_since.setdefault(content["id"], self.clock())
+            self.early_bytes += P.nbytes(body[5])
+            self._trim_early()
+            return [], None
+        sends = self._take(inc, body, j=content["i"])
+        if inc.complete and inc.key is None and inc.buffers:  # its request was done here already
+            self.finished(inc, adopted=False)
+        return sends, inc if inc.complete and inc.key is not None else None
+
+    def _take(self, inc: Incoming, body, j: Optional[int] = None) -> List[Send]:
+        if j is None:
+            j = self.codec.content(dict(content=body[4]))["i"]
+        if not 0 <= j < inc.layout.n:
+            raise P.ProtocolError(f"chunk {j} of {inc.id}, which has {inc.layout.n}")
+        if j in inc.have:
+            self.duplicates += 1
+            return []
+        k, offset, size = inc.layout.locate(j)
+        data = memoryview(body[5]).cast("B")
+        if data.nbytes != size:
+            raise P.ProtocolError(f"chunk {j} of {inc.id} has {data.nbytes} bytes, not {size}")
+        inc.buffers[k][offset:offset + size] = data
+        inc.have.add(j)
+        inc.last = self.clock()
+        self.received += 1
+        self.forwarded += len(inc.to)
+        message = list(body)
+        return [Send(BULK, [url.encode(), host_ident(label), P._DELIM] + message)
+                for label, url in inc.to]
+
+    def finished(self, inc: Incoming, adopted: bool):
+        """The request has its buffers (``adopted``: and its segment, if any):
+        keep the id (late duplicates), not the bytes."""
+        if inc.ref is not None and not adopted:
+            self.discard(inc.ref)
+        inc.key, inc.buffers, inc.ref = None, [], None
+
+    def stalled(self, now: float) -> List[Incoming]:
+        """Assemblies with no chunk for ``stall`` seconds, forgotten here."""
+        gone = [inc for inc in self.incoming.values() if not inc.complete and now - inc.last > self.stall]
+        for inc in gone:
+            del self.incoming[inc.id]
+            if inc.ref is not None:
+                self.discard(inc.ref)
+        for inc in [i for i in self.incoming.values() if i.complete and now - i.last > self.stall]:
+            del self.incoming[inc.id]  # complete and quiet: no duplicate can still come
+            if inc.ref is not None:
+                self.discard(inc.ref)
+        for bulk_id in [b for b, t in self.early_since.items() if now - t > self.stall]:
+            self._forget_early(bulk_id)  # no envelope came: the request was not for this host
+        return gone
+
+    def next_deadline(self) -> Optional[float]:
+        times = [inc.last for inc in self.incoming.values()] + list(self.early_since.values())
+        return min(times) + self.stall if times else None
+
+    def _trim_early(self):
+        while self.early_bytes > EARLY_LIMIT and self.early:
+            bulk_id = next(iter(self.early))
+            log.warning("dropped %d early chunks of %s: more than %d bytes wait for envelopes",
+                        len(self.early[bulk_id]), bulk_id, EARLY_LIMIT)
+            self._forget_early(bulk_id)
+
+    def _forget_early(self, bulk_id: str):
+        self.early_bytes -= sum(P.nbytes(b[5]) for b in self.early.pop(bulk_id, []))
+        self.early_since.pop(bulk_id, None)
+
+    def stats(self) -> dict:
+        stats = dict(bulk_sent=self.sent, bulk_received=self.received, bulk_forwarded=self.forwarded,
+                     bulk_duplicates=self.duplicates)
+        if self.last is not None:
+            stats["bulk_last"] = self.last
+        return stats

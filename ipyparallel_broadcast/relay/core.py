@@ -1,0 +1,272 @@
+"""The relay node as a pure state machine: frames and events in, sends out.
+
+One ``RelayNode`` sits at each tree position, and one on each engine host (a
+host relay). It never touches a socket: ``on_up`` / ``on_down`` / ``on_hub``
+take the frames a socket received (parsed once, by ``events``), the other
+``on_*`` methods what the shell learned, and each returns the ``Send`` list
+the shell performs. Its parts: ``routes`` (where engines are), ``liveness``
+(children alive), ``surveys`` (stats), ``pending`` (requests in flight and how
+their outcomes are packed) and ``reduction`` (folding values).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid as uuidlib
+from itertools import count
+from typing import Callable, Dict, List, Optional
+
+from ..wire import protocol as P
+from ..wire.topology import Path, TreeShape, node_name
+from . import events as E
+from .bulk import Bulk
+from .downpath import DownPath
+from .heartbeat import Heartbeats
+from .uppath import UpPath
+from .events import DOWN, MON, UP, Send
+from .liveness import Children
+from .pending import InFlight
+from .routes import Announcements, Key, Routes
+from .sharing import Sharing
+from .surveys import Surveys, own_trace
+
+log = logging.getLogger(__name__)
+
+
+class RelayNode(Heartbeats, DownPath, UpPath):
+    """Routing, fan-out and coalescing for one node of the tree: its state and
+    its entry points here; its heartbeats, a request's way down and replies'
+    way up in ``heartbeat``, ``downpath`` and ``uppath``."""
+
+    def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
+                 clock: Callable[[], float] = time.monotonic,
+                 ping_interval: float = 0.5, node_timeout: float = 10.0,
+                 wall: Callable[[], float] = time.time, host: Optional[str] = None, store=None,
+                 bulk: Optional[dict] = None):
+        self.codec, self.clock, self.shape = codec, clock, shape
+        self.wall = wall  # trace timestamps: comparable across processes
+        self.path = tuple(path)  # a host relay: its leaf's
+        self.host = host  # a host relay's label: it serves the engines that joined it
+        self.name = f"host {host}" if host else node_name(self.path)
+        self.is_root = not self.path and not host
+        self.is_leaf = bool(host) or shape.is_leaf(self.path)
+        self.kind = "engines" if self.is_leaf else "bundles"
+        self.boot = uuidlib.uuid4().hex  # this process's life: a restart changes it
+        self.ping_interval, self.node_timeout = ping_interval, node_timeout
+        self.children = Children(self.path, [] if self.is_leaf else range(shape.fanout),
+                                 clock, ping_interval, node_timeout)
+        self.routes = Routes(shape, self.path, self.is_leaf)
+        self.announce = Announcements(codec, self.routes, self.children.idents, self.is_root, host, self.boot)
+        self.surveys = Surveys(codec)
+        self.parent_boot: Optional[str] = None  # a new one: the parent restarted
+        self.pulse_port: Optional[int] = None  # the shell's pulse link for host relays, if bound
+        self.parent_pulse: Optional[int] = None  # host relay: the parent's pulse port, once told
+        # host relay: when its leaf last pinged it. A leaf that restarted does
+        # not know its host relays; each says hello again when its leaf is silent
+        self.parent_heard: Optional[float] = clock() if host else None
+        self.parent_silence = min(node_timeout, 3 * ping_interval)  # three pings missed
+        self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
+        self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
+        self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
+        self.sharing = Sharing(codec, store)  # big buffers, once per host
+        self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
+        self.bulk_url: Optional[str] = None  # a host relay's bulk socket, said in its pongs
+        if self.sharing.on:  # chunks are written straight into the segment engines map
+            self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
+        self.inflight.on_done = self._done
+        self.dropped = 0  # messages dropped as malformed or unexpected
+        self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
+        # a restarted root must not reuse the keys of requests engines may still answer
+        self._keys = count(int(self.boot[:8], 16) << 20)
+        self._records = False
+
+    @property
+    def records(self) -> bool:
+        """Copies to the hub's task records (MON): the root copies each request
+        and each bundle it sends up (one copy per host bundle at most); a leaf,
+        each engine's reply to a reduction (the bundles carry only the combined value)."""
+        return self._records
+
+    @records.setter
+    def records(self, on: bool):
+        self._records = on
+        self.inflight.records = on and self.is_root
+
+    # ------------------------------------------------------------------ events
+    def on_up(self, frames) -> List[Send]:
+        """From above: a client's request or ping (root), or the parent's."""
+        arrived = self.wall()
+        try:
+            event = E.from_above(self.codec, frames, self.is_root, bool(self.host))
+            if isinstance(event, E.Request):
+                dropped = self.dropped
+                sends = self._start(event.route, event.content, event.inner, arrived=arrived)
+                if self.records and self.is_root and self.dropped == dropped:  # taken: filed
+                    inner_buffers = len(event.inner) - 5  # the user's data: kept out of the hub
+                    sends.insert(0, Send(MON, [P.INBCAST] + P.strip_big(event.frames, inner_buffers)))
+                return sends
+            if isinstance(event, E.StockRequest):
+                return self._start(event.route, event.compat.content, event.compat.inner, event.compat)
+            if isinstance(event, E.StatsRequest):
+                key = f"s{next(self._keys)}" if self.is_root else event.content.get("req")
+                own = self.stats(own_trace(event.content))
+                return self.surveys.start(key, event.route, event.content, self.children.idents, own)
+            if isinstance(event, E.Ping):
+                return self._client_ping(event) if self.is_root else self._parent_ping(event.content)
+            if isinstance(event, E.RouteAck):
+                return self.announce.ack(event.content)
+            return self.on_engine_lost(event.uuid, event.why)  # E.Lost
+        except P.ProtocolError as e:
+            return self._drop(f"request: {e}")
+
+    def on_down(self, frames) -> List[Send]:
+        """From below: an engine's reply, or a child node's or host relay's message."""
+        try:
+            event = E.from_below(self.codec, frames, self.is_leaf)
+            if isinstance(event, E.EngineReply):
+                return self._engine_reply(event)
+            return self._child_message(event)
+        except P.ProtocolError as e:
+            return self._drop(f"reply: {e}")
+
+    def on_hub(self, frames) -> List[Send]:
+        """A leaf's news from the hub: engines registered or lost, or its registry."""
+        try:
+            event = E.from_hub(self.codec, frames)
+        except P.ProtocolError as e:
+            return self._drop(f"hub: {e}")
+        if isinstance(event, E.EngineRegistered):
+            return self.on_engine_registered(event.eid, event.uuid)
+        if isinstance(event, E.EngineUnregistered):
+            return self.on_engine_lost(event.uuid, P.DIED)
+        if isinstance(event, E.Registry):
+            return self.on_registry(event.engines)
+        return []
+
+    def on_engine_registered(self, eid: int, uuid: str) -> List[Send]:
+        self.engines[eid] = uuid
+        return self._greet([eid]) + self._retry_parked(final=False)
+
+    def on_registry(self, engines: Dict[int, str]) -> List[Send]:
+        """The hub's full engine table. Parked targets still unknown fail."""
+        self.engines = dict(engines)
+        return self._greet(self.engines) + self._retry_parked(final=True)
+
+    def on_engine_lost(self, uuid: str, why: str = P.DIED) -> List[Send]:
+        """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
+        unregistered it) or a phrase such as "is not connected". An engine
+        behind a host relay is failed by that relay, told here; here too if
+        the relay has fallen silent (a host cut off)."""
+        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        host = self.routes.via.get(eid)
+        self.sharing.forget(uuid)
+        if why == P.DIED:
+            self.engines = {e: u for e, u in self.engines.items() if u != uuid}
+            if host is not None:
+                self.routes.host_lost_engine(eid)
+        code = P.DIED if why == P.DIED else P.UNREACHABLE
+        if host is None or host not in self.children:
+            sends = self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
+            if self.host and why == P.DIED:  # alive, maybe, but the hub will not take it back
+                sends.append(Send(DOWN, [uuid.encode()] + self.codec.pack(P.DROPPED, {})))
+            return sends
+        sends = [Send(DOWN, [host] + self.codec.pack(P.LOST, dict(uuid=uuid, why=why)))]
+        if why == P.DIED:
+            sends += self.announce.up([], [eid])
+        silent = self.clock() - self.children.heard[host]
+        if silent > 2 * self.ping_interval:
+            where = self.children.names[host]
+            sends += self.inflight.fail_via(host, eid, [eid, uuid, f"Engine {eid} on {where} {why} before "
+                                            f"replying (its host relay silent for {silent:.1f} s)", code])
+        return sends
+
+    def on_join(self, eid: int, uuid: str, who=None, shm=None) -> List[Send]:
+        """Host relay: an engine on this host joined (again), with its
+        shared-memory identity. Its leaf learns all of them; once the root has
+        the route, ``Send(JOINED, [who, ...])``."""
+        self.engines[eid] = uuid
+        sends = self.announce.host_engines(self.engines, [who] if who is not None else [])
+        return sends + (self.sharing.joined(uuid, shm) if shm is not None else self._greet([eid]))
+
+    def on_child_lost(self, key: Key, why: str = "is unreachable") -> List[Send]:
+        """A child (relay node or host relay) cannot answer: what waits on it fails."""
+        child = self.children.phrase(key)
+        sends = self.surveys.child_lost(key, self.children.names.get(key, repr(key)),
+                                        f"{child[0].lower()}{child[1:]} {why}")
+        sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
+        if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
+            sends += self.bulk.orphaned(key)
+        if isinstance(key, bytes) and key not in self.routes.via.values():
+            self.children.forget(key)  # a host relay gone, with no engine routed to it
+        return sends
+
+    def on_tick(self) -> List[Send]:
+        """Time passed: send up batches whose interval is over; ping children."""
+        now = self.clock()
+        sends = self.inflight.due(now) + self._stalled(now)
+        if self.children.next_ping is not None and self.children.next_ping <= now:
+            sends += self._ping(now)
+        if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
+            self.parent_heard = now  # again after as long, until a ping comes
+            sends += self.hello() + self.announce.again(self.engines)
+        return sends
+
+    def on_drained(self) -> List[Send]:
+        """The shell has read every message waiting on its sockets: streamed
+        outcomes held meanwhile go up now (``InFlight.coalesce``)."""
+        return self.inflight.drained()
+
+    def next_deadline(self) -> Optional[float]:
+        """When ``on_tick`` next has something to do (``None``: nothing timed)."""
+        silence = None if self.parent_heard is None else self.parent_heard + self.parent_silence
+        times = [t for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline(),
+                             silence) if t is not None]
+        return min(times, default=None)
+
+    def hello(self) -> List[Send]:
+        """Tell the parent this node is alive, and which life of it this is."""
+        if self.is_root:
+            return []
+        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot, bulk=self.bulk_url)))]
+
+    def stats(self, trace=None) -> dict:
+        """This node's own state, as a survey reports it; with ``trace`` (a
+        request's msg_id), the events this node recorded for that request."""
+        stats = dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
+                     surveys=len(self.surveys), dropped=self.dropped, signatures=self.codec.remembered,
+                     engines=self._engines_served() if self.is_leaf else None, **self.probe())
+        if self.sharing.on:
+            stats.update(self.sharing.stats())
+        stats.update(self.bulk.stats())
+        if self.host:
+            stats.update(host=self.host, eids=sorted(self.engines))
+        elif self.is_leaf:
+            stats["hosts"] = self.children.host_labels()
+        if trace is not None:
+            stats["trace"] = self.inflight.trace_of(trace)
+        return stats
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+

@@ -1,0 +1,177 @@
+"""A request on its way down a relay node: split among children or sent to
+engines, parked while its engines are not known yet, and, for big buffers,
+waiting for its chunks (``bulk``). Part of ``RelayNode`` (``core``); sans I/O."""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+from ..wire import bundles as B
+from ..wire import protocol as P
+from ..wire.reduction import Reduction
+from .bulk import Incoming
+from .compat import CompatRequest, renamer
+from .events import DOWN, HUB, Send
+from .pending import PARKED, Pending
+
+log = logging.getLogger("ipyparallel_broadcast.relay.core")
+BULK_WAIT = "~bulk"  # waiting-table key: targets whose request waits for its chunks
+
+
+class DownPath:
+    """A request's way down: to children, or to engines."""
+
+    def _start(self, route, content, inner, compat=None, arrived=None) -> List[Send]:
+        if compat is None:  # the client's own request: checked once, at the root
+            if len(inner) < 5:
+                raise P.ProtocolError(f"the request inside has {len(inner)} frames, needs 5")
+            if self.is_root:
+                self.codec.check_signature(inner[:5])
+        key = f"r{next(self._keys)}" if self.is_root else content.get("req")
+        if not isinstance(key, str) or key in self.pending:
+            return self._drop(f"request key {key!r} missing or in use")
+        mode = content.get("compat")
+        rename = None
+        if self.is_leaf and mode == CompatRequest.RENAME:  # may raise: before any state
+            rename = renamer(self.codec, compat.msg if compat else inner)
+        own = None
+        if content.get("each") is not None:
+            inner, own = P.split_each(inner, content["targets"], content["each"])
+        op = content.get("reduce")
+        p = self.pending[key] = Pending(
+            key=key, msg_id=content["msg_id"], stream=content["reply"] == P.STREAM,
+            route=route, inner=inner, compat=compat, rename=rename,
+            raw=bool(mode) or not B.splices_json(self.codec), stock=bool(mode), own=own,
+            batch=tuple(content["batch"]) if content.get("batch") else None,
+            reduction=Reduction(op) if op else None,
+            trace=[["request in", arrived, None]] if content.get("trace") is True else None,
+        )
+        targets = content["targets"]
+        p.n = len(targets)
+        if content.get("shm") is not None and not self.is_root:  # big buffers in this host's memory
+            try:
+                self.sharing.take(p, content["shm"])
+            except (OSError, P.ProtocolError) as e:  # shm.ShmError: the segment is gone
+                return self._fail(p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}") \
+                    + self.inflight.finish_if_done(p)
+        elif not self.is_leaf and not mode:
+            self.sharing.pass_down(p)
+        if self.is_root:  # everything is under the root, but for engines whose route went
+            strays = [e for e in targets if e in self.routes.departed] if self.routes.departed else []
+        else:
+            strays = [e for e in targets if not self._serves(e)]
+        sends = self._fail_strays(p, strays) if strays else []
+        if strays:
+            gone = set(strays)
+            targets = [e for e in targets if e not in gone]
+        if content.get("bulk") is not None and self.host:  # its big buffers come in chunks
+            return sends + self._expect_bulk(p, content["bulk"], targets)
+        return sends + self._dispatch(p, targets, mode)
+
+    def _dispatch(self, p: Pending, targets, mode=None) -> List[Send]:
+        """Send ``p`` on: to engines served here, and one request to each child for its targets."""
+        groups = self.routes.split(targets) if not self.host else {None: targets}
+        direct = groups.pop(None, None)
+        sends = self._to_engines(p, direct) if direct else []
+        hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
+        out = self.bulk.start(p, hosts, self.boot) if hosts and not mode else None
+        for child, sub in groups.items():
+            p.waiting[child] = set(sub)
+            same_host = isinstance(child, int)  # a relay of this tree, not a host relay
+            content, frames = p.request_for(sub, mode, p.shared if same_host else None)
+            if out is not None and child in out.urls:  # its big buffers come in chunks
+                content["bulk"], frames = self.bulk.envelope(out, child, frames)
+            sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
+        if out is not None:
+            sends += self.bulk.sends_for(out, out.tree[None])
+        self.inflight.stamp(p, "request out", len(sends))
+        return sends + self.inflight.finish_if_done(p)
+
+    def on_chunk(self, frames) -> List[Send]:
+        """A host relay: a chunk of a big request, from the host or leaf that feeds it (``bulk``)."""
+        try:
+            sends, inc = self.bulk.on_chunk(frames)
+        except P.ProtocolError as e:
+            return self._drop(f"chunk: {e}")
+        return sends + (self._bulk_complete(inc) if inc is not None else [])
+
+    def _expect_bulk(self, p: Pending, content, targets) -> List[Send]:
+        p.waiting[BULK_WAIT] = set(targets)  # not done before its data came
+        inc, sends = self.bulk.expect(p, content, len(p.inner) - 5)
+        return sends + (self._bulk_complete(inc) if inc.complete else [])
+
+    def _bulk_complete(self, inc: Incoming) -> List[Send]:
+        """Every chunk is here and checked: the request goes to the engines."""
+        p, buffers, ref = self.pending.get(inc.key), inc.buffers, inc.ref
+        adopted = p is not None and BULK_WAIT in p.waiting
+        self.bulk.finished(inc, adopted)
+        if not adopted:
+            return []
+        inner = list(p.inner)
+        for (i, _), buf in zip(inc.layout.bufs, buffers):
+            inner[5 + i] = buf
+        p.inner = inner
+        if ref is not None:
+            self.sharing.adopt(p, ref, [(i, buf) for (i, _), buf in zip(inc.layout.bufs, buffers)])
+        self.inflight.stamp(p, "chunks in", inc.layout.n)
+        return self._dispatch(p, sorted(p.waiting.pop(BULK_WAIT)))
+
+    def _stalled(self, now) -> List[Send]:
+        sends = []
+        for inc in self.bulk.stalled(now):
+            p = self.pending.get(inc.key) if inc.key is not None else None
+            if p is not None and BULK_WAIT in p.waiting:
+                why = (f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
+                       f"then none for {self.bulk.stall:g} s")
+                sends += self._fail(p, sorted(p.waiting.pop(BULK_WAIT)), P.UNREACHABLE, why)
+                sends += self.inflight.finish_if_done(p)
+        return sends
+
+    def _done(self, p: Pending):
+        self.sharing.release(p)
+        self.bulk.done(p.key)
+
+    def _to_engines(self, p: Pending, targets) -> List[Send]:
+        sends, unknown = [], []
+        key = p.key.encode()
+        self.sharing.prepare(p, targets, self.engines)
+        for eid in targets:
+            uuid = self.engines.get(eid)
+            if uuid is None:
+                unknown.append(eid)
+                continue
+            p.waiting[uuid] = {eid}
+            own = p.own.pop(eid) if p.own is not None else []
+            frames = self.sharing.frames_for(p, uuid, key)
+            if frames is None:
+                inner = p.rename(uuid) if p.rename else p.inner
+                frames = P.to_engine(uuid, key, inner + own if own else inner)
+            elif own:
+                frames = frames + own
+            sends.append(Send(DOWN, frames))
+        if unknown and self.host:  # a host relay knows its engines: no hub to ask
+            sends += self._fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
+        elif unknown:
+            p.waiting.setdefault(PARKED, set()).update(unknown)
+            self.parked.add(p.key)
+            sends.append(Send(HUB, []))
+        return sends
+
+    def _retry_parked(self, final: bool) -> List[Send]:
+        sends = []
+        for key in list(self.parked):
+            self.parked.discard(key)
+            p = self.pending.get(key)
+            if p is None or PARKED not in p.waiting:
+                continue
+            eids = p.waiting.pop(PARKED)
+            sends += self._to_engines(p, [e for e in eids if e in self.engines])
+            left = sorted(e for e in eids if e not in self.engines)
+            if left and final:
+                sends += self._fail(p, left, P.UNKNOWN, "is not registered")
+            elif left:
+                p.waiting[PARKED] = set(left)
+                self.parked.add(key)
+            sends += self.inflight.finish_if_done(p)
+        return [s for s in sends if s.socket != HUB]

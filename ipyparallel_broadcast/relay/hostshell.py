@@ -1,0 +1,237 @@
+"""The relay on an engine host: one per host, started by the engines themselves.
+
+An engine on a host other than the controller's (``BroadcastEngine.host_relay``)
+makes sure its host runs a relay, joins it, and connects its broadcast
+socket to it instead of to a controller-side leaf (its side: ``hostlink``). So one copy of each
+request crosses the host's link, one reply comes back per call, and the
+engines' replies are checked on the host.
+
+Who runs it: a lock file per (cluster, host). The engine that gets the lock
+starts the relay and hands it the locked descriptor; every engine keeps a
+thread blocked on the same lock, so when the relay dies one of them starts
+another at once (the others stay blocked). The last engine out stops it: a
+relay with no engine for ``GRACE`` seconds exits. A restarted relay finds its
+engines in the host's join directory (one file per engine, with its pid).
+
+The host is told apart by hostname, boot id and network namespace (``label``):
+hosts of a test bed share a hostname and a filesystem. Engines reach the relay
+on an abstract unix socket, which is private to the network namespace; with
+CurveZMQ, its keys are derived from the session key, so no key file is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+import zmq
+
+from ..wire import protocol as P
+from ..host.link import Place
+from ..host.shm import pid_alive
+from .shell import NodeShell, _socket, run_node
+from ..wire.frames import send_frames
+from ..wire.topology import host_ident
+
+GRACE = 5.0  # seconds a relay with no engine waits for one before it exits
+PROBE_INTERVAL = 0.05  # a restarted relay looks for its engines' reconnections this often
+
+
+class HostRelayShell(NodeShell):
+    """A relay node serving the engines of its host (``RelayNode(host=...)``)."""
+
+    def open_sockets(self, spec, curve):
+        ctx = self.context
+        place = self.place = Place(spec["key"].encode(), spec["host"], bool(curve["curve_serverkey"]))
+        self.up = _socket(ctx, zmq.DEALER)
+        self.up.IDENTITY = host_ident(spec["host"])
+        self.curve_serverkey = curve["curve_serverkey"].encode() if curve["curve_serverkey"] else None
+        if self.curve_serverkey:  # to its leaf, as an engine connects: keys of its own
+            public, secret = zmq.curve_keypair()
+            self.up.curve_serverkey = self.curve_serverkey
+            self.up.curve_publickey, self.up.curve_secretkey = public, secret
+        self.up.connect(spec["up_url"])
+        self.down = _socket(ctx, zmq.ROUTER)
+        self.down.ROUTER_MANDATORY = 1
+        self.down.ROUTER_HANDOVER = 1
+        self.joins = _socket(ctx, zmq.ROUTER)
+        for sock, url in ((self.down, place.down_url), (self.joins, place.join_url)):
+            if place.secret:
+                sock.curve_server, sock.curve_secretkey = True, place.secret
+            sock.bind(url)
+        self.bulk = _socket(ctx, zmq.ROUTER)  # chunks of big requests, from the host that feeds this one
+        if place.secret:
+            self.bulk.curve_server, self.bulk.curve_secretkey = True, place.secret
+        ip = spec.get("ip") or local_ip_towards(spec["up_url"])  # BroadcastEngine.host_relay_ip
+        port = self.bulk.bind_to_random_port(f"tcp://{ip}")
+        self.node.bulk_url = f"tcp://{ip}:{port}"
+        self.notifications = self.registrar = self.monitor = self.pulse = None
+        self.pulse_url = None  # where the parent's pulse link is, once connected
+        self.sockets = [self.up, self.down, self.joins, self.bulk]
+        self.handlers = {self.up: self.node.on_up, self.down: self.node.on_down, self.joins: self.on_join,
+                         self.bulk: self.node.on_chunk}
+        self.empty_since: Optional[float] = time.monotonic()
+        # a restarted relay: its engines are here already, and reconnect by themselves;
+        # each is announced once a probe shows it connected
+        self.expected = {e["uuid"]: e for e in self.joined_engines()}
+        self.next_probe: Optional[float] = time.monotonic() if self.expected else None
+        self.pids: dict = {}  # uuid -> the pid of the engine's process
+        self.next_check = time.monotonic() + GRACE
+
+    def probe(self):
+        """Announce the expected engines that are connected again (a send to
+        one that is not fails at once: ROUTER_MANDATORY)."""
+        for uuid, engine in list(self.expected.items()):
+            try:
+                self.down.send_multipart([uuid.encode(), P.PROBE], zmq.NOBLOCK)
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                if not pid_alive(engine["pid"]):
+                    del self.expected[uuid]
+                continue
+            del self.expected[uuid]
+            self.pids[uuid] = engine.get("pid")
+            self.perform(self.node.on_join(engine["eid"], uuid, shm=engine.get("shm")))
+        self.next_probe = time.monotonic() + PROBE_INTERVAL if self.expected else None
+
+    def on_tick(self):
+        now = time.monotonic()
+        if self.next_probe is not None and self.next_probe <= now:
+            self.probe()
+        if self.next_check <= now:
+            self.check_engines()
+        super().on_tick()
+
+    def check_engines(self):
+        """Engines whose process is gone are lost, even if nobody tells us
+        (the controller may be gone too): the last one out stops the relay."""
+        self.next_check = time.monotonic() + GRACE
+        for uuid, pid in list(self.pids.items()):
+            if pid is not None and not pid_alive(pid):
+                del self.pids[uuid]
+                self.perform(self.node.on_engine_lost(uuid, P.DIED))
+
+    def joined_engines(self):
+        """The join files of engines that are still alive."""
+        engines = []
+        for name in os.listdir(self.place.joins) if os.path.isdir(self.place.joins) else ():
+            try:
+                with open(os.path.join(self.place.joins, name)) as f:
+                    engine = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(engine, dict) and pid_alive(engine.get("pid")):
+                engines.append(engine)
+        return engines
+
+    def on_join(self, frames):
+        idents, body = P.split_idents(frames)
+        msg = self.codec.unpack(body)
+        content = msg["content"]
+        if msg["header"].get("msg_type") != P.JOIN or type(content.get("eid")) is not int \
+                or not isinstance(content.get("uuid"), str):
+            raise P.ProtocolError("expected ipb_join {eid, uuid, pid}")
+        pid = content.get("pid")
+        self.pids[content["uuid"]] = pid if type(pid) is int else None
+        return self.node.on_join(content["eid"], content["uuid"], who=list(idents), shm=content.get("shm"))
+
+    def perform(self, sends):
+        super().perform(sends)
+        if self.node.parent_pulse is not None:
+            self.follow_pulse(self.node.parent_pulse)
+
+    def follow_pulse(self, port: int):
+        """Connect (again, if the parent moved) to the parent's pulse link
+        (see ``schedulers.liveness``): pings and pongs beside the bulk data."""
+        url = f"{self.spec['up_url'].rsplit(':', 1)[0]}:{port}"
+        if url == self.pulse_url or getattr(self, "poller", None) is None:
+            return
+        if self.pulse is not None:
+            self.poller.unregister(self.pulse)
+            del self.handlers[self.pulse]
+            self.pulse.close()
+        self.pulse = _socket(self.context, zmq.DEALER)
+        self.pulse.IDENTITY = self.up.IDENTITY
+        if self.curve_serverkey:  # as the data link: the leaf's key, keys of its own
+            public, secret = zmq.curve_keypair()
+            self.pulse.curve_serverkey = self.curve_serverkey
+            self.pulse.curve_publickey, self.pulse.curve_secretkey = public, secret
+        self.pulse.connect(url)
+        self.pulse_url = url
+        self.handlers[self.pulse] = self.node.on_parent_pulse
+        self.poller.register(self.pulse, zmq.POLLIN)
+        self.log.info("%s: pings and pongs also on %s", self.node.name, url)
+
+    def send_pulse(self, frames):
+        self.follow_pulse(self.node.parent_pulse)
+        if self.pulse is not None:
+            send_frames(self.pulse, frames)
+
+    def on_joined(self, who):
+        for idents in who:
+            if idents:
+                self.joins.send_multipart(idents + self.codec.pack(P.JOINED, dict(boot=self.node.boot)))
+
+    def start(self):
+        super().start()
+        self.clean_up()
+
+    def clean_up(self):
+        """The last one out: the host's files for this cluster go too (a relay
+        started later makes them again; two cannot run: the socket is taken)."""
+        place = self.place
+        for name in os.listdir(place.joins) if os.path.isdir(place.joins) else ():
+            try:
+                os.unlink(os.path.join(place.joins, name))
+            except OSError:
+                pass
+        for path in (place.leaf_path, place.log_path, place.lock_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            os.rmdir(place.joins)
+        except OSError:
+            pass
+
+    def running(self) -> bool:
+        if self.node.engines or self.expected:
+            self.empty_since = None
+        elif self.empty_since is None:
+            self.empty_since = time.monotonic()
+        elif time.monotonic() - self.empty_since > GRACE:
+            self.log.info("%s: no engine left; exiting", self.node.name)
+            return False
+        return True
+
+    def next_deadline(self):
+        times = [t for t in (self.node.next_deadline(), self.next_probe, self.next_check) if t is not None]
+        if self.empty_since is not None:
+            times.append(self.empty_since + GRACE + 0.01)
+        return min(times, default=None)
+
+
+def local_ip_towards(url: str) -> str:
+    """The address of this host's interface that reaches ``url`` (tcp://ip:port):
+    where the hosts that feed this one reach it too."""
+    import socket
+
+    host, port = url[len("tcp://"):].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, int(port)))  # no packet is sent: the kernel only picks a route
+        return s.getsockname()[0]
+
+
+def main():
+    """``python -m ipyparallel_broadcast.relay.hostshell``: the spec (JSON) on stdin."""
+    spec = json.load(sys.stdin)
+    run_node(spec, shell=HostRelayShell)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""A node's children and whether they are alive.
+
+Interior nodes have the relay nodes below them, fixed by the tree's shape;
+a leaf has the host relays that said hello (they come and go). A node pings
+them every ``ping_interval``; each answers with its ``boot`` (new each time
+its process starts). A child that restarted, or stayed silent for
+``node_timeout``, is lost: the node fails what waited on it.
+
+Host relays hang from their node over a network link that a big request can
+fill for longer than ``node_timeout``; a ping queued behind it would make a
+busy host look dead. So a node with a pulse link (``pulse_port``, a socket of
+its own, hence a TCP connection of its own) tells host relays its port in
+every ping; each connects to it, and from then on pings and pongs also go
+that way, beside the bulk data instead of behind it. Pings keep going on the
+data link too: a restarted relay learns the port there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, Optional, Set
+
+from ..wire.topology import HOST_PREFIX, Path, node_identity, node_name
+from .routes import Key
+
+
+class Children:
+    def __init__(self, path: Path, digits: Iterable[int], clock: Callable[[], float],
+                 ping_interval: float, node_timeout: float):
+        self.clock, self.ping_interval, self.node_timeout = clock, ping_interval, node_timeout
+        self.keys: Dict[bytes, Key] = {node_identity(path + (d,)): d for d in digits}
+        self.idents: Dict[Key, bytes] = {k: i for i, k in self.keys.items()}
+        self.names: Dict[Key, str] = {d: node_name(path + (d,)) for d in self.idents}  # as stats say
+        self.heard = {k: clock() for k in self.idents}  # child -> when it last spoke
+        self.boots: Dict[Key, str] = {}  # child -> the boot it last reported
+        self.next_ping: Optional[float] = clock() if self.keys and ping_interval else None
+        self.pulsing: Set[Key] = set()  # host relays that answer on the pulse link too
+        self.bulk: Dict[Key, str] = {}  # host relays' bulk sockets, where chunks go (``bulk``)
+
+    def __contains__(self, key) -> bool:
+        return key in self.idents
+
+    def __iter__(self):
+        return iter(self.idents)
+
+    def __len__(self):
+        return len(self.idents)
+
+    def key_of(self, ident: bytes) -> Optional[Key]:
+        return self.keys.get(ident)
+
+    def add_host(self, ident: bytes) -> bytes:
+        """A host relay said hello: a child from now on, keyed by its identity."""
+        self.keys[ident] = self.idents[ident] = ident
+        self.names[ident] = f"host {ident[len(HOST_PREFIX):].decode(errors='replace')}"
+        self.heard[ident] = self.clock()
+        if self.next_ping is None and self.ping_interval:
+            self.next_ping = self.clock()
+        return ident
+
+    def forget(self, key: bytes):
+        """A host relay gone for good."""
+        for table in (self.idents, self.names, self.heard, self.boots, self.bulk):
+            table.pop(key, None)
+        self.keys.pop(key, None)
+        self.pulsing.discard(key)
+
+    def bulk_link(self, key: bytes, url) -> None:
+        """A host relay's pong named its bulk socket (or none)."""
+        if isinstance(url, str) and url.startswith("tcp://") and len(url) < 256:
+            self.bulk[key] = url
+        else:
+            self.bulk.pop(key, None)
+
+    def phrase(self, key: Key) -> str:
+        """How errors name it: "Relay node 0.1" or "Host relay h1"."""
+        name = self.names.get(key, repr(key))
+        return f"Host relay {name[5:]}" if isinstance(key, bytes) else f"Relay node {name}"
+
+    def host_labels(self) -> List[str]:
+        return sorted(self.names[k][5:] for k in self.idents if isinstance(k, bytes))
+
+    def spoke(self, key: Key):
+        self.heard[key] = self.clock()
+
+    def pong(self, key: Key, boot: str) -> bool:
+        """A child's boot id; True if it is a new one (the child restarted)."""
+        known, self.boots[key] = self.boots.get(key), boot
+        return known is not None and known != boot
+
+    def silent(self, now: float) -> List[Key]:
+        """Children silent for ``node_timeout`` (each once per silent spell);
+        the next ping is due one interval from now."""
+        self.next_ping = now + self.ping_interval
+        gone = [k for k, t in self.heard.items() if now - t > self.node_timeout]
+        for key in gone:
+            self.heard[key] = now
+        return gone
+
+    def after_pings(self):
+        if not self.idents:
+            self.next_ping = None

@@ -1,0 +1,253 @@
+"""A request in flight at a node, and how its outcomes are packed to go up.
+
+A request is *pending* from dispatch until every target's outcome (a reply
+or a failure) has gone up; ``waiting`` maps each destination (an engine's
+uuid, a child's key, or ``PARKED``) to the engines still owed from it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from ..wire import bundles as B
+from ..wire import protocol as P
+from ..wire.reduction import Reduction
+from .compat import CompatRequest
+from .events import MON, UP, Send
+
+PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
+
+
+@dataclass
+class Pending:
+    key: str
+    msg_id: str
+    stream: bool
+    route: list  # idents replies go up with (at the root: the client's)
+    inner: list  # the request frames engines get (shared by all of them)
+    waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
+    parts: list = field(default_factory=list)  # coalesced so far
+    bundles: list = field(default_factory=list)  # leaf: host relays' bundles, coalesced so far
+    settled: Set[int] = field(default_factory=set)  # leaf: engines a host owed, failed here
+    failed: list = field(default_factory=list)  # coalesced so far
+    compat: Optional[CompatRequest] = None  # root: request from a stock client
+    rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
+    raw: bool = False  # leaf: send engine replies as signed (for a stock client)
+    stock: bool = False  # a stock client's request (no hub records: see ``records``)
+    own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
+    batch: Optional[tuple] = None  # streaming in batches: (count, interval)
+    n: int = 0  # engines targeted
+    held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
+    relayed: list = field(default_factory=list)  # streamed child bundles held: (body, eids)
+    deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
+    reduction: Optional[Reduction] = None  # reduce: what this node combined
+    raised: list = field(default_factory=list)  # reduce: replies of engines that raised
+    trace: Optional[list] = None  # traced request: [event, wall time, detail] at this node
+    shared: Optional[Any] = None  # big buffers in shared memory (sharing.Shared)
+
+    def request_for(self, sub: List[int], mode, shared=None) -> tuple:
+        """Content and frames of this request for a child serving ``sub``;
+        ``shared``: its big buffers go as a segment of this host (a child relay here)."""
+        content = P.request_content(self.msg_id, sub, P.STREAM if self.stream else P.COALESCE,
+                                    req=self.key)
+        frames = self.inner
+        if shared is not None:
+            content["shm"], frames = shared.content(), shared.inner
+        if mode:
+            content["compat"] = mode
+        if self.own is not None:  # only this subtree's share goes down
+            content["each"] = [len(self.own[e]) for e in sub]
+            frames = frames + [f for e in sub for f in self.own.pop(e)]
+        if self.batch:
+            content["batch"] = list(self.batch)
+        if self.reduction is not None:
+            content["reduce"] = self.reduction.op
+        if self.trace is not None:
+            content["trace"] = True
+        return content, frames
+
+
+def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> List[Send]:
+    """Outcomes going up: one bundle, or stock replies for a stock client."""
+    if p.reduction is not None:
+        state, frames = p.reduction.state()
+        body = B.pack_reduced(codec, p.key, p.msg_id, state, frames, p.raised, failed)
+        return [Send(UP, P.with_route(p.route, body))]
+    if p.bundles and kind == "engines":  # a leaf with host relays: its own engines nest too
+        parts = ([own_bundle(codec, p, parts)] if parts else []) + p.bundles
+        kind = "bundles"
+    if p.compat is not None:
+        return [Send(UP, P.with_route(p.route, b)) for b in p.compat.replies(codec, kind, parts, failed)]
+    if kind == "engines" and not p.raw:
+        body = B.pack_replies(codec, p.key, p.msg_id, parts, failed, eids)
+    else:
+        body = B.pack_bundle(codec, p.key, p.msg_id, kind, parts, failed, eids)
+    return [Send(UP, P.with_route(p.route, body))]
+
+
+def own_bundle(codec: P.Codec, p: Pending, parts):
+    """A leaf's direct engines' replies as one nested bundle (parsed, for a
+    stock client's root)."""
+    if p.raw:
+        body = B.pack_bundle(codec, p.key, p.msg_id, "engines", parts, [])
+    else:
+        body = B.pack_replies(codec, p.key, p.msg_id, parts, [])
+    return codec.unpack(body) if p.compat is not None else body
+
+
+class InFlight:
+    """A node's pending requests: outcomes recorded, batched, packed and sent
+    up, and each request dropped once every target's outcome has gone up.
+    Finished traced requests' events are kept for surveys (``traces``)."""
+
+    traces_kept = 64  # finished traced requests whose events a survey can still fetch
+
+    def __init__(self, codec: P.Codec, kind: str, batches: bool, clock, wall):
+        self.codec, self.kind, self.batches, self.clock, self.wall = codec, kind, batches, clock, wall
+        # streaming: hold what is ready until the shell has read every message
+        # waiting on its sockets (``drained``), then send it up as one bundle:
+        # replies that came together go together, and none waits for more
+        self.coalesce = False
+        self.records = False  # the root: a copy of each bundle sent up goes to the hub's records
+        self.dirty: Dict[str, Pending] = {}  # requests holding streamed outcomes
+        self.requests: Dict[str, Pending] = {}
+        self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
+        self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
+        self.on_done: Callable[[Pending], None] = lambda p: None  # a request left this node
+
+    def stamp(self, p: Pending, event: str, detail=None):
+        if p.trace is not None:
+            p.trace.append([event, self.wall(), detail])
+
+    def trace_of(self, msg_id) -> list:
+        events = self.traces.get(msg_id)
+        if events is None:  # still in flight
+            events = next((p.trace for p in self.requests.values() if p.msg_id == msg_id), None)
+        return list(events or [])
+
+    def record_failures(self, p: Pending, failed) -> List[Send]:
+        if not failed:
+            return []
+        if p.stream:
+            return self.emit(p, [], failed, [f[0] for f in failed])
+        p.failed.extend(failed)
+        return []
+
+    def fail_dest(self, dest, failure: Callable[[int], list]) -> List[Send]:
+        """Every request waiting on ``dest``: its engines there fail."""
+        sends = []
+        for p in list(self.requests.values()):
+            eids = p.waiting.pop(dest, None)
+            if eids:
+                sends += self.record_failures(p, [failure(e) for e in sorted(eids)]) + self.finish_if_done(p)
+        return sends
+
+    def fail_via(self, host: bytes, eid: int, failure: list) -> List[Send]:
+        """Fail one engine that a host relay owes, here (the relay may still
+        answer for it later: that outcome then comes twice, and is tolerated)."""
+        sends = []
+        for p in list(self.requests.values()):
+            owed = p.waiting.get(host)
+            if owed and eid in owed:
+                owed.discard(eid)
+                if not owed:
+                    del p.waiting[host]
+                p.settled.add(eid)
+                sends += self.record_failures(p, [failure]) + self.finish_if_done(p)
+        return sends
+
+    def finish_if_done(self, p: Pending) -> List[Send]:
+        if p.waiting or self.requests.get(p.key) is not p:
+            return []
+        del self.requests[p.key]
+        self.on_done(p)
+        self.parked.discard(p.key)
+        self.dirty.pop(p.key, None)
+        sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
+        if p.trace is not None:
+            self.traces[p.msg_id] = p.trace
+            while len(self.traces) > self.traces_kept:
+                self.traces.popitem(last=False)
+        return sends
+
+    def emit(self, p: Pending, parts, failed, eids) -> List[Send]:
+        """Streaming: send outcomes up now, or hold them for the leaf's batch."""
+        batch = self.batches and p.batch
+        if not batch and not (self.coalesce and p.compat is None):
+            return self.deliver(p, parts, failed, eids)
+        for held, new in zip(p.held, (parts, failed, eids)):
+            held.extend(new)
+        if not batch:
+            self.dirty[p.key] = p
+            return []
+        count_, interval = p.batch
+        if len(p.held[2]) >= count_:
+            return self.flush(p)
+        if p.deadline is None and interval is not None:
+            p.deadline = self.clock() + interval
+        return []
+
+    def flush(self, p: Pending) -> List[Send]:
+        parts, failed, eids = p.held
+        p.held, p.deadline = [[], [], []], None
+        return self.deliver(p, parts, failed, sorted(eids)) if eids else []
+
+    def due(self, now) -> List[Send]:
+        """Batches whose interval is over."""
+        return [s for p in list(self.requests.values())
+                if p.deadline is not None and p.deadline <= now for s in self.flush(p)]
+
+    def next_deadline(self) -> Optional[float]:
+        return min((p.deadline for p in self.requests.values() if p.deadline is not None), default=None)
+
+    def deliver(self, p: Pending, parts, failed, eids, kind=None) -> List[Send]:
+        """Send outcomes up: a bundle, or stock replies to a stock client."""
+        sends = pack_up(self.codec, p, parts, failed, eids, kind or self.kind)
+        self.stamp(p, "reply out", len(parts) + len(failed))
+        return self.recorded(p, sends, p.n if eids is None else len(eids))
+
+    def recorded(self, p: Pending, sends: List[Send], outcomes: int) -> List[Send]:
+        """``sends`` (bundles going up), and their copies for the hub's records,
+        labelled with how many engines' outcomes they carry (the hub bounds its journal so)."""
+        if not self.records or p.stock or p.reduction is not None:
+            return sends
+        n = len(p.route) + 1  # the body follows the route and DELIM
+        label = b"%d" % outcomes
+        return sends + [Send(MON, P.record_copy(P.OUTBUNDLE, label, s.frames[n:])) for s in sends]
+
+    def forward(self, p: Pending, msg: dict, body: list) -> List[Send]:
+        """Pass a child's streamed bundle up unchanged (or held, see ``coalesce``)."""
+        if p.compat is not None:
+            self.stamp(p, "reply out", "forwarded")
+            return self.deliver(p, [msg], [], None, "bundles")
+        if self.coalesce and not p.batch:  # a batch stays the size that was asked
+            p.relayed.append((body, msg["metadata"]["eids"]))
+            self.dirty[p.key] = p
+            return []
+        self.stamp(p, "reply out", "forwarded")
+        return self.recorded(p, [Send(UP, P.with_route(p.route, body))], len(msg["metadata"]["eids"]))
+
+    def drained(self) -> List[Send]:
+        """The shell read all that was waiting: send up what streaming held."""
+        sends = []
+        for p in self.dirty.values():
+            sends += self.release(p)
+        self.dirty.clear()
+        return sends
+
+    def release(self, p: Pending, final: bool = False) -> List[Send]:
+        """A streaming request's held outcomes, up: its own engines' in one
+        bundle, its children's bundles (several nested in one) in another. A
+        leaf's batch waits for its count or interval, unless ``final``."""
+        sends = self.flush(p) if final or not (self.batches and p.batch) else []
+        if p.relayed:
+            bodies = [b for b, _ in p.relayed]
+            eids = sorted(e for _, es in p.relayed for e in es)
+            p.relayed = []
+            self.stamp(p, "reply out", f"{len(bodies)} forwarded")
+            body = bodies[0] if len(bodies) == 1 else \
+                B.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
+            sends += self.recorded(p, [Send(UP, P.with_route(p.route, body))], len(eids))
+        return sends

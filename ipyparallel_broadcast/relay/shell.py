@@ -1,0 +1,276 @@
+"""One relay node as a process: zmq sockets around a ``RelayNode``.
+
+Sockets:
+  up    root: ROUTER bound for clients; others: DEALER to the parent's ``down``
+  down  ROUTER (``ROUTER_MANDATORY``) bound for children, or for engines at a leaf
+  hub   leaves only: SUB to the hub's notifications, DEALER to its registrar
+  mon   root and leaves: PUB to the hub's monitor, copies for its task records
+
+With ``enable_curve`` every one of them, links between nodes included, uses
+CurveZMQ with the controller's keys, as the rest of the controller does.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from typing import List
+
+import psutil
+import zmq
+from jupyter_client.session import Session
+
+from ipyparallel import util
+
+from ..wire import protocol as P
+from ..host.shm import THRESHOLD, ShmStore, sweep
+from ..wire.topology import TreeShape, node_identity, node_name
+from .bulk import BULK
+from .core import RelayNode
+from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
+from .trim import HeapTrimmer
+from ..wire.topology import HOST_PREFIX
+from ..wire.frames import recv_frames, send_frames
+
+BATCH = 256  # messages taken from one socket before looking at the others
+
+
+def session_from(spec: dict) -> Session:
+    return Session(
+        key=spec["key"].encode(),
+        signature_scheme=spec["signature_scheme"],
+        packer=spec["packer"],
+        unpacker=spec["unpacker"],
+        digest_history_size=spec.get("digest_history_size", 2**16),
+    )
+
+
+class NodeShell:
+    def __init__(self, spec: dict, context: zmq.Context | None = None):
+        self.spec = spec
+        self.context = context or zmq.Context()
+        path = tuple(spec["path"])
+        shape = TreeShape(spec["depth"], spec["fanout"])
+        self.log = logging.getLogger(f"ipyparallel_broadcast.node.{node_name(path)}")
+        self.codec = P.Codec(session_from(spec))
+        self.node = RelayNode(
+            self.codec, shape, path,
+            ping_interval=spec.get("ping_interval", 0.5),
+            node_timeout=spec.get("node_timeout", 10.0),
+            host=spec.get("host"),
+            store=ShmStore(threshold=spec.get("shm_threshold") or THRESHOLD) if spec.get("shm", True) else None,
+            bulk=spec.get("bulk"),
+        )
+        self.feeds: dict = {}  # bulk url -> a DEALER to that host relay's bulk socket
+        self.trimmer = HeapTrimmer(spec.get("trim_interval", 10.0))
+        self.node.inflight.coalesce = True  # streamed replies read together go up together
+        process = psutil.Process()
+        self.busy = 0.0  # seconds spent handling messages (where the time goes)
+        self.node.probe = lambda: dict(
+            rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"],
+            busy=self.busy, cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
+            blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
+        )
+        curve = dict(
+            curve_secretkey=spec.get("curve_secretkey"),
+            curve_publickey=spec.get("curve_publickey"),
+            curve_serverkey=spec.get("curve_serverkey"),
+        )
+        self.open_sockets(spec, curve)
+
+    def open_sockets(self, spec, curve):
+        ctx = self.context
+        # options first: a socket's pipes take the options in force when it
+        # binds or connects (a high-water mark set later would leave the
+        # default 1,000 messages, and a ROUTER silently drops past it)
+        self.up = _socket(ctx, zmq.ROUTER if self.node.is_root else zmq.DEALER)
+        if self.node.is_root:
+            util.bind(self.up, spec["up_url"], curve_secretkey=curve["curve_secretkey"])
+        else:
+            self.up.IDENTITY = node_identity(self.node.path)
+            util.connect(self.up, spec["up_url"], **curve)  # links between nodes: curve too
+        self.down = _socket(ctx, zmq.ROUTER)
+        self.down.ROUTER_MANDATORY = 1
+        self.down.ROUTER_HANDOVER = 1  # a restarted child takes its identity back
+        util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
+        self.sockets = [self.up, self.down]
+        self.pulse = None
+        if self.node.is_leaf and spec["down_url"].startswith("tcp://"):  # host relays may hang here
+            self.pulse = _socket(ctx, zmq.ROUTER)
+            self.pulse.ROUTER_MANDATORY = 1
+            self.pulse.ROUTER_HANDOVER = 1
+            if curve["curve_secretkey"]:  # as util.bind does for the down socket
+                self.pulse.setsockopt(zmq.CURVE_SERVER, 1)
+                self.pulse.setsockopt(zmq.CURVE_SECRETKEY, curve["curve_secretkey"])
+            self.node.pulse_port = self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0])
+            self.sockets.append(self.pulse)
+        self.notifications = self.registrar = None
+        self.lookup_in_flight = False
+        if self.node.is_leaf and spec.get("notification_url"):
+            self.notifications = _socket(ctx, zmq.SUB)
+            self.notifications.SUBSCRIBE = b""
+            util.connect(self.notifications, spec["notification_url"], **curve)
+            self.registrar = _socket(ctx, zmq.DEALER)
+            util.connect(self.registrar, spec["registration_url"], **curve)
+            self.sockets += [self.notifications, self.registrar]
+        self.monitor = None
+        if spec.get("monitor_url") and (self.node.is_root or self.node.is_leaf):
+            self.monitor = _socket(ctx, zmq.PUB)
+            util.connect(self.monitor, spec["monitor_url"], **curve)
+            self.node.records = True
+        self.handlers = {
+            self.up: self.node.on_up,
+            self.down: self.node.on_down,
+            self.notifications: self.node.on_hub,
+            self.pulse: self.node.on_pulse,
+            self.registrar: self.on_registry,
+        }
+
+    # --------------------------------------------------------------- events
+    def on_registry(self, frames) -> List[Send]:
+        self.lookup_in_flight = False
+        return self.node.on_hub(frames)
+
+    def ask_hub(self):
+        if self.registrar is not None and not self.lookup_in_flight:
+            self.lookup_in_flight = True
+            self.registrar.send_multipart(self.codec.pack("connection_request", {}))
+
+    # ----------------------------------------------------------------- sends
+    def perform(self, sends: List[Send]):
+        while sends:
+            send = sends.pop(0)
+            if send.socket == UP:
+                send_frames(self.up, send.frames)
+            elif send.socket == MON:
+                send_frames(self.monitor, send.frames)
+            elif send.socket == HUB:
+                self.ask_hub()
+            elif send.socket == JOINED:
+                self.on_joined(send.frames)
+            elif send.socket == PULSE:
+                self.send_pulse(send.frames)
+            elif send.socket == BULK:
+                self.send_bulk(send.frames)
+            elif send.socket == DOWN:
+                try:
+                    send_frames(self.down, send.frames)
+                except zmq.ZMQError as e:
+                    if e.errno != zmq.EHOSTUNREACH:
+                        raise
+                    sends.extend(self._unreachable(*send.frames[:2]))
+
+    def send_pulse(self, frames):
+        """A ping to a host relay on the pulse link; one gone stops pulsing
+        (it says so on its data link, where pings go too)."""
+        try:
+            send_frames(self.pulse, frames)
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self.node.children.pulsing.discard(self.node.children.key_of(P.as_bytes(frames[0])))
+
+    def send_bulk(self, frames):
+        """A chunk to a host relay's bulk socket: ``[url, its identity, *message]``
+        (one DEALER per host fed, made at first use; curve: that relay's derived keys)."""
+        url = P.as_bytes(frames[0]).decode()
+        if len(frames) == 1:  # that host relay is lost: drop the chunks still queued for it
+            if url in self.feeds:
+                self.feeds.pop(url).close()
+            return
+        sock = self.feeds.get(url)
+        if sock is None:
+            sock = self.feeds[url] = _socket(self.context, zmq.DEALER)
+            if self.spec.get("curve_serverkey") or self.spec.get("curve_secretkey"):
+                from ..host.link import Place  # the keys every engine of the cluster derives
+
+                label = P.as_bytes(frames[1])[len(HOST_PREFIX):].decode()
+                sock.curve_serverkey = Place(self.spec["key"].encode(), label, curve=True).public
+                sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+            sock.connect(url)
+        send_frames(sock, frames[2:])
+
+    def on_joined(self, who: list):
+        """Engines whose join is complete (host relays answer them)."""
+
+    def _unreachable(self, peer, key=b"") -> List[Send]:
+        peer = P.as_bytes(peer)
+        if P.as_bytes(key) == P.HELLO_KEY:  # a greeting: the engine is not connected here (yet)
+            self.node.sharing.undelivered(peer.decode())
+            return []
+        if peer.startswith(HOST_PREFIX):
+            return self.node.on_child_lost(peer, "is down (its link is closed)")
+        if self.node.is_leaf:
+            return self.node.on_engine_lost(peer.decode(), "is not connected")
+        return self.node.on_child_lost(self.node.children.key_of(peer), "is down (its link is closed)")
+
+    # ------------------------------------------------------------------ loop
+    def start(self):
+        if self.node.sharing.on:  # segments of relays that died (SIGKILL) go now
+            for name in sweep():
+                self.log.info("removed %s, left by a relay that is gone", name)
+        if self.node.is_leaf:
+            self.ask_hub()
+        self.perform(self.node.hello())
+        self.log.info(
+            "relay node %s up (%s), %d engine(s) known",
+            self.node.name,
+            "leaf" if self.node.is_leaf else "interior",
+            len(self.node.engines),
+        )
+        self.poller = zmq.Poller()
+        for s in self.sockets:
+            self.poller.register(s, zmq.POLLIN)
+        while self.running():
+            deadline = self.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1e3
+            for sock, _ in self.poller.poll(timeout):
+                handler = self.handlers[sock]
+                for _ in range(BATCH):
+                    try:
+                        frames = recv_frames(sock)
+                    except zmq.Again:
+                        break
+                    tic = time.perf_counter()
+                    try:
+                        self.perform(handler(frames))
+                    except Exception:  # a bug must not take the node down
+                        self.log.exception("error handling a message")
+                    self.busy += time.perf_counter() - tic
+            self.perform(self.node.on_drained())
+            self.trimmer.maybe()
+            if deadline is not None:
+                self.on_tick()
+
+    def on_tick(self):
+        self.perform(self.node.on_tick())
+
+    def running(self) -> bool:
+        return True
+
+    def next_deadline(self):
+        return self.node.next_deadline()
+
+
+def _socket(ctx, kind) -> zmq.Socket:
+    """A socket that never drops or blocks on a full queue, and closes at once."""
+    s = ctx.socket(kind)
+    s.SNDHWM = s.RCVHWM = 0
+    s.LINGER = 0
+    return s
+
+
+def run_node(spec: dict, shell=None):
+    """Process entry point: run one relay node until terminated (a host
+    relay: until its last engine is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGABRT):  # a restarted node is forked from the
+        signal.signal(sig, signal.SIG_DFL)  # running controller: drop its handlers
+    logging.basicConfig(
+        level=spec.get("log_level", logging.INFO),
+        format="%(asctime)s.%(msecs).03d [%(name)s] %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    (shell or NodeShell)(spec).start()

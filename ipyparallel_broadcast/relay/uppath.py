@@ -1,0 +1,122 @@
+"""Replies on their way up a relay node: an engine's reply, a child's bundle,
+and the failures that stand in for replies that cannot come. Part of
+``RelayNode`` (``core``); sans I/O."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, List
+
+from ..wire import protocol as P
+from ..wire.reduction import fold_bundle, fold_reply
+from ..wire.topology import HOST_PREFIX
+from . import events as E
+from .events import MON, Send
+from .pending import Pending
+from .routes import Key
+from .sharing import HELLO_KEY
+
+log = logging.getLogger("ipyparallel_broadcast.relay.core")
+
+
+class UpPath:
+    """Replies' way up: filed in their request, packed when complete."""
+
+    def _engine_reply(self, reply: E.EngineReply) -> List[Send]:
+        greetings = self.sharing.on_reply(reply.uuid, reply.key, reply.body) if self.sharing.on else []
+        if reply.key == HELLO_KEY:
+            return greetings
+        p = self.pending.get(reply.key)
+        if p is None or reply.uuid not in p.waiting:
+            raise P.ProtocolError(f"unexpected reply from engine {reply.uuid} to {reply.key}")
+        eids, body = sorted(p.waiting.pop(reply.uuid)), reply.body
+        if p.trace is not None:  # the detail is formatted only for a traced request
+            self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
+        copy = [Send(MON, P.record_copy(P.OUTBCAST, reply.ident, body))] \
+            if self.records and p.reduction is not None else []
+        if p.reduction is not None:
+            if not fold_reply(p.reduction, eids, body, self.codec):
+                p.raised.append(body)
+        elif p.stream:
+            return greetings + copy + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
+        else:
+            p.parts.append(body)
+        return greetings + copy + self.inflight.finish_if_done(p)
+
+    def _child_message(self, m: E.ChildMessage) -> List[Send]:
+        """From a child node or host relay: a bundle, pong, survey reply or route."""
+        child = self.children.key_of(m.ident)
+        if child is None:
+            if not (self.is_leaf and m.ident.startswith(HOST_PREFIX) and m.kind in (P.PONG, P.HOST)):
+                raise P.ProtocolError(f"message from unknown peer {m.ident!r}")
+            child = self.children.add_host(m.ident)
+        self.children.spoke(child)
+        if m.kind == P.PONG:
+            content = m.content(self.codec)
+            boot, bulk = content.get("boot"), content.get("bulk")
+            if not isinstance(boot, str):
+                raise P.ProtocolError("pong without a boot id")
+            if isinstance(child, bytes):
+                self.children.bulk_link(child, bulk)
+            return self.on_child_lost(child, "restarted") if self.children.pong(child, boot) else []
+        if m.kind == P.STATS_REPLY:
+            return self.surveys.reply(child, m.content(self.codec))
+        if m.kind == P.HOST and isinstance(child, bytes):
+            eids, sends = self.announce.from_host(child, m.content(self.codec))
+            for eid, uuid in eids.items():  # before the hub's notification, maybe
+                self.engines.setdefault(eid, uuid)
+            return sends
+        if m.kind == P.ROUTE and isinstance(child, int):
+            return self.announce.from_child(child, m.content(self.codec))
+        return self._child_bundle(child, m)
+
+    def _child_bundle(self, child: Key, m: E.ChildMessage) -> List[Send]:
+        meta = m.msg["metadata"]
+        if m.kind != P.BUNDLE or not isinstance(meta, dict):
+            raise P.ProtocolError("expected a bundle from a child")
+        req = meta.get("req")
+        p = self.pending.get(req) if isinstance(req, str) else None
+        if p is None or child not in p.waiting:
+            raise P.ProtocolError(f"unexpected bundle for {req!r}")
+        if p.trace is not None:
+            self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
+        if p.reduction is not None:
+            raised, failed = fold_bundle(p.reduction, m.msg, self.codec)
+            del p.waiting[child]
+            p.raised.extend(raised)
+            p.failed.extend(failed)
+            return self.inflight.finish_if_done(p)
+        if p.stream:
+            eids = meta.get("eids")
+            if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
+                    or not set(eids) <= p.waiting[child] | p.settled:
+                raise P.ProtocolError("streamed bundle names engines not owed")
+            p.waiting[child].difference_update(eids)
+            if not p.waiting[child]:
+                del p.waiting[child]
+            return self.inflight.forward(p, m.msg, m.body) + self.inflight.finish_if_done(p)
+        del p.waiting[child]
+        (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
+        return self.inflight.finish_if_done(p)
+
+    def _fail_strays(self, p: Pending, strays) -> List[Send]:
+        """Targets not under this node: engines whose route went as they died
+        (the request was on its way), or routed here by mistake."""
+        departed = self.routes.departed
+        dead = [e for e in strays if e in departed]
+        other = [e for e in strays if e not in departed]
+        sends = self._fail(p, dead, P.DIED, "died (it was unregistered) before replying") if dead else []
+        return sends + (self._fail(p, other, P.UNREACHABLE, "was routed to the wrong subtree") if other else [])
+
+    def _fail(self, p: Pending, eids, code, reason) -> List[Send]:
+        failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]
+        return self.inflight.record_failures(p, failed)
+
+    def _fail_dest(self, dest, code, message: Callable[[int], str]) -> List[Send]:
+        uuid = dest if isinstance(dest, str) else None
+        return self.inflight.fail_dest(dest, lambda e: [e, uuid or self.engines.get(e), message(e), code])
+
+    def _drop(self, why: str) -> List[Send]:
+        self.dropped += 1
+        log.warning("relay node %s dropped a message: %s", self.name, why)
+        return []

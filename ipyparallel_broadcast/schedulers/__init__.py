@@ -1,2 +1,0 @@
-"""Relay schedulers: a pure core (``core``), stock-client support (``compat``)
-and the zmq process around them (``node``)."""
