@@ -18,6 +18,8 @@ import ipyparallel as ipp
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.client import view as view_module
+from ipyparallel_broadcast.client.modes import AUTO_STREAM_BYTES
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import OPS
 
@@ -269,7 +271,7 @@ def test_auto_mode_rule(rc):
     assert rc._replies_received - before == 1
     ar = view.apply_async(lambda: 1)  # not blocking: streamed
     assert ar._call.stream and ar.get(10) == [1] * len(rc)
-    big = ipb.view.AUTO_STREAM_BYTES // len(rc) + 1024
+    big = AUTO_STREAM_BYTES // len(rc) + 1024
 
     blob = lambda n: b"x" * n  # noqa: E731  (a lambda: sizes are known by code, not by name)
     first = view._apply(blob, None, (big,), block=True)  # first time: unknown size, coalesced
@@ -284,7 +286,7 @@ def test_auto_mode_rule(rc):
 
 
 def test_auto_mode_remembers_a_bounded_number_of_functions(rc, monkeypatch):
-    monkeypatch.setattr(ipb.view, "REPLY_SIZES_KEPT", 2)
+    monkeypatch.setattr(view_module, "REPLY_SIZES_KEPT", 2)
     view = rc.broadcast_view(coalescing="auto")
     functions = [
         lambda: 1,

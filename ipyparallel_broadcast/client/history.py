@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from functools import wraps
 from collections.abc import MutableSequence
 
 from traitlets import TraitType
@@ -186,3 +187,20 @@ class History(TraitType):
             old = obj._trait_values.get(self.name)
             return CallHistory(value, limit=old.limit if isinstance(old, CallHistory) else 0)
         self.error(obj, value)
+
+
+def save_ids(method):
+    """ipyparallel's ``save_ids``: the view's history and outstanding get the
+    ids the call added to the client's, a broadcast as one history entry."""
+
+    @wraps(method)
+    def saving(self, *args, **kwargs):
+        before = len(self.client.history)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            new = self.client.history.tail(before)
+            self.history.extend(new)
+            self.outstanding.update(new)
+
+    return saving

@@ -10,7 +10,7 @@ is their index modulo the number of leaves.
 
 A relay node process that dies is restarted in place (same ports, same
 place in the tree): engines and child nodes reconnect to it by themselves,
-and its parent fails what was waiting on the old one (see ``schedulers.core``).
+and its parent fails what was waiting on the old one (see ``relay.core``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from multiprocessing import Process
 from threading import Thread
 
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Enum, Float, Integer, Type, Unicode, Union, default, validate
+from traitlets import Type, Unicode, Union, default
 
 from ipyparallel.controller.app import IPController, aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
@@ -34,6 +34,7 @@ from ..host.link import HOST_KEY, host_label
 from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from .records import BroadcastDictDB, BroadcastRecords
+from .settings import TreeSettings
 from ..relay.shell import run_node
 from ..host.shm import sweep
 from ..wire.topology import TreeShape, auto_shape, balanced_id, node_name
@@ -44,91 +45,16 @@ aliases.update(
 )
 
 
-class BroadcastController(IPController):
+class BroadcastController(TreeSettings, IPController):
     # name stays "ipcontroller": profiles' ipcontroller_config.py applies as usual
     description = __doc__
     aliases = aliases
 
-    depth = Union(
-        [Integer(), Enum(["auto"])], default_value=1, config=True,
-        help="Levels of relay nodes below the root (0: root only), or 'auto' (see topology.auto_shape).",
-    )
-    fanout = Union(
-        [Integer(), Enum(["auto"])], default_value=2, config=True,
-        help="Children per relay node (at least 2), or 'auto' (see topology.auto_shape).",
-    )
-    engines = Integer(
-        64, config=True,
-        help="Engines the tree is sized for when depth or fanout is 'auto' "
-        "(ipcluster and ipyparallel_broadcast.Cluster pass their engine count).",
-    )
-    hosts = Integer(
-        1, config=True,
-        help="Engine hosts the tree is sized for when depth or fanout is 'auto'. Engines on "
-        "hosts other than the controller's reach it through one host relay per host "
-        "(see hostrelay), so the controller-side leaves serve hosts, not engines.",
-    )
-    ping_interval = Float(0.5, config=True, help="Seconds between a relay node's pings to its children.")
-    node_timeout = Float(
-        10.0, config=True,
-        help="A child relay node silent for this many seconds is lost: what waits on it fails. "
-        "(A node that dies is noticed at the next ping: its link closes.)",
-    )
-    heap_trim_interval = Float(
-        10.0, config=True,
-        help="Seconds between a relay node's returns of freed heap to the OS (glibc's "
-        "malloc_trim), while messages flow: its RSS stays flat over millions of calls. 0: never.",
-    )
-    hub_records = Bool(
-        True, config=True,
-        help="Keep per-engine task records of broadcasts in the hub, as for DirectView "
-        "(rc.db_query, result_status, queue_status). The root copies each request and "
-        "leaves copy each engine reply to the hub.",
-    )
-    shared_memory = Bool(
-        True, config=True,
-        help="Send request buffers of 1 MiB or more to the engines of a relay's own host "
-        "once, through /dev/shm, mapped copy-on-write by each engine (see shm). Off: each "
-        "engine gets its own copy over ZeroMQ.",
-    )
-    shared_memory_threshold = Integer(
-        1 << 20, config=True,
-        help="The smallest request buffer, in bytes, that shared_memory sends once per host.",
-    )
-    host_chunks = Bool(
-        True, config=True,
-        help="Send a request's big buffers to host relays in pipelined chunks, host to host "
-        "along a tree of the hosts (see bulk), instead of one whole copy from a leaf to each host.",
-    )
-    host_chunk_size = Integer(512 << 10, config=True, help="Bytes per chunk (host_chunks).")
-    host_chunk_threshold = Integer(
-        1 << 20, config=True, help="The smallest request buffer, in bytes, that goes in chunks (host_chunks).")
-    host_chunk_fanout = Integer(
-        0, config=True,
-        help="How many hosts each host feeds chunks to: 1 is a chain; 0 picks it per request "
-        "from the alpha-beta model (linkmodel).",
-    )
     db_class = Union(
         [Unicode(), Type()], default_value=BroadcastDictDB, config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
         "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB).",
     )
-    node_restarts = Integer(
-        10, config=True, help="How many times a dead relay node is restarted before the controller gives up on it."
-    )
-
-    @validate("depth")
-    def _valid_depth(self, proposal):
-        if proposal.value != "auto":
-            TreeShape(proposal.value, 2)
-        return proposal.value
-
-    @validate("fanout")
-    def _valid_fanout(self, proposal):
-        if proposal.value != "auto":
-            TreeShape(0, proposal.value)
-        return proposal.value
-
     auto_inputs = None  # engines and cores an 'auto' shape was picked for
 
     @property

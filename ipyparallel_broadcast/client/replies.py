@@ -1,0 +1,138 @@
+"""Replies coming back to the client: a bundle's outcomes filed in its call,
+a call settled once every engine's outcome is in, a reduction's value, and
+requests the root lost failing by name. Part of ``Client`` (``client``); runs
+on the client's I/O thread."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ipyparallel import util
+
+from ..wire import bundles as B
+from ..wire import protocol as P
+from ..wire.reduction import Reduction
+from .calls import Call
+from .results import fill_metadata, resolve_reduction
+
+log = logging.getLogger(__name__)
+
+
+class Replies:
+    """What comes back from the tree, filed and settled."""
+
+    def _settled(self, call: Call, indices):
+        """Engines' outcomes were filed: update what exists, finish what is done."""
+        vids = call.vids
+        self.outstanding.difference_update([vids[i] for i in indices])
+        if call.mds is not None:
+            for i in indices:
+                fill_metadata(self, call, i)
+        if call.msg_id in self._traces:
+            for i in indices:
+                if call.outcomes[i][0] == "reply":
+                    self._traces.add_engine(call.msg_id, call.eids[i], call.outcomes[i][1])
+        with self._children_lock:
+            made = call.children is not None
+        if made:  # (a thread that made them meanwhile also scheduled these on this thread)
+            self._settle_children(call, indices)
+        if call.done and not call.future.done():
+            self._root_watch.done(call.msg_id)
+            self.outstanding.discard(call.msg_id)
+            call.future.set_result(self._results(call))
+        if call.outputs_done and not call.output.done():
+            self._call_finished(call)
+
+    def _call_finished(self, call: Call):
+        """Results and outputs are all in: the call leaves the live table."""
+        self._traces.add(call.msg_id, "done", time.time())
+        with self._children_lock:  # per-engine futures made from now on are not registered
+            self._calls.finish(call)
+            made = call.children is not None
+        self._futures.pop(call.msg_id, None)
+        if made:
+            for vid in call.vids:
+                self._futures.pop(vid, None)
+                self._output_futures.pop(vid, None)
+        call.output.set_result(None)
+
+    def _output_done(self, call: Call, i: int):
+        if self._calls.output_done(call, i):
+            if call.children is not None and not call.children[i].output.done():
+                call.children[i].output.set_result(None)
+            if call.outputs_done and not call.output.done():
+                self._call_finished(call)
+
+    def _to_root(self, msg_id, send, *args, **kwargs):
+        """IO thread: hand a request to the socket, and watch for it."""
+        self._root_watch.sent(msg_id)
+        send(*args, **kwargs)
+
+    def _watch_root(self):
+        """Ping the root about requests waited on; fail what it lost."""
+        ids, lost = self._root_watch.tick()
+        if ids:
+            self._broadcast_stream.send_multipart(self._codec.pack(P.PING, dict(ids=ids)))
+        self._root_lost(lost)
+
+    def _root_lost(self, lost):
+        """Requests that cannot come back: every engine's part fails."""
+        if lost:
+            log.error("%s: failing %d request(s)", lost[0][1], len(lost))
+        for msg_id, why in lost:
+            call = self._calls.get(msg_id)
+            if call is not None:
+                owed = [call.uuids[i] for i in call.pending()]
+                self._settled(call, self._calls.fail(
+                    call, owed, lambda eid: f"{why}; engine {eid} did not answer", util.utcnow()))
+            future = self._reductions.pop(msg_id, None)
+            if future is not None:
+                failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
+                resolve_reduction(self._codec, future, Reduction(future.op), [], failed)
+            survey = self._surveys.get(msg_id)
+            if survey is not None and not survey.done():
+                survey.set_exception(ConnectionError(why))
+
+    def _dispatch_broadcast(self, frames):
+        arrived = time.time()
+        try:
+            _, body = P.split_idents(frames)
+            msg = self._codec.unpack(body)
+            kind = msg["header"].get("msg_type")
+            if kind == P.PONG:  # the root's, not a reply
+                return self._root_lost(self._root_watch.pong(msg["content"].get("unknown") or ()))
+            self._replies_received += 1
+            if kind == P.STATS_REPLY:
+                self._root_watch.done(msg["content"].get("msg_id"))
+                survey = self._surveys.get(msg["content"].get("msg_id"))
+                if survey is not None and not survey.done():
+                    survey.set_result(msg["content"].get("nodes", []))
+                return
+            if kind != P.BUNDLE:
+                return self._dispatch_reply(frames)  # a stock broadcast reply
+            msg_id = msg["metadata"].get("msg_id")
+            self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
+            if msg_id in self._reductions:
+                return self._reduced(self._reductions.pop(msg_id), msg)
+            call = self._calls.get(msg_id)
+            if call is None:
+                log.debug("bundle for unknown broadcast %s", msg_id)
+                return
+            outcomes = B.iter_bundle(self._codec, msg, tables=True)
+            settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log)
+        except P.ProtocolError as e:
+            log.error("Dropped an invalid broadcast reply: %s", e)
+            return
+        self._settled(call, settled)
+
+    def _reduced(self, future, msg):
+        """Resolve a reduction: its value, or the engines' errors."""
+        try:
+            state, value, raised, failed = B.reduced_parts(msg)
+            reduction = Reduction(state.get("op"))
+            reduction.add_partial(state, value)
+        except (P.ProtocolError, ValueError) as e:
+            log.error("Dropped an invalid reduction reply: %s", e)
+            return
+        resolve_reduction(self._codec, future, reduction, raised, failed)
