@@ -272,3 +272,30 @@ def test_pings_and_pongs_take_the_pulse_link_once_a_host_relay_knows_it():
     dropped = leaf.dropped
     leaf.on_pulse([ident] + sim.codec.pack(P.BUNDLE, {}))  # only pongs come that way
     assert leaf.dropped == dropped + 1
+
+
+def test_a_host_relay_back_from_a_cut_lists_engines_the_hub_dropped_and_gets_no_route_for_them():
+    """Cut off, a host relay keeps its engines while the hub drops them; when
+    its link comes back it lists them again (it says hello when its leaf is
+    silent). The leaf routes none of them and tells the relay, which drops
+    them; once the relay is gone, the leaf forgets it (the cut-off host test
+    on the bed found it kept for good)."""
+    sim = hosted()
+    relay_path = ("h", "h1")
+    relay, leaf = sim.nodes[relay_path], sim.nodes[(0,)]
+    sim.down_nodes[relay_path] = "hung"
+    for eid in (0, 1, 2):
+        sim.kill(eid)
+    wait(sim, leaf.node_timeout + 1)
+    assert not leaf.children.idents  # the silent relay, with no engine left, is forgotten
+    del sim.down_nodes[relay_path]  # the link is back
+    wait(sim, relay.parent_silence + leaf.ping_interval)
+    assert not {0, 1, 2} & set(leaf.routes.via)
+    assert not {0, 1, 2} & set(relay.engines)  # told, the relay dropped them
+    sim.down_nodes[relay_path] = "dead"  # and, its engines gone, it exits
+    wait(sim, 2 * leaf.ping_interval)
+    assert not leaf.children.idents
+    sim.client_inbox.clear()
+    sim.request(list(range(3, 12)))
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == list(range(3, 12)) and not failures

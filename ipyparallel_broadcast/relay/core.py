@@ -163,6 +163,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         self.sharing.forget(uuid)
         if why == P.DIED:
             self.engines = {e: u for e, u in self.engines.items() if u != uuid}
+            self.routes.unregister(uuid)
             if host is not None:
                 self.routes.host_lost_engine(eid)
         code = P.DIED if why == P.DIED else P.UNREACHABLE

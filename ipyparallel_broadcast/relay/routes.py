@@ -24,6 +24,15 @@ DEPARTED_KEPT = 4096  # engines whose routes went, remembered for the requests s
 Key = Union[int, bytes]  # a child: its digit (a relay node) or its identity (a host relay)
 
 
+def _remember(table: OrderedDict, keys: Iterable) -> None:
+    """Add ``keys`` as the newest; keep the newest ``DEPARTED_KEPT``."""
+    for e in keys:
+        table[e] = None
+        table.move_to_end(e)
+    while len(table) > DEPARTED_KEPT:
+        table.popitem(last=False)
+
+
 class Routes:
     """One node's routing: ``split`` targets among its children (and, at a
     leaf, direct engines: key ``None``)."""
@@ -36,13 +45,17 @@ class Routes:
         # engines whose route was removed (they died): a request that was on its
         # way meanwhile fails them as dead, not as sent to the wrong subtree
         self.departed: "OrderedDict[int, None]" = OrderedDict()
+        # uuids of engines the hub unregistered: final (an engine that registers
+        # again has a new uuid), so a host relay that lists one (it was cut off
+        # meanwhile) gets no route for it
+        self.unregistered: "OrderedDict[str, None]" = OrderedDict()
 
     def _depart(self, eids: Iterable[int]):
-        for e in eids:
-            self.departed[e] = None
-            self.departed.move_to_end(e)
-        while len(self.departed) > DEPARTED_KEPT:
-            self.departed.popitem(last=False)
+        _remember(self.departed, eids)
+
+    def unregister(self, uuid: str):
+        """The hub unregistered the engine ``uuid``: it is never routed again."""
+        _remember(self.unregistered, [uuid])
 
     def serves(self, eid: int) -> bool:
         """Whether ``eid`` is in this node's subtree, as far as it knows."""
@@ -127,13 +140,18 @@ class Announcements:
         return [Send(UP, self.codec.pack(P.HOST, dict(host=self.host, engines=listed, token=token)))]
 
     def from_host(self, key: bytes, content: dict) -> Tuple[Dict[int, str], List[Send]]:
-        """Leaf: a host relay's engine list; route them to it and tell the tree."""
+        """Leaf: a host relay's engine list; route them to it and tell the tree
+        (engines the hub unregistered are not routed: the relay is told)."""
         try:
             eids = {int(e): u for e, u in content.get("engines").items() if isinstance(u, str)}
         except (AttributeError, TypeError, ValueError) as e:
             raise P.ProtocolError(f"bad host engine list: {e}") from e
+        stale = {e: u for e, u in eids.items() if u in self.routes.unregistered}
+        eids = {e: u for e, u in eids.items() if e not in stale}
         _, gone = self.routes.host_engines(key, eids)
-        return eids, self.up(sorted(eids), gone, key, content.get("token"))
+        # the relay was cut off while the hub dropped these: it drops them too
+        sends = [Send(DOWN, [key] + self.codec.pack(P.LOST, dict(uuid=u, why=P.DIED))) for u in stale.values()]
+        return eids, sends + self.up(sorted(eids), gone, key, content.get("token"))
 
     def up(self, add, remove, host: Optional[bytes] = None, token=None) -> List[Send]:
         """Tell the parent which engines are under this node now (or gone)."""
