@@ -32,6 +32,7 @@ from ..wire import protocol as P
 from ..host import shm
 from .applycall import Functions, run_apply
 from ..wire.protocol import OUTPUTS_KEY
+from ..compat import ipykernel as ipk
 from ..compat.pyzmq import Direct, lean
 
 _SIGINT = int(_signal.SIGINT)
@@ -92,20 +93,20 @@ class Captured:
         self.data = _Data(shell.data_pub, parent)
 
     def _showtraceback(self, etype, evalue, stb):
-        self.shell._last_traceback = stb  # the reply carries it; nothing on IOPub
+        ipk.set_last_traceback(self.shell, stb)  # the reply carries it; nothing on IOPub
 
     def __enter__(self):
         shell = self.shell
         self.saved = sys.stdout, sys.stderr, shell.display_pub, shell.data_pub
         sys.stdout, sys.stderr = self.stdout, self.stderr
         shell.display_pub, shell.data_pub = self.displays, self.data
-        shell._showtraceback = self._showtraceback  # instance attribute hides the method
+        ipk.hide_showtraceback(shell, self._showtraceback)
         return self
 
     def __exit__(self, *exc):
         shell = self.shell
         sys.stdout, sys.stderr, shell.display_pub, shell.data_pub = self.saved
-        del shell._showtraceback
+        ipk.restore_showtraceback(shell)
         return False
 
     def outputs(self) -> dict:
@@ -136,8 +137,7 @@ class BroadcastKernel(IPythonParallelKernel):
 
     def start(self):
         super().start()
-        if (self.shell_stream is not None and hasattr(self, "_main_asyncio_lock")
-                and not getattr(self, "_supports_kernel_subshells", False)):
+        if self.shell_stream is not None and ipk.lean_path_possible(self):
             self._context = copy_context()  # shared by the shell's tasks, as ipykernel's are
             lean(self.shell_stream).on_recv(self._on_shell, copy=False)
 
@@ -151,7 +151,7 @@ class BroadcastKernel(IPythonParallelKernel):
             msg = self._shared(msg)
             if msg is None:
                 return
-            busy = self._queued or self._main_asyncio_lock.locked()
+            busy = self._queued or ipk.shell_busy(self)
             if busy or self._lean(msg, time.time()) is False:
                 self._queued += 1
                 asyncio.get_running_loop().create_task(self._counted(msg), context=self._context)
@@ -183,7 +183,7 @@ class BroadcastKernel(IPythonParallelKernel):
         if parts is None:
             return False
         idents, body = parts
-        if b'"apply_request"' not in P.as_bytes(body[1]) or self._aborting:  # (ipykernel aborts)
+        if b'"apply_request"' not in P.as_bytes(body[1]) or ipk.aborting(self):  # (ipykernel aborts)
             return False
         try:
             request = self.codec.unpack(body)
@@ -241,9 +241,9 @@ class BroadcastKernel(IPythonParallelKernel):
         except Exception as str_error:
             evalue = f"Failed to cast exception to string: {str_error}"
         content = dict(status="error", ename=type(e).__name__, evalue=evalue,
-                       traceback=getattr(shell, "_last_traceback", None) or [],
+                       traceback=ipk.last_traceback(shell),
                        engine_info=self.get_engine_info(method="apply"))
-        shell._last_traceback = None
+        ipk.set_last_traceback(shell, None)
         self.log.info("Exception in apply request:\n%s", "\n".join(content["traceback"]))
         return content
 
@@ -333,4 +333,4 @@ class BroadcastKernel(IPythonParallelKernel):
         # at once on the socket, by this (the loop's) thread: one event-loop turn less
         Direct(stream).send_multipart(list(ident) + frames + list(buffers), copy=False)
         if outputs.get("iopub"):
-            self._publish_status("idle", "shell")
+            ipk.publish_idle(self)
