@@ -31,6 +31,7 @@ def test_a_short_chaos_soak_loses_nothing_and_hangs_nothing():
         result = run(bed, clients=3, seconds=SECONDS, bound=BOUND, rate=1.0, seed=32, progress=lambda line: None)
     verdict = result["verdict"]
     assert not result["stuck_clients"]
+    assert result["settled"] == "ok"
     assert len(result["faults"]) >= SECONDS // 3 and verdict.calls >= 100 and verdict.executions > 0
     assert verdict.hung == [], verdict.hung
     assert verdict.lost == [] and verdict.unnamed == [], (verdict.lost, verdict.unnamed)

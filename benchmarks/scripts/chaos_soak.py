@@ -53,6 +53,8 @@ def tables(result, args) -> list:
     lines += [f"| {cause} | {n} |" for cause, n in v.errors_by_cause.most_common()]
     bad = {k: x for k, x in result["after"].items() if x != "ok"}
     lines += ["", "## Afterwards", "",
+              "Every killed engine and simulated host replaced and registered, the dead unregistered: "
+              + ("yes." if result.get("settled") == "ok" else f"no ({result.get('settled')})."), "",
               f"Every operation in every reply mode on all {result['engines']} engines from a new client: "
               + ("all ok." if not bad else f"{len(bad)} failed: {bad}")]
     for h in v.hung:

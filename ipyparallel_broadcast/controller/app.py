@@ -34,6 +34,7 @@ from ..host.link import HOST_KEY, host_label
 from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from .records import BroadcastDictDB, BroadcastRecords
+from .restarts import RestartBudget
 from .settings import TreeSettings
 from ..relay.shell import run_node
 from ..host.shm import sweep
@@ -193,7 +194,9 @@ class BroadcastController(TreeSettings, IPController):
         )
         self.node_specs = {path: self.node_spec(path, monitor_url) for path in self.shape.nodes()}
         self.node_processes = {path: self._node_process(path) for path in self.node_specs}
-        self.node_restarts_done = dict.fromkeys(self.node_specs, 0)
+        self.node_restart_budgets = {
+            path: RestartBudget(self.node_restarts, self.node_restart_window) for path in self.node_specs
+        }
         children.extend(self.node_processes.values())
 
     def init_schedulers(self):
@@ -242,12 +245,11 @@ class BroadcastController(TreeSettings, IPController):
             if self._stopping or process.exitcode is None:
                 continue
             name = node_name(path)
-            if self.node_restarts_done[path] >= self.node_restarts:
-                self.log.critical("relay node %s exited (%s); restarted %d times, giving up",
-                                  name, process.exitcode, self.node_restarts)
+            if not self.node_restart_budgets[path].allow():
+                self.log.critical("relay node %s exited (%s); restarted %d times, giving up (all in %g s)",
+                                  name, process.exitcode, self.node_restarts, self.node_restart_window)
                 del self.node_processes[path]
                 continue
-            self.node_restarts_done[path] += 1
             new = self._node_process(path)
             new.start()
             self.log.error("relay node %s (pid %s) exited with code %s; restarted as pid %s",

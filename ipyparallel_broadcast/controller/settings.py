@@ -78,7 +78,12 @@ class TreeSettings(Configurable):
         "from the alpha-beta model (linkmodel).",
     )
     node_restarts = Integer(
-        10, config=True, help="How many times a dead relay node is restarted before the controller gives up on it."
+        10, config=True,
+        help="A dead relay node is restarted, unless it was restarted this many times within the last "
+        "node_restart_window seconds (a crash loop): then the controller gives up on it.",
+    )
+    node_restart_window = Float(
+        60.0, config=True, help="Seconds over which node_restarts are counted (see node_restarts).",
     )
 
     @validate("depth")

@@ -197,7 +197,10 @@ def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, pro
         fault = nemesis.strike()
         progress(f"{time.time() - start:6.1f} s  {fault}: {nemesis.log[-1][2]}")
         if time.time() > next_top_up:
-            bed.top_up()
+            try:
+                bed.top_up()
+            except Exception as e:  # the bed is short for now; the soak goes on, and says so
+                progress(f"{time.time() - start:6.1f} s  top-up failed: {type(e).__name__}: {e}")
             next_top_up = time.time() + 5
     nemesis.calm()
     for p in procs:
@@ -205,13 +208,17 @@ def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, pro
     stuck = [i for i, p in enumerate(procs) if p.is_alive()]
     for p in procs:
         p.kill()
-    bed.settle()
+    try:
+        bed.settle()
+        settled = "ok"
+    except Exception as e:  # reported, and the checker still reads what happened
+        settled = f"{type(e).__name__}: {e}"
     after = serves_after(bed, bound)
     records = [json.loads(line) for out in outs if os.path.exists(out) for line in open(out)]
     logs = {os.path.basename(p): open(p).read().split() for p in glob.glob(os.path.join(bed.log_dir, "*.log"))}
     verdict = checker.check(records, logs, bound)
     return dict(records=records, faults=nemesis.log, verdict=verdict, after=after, stuck_clients=stuck,
-                started=start, engines=bed.expected)
+                started=start, engines=bed.expected, settled=settled)
 
 
 def serves_after(bed: SoakBed, bound: float) -> Dict[str, str]:

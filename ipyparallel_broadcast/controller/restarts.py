@@ -1,0 +1,33 @@
+"""When a dead relay node is restarted, and when the controller gives up.
+
+A node that keeps dying at once (a crash loop) is given up on; a node killed
+now and then over a long life is always restarted. So the budget is a rate,
+as systemd's ``StartLimitBurst`` in ``StartLimitIntervalSec``: at most
+``limit`` restarts within any ``window`` seconds (the chaos soak killed the
+root a dozen times in ten minutes, and a lifetime budget of 10 left the
+cluster without a root).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable
+
+
+class RestartBudget:
+    """``allow()``: whether one more restart fits in the last ``window`` seconds."""
+
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.window, self.clock = limit, window, clock
+        self.times: deque = deque()
+
+    def allow(self) -> bool:
+        """True (and counted) if fewer than ``limit`` restarts came in the window."""
+        now = self.clock()
+        while self.times and now - self.times[0] > self.window:
+            self.times.popleft()
+        if len(self.times) >= self.limit:
+            return False
+        self.times.append(now)
+        return True
