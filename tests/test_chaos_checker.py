@@ -47,7 +47,7 @@ def test_a_result_that_is_not_the_calls_own_is_wrong():
     rec = record()
     rec["wrong"] = [[1, "'c1:5'"]]
     v = check([rec], {}, BOUND)
-    assert v.wrong == [("c0", 1, "apply", 1, "'c1:5'")] and not v.clean
+    assert v.wrong == [("c0", 1, "apply", "coalescing", 2, 1, "'c1:5'")] and not v.clean
 
 
 def test_refused_calls_and_missing_outputs_are_counted_apart():

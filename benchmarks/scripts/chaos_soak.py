@@ -59,6 +59,9 @@ def tables(result, args) -> list:
               + ("all ok." if not bad else f"{len(bad)} failed: {bad}")]
     for h in v.hung:
         lines.append(f"- hung: {h}")
+    if v.wrong:
+        lines += ["", "## Results not the call's own", "", "(client, call, operation, mode, targets, engine, what came)", ""]
+        lines += [f"- {w}" for w in v.wrong]
     return lines
 
 
@@ -117,7 +120,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(summary=result["verdict"].summary(), faults=result["faults"], after=result["after"],
-                           hung=result["verdict"].hung, by_op={k: dict(c) for k, c in result["verdict"].by_op.items()}),
+                           hung=result["verdict"].hung, wrong=result["verdict"].wrong, by_op={k: dict(c) for k, c in result["verdict"].by_op.items()}),
                       f, indent=1)
     if args.plot:
         plot(result, args.plot)

@@ -100,7 +100,7 @@ def check(records: Iterable[dict], logs: Dict[str, List[str]], bound: float) -> 
                 if not names_engine(got[1], eid) and op not in ("reduce",):
                     v.unnamed.append((r["client"], r["seq"], op, eid, got[1][:160]))
         for item in r.get("wrong", ()):
-            v.wrong.append((r["client"], r["seq"], op, *item))
+            v.wrong.append((r["client"], r["seq"], op, r.get("mode"), len(r.get("targets") or ()), *item))
         for eid in r.get("output_missing", ()):
             v.output_missing.append((r["client"], r["seq"], eid))
         counts["failed" if failed else "ok"] += 1
