@@ -70,11 +70,14 @@ def session_from(info: dict) -> Session:
     )
 
 
+SIM_UUID_PREFIX = "sim-"  # simulated engines' uuids begin so (uuids have no "_")
+
+
 class SimEngine:
     """One simulated engine's sockets and state."""
 
     def __init__(self, ctx: zmq.Context):
-        self.uuid = str(uuidlib.uuid4())
+        self.uuid = SIM_UUID_PREFIX + str(uuidlib.uuid4())  # a simulated engine says so
         self.ident = self.uuid.encode()
         self.id = None
         self.alive = True
