@@ -37,3 +37,21 @@ def test_each_role_says_who_runs_it(role):
 
     doc = importlib.import_module(f"ipyparallel_broadcast.{role}").__doc__ or ""
     assert len(doc.split()) >= 12, f"ipyparallel_broadcast/{role}/__init__.py: say which process runs it"
+
+
+def test_no_class_grows_past_250_lines():
+    """Split by concern, as h11 keeps events, state and connection apart."""
+    import ast
+
+    top = os.path.join(ROOT, "ipyparallel_broadcast")
+    big = []
+    for folder, _, files in os.walk(top):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                big += [(os.path.relpath(path, top), node.name, node.end_lineno - node.lineno + 1)
+                        for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                        and node.end_lineno - node.lineno + 1 > 250]
+    assert big == []
