@@ -10,6 +10,26 @@ from traitlets.config import Config
 import ipyparallel_broadcast as ipb
 
 
+def skip_or_fail(why, what):
+    """Skip, saying ``why`` (a missing Debian package, root); under ``CI=true``,
+    where everything is installed, fail: CI must run ``what``."""
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run {what}: {why}")
+    pytest.skip(why)
+
+
+class Clock:
+    """A clock that moves only when a test sets ``now``."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
 def quiet_config():
     config = Config()
     # fast heartbeats: small clusters here notice dead engines quickly

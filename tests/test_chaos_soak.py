@@ -9,11 +9,12 @@ The long version (thousands of engines, ten minutes) is
 ``benchmarks/scripts/chaos_soak.py``. Needs root; under ``CI=true`` a skip is a failure.
 """
 
-import os
 
 import pytest
 
 from ipyparallel_broadcast.tools.netbed import NetBed
+
+from cluster_util import skip_or_fail
 
 pytestmark = pytest.mark.multihost
 SECONDS, BOUND = 40, 60
@@ -22,9 +23,7 @@ SECONDS, BOUND = 40, 60
 def test_a_short_chaos_soak_loses_nothing_and_hangs_nothing():
     why = NetBed.available()
     if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the chaos soak: {why}")
-        pytest.skip(why)
+        skip_or_fail(why, "the chaos soak")
     from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run
 
     with SoakBed(hosts=2, engines=2, sim_hosts=2, sim_engines=16) as bed:

@@ -15,6 +15,7 @@ from jupyter_client.session import Session
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.controller.iopubrelay import HELLO_PREFIX, WELCOME, Hellos
+from ipyparallel_broadcast.tools.bench import chatter
 
 from cluster_util import running_cluster, until
 
@@ -50,19 +51,6 @@ def test_a_hello_answers_a_hello_subscription_only_signed_on_its_topic():
 
 
 # ---------------------------------------------------------------- clusters
-def chatter():
-    """Engine side: print from a thread every millisecond (IOPub under load)."""
-    import threading
-    import time
-
-    def loop():
-        while True:
-            print("noise")
-            time.sleep(0.001)
-
-    threading.Thread(target=loop, daemon=True).start()
-
-
 @pytest.mark.cluster
 def test_new_clients_under_iopub_load_miss_no_output(rc):
     """Clients connect in turn while every engine prints each millisecond;

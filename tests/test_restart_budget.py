@@ -4,15 +4,9 @@ import pytest
 
 from ipyparallel_broadcast.controller.restarts import RestartBudget
 
+from cluster_util import Clock
+
 pytestmark = pytest.mark.pure
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_a_node_killed_now_and_then_is_restarted_for_ever():

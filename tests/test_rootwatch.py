@@ -6,15 +6,9 @@ from hypothesis import strategies as st
 
 from ipyparallel_broadcast.client.rootwatch import LOST, RootWatch
 
+from cluster_util import Clock
+
 pytestmark = pytest.mark.pure
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def watch(**kw):

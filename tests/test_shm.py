@@ -13,7 +13,7 @@ from ipyparallel import interactive
 
 from ipyparallel_broadcast.host import shm
 
-from cluster_util import arrive_and_hold, running_cluster, settled_stats, until
+from cluster_util import arrive_and_hold, running_cluster, settled_stats, skip_or_fail, until
 
 pytestmark = pytest.mark.cluster
 
@@ -153,9 +153,7 @@ def test_a_kill_mid_push_leaves_no_name_and_the_survivors_have_the_value(tmp_pat
 
 def test_a_dev_shm_too_small_falls_back_to_copies(tmp_path, monkeypatch):
     if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root: mounting a small tmpfs must be tested")
-        pytest.skip("mounting a small tmpfs needs root")
+        skip_or_fail("mounting a small tmpfs needs root", "the small-tmpfs test (CI runs as root)")
     import subprocess
 
     small = tmp_path / "shm"

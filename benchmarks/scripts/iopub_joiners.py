@@ -29,19 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
 import ipyparallel_broadcast as ipb  # noqa: E402
-from ipyparallel_broadcast.tools.bench import our_cluster  # noqa: E402
-
-
-def chatter():
-    import threading
-    import time
-
-    def loop():
-        while True:
-            print("noise")
-            time.sleep(0.001)
-
-    threading.Thread(target=loop, daemon=True).start()
+from ipyparallel_broadcast.tools.bench import chatter, our_cluster  # noqa: E402
 
 
 def missed(ar, token) -> int:

@@ -24,14 +24,13 @@ the hub cannot file it).
 from __future__ import annotations
 
 import logging
-import signal
 from typing import List, Optional
 
 import zmq
 from jupyter_client.session import Session
 
 from ..wire.naming import IOPUB_HELLO_PREFIX
-from .queues import monitor_socket, server_socket
+from .queues import monitor_socket, run_relay, server_socket
 
 log = logging.getLogger(__name__)
 HELLO_PREFIX = IOPUB_HELLO_PREFIX
@@ -110,15 +109,5 @@ class IOPubRelay:
 
 
 def run_iopub_relay(spec: dict, in_process: bool = True):
-    """Entry point (a process, or a thread with ``in_process=False``): relay until terminated."""
-    if in_process:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    relay = IOPubRelay(zmq.Context() if in_process else zmq.Context.instance(), spec)
-    while True:
-        try:
-            relay.once()
-        except zmq.ContextTerminated:
-            return
-        except Exception:  # one bad frame must not end every client's outputs
-            log.exception("IOPub relay: a message could not be relayed")
+    """Entry point: the IOPub relay, until terminated."""
+    run_relay(IOPubRelay, spec, in_process, "IOPub relay")

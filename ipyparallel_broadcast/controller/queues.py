@@ -89,16 +89,23 @@ class RouterQueue:
         return relayed
 
 
-def run_router_queue(spec: dict, in_process: bool = True):
-    """Entry point (a process, or a thread with ``in_process=False``): relay until terminated."""
+def run_relay(make, spec: dict, in_process: bool, what: str):
+    """Run ``make(context, spec).once()`` until the context ends (a process, or
+    a thread with ``in_process=False``). An exception is logged with ``what``
+    and the relay goes on: one bad message must not stop every client."""
     if in_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    queue = RouterQueue(zmq.Context() if in_process else zmq.Context.instance(), spec)
+    relay = make(zmq.Context() if in_process else zmq.Context.instance(), spec)
     while True:
         try:
-            queue.once()
+            relay.once()
         except zmq.ContextTerminated:
             return
-        except Exception:  # one bad message must not stop every client's requests
-            log.exception("%s queue: a message could not be relayed", spec["in_prefix"].decode())
+        except Exception:
+            log.exception("%s: a message could not be relayed", what)
+
+
+def run_router_queue(spec: dict, in_process: bool = True):
+    """Entry point: the mux or control queue, until terminated."""
+    run_relay(RouterQueue, spec, in_process, f"{spec['in_prefix'].decode()} queue")

@@ -403,3 +403,16 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+def chatter():
+    """Engine side: print from a thread every millisecond (IOPub under load)."""
+    import threading
+    import time
+
+    def loop():
+        while True:
+            print("noise")
+            time.sleep(0.001)
+
+    threading.Thread(target=loop, daemon=True).start()
