@@ -21,7 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import report  # noqa: E402
+from report import command, commit, report  # noqa: E402
 
 from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run  # noqa: E402
 from ipyparallel_broadcast.tools.chaos.nemesis import FAULTS  # noqa: E402
@@ -119,7 +119,8 @@ def main(argv=None):
     report("chaos_soak.py", argv, "Chaos soak", tables(result, args), args.out)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(summary=result["verdict"].summary(), faults=result["faults"], after=result["after"],
+            json.dump(dict(command=command("chaos_soak.py", argv), commit=commit(),
+                           summary=result["verdict"].summary(), faults=result["faults"], after=result["after"],
                            hung=result["verdict"].hung, wrong=result["verdict"].wrong, by_op={k: dict(c) for k, c in result["verdict"].by_op.items()}),
                       f, indent=1)
     if args.plot:
