@@ -55,3 +55,44 @@ def test_no_class_grows_past_250_lines():
                         for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
                         and node.end_lineno - node.lineno + 1 > 250]
     assert big == []
+
+
+def _written_imports():
+    """Every ``import``/``from`` of this package in the notebooks, docs, README
+    and scripts: a move inside the package must not leave them behind."""
+    import json
+    import re
+
+    pattern = re.compile(r"^\s*(?:from\s+(ipyparallel_broadcast[\w.]*)\s+import\s+([\w, ]+)"
+                         r"|import\s+(ipyparallel_broadcast[\w.]*))", re.M)
+    places = ["README.md", "notebooks", "docs", "benchmarks", "gce-scripts"]
+    for place in places:
+        path = os.path.join(ROOT, place)
+        files = [path] if os.path.isfile(path) else [
+            os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs
+            if f.endswith((".py", ".md", ".rst", ".ipynb", ".sh"))]
+        for name in sorted(files):
+            with open(name, encoding="utf-8") as f:
+                text = f.read()
+            if name.endswith(".ipynb"):
+                text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+            for m in pattern.finditer(text):
+                yield os.path.relpath(name, ROOT), m.group(1) or m.group(3), m.group(2)
+
+
+def test_every_written_import_of_the_package_resolves():
+    import importlib
+
+    broken = []
+    seen = 0
+    for where, module, names in _written_imports():
+        seen += 1
+        try:
+            mod = importlib.import_module(module)
+            for name in (part.split()[0] for part in (names or "").split(",") if part.strip()):
+                if not hasattr(mod, name):
+                    importlib.import_module(f"{module}.{name}")
+        except ImportError as e:
+            broken.append(f"{where}: {module} {names or ''}: {e}")
+    assert seen > 10
+    assert broken == []
