@@ -20,6 +20,10 @@ pytestmark = pytest.mark.multihost
 SECONDS, BOUND = 40, 60
 
 
+# every wait in the soak has its own limit, so a failure reports what it saw
+# rather than meet pytest's timeout: bed up, SECONDS, clients' last calls
+# (3 * BOUND + 60), settling and the calls after (60 each)
+@pytest.mark.timeout(120 + SECONDS + 3 * BOUND + 60 + 60 + 60)
 def test_a_short_chaos_soak_loses_nothing_and_hangs_nothing():
     why = NetBed.available()
     if why:
@@ -27,7 +31,8 @@ def test_a_short_chaos_soak_loses_nothing_and_hangs_nothing():
     from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run
 
     with SoakBed(hosts=2, engines=2, sim_hosts=2, sim_engines=16) as bed:
-        result = run(bed, clients=3, seconds=SECONDS, bound=BOUND, rate=1.0, seed=32, progress=lambda line: None)
+        result = run(bed, clients=3, seconds=SECONDS, bound=BOUND, rate=1.0, seed=32, progress=lambda line: None,
+                     settle_timeout=60, after_budget=60)
     verdict = result["verdict"]
     assert not result["stuck_clients"]
     assert result["settled"] == "ok"

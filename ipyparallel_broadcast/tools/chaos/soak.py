@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..netbed import Managed, NetBed
 from ..bedcluster import BedCluster
@@ -180,7 +180,10 @@ class SoakBed(Managed):
 
 # ------------------------------------------------------------------- run
 def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, progress=print,
-        faults=FAULTS, ops=workload.OPS) -> dict:
+        faults=FAULTS, ops=workload.OPS, settle_timeout=300.0, after_budget=None) -> dict:
+    """Clients and nemesis for ``seconds``, then the bed settles (at most
+    ``settle_timeout``) and a new client tries every operation (at most
+    ``after_budget`` in all; no limit if None); returns what the checker needs."""
     ctx = multiprocessing.get_context("spawn")
     outs = [os.path.join(bed.tmp.name, f"client{i}.jsonl") for i in range(clients)]
     procs = [ctx.Process(target=workload.run, args=(bed.url_file, f"c{i}", seed + i, seconds, bound,
@@ -203,17 +206,19 @@ def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, pro
                 progress(f"{time.time() - start:6.1f} s  top-up failed: {type(e).__name__}: {e}")
             next_top_up = time.time() + 5
     nemesis.calm()
+    # a client's last call ends within 3 bounds (wait, wait again, its output)
+    join_by = time.monotonic() + 3 * bound + 60
     for p in procs:
-        p.join(3 * bound + 60)
+        p.join(max(0.0, join_by - time.monotonic()))
     stuck = [i for i, p in enumerate(procs) if p.is_alive()]
     for p in procs:
         p.kill()
     try:
-        bed.settle()
+        bed.settle(settle_timeout)
         settled = "ok"
     except Exception as e:  # reported, and the checker still reads what happened
         settled = f"{type(e).__name__}: {e}"
-    after = serves_after(bed, bound)
+    after = serves_after(bed, bound, budget=after_budget)
     records = [json.loads(line) for out in outs if os.path.exists(out) for line in open(out)]
     logs = {os.path.basename(p): open(p).read().split() for p in glob.glob(os.path.join(bed.log_dir, "*.log"))}
     verdict = checker.check(records, logs, bound)
@@ -221,14 +226,16 @@ def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, pro
                 started=start, engines=bed.expected, settled=settled)
 
 
-def serves_after(bed: SoakBed, bound: float) -> Dict[str, str]:
+def serves_after(bed: SoakBed, bound: float, budget: Optional[float] = None) -> Dict[str, str]:
     """Once the nemesis stops: every operation, in every reply mode, on every
-    engine, from a new client; ``{what: "ok" | the error}``."""
+    engine, from a new client; ``{what: "ok" | the error}``. Within ``budget``
+    seconds in all, if given: what is left untried says so."""
     import ipyparallel_broadcast as ipb
 
     from . import engine_side as E
 
-    rc = ipb.Client(bed.url_file)
+    end = time.monotonic() + (budget if budget is not None else float("inf"))
+    rc = ipb.Client(bed.url_file, timeout=min(bound, max(1.0, end - time.monotonic())))
     outcome = {}
     try:
         sims = set(bed.sims.ids)
@@ -240,8 +247,12 @@ def serves_after(bed: SoakBed, bound: float) -> Dict[str, str]:
                          push=lambda: view.push(dict(after=1), block=False),
                          map=lambda: rc.broadcast_view(real, coalescing=coalescing).map_async(abs, range(len(real))))
             for what, send in calls.items():
+                left = end - time.monotonic()
+                if left <= 0:
+                    outcome[f"{what} {mode}"] = "not tried: out of time"
+                    continue
                 try:
-                    send().get(timeout=bound)
+                    send().get(timeout=min(bound, left))
                     outcome[f"{what} {mode}"] = "ok"
                 except Exception as e:
                     outcome[f"{what} {mode}"] = f"{type(e).__name__}: {str(e)[:200]}"
