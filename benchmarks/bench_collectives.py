@@ -57,8 +57,13 @@ class PartialCoalescing:
     timeout = P.timeout
 
     def setup(self, n, mode):
-        modes = {"coalescing": True, "streaming": False, "Batch(2)": ipb.Batch(2),
-                 "Batch(8)": ipb.Batch(8), "auto": "auto"}
+        modes = {
+            "coalescing": True,
+            "streaming": False,
+            "Batch(2)": ipb.Batch(2),
+            "Batch(8)": ipb.Batch(8),
+            "auto": "auto",
+        }
         self.view = common.client("ours", n).broadcast_view(coalescing=modes[mode])
         self.data = np.ones(128)
         self.view.apply_sync(common.echo, self.data)

@@ -51,9 +51,13 @@ class Center:
     def setup(self, n, view):
         kind = "ours-simhosts" if view.startswith("ours") else "stock-sim"
         rc = common.client(kind, n)
-        self.view = rc[:] if view == "DirectView" else rc.broadcast_view(
-            coalescing=view == "ours coalescing") if view.startswith("ours") else \
-            rc.broadcast_view(is_coalescing=True)
+        self.view = (
+            rc[:]
+            if view == "DirectView"
+            else rc.broadcast_view(coalescing=view == "ours coalescing")
+            if view.startswith("ours")
+            else rc.broadcast_view(is_coalescing=True)
+        )
         controller = psutil.Process(pool.controller_pid(kind, n))
         self.center = [controller] + controller.children(recursive=True)
         self.data = np.ones(128)

@@ -26,8 +26,14 @@ FARM_VIEWS = (
     "ours coalescing",
     "ours streaming",
 )
-PEER_VIEWS = ("DirectView", "ipp BroadcastView coalescing", "ours coalescing", "ours streaming",
-              "Dask run", "Dask submit")
+PEER_VIEWS = (
+    "DirectView",
+    "ipp BroadcastView coalescing",
+    "ours coalescing",
+    "ours streaming",
+    "Dask run",
+    "Dask submit",
+)
 _clients = {}  # (kind, n, depth, fanout) -> client, for this process
 
 

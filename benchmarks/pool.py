@@ -89,8 +89,9 @@ def controller_pid(kind: str, n: int, depth: int = 1, fanout: int = 2) -> int:
 
 
 def _detached(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", *args], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def _start(kind, n, depth, fanout, path) -> dict:
@@ -98,7 +99,9 @@ def _start(kind, n, depth, fanout, path) -> dict:
     record = dict(kind=kind, n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, used=time.time())
     if kind == "dask":
         address = os.path.join(profile_dir, "scheduler-address")
-        proc = _detached("ipyparallel_broadcast.tools.peers", "dask-serve", "--engines", str(n), "--address-file", address)
+        proc = _detached(
+            "ipyparallel_broadcast.tools.peers", "dask-serve", "--engines", str(n), "--address-file", address
+        )
         _until(lambda: os.path.exists(address), timeout=max(120, n), what=f"{n} Dask workers")
         record.update(controller_pid=proc.pid, connection_file=address)
         _write(path, record)
@@ -112,17 +115,22 @@ def _start(kind, n, depth, fanout, path) -> dict:
         cluster = ipp.Cluster(controller_args=[f"--IPController.broadcast_scheduler_depth={depth}"], **common)
     if sim:  # lenient heartbeats (ipyparallel's defaults): thousands of engines share few cores
         cluster.controller_args = list(cluster.controller_args) + [
-            "--HeartMonitor.period=3000", "--HeartMonitor.max_heartmonitor_misses=10"]
+            "--HeartMonitor.period=3000",
+            "--HeartMonitor.max_heartmonitor_misses=10",
+        ]
     rc = cluster.start_and_connect_sync()
-    record.update(cluster_id=cluster.cluster_id, controller_pid=cluster.controller.process.pid,
-                  connection_file=os.path.join(profile_dir, "security",
-                                               f"ipcontroller-{cluster.cluster_id}-client.json"))
+    record.update(
+        cluster_id=cluster.cluster_id,
+        controller_pid=cluster.controller.process.pid,
+        connection_file=os.path.join(profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-client.json"),
+    )
     try:
         if sim:
             engine_file = record["connection_file"].replace("-client.json", "-engine.json")
             hosts = ["--hosts", "--per-process", str(max(1, -(-n // SIM_HOSTS)))] if kind == "ours-simhosts" else []
-            record["helper_pids"] = [_detached("ipyparallel_broadcast.tools.sim", engine_file, "--engines", str(n),
-                                               *hosts).pid]
+            record["helper_pids"] = [
+                _detached("ipyparallel_broadcast.tools.sim", engine_file, "--engines", str(n), *hosts).pid
+            ]
             _write(path, record)  # from here on, stop() can find the farm
         rc.wait_for_engines(n, timeout=max(120, n / 10))
     finally:

@@ -28,10 +28,25 @@ MACHINE_TYPES = {
 
 
 def create_command(args, instance) -> list:
-    cmd = ["gcloud", "compute", "instances", "create", instance, "--zone", args.zone,
-           "--machine-type", args.machine_type or MACHINE_TYPES[args.profile],
-           "--image-family", args.image_family, "--image-project", args.image_project,
-           "--boot-disk-size", args.disk, "--labels", "purpose=ipb-bench"]
+    cmd = [
+        "gcloud",
+        "compute",
+        "instances",
+        "create",
+        instance,
+        "--zone",
+        args.zone,
+        "--machine-type",
+        args.machine_type or MACHINE_TYPES[args.profile],
+        "--image-family",
+        args.image_family,
+        "--image-project",
+        args.image_project,
+        "--boot-disk-size",
+        args.disk,
+        "--labels",
+        "purpose=ipb-bench",
+    ]
     return cmd + (["--project", args.project] if args.project else [])
 
 
@@ -69,8 +84,18 @@ def main(argv=None) -> int:
     shell(create_command(args, instance))
     try:
         remote.wait_for_ssh(shell, transport, args.ssh_attempts, args.ssh_pause)
-        archive = remote.run_benchmarks(shell, transport, commit, args.profile, machine, args.results_dir,
-                                        quick=args.quick, bench=args.bench, apt=True, mpi=True)
+        archive = remote.run_benchmarks(
+            shell,
+            transport,
+            commit,
+            args.profile,
+            machine,
+            args.results_dir,
+            quick=args.quick,
+            bench=args.bench,
+            apt=True,
+            mpi=True,
+        )
         if args.bucket:
             shell(["gcloud", "storage", "cp", archive, args.bucket.rstrip("/") + "/"])
     finally:

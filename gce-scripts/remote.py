@@ -15,8 +15,8 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,7 +26,7 @@ RUNNER = os.path.join(HERE, "remote-run.sh")
 @dataclass
 class Shell:
     dry_run: bool = False
-    log: List[List[str]] = field(default_factory=list)
+    log: list[list[str]] = field(default_factory=list)
 
     def __call__(self, cmd: Sequence[str], capture: bool = False, check: bool = True) -> str:
         cmd = [str(c) for c in cmd]
@@ -46,22 +46,22 @@ class SSH:
 
     destination: str
     port: int = 22
-    identity: Optional[str] = None
+    identity: str | None = None
     options: Sequence[str] = ()
 
-    def _opts(self, port_flag: str) -> List[str]:
+    def _opts(self, port_flag: str) -> list[str]:
         opts = [port_flag, str(self.port), "-o", "BatchMode=yes"]
         for option in self.options:
             opts += ["-o", option]
         return opts + (["-i", self.identity] if self.identity else [])
 
-    def ssh(self, command: str) -> List[str]:
+    def ssh(self, command: str) -> list[str]:
         return ["ssh", *self._opts("-p"), self.destination, command]
 
-    def put(self, local: str, remote: str) -> List[str]:
+    def put(self, local: str, remote: str) -> list[str]:
         return ["scp", *self._opts("-P"), local, f"{self.destination}:{remote}"]
 
-    def get(self, remote: str, local: str) -> List[str]:
+    def get(self, remote: str, local: str) -> list[str]:
         return ["scp", *self._opts("-P"), f"{self.destination}:{remote}", local]
 
 
@@ -71,18 +71,18 @@ class GCloud:
 
     instance: str
     zone: str
-    project: Optional[str] = None
+    project: str | None = None
 
-    def _where(self) -> List[str]:
+    def _where(self) -> list[str]:
         return ["--zone", self.zone] + (["--project", self.project] if self.project else [])
 
-    def ssh(self, command: str) -> List[str]:
+    def ssh(self, command: str) -> list[str]:
         return ["gcloud", "compute", "ssh", self.instance, *self._where(), "--quiet", "--command", command]
 
-    def put(self, local: str, remote: str) -> List[str]:
+    def put(self, local: str, remote: str) -> list[str]:
         return ["gcloud", "compute", "scp", *self._where(), "--quiet", local, f"{self.instance}:{remote}"]
 
-    def get(self, remote: str, local: str) -> List[str]:
+    def get(self, remote: str, local: str) -> list[str]:
         return ["gcloud", "compute", "scp", *self._where(), "--quiet", f"{self.instance}:{remote}", local]
 
 
@@ -111,9 +111,19 @@ def wait_for_ssh(shell: Shell, transport, attempts: int = 30, pause: float = 10)
             time.sleep(pause)
 
 
-def run_benchmarks(shell: Shell, transport, commit: str, profile: str, machine: str, results_dir: str,
-                   quick: bool = False, bench: Sequence[str] = (), apt: bool = False, mpi: bool = False,
-                   remote_dir: str = "ipb-bench") -> str:
+def run_benchmarks(
+    shell: Shell,
+    transport,
+    commit: str,
+    profile: str,
+    machine: str,
+    results_dir: str,
+    quick: bool = False,
+    bench: Sequence[str] = (),
+    apt: bool = False,
+    mpi: bool = False,
+    remote_dir: str = "ipb-bench",
+) -> str:
     """Ship the commit and the runner, run it, copy the results into
     ``results_dir`` (one folder per machine, as asv lays them out). Returns
     the local archive's path."""
@@ -122,9 +132,20 @@ def run_benchmarks(shell: Shell, transport, commit: str, profile: str, machine: 
         shell(transport.ssh(f"mkdir -p {remote_dir}"))
         shell(transport.put(bundle, f"{remote_dir}/ipb.bundle"))
         shell(transport.put(RUNNER, f"{remote_dir}/remote-run.sh"))
-        args = ["bash", f"{remote_dir}/remote-run.sh", "--bundle", f"{remote_dir}/ipb.bundle",
-                "--commit", commit, "--profile", profile, "--machine", machine,
-                "--workdir", f"{remote_dir}/work"]
+        args = [
+            "bash",
+            f"{remote_dir}/remote-run.sh",
+            "--bundle",
+            f"{remote_dir}/ipb.bundle",
+            "--commit",
+            commit,
+            "--profile",
+            profile,
+            "--machine",
+            machine,
+            "--workdir",
+            f"{remote_dir}/work",
+        ]
         args += ["--quick"] if quick else []
         args += ["--apt"] if apt else []
         args += ["--mpi"] if mpi else []
@@ -135,8 +156,9 @@ def run_benchmarks(shell: Shell, transport, commit: str, profile: str, machine: 
             archive = f"{remote_dir}/work/ipb-results-{machine}-{commit[:8]}.tar.gz"
         else:
             sys.stdout.write(output)
-            archive = next(line.split(" ", 1)[1] for line in reversed(output.splitlines())
-                           if line.startswith("RESULTS "))
+            archive = next(
+                line.split(" ", 1)[1] for line in reversed(output.splitlines()) if line.startswith("RESULTS ")
+            )
         kept = os.path.join(results_dir, os.path.basename(archive))
         if not shell.dry_run:
             os.makedirs(results_dir, exist_ok=True)

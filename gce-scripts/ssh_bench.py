@@ -38,9 +38,19 @@ def main(argv=None) -> int:
     shell = remote.Shell(dry_run=args.dry_run)
     commit = remote.resolve_commit(args.commit)
     machine = args.machine or args.destination.rpartition("@")[2]
-    archive = remote.run_benchmarks(shell, transport, commit, args.profile, machine, args.results_dir,
-                                    quick=args.quick, bench=args.bench, apt=args.apt, mpi=args.mpi,
-                                    remote_dir=args.remote_dir)
+    archive = remote.run_benchmarks(
+        shell,
+        transport,
+        commit,
+        args.profile,
+        machine,
+        args.results_dir,
+        quick=args.quick,
+        bench=args.bench,
+        apt=args.apt,
+        mpi=args.mpi,
+        remote_dir=args.remote_dir,
+    )
     if not args.dry_run:
         print(f"results of {machine} at {commit[:8]} are in {args.results_dir} ({archive})")
     return 0

@@ -93,12 +93,15 @@ def _diagnose_connect(cluster, profile_dir):
 
     import zmq
 
-    lines = [f"cluster {profile_dir}: {threading.active_count()} threads, "
-             f"{len(os.listdir('/proc/self/fd'))} fds, global context "
-             f"{len(getattr(zmq.Context.instance(), '_sockets', ()))} sockets"]
+    lines = [
+        f"cluster {profile_dir}: {threading.active_count()} threads, "
+        f"{len(os.listdir('/proc/self/fd'))} fds, global context "
+        f"{len(getattr(zmq.Context.instance(), '_sockets', ()))} sockets"
+    ]
     info = cluster.controller.get_connection_info()
     if not isinstance(info, dict):
         import asyncio
+
         info = asyncio.run(info)
     port = info["client"]["registration"]
     lines.append(f"  registration port {port}")

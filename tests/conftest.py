@@ -1,5 +1,8 @@
 import os
+import resource
 import sys
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -8,15 +11,12 @@ _path = os.environ.get("PYTHONPATH", "")
 if HERE not in _path.split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, _path) if p)
 
-import resource
-
-import pytest
-
 # Many clusters start and stop in this one process: use the whole open-file
 # allowance the machine gives (a soft limit of 1,024 is common).
 _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 if _hard == resource.RLIM_INFINITY or _soft < _hard:
     resource.setrlimit(resource.RLIMIT_NOFILE, (_hard, _hard))
+
 
 @pytest.fixture(scope="module")
 def shell(tmp_path_factory):
@@ -57,9 +57,11 @@ def _diagnose(nodeid):
         except OSError:
             continue
         kinds[target.split(":")[0] if ":" in target else "file"] += 1
-    lines = [f"{nodeid}: {sum(kinds.values())} fds {dict(kinds)}, limit "
-             f"{resource.getrlimit(resource.RLIMIT_NOFILE)}, {threading.active_count()} threads: "
-             + ", ".join(sorted(t.name for t in threading.enumerate()))]
+    lines = [
+        f"{nodeid}: {sum(kinds.values())} fds {dict(kinds)}, limit "
+        f"{resource.getrlimit(resource.RLIMIT_NOFILE)}, {threading.active_count()} threads: "
+        + ", ".join(sorted(t.name for t in threading.enumerate()))
+    ]
     for name, ctx in (("global", zmq.Context.instance()), ("fresh", zmq.Context())):
         try:
             a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)

@@ -25,6 +25,7 @@ def closure_over(state):
     def inner(x):
         state.append(x)
         return len(state)
+
     return inner
 
 
@@ -86,10 +87,14 @@ def test_the_cache_is_bounded():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.one_of(st.integers(), st.text(max_size=20), st.floats(allow_nan=False),
-                          st.lists(st.integers(), max_size=5)), max_size=4),
-       st.dictionaries(st.sampled_from("abc"), st.integers(), max_size=3),
-       st.integers(0, 3000))
+@given(
+    st.lists(
+        st.one_of(st.integers(), st.text(max_size=20), st.floats(allow_nan=False), st.lists(st.integers(), max_size=5)),
+        max_size=4,
+    ),
+    st.dictionaries(st.sampled_from("abc"), st.integers(), max_size=3),
+    st.integers(0, 3000),
+)
 def test_unpacked_as_ipyparallel_unpacks(args, kwargs, n):
     args = args + [np.arange(n)]  # large enough, and the array travels as its own buffer
     bufs = [memoryview(b) for b in pack_apply_message(plain, args, kwargs)]
@@ -102,12 +107,16 @@ def test_unpacked_as_ipyparallel_unpacks(args, kwargs, n):
 def test_errors_become_content_and_results_buffers():
     functions = Functions()
     bufs = pack_apply_message(lambda x: 1 / x, (0,), {})
-    content, result = run_apply(bufs, {}, functions, 1024, 64,
-                                lambda e: dict(status="error", ename=type(e).__name__))
+    content, result = run_apply(bufs, {}, functions, 1024, 64, lambda e: dict(status="error", ename=type(e).__name__))
     assert content == dict(status="error", ename="ZeroDivisionError") and result == []
-    content, result = run_apply(pack_apply_message(lambda x: x * 2, (np.ones(1000),), {}), {},
-                                functions, 1024, 64, lambda e: pytest.fail(str(e)))
+    content, result = run_apply(
+        pack_apply_message(lambda x: x * 2, (np.ones(1000),), {}),
+        {},
+        functions,
+        1024,
+        64,
+        lambda e: pytest.fail(str(e)),
+    )
     assert content == {"status": "ok"} and len(result) == 2  # the pickle, and the array's data
-    content, _ = run_apply(bufs[:1], {}, functions, 1024, 64,
-                           lambda e: dict(status="error", ename=type(e).__name__))
+    content, _ = run_apply(bufs[:1], {}, functions, 1024, 64, lambda e: dict(status="error", ename=type(e).__name__))
     assert content["ename"] == "ValueError"

@@ -5,13 +5,11 @@ import io
 import os
 import sys
 
+import ipyparallel as ipp
 import numpy as np
 import pytest
-
-import ipyparallel as ipp
-from ipyparallel import error
-
 from cluster_util import at_gate, running_cluster
+from ipyparallel import error
 
 pytestmark = pytest.mark.cluster
 
@@ -76,9 +74,9 @@ def test_a_bounded_history_forgets_old_calls_and_every_view_still_records_its_ow
         for _ in range(10):
             bar, dar = bview.apply_async(os.getpid), dview.apply_async(os.getpid)
             bar.get(timeout=20), dar.get(timeout=20)
-            assert bview.history[-len(rc):] == bar.msg_ids
-            assert dview.history[-len(rc):] == dar.msg_ids
-            assert rc.history[-len(rc):] == dar.msg_ids
+            assert bview.history[-len(rc) :] == bar.msg_ids
+            assert dview.history[-len(rc) :] == dar.msg_ids
+            assert rc.history[-len(rc) :] == dar.msg_ids
         assert len(rc.history._items) <= 6 and len(bview.history._items) <= 6
         assert rc.history.forgotten > 0
         with pytest.raises(IndexError, match="history_limit"):
@@ -208,7 +206,7 @@ def test_partial_errors_keep_good_results(rc, coalescing):
     view.scatter("rank", ids, flatten=True, block=True)
     ar = view.apply_async(ipp.Reference("int"), ipp.Reference("rank"))
     assert ar.get(timeout=20) == ids
-    ar = view.execute("assert rank != %d, 'bad rank'" % ids[0])
+    ar = view.execute(f"assert rank != {ids[0]}, 'bad rank'")
     with pytest.raises(error.CompositeError):
         ar.get(timeout=20)
     results = ar.get(return_exceptions=True)

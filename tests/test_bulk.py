@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
-
-from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.relay.bulk import CHUNK_MSG, Bulk, Layout, plan
-
 from treesim import TreeSim
+
+from ipyparallel_broadcast.relay.bulk import CHUNK_MSG, Bulk, Layout, plan
+from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure
 
@@ -56,8 +55,11 @@ def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copi
     assert leaf.bulk.sent == min(fanout, 5) * n  # the rest is forwarded host to host
     assert all(count == n for count in sim.chunks_at.values())  # each host got each chunk once
     for host in sim.chunks_at:  # the control link carried no big buffer
-        (request,) = [f for f in sim.node_inbox[host]
-                      if sim.codec.unpack(P.split_idents(f)[1], content=False)["msg_type"] == P.REQUEST]
+        (request,) = [
+            f
+            for f in sim.node_inbox[host]
+            if sim.codec.unpack(P.split_idents(f)[1], content=False)["msg_type"] == P.REQUEST
+        ]
         assert sum(P.nbytes(f) for f in request) < 2000
     assert sim.pending_total() == 0
     assert all(not n.bulk.outgoing for n in sim.nodes.values())
@@ -72,8 +74,12 @@ def test_small_requests_keep_the_one_message_path():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n_hosts=st.integers(1, 9), fanout=st.integers(0, 4), sizes=st.lists(st.integers(0, 5000), max_size=3),
-       chunk=st.integers(300, 3000))
+@given(
+    n_hosts=st.integers(1, 9),
+    fanout=st.integers(0, 4),
+    sizes=st.lists(st.integers(0, 5000), max_size=3),
+    chunk=st.integers(300, 3000),
+)
 def test_any_sizes_chunks_and_tree_deliver_the_exact_bytes(n_hosts, fanout, sizes, chunk):
     sim, engines = bed(n_hosts=n_hosts, per_host=1, fanout=fanout, chunk=chunk, threshold=1000)
     buffers = [data(n, seed=i) for i, n in enumerate(sizes)]
@@ -86,8 +92,16 @@ def test_any_sizes_chunks_and_tree_deliver_the_exact_bytes(n_hosts, fanout, size
 
 def test_plan_is_a_breadth_first_tree_and_a_chain_at_fanout_one():
     hosts = list("abcdefg")
-    assert plan(hosts, 1) == {None: ["a"], "a": ["b"], "b": ["c"], "c": ["d"], "d": ["e"], "e": ["f"],
-                              "f": ["g"], "g": []}
+    assert plan(hosts, 1) == {
+        None: ["a"],
+        "a": ["b"],
+        "b": ["c"],
+        "c": ["d"],
+        "d": ["e"],
+        "e": ["f"],
+        "f": ["g"],
+        "g": [],
+    }
     tree = plan(hosts, 2)
     assert tree[None] == ["a", "b"] and tree["a"] == ["c", "d"] and tree["b"] == ["e", "f"] and tree["c"] == ["g"]
     fed = [h for feeds in tree.values() for h in feeds]
@@ -180,9 +194,17 @@ def test_forged_or_malformed_chunks_are_refused(forge):
     assert not bulk.incoming["b1"].have
 
 
-@pytest.mark.parametrize("layout", [dict(bufs=[[3, 8]], chunk=4), dict(bufs=[[0, 8]], chunk=0),
-                                    dict(bufs=[], chunk=4), dict(bufs=[[0, 8], [0, 8]], chunk=4),
-                                    dict(bufs=[[0, 1 << 40]], chunk=1), dict(bufs="x", chunk=4)])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(bufs=[[3, 8]], chunk=4),
+        dict(bufs=[[0, 8]], chunk=0),
+        dict(bufs=[], chunk=4),
+        dict(bufs=[[0, 8], [0, 8]], chunk=4),
+        dict(bufs=[[0, 1 << 40]], chunk=1),
+        dict(bufs="x", chunk=4),
+    ],
+)
 def test_bad_layouts_are_refused(layout):
     with pytest.raises(P.ProtocolError):
         Layout.from_content(layout, 1)
@@ -206,7 +228,7 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
     assert inc.ref.name == name
     bulk.on_chunk(chunk_message(codec, "b1", 1, b"5678"))
     ((_, offset, _),) = inc.ref.bufs
-    assert (tmp_path / name).read_bytes()[offset + 4:offset + 8] == b"5678"  # in place, no copy of its own
+    assert (tmp_path / name).read_bytes()[offset + 4 : offset + 8] == b"5678"  # in place, no copy of its own
     clock[0] = 11.0
     assert bulk.stalled(clock[0]) == [inc]
     assert list(tmp_path.iterdir()) == []

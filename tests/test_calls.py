@@ -1,13 +1,13 @@
 """The client's pure core (``calls``): outcomes filed per call, no sockets."""
 
-import pytest
 import logging
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.client.calls import FAILED, Call, Calls, vid_parts
+from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure
 
@@ -23,8 +23,13 @@ def reply(uuid, outputs="reply", msg_id=MSG_ID):
         md[P.OUTPUTS_KEY] = {"stdout": "", "stderr": "", "outputs": []}
     elif outputs == "iopub":
         md[P.OUTPUTS_KEY] = {"iopub": True}
-    return {"header": {"msg_type": "apply_reply"}, "parent_header": {"msg_id": msg_id},
-            "metadata": md, "content": {"status": "ok"}, "buffers": []}
+    return {
+        "header": {"msg_type": "apply_reply"},
+        "parent_header": {"msg_id": msg_id},
+        "metadata": md,
+        "content": {"status": "ok"},
+        "buffers": [],
+    }
 
 
 def new_call(calls=None):
@@ -38,8 +43,7 @@ def test_a_bundle_settles_each_engine_once_in_target_order():
     assert got == [2, 0] and call.left == 2 and not call.done
     again = calls.bundle(call, [("parsed", reply(UUIDS[2])), ("parsed", reply("stranger"))], "t2", None, log)
     assert again == [] and call.left == 2  # a second outcome and an unknown engine are ignored
-    calls.bundle(call, [("failed", [11, None, "Engine 11 died"]), ("failed", [13, UUIDS[3], "gone"])],
-                 "t3", None, log)
+    calls.bundle(call, [("failed", [11, None, "Engine 11 died"]), ("failed", [13, UUIDS[3], "gone"])], "t3", None, log)
     assert call.done and call.outputs_done
     assert [o[0] for o in call.outcomes] == ["reply", FAILED, "reply", FAILED]
     assert call.outcomes[1] == (FAILED, 11, UUIDS[1], "Engine 11 died")  # uuid found from the engine id
@@ -49,16 +53,20 @@ def test_a_bundle_settles_each_engine_once_in_target_order():
 
 def test_raw_replies_are_unpacked_and_checked_against_the_call():
     calls, call = new_call()
-    got = calls.bundle(call, [("reply", UUIDS[0]), ("reply", UUIDS[1])], None,
-                       lambda u: reply(u, msg_id=MSG_ID if u == UUIDS[0] else "ipb-other"), log)
+    got = calls.bundle(
+        call,
+        [("reply", UUIDS[0]), ("reply", UUIDS[1])],
+        None,
+        lambda u: reply(u, msg_id=MSG_ID if u == UUIDS[0] else "ipb-other"),
+        log,
+    )
     assert got == [0]  # the reply to another request is dropped, not filed
 
 
 def test_an_outcome_that_cannot_be_read_is_skipped_and_the_rest_are_filed(caplog):
     calls, call = new_call()
     broken = {"header": {}, "parent_header": {}, "metadata": None, "content": {}}
-    got = calls.bundle(call, [("parsed", broken), ("parsed", reply(UUIDS[1])), ("bogus", None)],
-                       None, None, log)
+    got = calls.bundle(call, [("parsed", broken), ("parsed", reply(UUIDS[1])), ("bogus", None)], None, None, log)
     assert got == [1]
     assert caplog.text.count("Dropped an engine outcome") == 2
 
@@ -108,8 +116,7 @@ def test_per_engine_ids_split_back():
     assert vid_parts(call.vids[1]) == (MSG_ID, UUIDS[1])
 
 
-@given(st.lists(st.tuples(st.sampled_from(["parsed", "failed", "fail", "idle"]), st.integers(0, 5)),
-                max_size=40))
+@given(st.lists(st.tuples(st.sampled_from(["parsed", "failed", "fail", "idle"]), st.integers(0, 5)), max_size=40))
 def test_any_mix_settles_every_engine_at_most_once(events):
     calls, call = new_call()
     for kind, i in events:
@@ -128,10 +135,17 @@ def test_any_mix_settles_every_engine_at_most_once(events):
     assert call.iopub == streaming
 
 
-@given(st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.tuples(inner, inner)
+            | st.dictionaries(st.text(max_size=3), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+)
 def test_results_unpack_as_ipyparallel_unpacks_them(value):
     from ipyparallel.serialize import deserialize_object, serialize_object
 
@@ -182,8 +196,11 @@ def table_bundle(values, statuses):
         content = {"status": status}
         if status == "error":
             content.update(ename="ValueError", evalue="bad", traceback=[], engine_info={})
-        msg = session.msg("apply_reply", content=content,
-                          metadata={"engine": UUIDS[k], P.OUTPUTS_KEY: {"stdout": "", "stderr": "", "outputs": []}})
+        msg = session.msg(
+            "apply_reply",
+            content=content,
+            metadata={"engine": UUIDS[k], P.OUTPUTS_KEY: {"stdout": "", "stderr": "", "outputs": []}},
+        )
         bodies.append(session.serialize(msg)[1:] + list(serialize_object(value, buffer_threshold=64)))
     return list(B.iter_bundle(codec, codec.unpack(B.pack_replies(codec, "r", MSG_ID, bodies, [])), tables=True))
 

@@ -12,8 +12,19 @@ BOUND = 60
 
 def record(seq=1, op="apply", targets=(0, 1), ended=1.0, outcomes=None, **extra):
     outcomes = {str(e): ["ok", None] for e in targets} if outcomes is None else outcomes
-    return dict(client="c0", seq=seq, op=op, mode="coalescing", targets=list(targets), sent=0.0,
-                ended=ended, outcomes=outcomes, wrong=[], output_missing=[], **extra)
+    return dict(
+        client="c0",
+        seq=seq,
+        op=op,
+        mode="coalescing",
+        targets=list(targets),
+        sent=0.0,
+        ended=ended,
+        outcomes=outcomes,
+        wrong=[],
+        output_missing=[],
+        **extra,
+    )
 
 
 def test_a_clean_history_passes():
@@ -58,14 +69,17 @@ def test_refused_calls_and_missing_outputs_are_counted_apart():
     assert v.clean and v.calls == 2 and v.send_errors == {"IndexError": 1} and v.output_missing == [("c0", 3, 0)]
 
 
-@pytest.mark.parametrize("text, cause", [
-    ("Engine 3 died before replying", "died"),
-    ("Engine 3 is gone (it died or unregistered): request x did not reach it", "died"),
-    ("Host relay h1 has not answered for 3 s; engine 3 did not answer", "unreachable"),
-    ("Host relay h1 is down (its link is closed); engine 3 did not answer", "unreachable"),
-    ("Relay node 0 restarted; engine 3 did not answer", "restarted"),
-    ("Engine 3 did not get the request's data: 1 of 4 chunks came, then none for 6 s", "data"),
-    ("Engine 3 was routed to the wrong subtree", "misrouted"),
-])
+@pytest.mark.parametrize(
+    "text, cause",
+    [
+        ("Engine 3 died before replying", "died"),
+        ("Engine 3 is gone (it died or unregistered): request x did not reach it", "died"),
+        ("Host relay h1 has not answered for 3 s; engine 3 did not answer", "unreachable"),
+        ("Host relay h1 is down (its link is closed); engine 3 did not answer", "unreachable"),
+        ("Relay node 0 restarted; engine 3 did not answer", "restarted"),
+        ("Engine 3 did not get the request's data: 1 of 4 chunks came, then none for 6 s", "data"),
+        ("Engine 3 was routed to the wrong subtree", "misrouted"),
+    ],
+)
 def test_causes_are_read_from_the_error_text(text, cause):
     assert cause_of(text) == cause and names_engine(text, 3) and not names_engine(text, 31)

@@ -9,12 +9,10 @@ The long version (thousands of engines, ten minutes) is
 ``benchmarks/scripts/chaos_soak.py``. Needs root; under ``CI=true`` a skip is a failure.
 """
 
-
 import pytest
+from cluster_util import skip_or_fail
 
 from ipyparallel_broadcast.tools.netbed import NetBed
-
-from cluster_util import skip_or_fail
 
 pytestmark = pytest.mark.multihost
 SECONDS, BOUND = 40, 60
@@ -31,8 +29,17 @@ def test_a_short_chaos_soak_loses_nothing_and_hangs_nothing():
     from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run
 
     with SoakBed(hosts=2, engines=2, sim_hosts=2, sim_engines=16) as bed:
-        result = run(bed, clients=3, seconds=SECONDS, bound=BOUND, rate=1.0, seed=32, progress=lambda line: None,
-                     settle_timeout=60, after_budget=60)
+        result = run(
+            bed,
+            clients=3,
+            seconds=SECONDS,
+            bound=BOUND,
+            rate=1.0,
+            seed=32,
+            progress=lambda line: None,
+            settle_timeout=60,
+            after_budget=60,
+        )
     verdict = result["verdict"]
     assert not result["stuck_clients"]
     assert result["settled"] == "ok"

@@ -2,10 +2,10 @@
 through the tree, and new engines refill the leaf that lost engines (the
 policy: ``topology.balanced_id``)."""
 
-import pytest
 import os
 import signal
 
+import pytest
 from cluster_util import running_cluster, settled_stats, until
 
 pytestmark = pytest.mark.cluster

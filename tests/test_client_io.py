@@ -12,12 +12,11 @@ import os
 import threading
 
 import pytest
+from cluster_util import running_cluster
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.naming import is_broadcast_id
-
-from cluster_util import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -67,9 +66,7 @@ class DeliveredDuringInit(ipb.Client):
 def printing_until(rc, gate):
     """Engine 0 prints (IOPub traffic every client sees) until ``gate`` exists."""
     code = (
-        "import os, time\n"
-        f"while not os.path.exists({str(gate)!r}):\n"
-        "    print('tick', flush=True); time.sleep(0.02)\n"
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    print('tick', flush=True); time.sleep(0.02)\n"
     )
     return rc[0].execute(code, block=False)
 

@@ -38,8 +38,9 @@ def test_the_codec_reads_what_a_session_packs(session):
     got = codec.unpack(frames)
     assert got["content"] == {"status": "ok"} and got["metadata"] == {"engine": "u"}
     assert got["header"]["msg_id"] == msg["header"]["msg_id"] and got["buffers"] == [b"buf"]
-    assert codec.content(codec.unpack(session.serialize(session.msg("x", content={"b": 1}))[1:],
-                                      content=False)) == {"b": 1}
+    assert codec.content(codec.unpack(session.serialize(session.msg("x", content={"b": 1}))[1:], content=False)) == {
+        "b": 1
+    }
 
 
 def test_forged_unsigned_and_replayed_messages_are_refused(session):
@@ -95,8 +96,12 @@ def engine_replies(session, buffer_sets, statuses=None, outputs=None):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.sampled_from([0, 1, 10, 100, B.PACK_BELOW - 1, B.PACK_BELOW, B.PACK_BELOW + 7]),
-                         max_size=3), max_size=6))
+@given(
+    st.lists(
+        st.lists(st.sampled_from([0, 1, 10, 100, B.PACK_BELOW - 1, B.PACK_BELOW, B.PACK_BELOW + 7]), max_size=3),
+        max_size=6,
+    )
+)
 def test_replies_buffers_come_back_whole_joined_or_not(sizes):
     session = Session(key=b"a key")
     codec = P.Codec(session)
@@ -119,7 +124,7 @@ def test_a_buffer_table_that_does_not_match_is_refused(packed):
 
 # ----------------------------------------------------------- replies as a table
 def table_of(codec, frames):
-    (what, table), = [o for o in B.iter_bundle(codec, codec.unpack(frames), tables=True)]
+    ((what, table),) = [o for o in B.iter_bundle(codec, codec.unpack(frames), tables=True)]
     assert what == "table"
     return table
 
@@ -127,8 +132,12 @@ def table_of(codec, frames):
 def test_a_replies_table_reads_status_and_iopub_without_parsing_replies():
     session = Session(key=b"a key")
     codec = P.Codec(session)
-    bodies = engine_replies(session, [[b"r0"], [b"r1"], [b"r2"]], statuses=["ok", "error", "ok"],
-                            outputs=[None, {"iopub": False}, {"iopub": True}])
+    bodies = engine_replies(
+        session,
+        [[b"r0"], [b"r1"], [b"r2"]],
+        statuses=["ok", "error", "ok"],
+        outputs=[None, {"iopub": False}, {"iopub": True}],
+    )
     table = table_of(codec, B.pack_replies(codec, "r0", "ipb-m", bodies, []))
     assert table.engines == ["u0", "u1", "u2"]
     assert [table.status(k) for k in range(3)] == ["ok", "error", "ok"]
@@ -162,8 +171,9 @@ def test_an_unreadable_reply_is_left_out_of_the_table():
     assert [bytes(b) for k in range(2) for b in table.parts[k]] == [b"a", b"c"]
 
 
-@pytest.mark.parametrize("change", [{"texts": ["x", 1]}, {"texts": [-1, 100]}, {"parts": ["1", 1]},
-                                    {"engines": "u0"}, {"odd": [1]}])
+@pytest.mark.parametrize(
+    "change", [{"texts": ["x", 1]}, {"texts": [-1, 100]}, {"parts": ["1", 1]}, {"engines": "u0"}, {"odd": [1]}]
+)
 def test_a_signed_but_malformed_table_is_a_protocol_error(change):
     """A table with bad fields, even signed, is refused as a ProtocolError
     (dropped and logged), never another exception."""

@@ -8,13 +8,13 @@ import re
 import tempfile
 import time
 
+import ipyparallel as ipp
 import numpy as np
 import pytest
+from cluster_util import running_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-import ipyparallel as ipp
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
@@ -22,8 +22,6 @@ from ipyparallel_broadcast.client import view as view_module
 from ipyparallel_broadcast.client.modes import AUTO_STREAM_BYTES
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import OPS
-
-from cluster_util import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -233,6 +231,7 @@ def test_partial_coalescing_delivers_batch_by_batch(rc):
     def work(eid, fast, gate):
         import os
         import time
+
         while eid not in fast and not os.path.exists(gate):
             time.sleep(0.01)
         return eid
@@ -299,6 +298,7 @@ def test_auto_mode_remembers_a_bounded_number_of_functions(rc, monkeypatch):
 
 
 # ------------------------------------------------------ magics and datapub
+
 
 def out_lines(text):
     """``(engine id, value)`` of each ``Out[engine:count]: value`` line, in order."""

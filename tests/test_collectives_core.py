@@ -10,12 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from ipyparallel.serialize import serialize_object
+from treesim import TreeSim
 
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.wire.reduction import OPS, Reduction, ReduceError, engine_value
-
-from treesim import TreeSim
+from ipyparallel_broadcast.wire.reduction import OPS, ReduceError, Reduction, engine_value
 
 pytestmark = pytest.mark.pure
 
@@ -43,7 +42,7 @@ def test_each_engine_gets_shared_frames_and_only_its_own(shape, targets):
     for eid in targets:
         (frames,) = sim.engine_inbox[eid]
         got = frames_bytes(frames)
-        assert got[-len(own_buffers(eid)):] == own_buffers(eid)
+        assert got[-len(own_buffers(eid)) :] == own_buffers(eid)
         assert got[-len(own_buffers(eid)) - 1] == b"payload"  # the shared frame
     assert sim.pending_total() == 0
 
@@ -116,8 +115,10 @@ def test_bad_batches_are_dropped(batch):
 # ------------------------------------------------------------------- reduce
 def value_answer(values):
     """Engines answer with ``engine_value`` buffers of ``values[eid]``."""
+
     def answer(eid, request):
         return {"status": "ok"}, serialize_object(engine_value(lambda: values[eid]))
+
     return answer
 
 
@@ -134,7 +135,14 @@ dtypes = st.sampled_from(["int8", "int32", "uint16", "int64", "float32", "float6
 
 
 @settings(max_examples=80, deadline=None)
-@given(shapes, targets_st, st.sampled_from(sorted(OPS)), dtypes, hnp.array_shapes(min_dims=0, max_dims=3, max_side=4), st.data())
+@given(
+    shapes,
+    targets_st,
+    st.sampled_from(sorted(OPS)),
+    dtypes,
+    hnp.array_shapes(min_dims=0, max_dims=3, max_side=4),
+    st.data(),
+)
 def test_tree_reduce_equals_combining_gathered_results(shape, targets, op, dtype, ashape, data):
     # small integer-valued elements: every combination order gives exact results
     low = 0 if dtype.startswith("u") else -4
@@ -155,7 +163,9 @@ def test_tree_reduce_equals_combining_gathered_results(shape, targets, op, dtype
 @settings(max_examples=40, deadline=None)
 @given(shapes, targets_st, st.sampled_from(sorted(OPS)), st.data())
 def test_tree_reduce_of_python_numbers(shape, targets, op, data):
-    values = {e: data.draw(st.one_of(st.integers(-10**20, 10**20), st.floats(-1e3, 1e3), st.booleans())) for e in targets}
+    values = {
+        e: data.draw(st.one_of(st.integers(-(10**20), 10**20), st.floats(-1e3, 1e3), st.booleans())) for e in targets
+    }
     sim = TreeSim(*shape, ENGINES)
     sim.answer_with = value_answer(values)
     sim.request(targets, reduce=op)
@@ -197,10 +207,12 @@ class Evil:
 
 def test_no_code_runs_in_the_tree(capsys):
     """A value that would run code when unpickled is refused, naming the engine."""
+
     def answer(eid, request):
         if eid == 1:
             return {"status": "ok"}, [pickle.dumps(("py", Evil()))]
         return {"status": "ok"}, serialize_object(engine_value(lambda: 2))
+
     sim = TreeSim(1, 2, [0, 1, 2])
     sim.answer_with = answer
     sim.request([0, 1, 2], reduce="sum")
@@ -211,16 +223,21 @@ def test_no_code_runs_in_the_tree(capsys):
     assert sim.pending_total() == 0
 
 
-@pytest.mark.parametrize("value, why", [
-    (("xx", "<f8", [1], False, None), "unknown kind 'xx'"),
-    (("nd", "<f8", [1], False, b"\0" * 8), "not one raw byte buffer"),
-])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (("xx", "<f8", [1], False, None), "unknown kind 'xx'"),
+        (("nd", "<f8", [1], False, b"\0" * 8), "not one raw byte buffer"),
+    ],
+)
 def test_malformed_engine_values_are_refused_by_name(value, why):
     """Checked by code, not ``assert`` (which ``python -O`` removes)."""
+
     def answer(eid, request):
         if eid == 1:
             return {"status": "ok"}, [pickle.dumps(value)]
         return {"status": "ok"}, serialize_object(engine_value(lambda: 2.0))
+
     sim = TreeSim(1, 2, [0, 1, 2])
     sim.answer_with = answer
     sim.request([0, 1, 2], reduce="sum")
@@ -235,6 +252,7 @@ def test_raised_engines_go_up_raw_and_others_still_combine():
         if eid == 3:
             return {"status": "error", "ename": "ZeroDivisionError", "evalue": "x", "traceback": []}, []
         return {"status": "ok"}, serialize_object(engine_value(lambda: eid))
+
     sim = TreeSim(2, 2, list(range(6)))
     sim.answer_with = answer
     sim.request(list(range(6)), reduce="sum")

@@ -13,9 +13,9 @@ import tempfile
 
 import psutil
 import pytest
+from cluster_util import at_gate, quiet_config, running_cluster, until
 
 import ipyparallel_broadcast as ipb
-from cluster_util import at_gate, quiet_config, running_cluster, until
 from ipyparallel_broadcast.engine import compose
 from ipyparallel_broadcast.engine.compose import host, limits
 from ipyparallel_broadcast.engine.compose.host import cluster_key
@@ -76,8 +76,9 @@ def region_threads(gate=None, share=None, parties=1):
         with threads() as m:
             inner = runtime().pools.get()[0]
         restored = runtime().pools.get()[0]
-    return dict(n=n, m=m, held=held, live=live, outer=outer, inner=inner, restored=restored,
-                after=runtime().pools.get()[0])
+    return dict(
+        n=n, m=m, held=held, live=live, outer=outer, inner=inner, restored=restored, after=runtime().pools.get()[0]
+    )
 
 
 def grown_threads(timeout=30):
@@ -174,8 +175,7 @@ def test_counting_regions_share_the_host(tmp_path):
         until(settled, what="a token each")
         open(gate, "w").close()
         both = ar.get(timeout=60)
-    until(lambda: not os.path.exists(host.host_path(key)), timeout=30,
-          what="the stopped cluster's lock files to go")
+    until(lambda: not os.path.exists(host.host_path(key)), timeout=30, what="the stopped cluster's lock files to go")
     assert seen["slot"] == 2 and seen["tokens"] == CORES
     assert [r["live"] for r in both] == [max(1, r["held"]) for r in both]
     assert sum(r["held"] for r in both) == seen["token"]
@@ -188,11 +188,9 @@ def test_tokens_return_when_a_holder_is_killed(tmp_path):
         pid = rc.broadcast_view(targets=[0]).apply_sync(os.getpid)[0]
         rc.broadcast_view(targets=[0]).apply_async(region_threads, gate)
         other = rc.broadcast_view(targets=[1])
-        until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == 0,
-              what="engine 0 to hold every token")
+        until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == 0, what="engine 0 to hold every token")
         os.kill(pid, signal.SIGKILL)
-        until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == CORES,
-              what="the tokens to come back")
+        until(lambda: other.apply_sync(compose.status)[0]["tokens"]["free"] == CORES, what="the tokens to come back")
         assert other.apply_sync(grown_threads)[0][1] == CORES
 
 
@@ -207,8 +205,10 @@ def test_engines_killed_together_leave_no_host_directory(fork):
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         for pid in pids:
-            until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-                  what=f"engine process {pid} to die")
+            until(
+                lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                what=f"engine process {pid} to die",
+            )
         assert os.path.isdir(path)  # nobody cleaned up
     assert not os.path.exists(path)
 
@@ -234,10 +234,23 @@ def test_the_view_switches_modes_and_regions_wrap_requests():
 def test_ipcluster_starts_our_engines_with_a_compose_mode():
     with tempfile.TemporaryDirectory() as profile_dir:
         started = subprocess.run(
-            [sys.executable, "-m", "ipyparallel.cluster", "start", "-n", "2", "--daemonize",
-             f"--profile-dir={profile_dir}", "--controller=broadcast", "--engines=broadcast",
-             "--BroadcastEngine.compose=counting", "--BroadcastEngine.compose_requests=True"],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "ipyparallel.cluster",
+                "start",
+                "-n",
+                "2",
+                "--daemonize",
+                f"--profile-dir={profile_dir}",
+                "--controller=broadcast",
+                "--engines=broadcast",
+                "--BroadcastEngine.compose=counting",
+                "--BroadcastEngine.compose_requests=True",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert started.returncode == 0, started.stderr
         try:
@@ -246,16 +259,18 @@ def test_ipcluster_starts_our_engines_with_a_compose_mode():
             out = rc.broadcast_view().apply_sync(compose.status)
             rc.close()
         finally:
-            subprocess.run([sys.executable, "-m", "ipyparallel.cluster", "stop",
-                            f"--profile-dir={profile_dir}"], capture_output=True, timeout=120)
+            subprocess.run(
+                [sys.executable, "-m", "ipyparallel.cluster", "stop", f"--profile-dir={profile_dir}"],
+                capture_output=True,
+                timeout=120,
+            )
     assert [(s["mode"], s["requests"], s["engines_on_host"]) for s in out] == [("counting", True, 2)] * 2
     assert sorted(s["rank"] for s in out) == [0, 1]
 
 
 def test_an_unknown_mode_is_refused_before_any_engine_starts():
     with tempfile.TemporaryDirectory() as profile_dir:
-        cluster = ipb.Cluster(n=2, profile_dir=profile_dir, compose="fast", config=quiet_config(),
-                              log_level=40)
+        cluster = ipb.Cluster(n=2, profile_dir=profile_dir, compose="fast", config=quiet_config(), log_level=40)
         try:
             with pytest.raises(compose.ComposeError, match="one of .*'fast'"):
                 cluster.start_cluster_sync()
@@ -270,17 +285,24 @@ def test_tbb_mode_is_refused_with_what_was_found():
     found = tbbmode.problems()
     assert found, "a working IPC TBB here? then this test must start engines under it"
     with tempfile.TemporaryDirectory() as profile_dir:
-        cluster = ipb.Cluster(n=1, profile_dir=profile_dir, compose="tbb", config=quiet_config(),
-                              log_level=40)
+        cluster = ipb.Cluster(n=1, profile_dir=profile_dir, compose="tbb", config=quiet_config(), log_level=40)
         try:
             with pytest.raises(compose.ComposeError, match="tbb mode is unavailable") as e:
                 cluster.start_cluster_sync()
             assert found[0] in str(e.value)
             # an engine started some other way refuses too, and says why
             out = subprocess.run(
-                [sys.executable, "-m", "ipyparallel_broadcast.engine", "--compose=tbb",
-                 f"--profile-dir={profile_dir}", f"--cluster-id={cluster.cluster_id}"],
-                capture_output=True, text=True, timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "ipyparallel_broadcast.engine",
+                    "--compose=tbb",
+                    f"--profile-dir={profile_dir}",
+                    f"--cluster-id={cluster.cluster_id}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
         finally:
             cluster.stop_cluster_sync()

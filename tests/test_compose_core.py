@@ -10,6 +10,7 @@ import time
 
 import numpy as np  # noqa: F401  (loads OpenBLAS, whose pool the regions set)
 import pytest
+from cluster_util import until
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,8 +19,6 @@ from ipyparallel_broadcast.engine.compose import limits as L
 from ipyparallel_broadcast.engine.compose.errors import ComposeError
 from ipyparallel_broadcast.engine.compose.runtime import Runtime
 from ipyparallel_broadcast.engine.compose.tokens import TokenPool
-
-from cluster_util import until
 
 pytestmark = pytest.mark.cluster
 
@@ -52,7 +51,8 @@ def holders(root):
     def start(key="k", tokens=0, busy=False, size=2):
         p = subprocess.Popen(
             [sys.executable, "-c", HOLDER, root, key, str(tokens), "1" if busy else "0", str(size)],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         procs.append(p)
         rank, got = map(int, p.stdout.readline().split())
@@ -161,8 +161,11 @@ def test_blocking_acquire_waits_for_a_token(root, holders):
     assert pool.acquire_blocking(1) == 1
 
 
-@given(cores=st.lists(st.integers(0, 255), min_size=1, max_size=64, unique=True),
-       engines=st.integers(1, 64), factor=st.sampled_from([1, 2]))
+@given(
+    cores=st.lists(st.integers(0, 255), min_size=1, max_size=64, unique=True),
+    engines=st.integers(1, 64),
+    factor=st.sampled_from([1, 2]),
+)
 def test_core_slices_share_cores_evenly(cores, engines, factor):
     width = max(1, len(cores) * factor // engines)
     slices = [L.core_slice(cores, r, width) for r in range(engines)]

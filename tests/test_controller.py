@@ -7,13 +7,12 @@ import subprocess
 import sys
 import tempfile
 
-import pytest
-
 import ipyparallel as ipp
+import pytest
+from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
 pytestmark = pytest.mark.cluster
 
@@ -21,7 +20,10 @@ pytestmark = pytest.mark.cluster
 def ipcluster(*args, **kwargs):
     return subprocess.run(
         [sys.executable, "-m", "ipyparallel.cluster", *args],
-        capture_output=True, text=True, timeout=120, **kwargs,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
     )
 
 
@@ -31,8 +33,13 @@ def test_ipcluster_start_with_config_flags_and_file():
         with open(os.path.join(profile_dir, "ipcluster_config.py"), "w") as f:
             f.write("c.BroadcastController.fanout = 3\nc.HeartMonitor.period = 250\n")
         started = ipcluster(
-            "start", "-n", "3", f"--profile-dir={profile_dir}", "--controller=broadcast",
-            "--BroadcastController.depth=2", "--daemonize",
+            "start",
+            "-n",
+            "3",
+            f"--profile-dir={profile_dir}",
+            "--controller=broadcast",
+            "--BroadcastController.depth=2",
+            "--daemonize",
         )
         assert started.returncode == 0, started.stderr
         try:
@@ -44,7 +51,9 @@ def test_ipcluster_start_with_config_flags_and_file():
             assert rc.broadcast_view().apply_sync(lambda: "hi") == ["hi"] * 3
             shown = subprocess.run(
                 [sys.executable, "-m", "ipyparallel_broadcast.launch.tree", f"--profile-dir={profile_dir}"],
-                capture_output=True, text=True, timeout=60,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             assert "depth=2 fanout=3" in shown.stdout and "engines [0]" in shown.stdout
             rc.close()
@@ -56,9 +65,16 @@ def test_ipcluster_start_with_config_flags_and_file():
 def test_bad_tree_config_is_refused():
     with tempfile.TemporaryDirectory() as profile_dir:
         out = subprocess.run(
-            [sys.executable, "-m", "ipyparallel_broadcast.controller",
-             f"--profile-dir={profile_dir}", "--BroadcastController.fanout=1"],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "ipyparallel_broadcast.controller",
+                f"--profile-dir={profile_dir}",
+                "--BroadcastController.fanout=1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert out.returncode != 0
         assert "fanout must be >= 2" in out.stderr

@@ -10,11 +10,10 @@ import time
 
 import psutil
 import pytest
+from cluster_util import running_cluster, settled_stats
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-
-from cluster_util import running_cluster, settled_stats
 
 pytestmark = pytest.mark.cluster
 

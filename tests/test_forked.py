@@ -7,11 +7,10 @@ import signal
 
 import psutil
 import pytest
+from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 from ipyparallel import error
 
 from ipyparallel_broadcast.engine import compose
-
-from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
 
 pytestmark = pytest.mark.cluster
 
@@ -71,8 +70,9 @@ def test_the_launcher_setting_forks_and_stop_leaves_no_process():
     config.BroadcastEngineSetLauncher.fork = True
     with running_cluster(2, 1, 2, config=config) as rc:
         pids = rc.broadcast_view().apply_sync(os.getpid)
-        family = [psutil.Process(pids[0]).ppid()] + pids + [
-            k.pid for p in pids for k in psutil.Process(p).children()]
-    until(lambda: not [p for p in family if psutil.pid_exists(p)
-                       and psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
-          timeout=30, what="the template, engines and nannies to exit")
+        family = [psutil.Process(pids[0]).ppid()] + pids + [k.pid for p in pids for k in psutil.Process(p).children()]
+    until(
+        lambda: not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
+        timeout=30,
+        what="the template, engines and nannies to exit",
+    )

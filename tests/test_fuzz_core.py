@@ -7,11 +7,10 @@ import random
 
 import pytest
 from jupyter_client.session import Session
+from treesim import TreeSim
 
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.topology import node_identity
-
-from treesim import TreeSim
 
 pytestmark = pytest.mark.pure
 
@@ -23,7 +22,7 @@ NONSENSE = [None, 0, -1, 2**70, 1.5, "x", "", [], {}, [1, 1], [-3], ["a"], [[0]]
 def valid_request(sim, targets, **extra):
     """Frames (route first) of a valid client request, as the sim builds them."""
     inner = sim.session.serialize(sim.session.msg("apply_request", content={}))[1:] + [b"payload"]
-    content = P.request_content("m-%d" % random.random(), targets, extra.pop("reply", P.COALESCE), **extra)
+    content = P.request_content(f"m-{random.random()}", targets, extra.pop("reply", P.COALESCE), **extra)
     return [b"client-1"] + sim.codec.pack(P.REQUEST, content, inner)
 
 
@@ -46,7 +45,9 @@ class Fuzzer:
 
     def request_content(self):
         content = dict(msg_id="m", targets=[0, 1], reply=P.COALESCE, req="r0")
-        for key in self.rng.sample(["msg_id", "targets", "reply", "req", "each", "batch", "reduce", "compat", "shm"], 2):
+        for key in self.rng.sample(
+            ["msg_id", "targets", "reply", "req", "each", "batch", "reduce", "compat", "shm"], 2
+        ):
             content[key] = self.rng.choice(NONSENSE + [P.STREAM, "sum", [2, None], [0, 1]])
         return content
 
@@ -75,8 +76,10 @@ class Fuzzer:
             return signed(sim.session, P.BUNDLE, content, md, [self.blob() for _ in range(rng.randrange(3))])
         if kind == 7:  # signed: a type nodes do not take, or control replies with nonsense
             msg_type = rng.choice(["apply_reply", "x", "", "shutdown_request", P.PONG, P.STATS_REPLY])
-            content = {k: rng.choice([v for v in NONSENSE if not isinstance(v, str)])
-                       for k in rng.sample(["boot", "req", "nodes", "msg_id"], 2)}
+            content = {
+                k: rng.choice([v for v in NONSENSE if not isinstance(v, str)])
+                for k in rng.sample(["boot", "req", "nodes", "msg_id"], 2)
+            }
             return signed(sim.session, msg_type, content)
         frames = signed(sim.session, P.REQUEST, {})  # huge frame in a signed message
         return frames + [self.blob(big=True)]
@@ -148,9 +151,17 @@ def test_every_request_field_is_validated():
     root = sim.nodes[()]
     base = dict(msg_id="m", targets=[0, 1], reply=P.COALESCE)
     bad = [
-        dict(targets=[0, 0]), dict(targets=[-1]), dict(targets="all"), dict(targets=[True]),
-        dict(reply="maybe"), dict(msg_id=5), dict(each=[1]), dict(each=[1, -1]),
-        dict(batch=[2, None]), dict(reduce="mean"), dict(reduce="sum", reply=P.STREAM),
+        dict(targets=[0, 0]),
+        dict(targets=[-1]),
+        dict(targets="all"),
+        dict(targets=[True]),
+        dict(reply="maybe"),
+        dict(msg_id=5),
+        dict(each=[1]),
+        dict(each=[1, -1]),
+        dict(batch=[2, None]),
+        dict(reduce="mean"),
+        dict(reduce="sum", reply=P.STREAM),
     ]
     for i, change in enumerate(bad):
         frames = [b"c"] + signed(sim.session, P.REQUEST, dict(base, **change))

@@ -37,8 +37,9 @@ def fake_gcloud(tmp_path):
 
 
 def run(script, *args, env=None, check=True):
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, check=check)
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=ROOT, env=env, text=True, capture_output=True, check=check
+    )
 
 
 def commands(stdout):
@@ -47,8 +48,23 @@ def commands(stdout):
 
 def test_gce_dry_run_prints_the_whole_lifecycle_and_runs_nothing(fake_gcloud):
     env, log = fake_gcloud
-    out = run(GCE, "--profile", "vm32", "--zone", "europe-west4-a", "--project", "p1", "--instance", "vm",
-              "--bucket", "gs://b/runs", "-b", "Farm", "--dry-run", env=env).stdout
+    out = run(
+        GCE,
+        "--profile",
+        "vm32",
+        "--zone",
+        "europe-west4-a",
+        "--project",
+        "p1",
+        "--instance",
+        "vm",
+        "--bucket",
+        "gs://b/runs",
+        "-b",
+        "Farm",
+        "--dry-run",
+        env=env,
+    ).stdout
     cmds = commands(out)
     assert not log.exists()  # nothing ran
     assert all(c[0] == "gcloud" for c in cmds)
@@ -69,16 +85,39 @@ def test_gce_dry_run_prints_the_whole_lifecycle_and_runs_nothing(fake_gcloud):
     assert {"--apt", "--mpi"} <= set(remote)  # a fresh VM: packages, limits, MPI
     assert back[-2].startswith("vm:ipb-bench/work/ipb-results-") and back[-2].endswith(".tar.gz")
     assert bucket[:3] == ["gcloud", "storage", "cp"] and bucket[-1] == "gs://b/runs/"
-    assert delete == ["gcloud", "compute", "instances", "delete", "vm", "--zone", "europe-west4-a",
-                      "--quiet", "--project", "p1"]
+    assert delete == [
+        "gcloud",
+        "compute",
+        "instances",
+        "delete",
+        "vm",
+        "--zone",
+        "europe-west4-a",
+        "--quiet",
+        "--project",
+        "p1",
+    ]
 
 
 @pytest.mark.parametrize("step", ["--command true", "remote-run.sh", "scp"])
 def test_the_vm_is_deleted_when_a_step_fails(fake_gcloud, step):
     env, log = fake_gcloud
     env = dict(env, FAIL_ON=step)
-    done = run(GCE, "--profile", "vm16", "--zone", "us-central1-a", "--instance", "vm",
-               "--ssh-attempts", "3", "--ssh-pause", "0", env=env, check=False)
+    done = run(
+        GCE,
+        "--profile",
+        "vm16",
+        "--zone",
+        "us-central1-a",
+        "--instance",
+        "vm",
+        "--ssh-attempts",
+        "3",
+        "--ssh-pause",
+        "0",
+        env=env,
+        check=False,
+    )
     calls = log.read_text().splitlines()
     assert done.returncode != 0
     assert calls[0].startswith("compute instances create vm")
@@ -95,8 +134,20 @@ def test_gce_keep_leaves_the_vm_and_says_how_to_delete_it(fake_gcloud):
 
 
 def test_ssh_dry_run_uses_port_key_and_options():
-    out = run(SSH, "bench@host.example", "--port", "2222", "--identity", "/k/id", "--ssh-option",
-              "StrictHostKeyChecking=no", "--profile", "vm64", "--quick", "--dry-run").stdout
+    out = run(
+        SSH,
+        "bench@host.example",
+        "--port",
+        "2222",
+        "--identity",
+        "/k/id",
+        "--ssh-option",
+        "StrictHostKeyChecking=no",
+        "--profile",
+        "vm64",
+        "--quick",
+        "--dry-run",
+    ).stdout
     cmds = commands(out)
     assert [c[0] for c in cmds] == ["ssh", "scp", "scp", "ssh", "scp"]
     for c in cmds:
@@ -112,8 +163,21 @@ def test_ssh_dry_run_uses_port_key_and_options():
 def test_every_gcloud_flag_exists_in_the_installed_cli(fake_gcloud):
     """Where the real gcloud is installed, its own help knows every flag we pass."""
     env, _ = fake_gcloud
-    out = run(GCE, "--profile", "vm96", "--zone", "z", "--project", "p", "--instance", "vm",
-              "--bucket", "gs://b", "--dry-run", env=env).stdout
+    out = run(
+        GCE,
+        "--profile",
+        "vm96",
+        "--zone",
+        "z",
+        "--project",
+        "p",
+        "--instance",
+        "vm",
+        "--bucket",
+        "gs://b",
+        "--dry-run",
+        env=env,
+    ).stdout
     seen = set()
     for cmd in commands(out):
         group = []
@@ -125,7 +189,11 @@ def test_every_gcloud_flag_exists_in_the_installed_cli(fake_gcloud):
         if group in seen:
             continue
         seen.add(group)
-        help_text = subprocess.run([shutil.which("gcloud"), *group, "--help"], capture_output=True,
-                                   text=True, env=dict(os.environ, CLOUDSDK_CORE_DISABLE_PROMPTS="1")).stdout
+        help_text = subprocess.run(
+            [shutil.which("gcloud"), *group, "--help"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, CLOUDSDK_CORE_DISABLE_PROMPTS="1"),
+        ).stdout
         for flag in (w for w in cmd if w.startswith("--")):
             assert flag in help_text, f"{' '.join(group)} has no {flag}"

@@ -10,17 +10,15 @@ import re
 import tempfile
 
 import pytest
-from IPython.utils.io import capture_output
+from cluster_util import quiet_config, running_cluster
 from ipyparallel import error
+from IPython.utils.io import capture_output
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.client.display.grouping import engine_ranges
 from ipyparallel_broadcast.tools.sim import SimEngines
 
-from cluster_util import quiet_config, running_cluster
-
 pytestmark = pytest.mark.cluster
-
 
 
 def real_engines(n):
@@ -107,7 +105,8 @@ def test_stdout_reads_per_engine_and_shows_grouped(rc):
     assert stdout[rc.ids.index(5)] == "x\n" and stdout.count("y\n") == len(rc.ids) - 1
     assert repr(stdout).splitlines()[1:] == [
         f" [stdout:{engine_ranges([e for e in rc.ids if e != 5])} ({len(rc.ids) - 1} engines)]: 'y\\n'",
-        " [stdout:5]: 'x\\n'>"]
+        " [stdout:5]: 'x\\n'>",
+    ]
 
 
 def test_displays_and_results_group_and_expand_shows_every_engine(shell, monkeypatch):

@@ -53,8 +53,7 @@ def test_outputs_are_the_list_and_group_only_above_the_threshold():
     texts = ["done\n"] * 511 + ["other\n"]
     many = G.Outputs(texts, range(512))
     assert many == texts and many[511] == "other\n"
-    assert repr(many).splitlines()[1:] == [" [stdout:0-510 (511 engines)]: 'done\\n'",
-                                           " [stdout:511]: 'other\\n'>"]
+    assert repr(many).splitlines()[1:] == [" [stdout:0-510 (511 engines)]: 'done\\n'", " [stdout:511]: 'other\\n'>"]
     page = many._repr_html_()
     assert page.count("<details") == 2 and "[stdout:0-510 (511 engines)]" in page
 
@@ -77,9 +76,13 @@ def test_distinct_errors_in_order_of_first_appearance_up_to_the_limit():
     evalues = [f"bad {i % 6}" for i in range(60)]
     e = G.GroupedCompositeError("m", elist(evalues, tb=None))
     heads = str(e).splitlines()[1:]
-    assert heads[:4] == [f"[{G.engine_ranges(range(k, 60, 6))}:apply] (10 engines) ZeroDivisionError: bad {k}"
-                         for k in range(4)]
-    assert heads[4] == f"... 2 more distinct errors, on engines {G.engine_ranges(set(range(4, 60, 6)) | set(range(5, 60, 6)))} ..."
+    assert heads[:4] == [
+        f"[{G.engine_ranges(range(k, 60, 6))}:apply] (10 engines) ZeroDivisionError: bad {k}" for k in range(4)
+    ]
+    assert (
+        heads[4]
+        == f"... 2 more distinct errors, on engines {G.engine_ranges(set(range(4, 60, 6)) | set(range(5, 60, 6)))} ..."
+    )
     assert "ZeroDivisionError: bad 3" in e.render_traceback()
 
 

@@ -40,7 +40,7 @@ class HistoryAgainstList(RuleBasedStateMachine):
     def tail_extends_another(self, start):
         other = CallHistory(["x"])
         other.extend(self.history.tail(start))
-        assert list(other) == ["x"] + self.ids[max(0, start):]
+        assert list(other) == ["x"] + self.ids[max(0, start) :]
 
     @precondition(lambda self: self.ids)
     @rule(data=st.data())
@@ -145,7 +145,7 @@ class BoundedHistoryAgainstList(HistoryAgainstList):
     def tail_extends_another(self, start):
         other = CallHistory(["x"])
         other.extend(self.history.tail(start))
-        assert list(other) == ["x"] + self.ids[max(self.kept_from(), start):]
+        assert list(other) == ["x"] + self.ids[max(self.kept_from(), start) :]
 
     @precondition(lambda self: self.ids)
     @rule(data=st.data())
@@ -163,7 +163,7 @@ class BoundedHistoryAgainstList(HistoryAgainstList):
     @rule(data=st.data())
     def contains(self, data):
         present = data.draw(st.sampled_from(self.ids))
-        assert (present in self.history) == (present in self.ids[self.kept_from():])
+        assert (present in self.history) == (present in self.ids[self.kept_from() :])
 
     @precondition(lambda self: False)
     @rule()

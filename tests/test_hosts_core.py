@@ -8,14 +8,12 @@ request crosses each host's link per call.
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ipyparallel.serialize import serialize_object
+from treesim import TreeSim, stock_request
 
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import Reduction, engine_value
-
-from treesim import TreeSim, stock_request
 
 pytestmark = pytest.mark.pure
 
@@ -36,8 +34,11 @@ def wait(sim, seconds):
 
 
 def requests_at(sim, key):
-    return [f for f in sim.node_inbox[key]
-            if sim.codec.unpack(P.split_idents(f)[1], content=False)["header"]["msg_type"] == P.REQUEST]
+    return [
+        f
+        for f in sim.node_inbox[key]
+        if sim.codec.unpack(P.split_idents(f)[1], content=False)["header"]["msg_type"] == P.REQUEST
+    ]
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2])
@@ -215,12 +216,12 @@ def test_stock_clients_are_served_through_host_relays(coalescing):
 def test_any_placement_of_engines_on_hosts_routes(depth, fanout, data):
     """Engines on hosts under any leaf, whatever their ids (an MPI rank, say):
     every target answered once, one request per host per call."""
-    n_leaves = fanout ** depth
-    placement = data.draw(st.lists(st.sampled_from(["direct", "a", "b", "c"]),
-                                   min_size=len(ENGINES), max_size=len(ENGINES)))
+    n_leaves = fanout**depth
+    placement = data.draw(
+        st.lists(st.sampled_from(["direct", "a", "b", "c"]), min_size=len(ENGINES), max_size=len(ENGINES))
+    )
     leaves = {h: data.draw(st.integers(0, n_leaves - 1)) for h in "abc"}
-    hosts = {h: (leaves[h], [e for e, p in zip(ENGINES, placement) if p == h])
-             for h in "abc" if h in placement}
+    hosts = {h: (leaves[h], [e for e, p in zip(ENGINES, placement) if p == h]) for h in "abc" if h in placement}
     sim = TreeSim(depth, fanout, ENGINES, hosts=hosts)
     targets = data.draw(st.lists(st.sampled_from(ENGINES), unique=True))
     stream = data.draw(st.booleans())

@@ -6,16 +6,28 @@ import os
 import tempfile
 
 import pytest
+from cluster_util import at_gate, quiet_config, running_cluster, until
 
 import ipyparallel_broadcast as ipb
-
-from cluster_util import at_gate, quiet_config, running_cluster, until
 
 pytestmark = pytest.mark.cluster
 
 N = 4
-FIELDS = ["msg_id", "engine_uuid", "client_uuid", "header", "content", "buffers", "submitted",
-          "started", "completed", "received", "result_header", "result_content", "stdout"]
+FIELDS = [
+    "msg_id",
+    "engine_uuid",
+    "client_uuid",
+    "header",
+    "content",
+    "buffers",
+    "submitted",
+    "started",
+    "completed",
+    "received",
+    "result_header",
+    "result_content",
+    "stdout",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +54,11 @@ def records(rc, msg_ids, n=None):
 
 
 def other_client(rc):
-    (path,) = [os.path.join(rc.test_profile_dir, "security", f)
-               for f in os.listdir(os.path.join(rc.test_profile_dir, "security")) if f.endswith("client.json")]
+    (path,) = [
+        os.path.join(rc.test_profile_dir, "security", f)
+        for f in os.listdir(os.path.join(rc.test_profile_dir, "security"))
+        if f.endswith("client.json")
+    ]
     return ipb.Client(path)
 
 

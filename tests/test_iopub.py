@@ -8,16 +8,15 @@ import os
 import signal
 import threading
 
+import ipyparallel as ipp
 import pytest
 import zmq
-import ipyparallel as ipp
+from cluster_util import running_cluster, until
 from jupyter_client.session import Session
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.controller.iopubrelay import HELLO_PREFIX, WELCOME, Hellos
 from ipyparallel_broadcast.tools.bench import chatter
-
-from cluster_util import running_cluster, until
 
 N = 4
 MODES = {"coalescing": True, "streaming": False, "batch2": ipb.Batch(2)}

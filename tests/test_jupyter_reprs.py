@@ -9,11 +9,10 @@ import os
 
 import numpy as np
 import pytest
+from cluster_util import skip_or_fail
 
 from ipyparallel_broadcast.client.display import reprs
 from ipyparallel_broadcast.tools import screenshot as shot
-
-from cluster_util import skip_or_fail
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +24,7 @@ CHIP, MARK = 20, 3  # pixels of a colour in one row: a chip is wide, a trace mar
 
 
 def rgb(colour: str) -> np.ndarray:
-    return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
 
 
 def bands(image: np.ndarray, colour: str, wide: int, tolerance: int = 3) -> list:
@@ -59,8 +58,13 @@ def rendered(tmp_path_factory):
 
 
 def html_outputs(nb) -> list:
-    return [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code"
-            for o in c.outputs if "text/html" in o.get("data", {})]
+    return [
+        o["data"]["text/html"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if "text/html" in o.get("data", {})
+    ]
 
 
 def test_every_repr_gave_jupyter_html(rendered):
@@ -74,8 +78,10 @@ def test_every_repr_gave_jupyter_html(rendered):
 def test_the_tree_is_drawn_in_its_order(rendered):
     _, image = rendered
     assert image.shape[:2] == (1800, 1000)
-    chips = sorted([(b, "relay") for b in bands(image, reprs.RELAY, CHIP)]
-                   + [(b, "engines") for b in bands(image, reprs.ENGINES, CHIP)])
+    chips = sorted(
+        [(b, "relay") for b in bands(image, reprs.RELAY, CHIP)]
+        + [(b, "engines") for b in bands(image, reprs.ENGINES, CHIP)]
+    )
     assert [kind for _, kind in chips[:5]] == ["relay", "relay", "engines", "relay", "engines"]
     assert len(bands(image, reprs.ENGINES, CHIP)) == 2  # one chip per leaf, nowhere else
 

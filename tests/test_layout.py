@@ -51,9 +51,11 @@ def test_no_class_grows_past_250_lines():
                 path = os.path.join(folder, name)
                 with open(path) as f:
                     tree = ast.parse(f.read())
-                big += [(os.path.relpath(path, top), node.name, node.end_lineno - node.lineno + 1)
-                        for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-                        and node.end_lineno - node.lineno + 1 > 250]
+                big += [
+                    (os.path.relpath(path, top), node.name, node.end_lineno - node.lineno + 1)
+                    for node in ast.walk(tree)
+                    if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250
+                ]
     assert big == []
 
 
@@ -63,14 +65,24 @@ def _written_imports():
     import json
     import re
 
-    pattern = re.compile(r"^\s*(?:from\s+(ipyparallel_broadcast[\w.]*)\s+import\s+([\w, ]+)"
-                         r"|import\s+(ipyparallel_broadcast[\w.]*))", re.M)
+    pattern = re.compile(
+        r"^\s*(?:from\s+(ipyparallel_broadcast[\w.]*)\s+import\s+([\w, ]+)"
+        r"|import\s+(ipyparallel_broadcast[\w.]*))",
+        re.M,
+    )
     places = ["README.md", "notebooks", "docs", "benchmarks", "gce-scripts"]
     for place in places:
         path = os.path.join(ROOT, place)
-        files = [path] if os.path.isfile(path) else [
-            os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs
-            if f.endswith((".py", ".md", ".rst", ".ipynb", ".sh"))]
+        files = (
+            [path]
+            if os.path.isfile(path)
+            else [
+                os.path.join(d, f)
+                for d, _, fs in os.walk(path)
+                for f in fs
+                if f.endswith((".py", ".md", ".rst", ".ipynb", ".sh"))
+            ]
+        )
         for name in sorted(files):
             with open(name, encoding="utf-8") as f:
                 text = f.read()
@@ -96,3 +108,16 @@ def test_every_written_import_of_the_package_resolves():
             broken.append(f"{where}: {module} {names or ''}: {e}")
     assert seen > 10
     assert broken == []
+
+
+def _tool(name):
+    found = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
+    assert found, f"{name} is a test dependency (pip install -e '.[test]')"
+    return found
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["check", "format"])
+def test_ruff_is_clean_on_the_whole_repository(command):
+    """The lint CI and pre-commit run (rules in ``pyproject.toml``)."""
+    done = subprocess.run([_tool("ruff"), *command, "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -3,10 +3,9 @@ waits on it fails at once with an error naming it, the rest of the request
 is delivered, no state is left, and later requests go through."""
 
 import pytest
+from treesim import TreeSim
 
 from ipyparallel_broadcast.wire import protocol as P
-
-from treesim import TreeSim
 
 pytestmark = pytest.mark.pure
 

@@ -11,17 +11,15 @@ import re
 import signal
 from contextlib import contextmanager
 
+import ipyparallel as ipp
 import numpy as np
 import pytest
-import ipyparallel as ipp
+from cluster_util import skip_or_fail, terminal_shell, until
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-
 from ipyparallel_broadcast.tools.bedcluster import BedCluster
 from ipyparallel_broadcast.tools.netbed import NetBed
-
-from cluster_util import skip_or_fail, terminal_shell, until
 
 pytestmark = pytest.mark.multihost
 
@@ -125,9 +123,13 @@ def test_outputs_errors_and_hub_records_through_host_relays(bed):
         ar.get(30)
     assert ar.stdout == ["hello\n"] * len(rc.ids)
     query = {"msg_id": {"$in": ar.msg_ids}}
-    until(lambda: len(rc.db_query(query, keys=["completed"])) == len(rc.ids)
-          and all(r["completed"] for r in rc.db_query(query, keys=["completed"])),
-          what="the hub to file every engine's result from the host bundles")
+    until(
+        lambda: (
+            len(rc.db_query(query, keys=["completed"])) == len(rc.ids)
+            and all(r["completed"] for r in rc.db_query(query, keys=["completed"]))
+        ),
+        what="the hub to file every engine's result from the host bundles",
+    )
 
 
 def test_a_traced_call_is_stamped_by_the_host_relays(bed):
@@ -173,8 +175,10 @@ def test_a_killed_host_relay_fails_its_engines_by_name_and_comes_back(bed, coale
             assert isinstance(r, error.RemoteError) and f"Host relay {label}" in str(r), r
         else:
             assert isinstance(r, int), r
-    until(lambda: relays(rc).get(label, {}).get("pid") not in (None, victim["pid"]),
-          what="the host's engines to start its relay again")
+    until(
+        lambda: relays(rc).get(label, {}).get("pid") not in (None, victim["pid"]),
+        what="the host's engines to start its relay again",
+    )
     until(lambda: relays(rc)[label]["engines"] == PER_HOST, what="the engines to be back")
     assert rc.broadcast_view(victim["eids"]).apply_sync(lambda: 5) == [5] * PER_HOST
 
@@ -214,8 +218,9 @@ def label_of(bed, host):
     import sys
 
     code = "from ipyparallel_broadcast.host.link import host_label; print(host_label())"
-    return subprocess.run(["ip", "netns", "exec", host.netns, sys.executable, "-c", code],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["ip", "netns", "exec", host.netns, sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @contextmanager
@@ -256,7 +261,7 @@ def test_a_big_push_on_slow_links_is_not_taken_for_a_dead_host_and_a_dead_host_s
 
 
 def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_once(bed):
-    rc, hosts = bed.rc, bed.bed.hosts
+    rc = bed.rc
     before = {s["node"]: s for s in rc.broadcast_stats()}
     data = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: 16 chunks of 512 KiB
     out = bed.bed.link_bytes(bed.bed.controller)[1]
@@ -266,8 +271,9 @@ def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_
     assert view.apply(_mapped_sum) == [(True, float(data.sum()))] * len(rc.ids)
     after = {s["node"]: s for s in rc.broadcast_stats()}
     same = {k: before[k] if before.get(k, {}).get("pid") == after[k].get("pid") else {} for k in after}
-    moved = {k: {f: after[k][f] - same[k].get(f, 0) for f in ("bulk_sent", "bulk_received", "bulk_forwarded")}
-             for k in after}  # a relay restarted by an earlier test counts from zero
+    moved = {
+        k: {f: after[k][f] - same[k].get(f, 0) for f in ("bulk_sent", "bulk_received", "bulk_forwarded")} for k in after
+    }  # a relay restarted by an earlier test counts from zero
     leaves = [k for k in after if not after[k].get("host") and moved[k]["bulk_sent"]]
     relays_moved = [moved[k] for k in after if after[k].get("host")]
     assert all(m["bulk_received"] == 16 for m in relays_moved)  # each host got each chunk once
@@ -330,6 +336,7 @@ def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_p
     bed.bed.set_link(host, True)
     # the relay hears they were dropped and tells them; they exit, and so does it
     until(lambda: not bed.bed.pids(host), what="the cut-off host's engines and relay to exit")
+
     def nothing_left():  # no request pending, and no leaf keeps the host
         nodes = rc.broadcast_stats()
         return all(n.get("pending") == 0 and label not in (n.get("hosts") or ()) for n in nodes)

@@ -10,10 +10,9 @@ import signal
 import time
 
 import pytest
+from cluster_util import at_gate, quiet_config, running_cluster, settled_stats, until
 from ipyparallel import error
 from traitlets.config import Config
-
-from cluster_util import at_gate, quiet_config, running_cluster, settled_stats, until
 
 pytestmark = pytest.mark.cluster
 
@@ -57,11 +56,13 @@ def check_outcomes(ar, lost, why):
 def serves_again(rc, view):
     """Later broadcasts reach every engine (engines reconnect to a restarted
     leaf by themselves, within zmq's reconnect interval)."""
+
     def ok():
         try:
             return len(view.apply_sync(os.getpid)) == 4
         except error.CompositeError:
             return False
+
     until(ok)
     assert all(n["pending"] == 0 for n in settled_stats(rc))
 
@@ -111,8 +112,9 @@ def test_restarts_are_logged_and_bounded():
         second = nodes(rc)["0"]["pid"]
         os.kill(second, signal.SIGKILL)
         until(lambda: "giving up" in controller_log(rc), what="the controller to give up")
-        restarts = re.findall(r"relay node 0 \(pid (\d+)\) exited with code -9; restarted as pid (\d+)",
-                              controller_log(rc))
+        restarts = re.findall(
+            r"relay node 0 \(pid (\d+)\) exited with code -9; restarted as pid (\d+)", controller_log(rc)
+        )
         assert restarts == [(str(first), str(second))]
         assert "relay node 0 exited (-9); restarted 1 times, giving up" in controller_log(rc)
         survey = nodes(rc)

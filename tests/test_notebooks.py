@@ -17,14 +17,14 @@ NOTEBOOKS = os.path.join(ROOT, "notebooks")
 def execute(name, timeout=300):
     path = os.path.join(NOTEBOOKS, name)
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}).execute()
     return nb
 
 
 def outputs(nb, kind="stream"):
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                   for o in c.outputs if o.output_type == kind)
+    return "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == kind
+    )
 
 
 @pytest.mark.parametrize("name", ["broadcast_demo.ipynb", "benchmark_results.ipynb", "live_tree.ipynb"])
@@ -48,7 +48,6 @@ def test_benchmark_results_plots_the_committed_results(monkeypatch, tmp_path):
     figure = tmp_path / "figure.png"
     monkeypatch.setenv("IPB_FIGURE", str(figure))
     nb = execute("benchmark_results.ipynb")
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
-              if "image/png" in o.get("data", {})]
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 3  # by engine count/depth/size for each machine, and the farm
     assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"

@@ -10,10 +10,9 @@ import time
 
 import pytest
 import zmq
+from cluster_util import at_gate, running_cluster, until
 from ipyparallel import error
 from jupyter_client.session import Session
-
-from cluster_util import at_gate, running_cluster, until
 
 pytestmark = pytest.mark.cluster
 
@@ -158,8 +157,10 @@ def test_outputs_reach_the_hub_records(rc):
     view = rc.broadcast_view()
     ar = view.apply_async(talk, 5)
     ar.get(timeout=20)
-    until(lambda: all(r.get("stdout") for r in rc.db_query(
-        {"msg_id": {"$in": ar.msg_ids}}, keys=["msg_id", "stdout"])), what="hub records")
+    until(
+        lambda: all(r.get("stdout") for r in rc.db_query({"msg_id": {"$in": ar.msg_ids}}, keys=["msg_id", "stdout"])),
+        what="hub records",
+    )
     records = rc.db_query({"msg_id": {"$in": ar.msg_ids}}, keys=["stdout", "stderr"])
     assert [(r["stdout"], r["stderr"]) for r in records] == [("out 5\n", "err 5\n")] * 3
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from cluster_util import running_cluster, until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ipyparallel.client.asyncresult import AsyncMapResult
 
-from cluster_util import running_cluster, until
 from ipyparallel_broadcast.client.paths import DIRECT, TREE, PathChooser
 from ipyparallel_broadcast.client.results import TreeAsyncMapResult
 
@@ -86,7 +86,7 @@ def test_auto_takes_both_paths_with_the_same_results():
             kinds.append(type(ar))
             assert np.array_equal(ar.get(), data)
             timed += 1  # each call is told once done (its callback may follow get())
-            until(lambda: sum(rc._paths.counts.values()) == timed, what="the call's time")
+            until(lambda timed=timed: sum(rc._paths.counts.values()) == timed, what="the call's time")
         assert kinds == [TreeAsyncMapResult] * 2 + [AsyncMapResult] * 2  # tree twice, then direct
         streaming = rc.broadcast_view(block=True, path="auto", coalescing=False)
         ar = streaming.gather("x", block=False)
@@ -95,9 +95,13 @@ def test_auto_takes_both_paths_with_the_same_results():
             view.scatter("x", data)
             assert view.map(lambda x: x * 2, range(20)) == [x * 2 for x in range(20)]
             assert np.array_equal(view.gather("x"), data)
-        until(lambda: {(kind.split()[0], path) for kind, *_, path in rc._paths.times}
-              == {(op, path) for op in ("scatter", "gather", "map") for path in (TREE, DIRECT)},
-              what="both paths of every operation timed")
+        until(
+            lambda: (
+                {(kind.split()[0], path) for kind, *_, path in rc._paths.times}
+                == {(op, path) for op in ("scatter", "gather", "map") for path in (TREE, DIRECT)}
+            ),
+            what="both paths of every operation timed",
+        )
         # fixed paths are taken every time, and not timed
         before = dict(rc._paths.counts)
         direct = rc.broadcast_view(block=True, path="direct")

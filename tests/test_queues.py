@@ -8,7 +8,6 @@ import os
 
 import pytest
 import zmq
-
 from cluster_util import running_cluster
 
 pytestmark = pytest.mark.cluster

@@ -1,6 +1,6 @@
 """The hub's record store for broadcasts, without a hub."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -11,7 +11,7 @@ from ipyparallel_broadcast.controller.records import BroadcastDictDB
 
 pytestmark = pytest.mark.pure
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def record(i, **extra):
@@ -80,23 +80,24 @@ class HubStandIn:
 
 
 def journal(db):
-    from ipyparallel_broadcast.wire import protocol as P
     from ipyparallel_broadcast.controller.records import BroadcastRecords
+    from ipyparallel_broadcast.wire import protocol as P
 
     hub = HubStandIn(db)
     records = BroadcastRecords(hub)
     order = []
     records.save_request = lambda idents, frames: order.append(("request", frames[0]))
     for topic in (P.INBCAST, P.OUTBCAST, P.OUTBUNDLE):  # the handlers, seen through our stand-in
-        hub.monitor_handlers[topic] = lambda idents, frames, t=topic: records._defer(
-            lambda i, f: order.append((t, f[0])), idents, frames)
+        hub.monitor_handlers[topic] = lambda idents, frames, t=topic: records.journal.defer(
+            lambda i, f: order.append((t, f[0])), idents, frames
+        )
     return hub, records, order
 
 
 @given(st.integers(1, 40), st.integers(1, 5))
 def test_copies_are_filed_in_order_when_asked_and_the_oldest_past_the_bound_are_dropped(n, limit):
-    from ipyparallel_broadcast.wire import protocol as P
     from ipyparallel_broadcast.controller.records import JOURNAL_FACTOR
+    from ipyparallel_broadcast.wire import protocol as P
 
     hub, records, order = journal(BroadcastDictDB(record_limit=limit))
     for i in range(n):
@@ -105,7 +106,7 @@ def test_copies_are_filed_in_order_when_asked_and_the_oldest_past_the_bound_are_
     hub.query_handlers["db_request"]("query")
     kept = min(n, JOURNAL_FACTOR * limit)
     assert [f for _, f in order] == [b"%d" % i for i in range(n - kept, n)]
-    assert records.dropped == n - kept and hub.asked == ["query"]
+    assert records.journal.dropped == n - kept and hub.asked == ["query"]
     hub.monitor_handlers[P.OUTBCAST]([P.OUTBCAST], [b"late"])
     hub.unregister_engine("engine gone")  # an unregistration files first, too
     assert order[-1] == (P.OUTBCAST, b"late") and hub.asked[-1] == "engine gone"
@@ -119,22 +120,22 @@ def test_another_store_gets_every_copy_filed_never_dropped():
     hub, records, order = journal(NoDB())
     for i in range(2000):
         hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE], [b"%d" % i])
-    assert len(order) + len(records.journal) == 2000 and records.dropped == 0
+    assert len(order) + len(records.journal) == 2000 and records.journal.dropped == 0
 
 
 def test_the_bound_counts_the_engine_outcomes_a_copy_carries():
     """A root's bundle copy is labelled with its engines' count: a few large
     calls fill the journal as many small ones do (the records they make)."""
-    from ipyparallel_broadcast.wire import protocol as P
     from ipyparallel_broadcast.controller.records import JOURNAL_FACTOR
+    from ipyparallel_broadcast.wire import protocol as P
 
     limit = 8
     hub, records, order = journal(BroadcastDictDB(record_limit=limit))
     per_call = 2 * limit
     for i in range(JOURNAL_FACTOR):  # each carries two limits' worth of records
         hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE, b"%d" % per_call], [b"%d" % i])
-    assert records.journal_outcomes <= JOURNAL_FACTOR * limit
-    assert len(records.journal) == JOURNAL_FACTOR // 2 and records.dropped == JOURNAL_FACTOR // 2
+    assert records.journal.outcomes <= JOURNAL_FACTOR * limit
+    assert len(records.journal) == JOURNAL_FACTOR // 2 and records.journal.dropped == JOURNAL_FACTOR // 2
     huge = JOURNAL_FACTOR * limit * 10
     hub.monitor_handlers[P.OUTBUNDLE]([P.OUTBUNDLE, b"%d" % huge], [b"huge"])
     assert [m[0] for _, _, m, _ in records.journal] == [b"huge"]  # the newest copy always stays

@@ -4,13 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jupyter_client.session import Session
+from treesim import TreeSim
 
+from ipyparallel_broadcast.relay.core import RelayNode
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.relay.core import RelayNode
 from ipyparallel_broadcast.wire.topology import TreeShape
-
-from treesim import TreeSim
 
 pytestmark = pytest.mark.pure
 
@@ -123,9 +122,12 @@ def test_forged_and_malformed_requests_are_dropped():
         [b"c"] + forger.pack(P.REQUEST, P.request_content("m", [0], P.COALESCE)),
     ]
     good = P.Codec(Session(key=b"secret"))
-    for content in ({"targets": "all"}, {"targets": [0, 0], "reply": "coalesce", "msg_id": "m"},
-                    {"targets": [-1], "reply": "coalesce", "msg_id": "m"},
-                    {"targets": [0], "reply": "sometimes", "msg_id": "m"}):
+    for content in (
+        {"targets": "all"},
+        {"targets": [0, 0], "reply": "coalesce", "msg_id": "m"},
+        {"targets": [-1], "reply": "coalesce", "msg_id": "m"},
+        {"targets": [0], "reply": "sometimes", "msg_id": "m"},
+    ):
         bad.append([b"c"] + good.pack(P.REQUEST, content))
     for frames in bad:
         assert node.on_up(frames) == []
@@ -206,7 +208,7 @@ def test_leaf_drops_badly_signed_engine_replies():
     sim.hold.update([0, 1])
     sim.request([0, 1])
     leaf = sim.nodes[()]
-    (_, frames), = sim.held[0]
+    ((_, frames),) = sim.held[0]
     idents, body = P.split_idents(frames[1:])
     reply = sim.session.msg("apply_reply", content={"status": "ok", "eid": 0})
     signed = sim.session.serialize(reply)[1:]
@@ -226,6 +228,7 @@ def test_tampered_replies_table_is_refused():
     sim.request([0, 1])
     (frames,) = sim.client_inbox
     _, body = P.split_idents(frames)
+
     def codec():  # a new one per message: each refuses replays
         return P.Codec(Session(key=b"secret"))
 
@@ -261,7 +264,8 @@ def test_interior_nodes_do_not_parse_results():
     (key,) = root.pending
     for digit in (0, 1):
         msg = sim.session.msg(
-            P.BUNDLE, content=b"opaque, not JSON",
+            P.BUNDLE,
+            content=b"opaque, not JSON",
             metadata=B.bundle_metadata(key, "m", "replies"),
         )
         frames = [b"ipb-node:%d" % digit] + sim.session.serialize(msg)

@@ -11,15 +11,14 @@ import time
 import psutil
 import pytest
 import zmq
+from cluster_util import running_cluster, settled_stats, until
 from ipyparallel import error
 from jupyter_client.session import Session
+from test_fuzz_core import Fuzzer
 from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.wire import protocol as P
-
-from cluster_util import running_cluster, settled_stats, until
-from test_fuzz_core import Fuzzer
 
 pytestmark = pytest.mark.cluster
 
@@ -132,7 +131,7 @@ def test_ten_thousand_broadcasts_leave_no_state_and_bounded_memory():
             view = views[r % 3]
             ars = [view.apply_async(sum, [r, i]) for i in range(per_round)]
             if r % 5 == 1:
-                rc.abort(ars[per_round // 2:])  # cancelled: engines answer "aborted"
+                rc.abort(ars[per_round // 2 :])  # cancelled: engines answer "aborted"
             if r == rounds // 2:
                 os.kill(pids[-1], signal.SIGKILL)  # dies with requests in flight
             if r % 2:
@@ -187,8 +186,10 @@ def test_curve_end_to_end_through_every_hop():
         assert view.reduce(lambda: 1, op="sum", block=True) == 4
         ar = view.apply_async(lambda: 3)
         ar.get(timeout=60)
-        until(lambda: len(rc.db_query({"msg_id": {"$in": ar.msg_ids}, "completed": {"$ne": None}},
-                                      keys=["msg_id"])) == 4, what="hub records over curve")
+        until(
+            lambda: len(rc.db_query({"msg_id": {"$in": ar.msg_ids}, "completed": {"$ne": None}}, keys=["msg_id"])) == 4,
+            what="hub records over curve",
+        )
         nodes = rc.broadcast_stats()
         session = Session(key=b"")
         ctx = zmq.Context()

@@ -7,15 +7,17 @@ import re
 import pytest
 
 from ipyparallel_broadcast.client.display import reprs
-from ipyparallel_broadcast.wire.topology import TreeShape
 from ipyparallel_broadcast.client.treeinfo import TreeLayout
+from ipyparallel_broadcast.wire.topology import TreeShape
 
 pytestmark = pytest.mark.pure
 
-NODES = [dict(node="root", pid=1, pending=0, parked=0, dropped=0, engines=None, rss=50 * 2**20, busy=0.5, cpu=1.0),
-         dict(node="0", pid=2, pending=1, parked=0, dropped=2, engines=3, rss=40 * 2**20, busy=0.2, cpu=0.4),
-         dict(node="1", error="timed out"),
-         dict(node="host a", host="a", eids=[6, 7], pending=0, dropped=0)]
+NODES = [
+    dict(node="root", pid=1, pending=0, parked=0, dropped=0, engines=None, rss=50 * 2**20, busy=0.5, cpu=1.0),
+    dict(node="0", pid=2, pending=1, parked=0, dropped=2, engines=3, rss=40 * 2**20, busy=0.2, cpu=0.4),
+    dict(node="1", error="timed out"),
+    dict(node="host a", host="a", eids=[6, 7], pending=0, dropped=0),
+]
 
 
 def chips(page, colour):
@@ -41,9 +43,17 @@ def test_the_stats_table_has_a_row_per_node_and_marks_trouble():
 
 
 def test_the_timeline_has_a_row_per_place_and_a_mark_per_event():
-    events = [dict(where=w, event=e, time=t, detail=None) for w, e, t in [
-        ("client", "request out", 100.000), ("root", "request in", 100.001), ("engine 0", "started", 100.003),
-        ("engine 1", "started", 100.004), ("root", "reply out", 100.006), ("client", "done", 100.008)]]
+    events = [
+        dict(where=w, event=e, time=t, detail=None)
+        for w, e, t in [
+            ("client", "request out", 100.000),
+            ("root", "request in", 100.001),
+            ("engine 0", "started", 100.003),
+            ("engine 1", "started", 100.004),
+            ("root", "reply out", 100.006),
+            ("client", "done", 100.008),
+        ]
+    ]
     svg = reprs.Trace(events)._repr_html_()
     assert re.findall(r"text-anchor='end'>([^<]*)<", svg)[:4] == ["client", "root", "engine 0", "engine 1"]
     assert svg.count("<circle") == len(events) and svg.count("stroke-width='6'") == 4

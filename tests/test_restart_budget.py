@@ -1,10 +1,9 @@
 """A relay node killed now and then is always restarted; one in a crash loop is given up on."""
 
 import pytest
+from cluster_util import Clock
 
 from ipyparallel_broadcast.controller.restarts import RestartBudget
-
-from cluster_util import Clock
 
 pytestmark = pytest.mark.pure
 

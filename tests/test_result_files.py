@@ -44,7 +44,10 @@ def test_result_file_names_its_command_and_a_clean_commit(path):
     script = COMMAND.fullmatch(command)
     assert script, f"{path.name}: {command!r} does not run a script under benchmarks/"
     assert COMMIT.fullmatch(commit), f"{path.name}: {commit!r} is not a commit without local changes"
-    if f"--out benchmarks/results/{path.name}" not in command and f"--json benchmarks/results/{path.name}" not in command:
+    if (
+        f"--out benchmarks/results/{path.name}" not in command
+        and f"--json benchmarks/results/{path.name}" not in command
+    ):
         pytest.fail(f"{path.name}: its command writes another file")
     if git("rev-parse", "--is-shallow-repository").stdout.strip() == "false":  # a full clone: check it
         shown = git("cat-file", "-e", f"{commit}:{script.group(1)}")

@@ -1,12 +1,11 @@
 """The client's watch on the root, without sockets."""
 
 import pytest
+from cluster_util import Clock
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ipyparallel_broadcast.client.rootwatch import LOST, RootWatch
-
-from cluster_util import Clock
 
 pytestmark = pytest.mark.pure
 

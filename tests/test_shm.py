@@ -9,11 +9,10 @@ import signal
 
 import numpy as np
 import pytest
+from cluster_util import arrive_and_hold, running_cluster, settled_stats, skip_or_fail, until
 from ipyparallel import interactive
 
 from ipyparallel_broadcast.host import shm
-
-from cluster_util import arrive_and_hold, running_cluster, settled_stats, skip_or_fail, until
 
 pytestmark = pytest.mark.cluster
 
@@ -56,8 +55,10 @@ def test_big_push_is_shared_once_per_host_and_private_per_engine(rc, coalescing)
     marks = view.apply(mark)
     assert len({m[0] for m in marks}) == 4 and all(m[1] == 1.0 for m in marks)
     after = {s["node"]: s for s in settled_stats(rc)}
-    grew = {node: {k: after[node][k] - before[node][k] for k in ("shm_segments", "shm_bytes", "shm_saved")}
-            for node in after}
+    grew = {
+        node: {k: after[node][k] - before[node][k] for k in ("shm_segments", "shm_bytes", "shm_saved")}
+        for node in after
+    }
     assert grew["root"] == dict(shm_segments=1, shm_bytes=data.nbytes, shm_saved=0)  # written once
     leaves = [node for node in after if node != "root"]
     assert len(leaves) == 2 and all(after[node]["shm_local"] == 2 for node in leaves)

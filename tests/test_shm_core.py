@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.host import shm
+from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure
 
@@ -73,8 +73,9 @@ def test_segments_are_private_to_the_user(store, tmp_path):
 
 def test_sweep_removes_only_dead_relays_segments(store, tmp_path):
     mine = store.put([(0, b"a")], readers=1)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     stale = tmp_path / f"ipb-shm-{os.getuid()}-{dead}-0123456789abcdef"
     stale.write_bytes(b"")
     other = tmp_path / "unrelated"

@@ -9,11 +9,10 @@ import time
 
 import psutil
 import pytest
+from cluster_util import quiet_config, until
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.tools.sim import SimEngines
-
-from cluster_util import quiet_config, until
 
 pytestmark = pytest.mark.cluster
 
@@ -23,8 +22,7 @@ N = 48
 @pytest.fixture(scope="module")
 def farm():
     with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
-        cluster = ipb.Cluster(n=0, depth=2, fanout=2, profile_dir=profile_dir,
-                              config=quiet_config(), log_level=40)
+        cluster = ipb.Cluster(n=0, depth=2, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()  # once the connection files are written
         (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
@@ -78,8 +76,7 @@ def test_simulated_hosts_each_run_a_host_relay():
     """``hosts=True``: each simulated process is a host with its own relay, on
     the same path as real engines on another host."""
     with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
-        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir,
-                              config=quiet_config(), log_level=40)
+        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()
         (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
@@ -97,5 +94,8 @@ def test_simulated_hosts_each_run_a_host_relay():
             sim.stop()
             cluster.stop_cluster_sync()
         # the last engine out stops its relay, though nobody is left to tell it
-        until(lambda: not any(psutil.pid_exists(n["pid"]) for n in relays), timeout=60,
-              what="the host relays to exit once their engines are gone")
+        until(
+            lambda: not any(psutil.pid_exists(n["pid"]) for n in relays),
+            timeout=60,
+            what="the host relays to exit once their engines are gone",
+        )

@@ -5,13 +5,11 @@ import glob
 import os
 import signal
 
+import ipyparallel as ipp
 import pytest
 import zmq
-
-import ipyparallel as ipp
-from ipyparallel import error, interactive
-
 from cluster_util import arrive_and_hold, arrived, running_cluster, until
+from ipyparallel import error, interactive
 
 pytestmark = pytest.mark.cluster
 
@@ -22,7 +20,7 @@ MODES = pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", 
 def stock():
     """A stock client of one of our clusters (3 engines, depth 1)."""
     with running_cluster(3, 1, 2) as rc:
-        url, = glob.glob(os.path.join(rc.test_profile_dir, "security", "ipcontroller-*client.json"))
+        (url,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "ipcontroller-*client.json"))
         client = ipp.Client(url)
         client._ipb_url = url
         client.wait_for_engines(3, timeout=60)
@@ -101,7 +99,7 @@ def test_an_engine_killed_mid_call(tmp_path):
     so the call fails as a whole with the EngineError (see the README); no
     hang either way, and the survivors serve on."""
     with running_cluster(3, 1, 2) as rc:
-        url, = glob.glob(os.path.join(rc.test_profile_dir, "security", "ipcontroller-*client.json"))
+        (url,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "ipcontroller-*client.json"))
         stock = ipp.Client(url)
         try:
             stock.wait_for_engines(3, timeout=60)
@@ -111,7 +109,10 @@ def test_an_engine_killed_mid_call(tmp_path):
                 folder = tmp_path / str(coalescing)
                 folder.mkdir()
                 ar = view.apply_async(arrive_and_hold, str(folder))
-                until(lambda: arrived(folder) == sorted(pids), what="every engine to run the call")
+                until(
+                    lambda folder=folder, pids=pids: arrived(folder) == sorted(pids),
+                    what="every engine to run the call",
+                )
                 victim = stock.ids[0]
                 os.kill(pids[0], signal.SIGKILL)
                 (folder / "go").touch()
@@ -124,7 +125,7 @@ def test_an_engine_killed_mid_call(tmp_path):
                     results = ar.get(timeout=60, return_exceptions=True)
                     assert isinstance(results[0], error.RemoteError) and results[0].ename == "EngineError"
                     assert results[1:] == pids[1:]
-                until(lambda: len(stock.ids) == len(pids) - 1, what="the hub to drop the killed engine")
+                until(lambda pids=pids: len(stock.ids) == len(pids) - 1, what="the hub to drop the killed engine")
                 assert stock.broadcast_view(is_coalescing=coalescing).apply_sync(os.getpid) == pids[1:]
         finally:
             stock.close()

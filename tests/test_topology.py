@@ -2,7 +2,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.wire.topology import ENGINE_MS, HOP_MS, TreeShape, auto_shape, balanced_id, modelled_ms, node_identity, node_name, render
+from ipyparallel_broadcast.wire.topology import (
+    ENGINE_MS,
+    HOP_MS,
+    TreeShape,
+    auto_shape,
+    balanced_id,
+    modelled_ms,
+    node_identity,
+    node_name,
+    render,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -120,6 +130,8 @@ def test_auto_shape_fits_and_more_cores_never_model_slower(n, cores, more):
     best = modelled_ms(shape, n, cores)
     assert best <= modelled_ms(TreeShape(0, 2), n, cores)  # never worse than a flat tree
     assert modelled_ms(auto_shape(n, cores + more), n, cores + more) <= best
+
+
 @given(st.integers(1, 5000), st.integers(1, 64), st.integers(0, 3), st.integers(2, 8))
 def test_auto_shape_keeps_what_is_fixed(n, cores, depth, fanout):
     assert auto_shape(n, cores, depth=depth).depth == depth
@@ -138,8 +150,8 @@ def test_auto_shape_follows_the_engine_count_and_the_cores():
 def test_auto_tree_serves_hosts_when_engines_are_behind_host_relays(hosts):
     """With engines on many hosts (one relay each), the controller-side leaves
     serve hosts: 'auto' sizes the tree for the hosts, not the engines."""
-    from ipyparallel_broadcast.engine.compose.host import cpu_count
     from ipyparallel_broadcast.controller.app import BroadcastController
+    from ipyparallel_broadcast.engine.compose.host import cpu_count
 
     controller = BroadcastController(depth="auto", fanout="auto", engines=4096, hosts=hosts)
     assert controller.shape == auto_shape(4096 if hosts == 1 else hosts, cpu_count())

@@ -2,10 +2,9 @@
 causal order, and the timeline can be shown and plotted."""
 
 import pytest
+from cluster_util import running_cluster
 
 from ipyparallel_broadcast.client.display import trace as T
-
-from cluster_util import running_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -39,21 +38,34 @@ def test_every_hop_stamps_a_traced_call_in_causal_order(rc, coalescing):
     layout = rc.broadcast_tree().leaves
     for leaf, eids in layout.items():
         node = f"node {leaf}"
-        down = [first(events, "client", "request out"), first(events, "root", "request in"),
-                first(events, "root", "request out"), first(events, node, "request in"),
-                first(events, node, "request out")]
+        down = [
+            first(events, "client", "request out"),
+            first(events, "root", "request in"),
+            first(events, "root", "request out"),
+            first(events, node, "request in"),
+            first(events, node, "request out"),
+        ]
         assert down == sorted(down)
         for eid in eids:
             engine = f"engine {eid}"
-            path = down + [first(events, engine, "received"), first(events, engine, "started"),
-                           first(events, engine, "finished")]
+            path = down + [
+                first(events, engine, "received"),
+                first(events, engine, "started"),
+                first(events, engine, "finished"),
+            ]
             assert all(b >= a - SLACK for a, b in zip(path, path[1:]))
-            replied = [e["time"] for e in events if e["where"] == node and e["event"] == "reply in"
-                       and e["detail"] == engine]
+            replied = [
+                e["time"] for e in events if e["where"] == node and e["event"] == "reply in" and e["detail"] == engine
+            ]
             assert len(replied) == 1 and replied[0] >= path[-1] - SLACK
-        up = [last(events, node, "reply in"), last(events, node, "reply out"),
-              last(events, "root", "reply in"), last(events, "root", "reply out"),
-              last(events, "client", "reply in"), last(events, "client", "done")]
+        up = [
+            last(events, node, "reply in"),
+            last(events, node, "reply out"),
+            last(events, "root", "reply in"),
+            last(events, "root", "reply out"),
+            last(events, "client", "reply in"),
+            last(events, "client", "done"),
+        ]
         assert up == sorted(up)
     # coalescing: one message at the client; batch(2): one per leaf; streaming: one per
     # engine at most (replies a relay reads together go up together)
@@ -69,7 +81,7 @@ def test_untraced_calls_have_no_trace_and_cost_no_stamps(rc):
     ar = view.apply_async(lambda: 2)
     assert ar.get(30) == [2] * N
     with pytest.raises(KeyError, match="not traced"):
-        ar.trace
+        _ = ar.trace
     assert all(n["trace"] == [] for n in rc.broadcast_stats(trace=ar._children[0].broadcast_id))
     with view.temp_flags(trace=True):  # a flag, for one call
         traced = view.apply_async(lambda: 3)

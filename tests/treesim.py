@@ -10,13 +10,12 @@ from collections import deque
 
 from jupyter_client.session import Session
 
+from ipyparallel_broadcast.relay.bulk import BULK
+from ipyparallel_broadcast.relay.core import RelayNode
+from ipyparallel_broadcast.relay.events import DOWN, HUB, JOINED, UP
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.relay.core import RelayNode
-from ipyparallel_broadcast.relay.bulk import BULK
-from ipyparallel_broadcast.relay.events import DOWN, HUB, JOINED, UP
-from ipyparallel_broadcast.wire.topology import HOST_PREFIX, host_ident
-from ipyparallel_broadcast.wire.topology import TreeShape, node_identity
+from ipyparallel_broadcast.wire.topology import HOST_PREFIX, TreeShape, host_ident, node_identity
 
 
 def engine_uuid(eid: int) -> str:
@@ -48,9 +47,7 @@ class TreeSim:
         self.hub_engines = dict(self.engines)
         for path, node in self.nodes.items():
             if node.is_leaf:
-                node.on_registry(
-                    {e: u for e, u in self.engines.items() if self.shape.serves(path, e)}
-                )
+                node.on_registry({e: u for e, u in self.engines.items() if self.shape.serves(path, e)})
         self.client_inbox = []  # frames the root sent up
         self.engine_inbox = {eid: [] for eid in engine_ids}  # requests engines got
         self.held = {}  # eid -> requests an engine has not answered (hold=True)
@@ -67,8 +64,9 @@ class TreeSim:
         """A host relay comes up under a leaf, and its engines join it."""
         key = ("h", label)
         leaf = self.host_leaf[key] = self.shape.leaf_path(leaf_index)
-        node = self.nodes[key] = RelayNode(P.Codec(Session(key=self.key)), self.shape, leaf,
-                                           clock=lambda: self.now, host=label, bulk=self.bulk)
+        node = self.nodes[key] = RelayNode(
+            P.Codec(Session(key=self.key)), self.shape, leaf, clock=lambda: self.now, host=label, bulk=self.bulk
+        )
         node.inflight.coalesce = self.coalesce
         if self.bulk is not None:
             node.bulk_url = f"tcp://{label}:5555"
@@ -88,8 +86,10 @@ class TreeSim:
     def drain(self):
         """Every node's shell has read all that waited: held outcomes go up,
         deepest nodes first (host relays, then by depth)."""
+
         def depth(key):
             return -(len(self.host_leaf[key]) + 1) if key in self.host_leaf else -len(key)
+
         for path in sorted(self.nodes, key=depth):
             self._run(self.nodes[path], self.nodes[path].on_drained(), path)
 
@@ -110,9 +110,7 @@ class TreeSim:
         ``extra``: more request fields (``batch``, ``reduce``)."""
         inner_msg = self.session.msg("apply_request", content={}, metadata={})
         inner = inner or self.session.serialize(inner_msg)[1:] + [b"payload"]
-        content = P.request_content(
-            inner_msg["header"]["msg_id"], targets, P.STREAM if stream else P.COALESCE, **extra
-        )
+        content = P.request_content(inner_msg["header"]["msg_id"], targets, P.STREAM if stream else P.COALESCE, **extra)
         if each is not None:
             content["each"] = [len(b) for b in each]
             inner = inner + [b for own in each for b in own]
@@ -222,7 +220,7 @@ class TreeSim:
             elif send.socket == JOINED:
                 self.joined.extend((path, who) for who in send.frames)
             elif send.socket == DOWN and node.is_leaf and P.as_bytes(send.frames[0]).startswith(HOST_PREFIX):
-                host = ("h", P.as_bytes(send.frames[0])[len(HOST_PREFIX):].decode())
+                host = ("h", P.as_bytes(send.frames[0])[len(HOST_PREFIX) :].decode())
                 if self.down_nodes.get(host) == "dead":  # the shell's EHOSTUNREACH
                     self.queue.extend((path, s) for s in node.on_child_lost(send.frames[0], "is down"))
                     continue
@@ -245,9 +243,7 @@ class TreeSim:
                     self.queue.extend((child, s) for s in self.nodes[child].on_up(send.frames[1:]))
             elif send.socket == HUB:
                 self.hub_lookups += 1
-                table = {
-                    e: u for e, u in self.hub_engines.items() if self.shape.serves(path, e)
-                }
+                table = {e: u for e, u in self.hub_engines.items() if self.shape.serves(path, e)}
                 self.queue.extend((path, s) for s in node.on_registry(table))
 
     def pending_total(self):

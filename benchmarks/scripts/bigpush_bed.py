@@ -25,10 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
-import signal
 import textwrap
 from contextlib import ExitStack
 
@@ -124,8 +124,13 @@ class Driver:
     """The client, in the controller's namespace, one step per call."""
 
     def __init__(self, bed, address: str, system: str, n: int):
-        self.proc = bed.popen(bed.controller, [sys.executable, "-c", DRIVER, address, system, str(n)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = bed.popen(
+            bed.controller,
+            [sys.executable, "-c", DRIVER, address, system, str(n)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.views = json.loads(self.proc.stdout.readline())
 
     def __call__(self, name, what, size=0) -> float:
@@ -149,13 +154,45 @@ def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int) -> s
         # the active memory manager (on by default) drops the replicas that
         # scatter(broadcast=True) makes while it is still making them: the push livelocks
         env = dict(os.environ, DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START="False")
-        procs = [bed.popen(bed.controller, [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
-                                            bed.controller.addr, "--port", str(port), "--no-dashboard"],
-                           stdout=log, stderr=log, env=env)]
-        procs += [bed.popen(h, [sys.executable, "-m", "distributed.cli.dask_worker",
-                                f"tcp://{bed.controller.addr}:{port}", "--nworkers", str(per_host),
-                                "--nthreads", "1", "--no-dashboard", "--host", h.addr],
-                            stdout=log, stderr=log) for h in bed.hosts]
+        procs = [
+            bed.popen(
+                bed.controller,
+                [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_scheduler",
+                    "--host",
+                    bed.controller.addr,
+                    "--port",
+                    str(port),
+                    "--no-dashboard",
+                ],
+                stdout=log,
+                stderr=log,
+                env=env,
+            )
+        ]
+        procs += [
+            bed.popen(
+                h,
+                [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    f"tcp://{bed.controller.addr}:{port}",
+                    "--nworkers",
+                    str(per_host),
+                    "--nthreads",
+                    "1",
+                    "--no-dashboard",
+                    "--host",
+                    h.addr,
+                ],
+                stdout=log,
+                stderr=log,
+            )
+            for h in bed.hosts
+        ]
         for p in procs:  # each leads its own process group: its workers go too
             stack.callback(p.wait)
             stack.callback(os.killpg, p.pid, signal.SIGKILL)
@@ -188,8 +225,12 @@ def measure_system(args, system: str, hosts: int) -> dict:
                         out.append((bed.link_bytes(bed.controller)[1] - start_out) / size)
                         mem.append(max(pss(bed.pids(h)) - m for h, m in zip(bed.hosts, start_mem)) / size)
                         drive(name, "drop")
-                    rows[name, hosts, mib] = dict(push=statistics.median(times), each=times,
-                                           out=statistics.median(out), mem=statistics.median(mem))
+                    rows[name, hosts, mib] = dict(
+                        push=statistics.median(times),
+                        each=times,
+                        out=statistics.median(out),
+                        mem=statistics.median(mem),
+                    )
                 echoes = [drive(name, "echo") for _ in range(20)]
                 rows[name, hosts, "echo"] = statistics.median(echoes)
         finally:
@@ -222,7 +263,8 @@ def main(argv=None):
         f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
         f"every link capped at {args.rate} each way (tbf). Ours: depth 0 (the root is the leaf), a relay "
         f"per engine host, big buffers in pipelined chunks host to host (star: "
-        f"host_chunks off, one whole copy from the leaf to each host); stock: depth 1 (its depth-0 broadcast scheduler never answered on the bed). "
+        f"host_chunks off, one whole copy from the leaf to each host); "
+        f"stock: depth 1 (its depth-0 broadcast scheduler never answered on the bed). "
         f"Medians of {args.reps} pushes of a float64 array of M bytes; every engine then reads it all.",
         "Floor: M/B, one copy over one link. Out: bytes that left the controller host, in M. "
         "Host memory: PSS gained by the busiest engine host, in M.",
@@ -238,19 +280,33 @@ def main(argv=None):
                 r = rows[name, hosts, mib]
                 floor = (mib << 20) / rate
                 table.append(dict(system=name, hosts=hosts, mib=mib, floor=floor, **r))
-                lines.append(f"| {name} | {hosts} | {mib} MiB | {r['push']:.2f} | "
-                             f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['push'] / floor:.1f} | "
-                             f"{r['out']:.2f} | {r['mem']:.2f} |")
+                lines.append(
+                    f"| {name} | {hosts} | {mib} MiB | {r['push']:.2f} | "
+                    f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['push'] / floor:.1f} | "
+                    f"{r['out']:.2f} | {r['mem']:.2f} |"
+                )
     lines += ["", "| system | hosts | 1 kB echo (ms, median of 20) |", "|---|---:|---:|"]
-    lines += [f"| {name} | {hosts} | {1e3 * rows[name, hosts, 'echo']:.1f} |" for name in names for hosts in host_counts]
+    lines += [
+        f"| {name} | {hosts} | {1e3 * rows[name, hosts, 'echo']:.1f} |" for name in names for hosts in host_counts
+    ]
     text = report("bigpush_bed.py", argv, f"Big pushes across {args.hosts} hosts at {args.rate}", lines, args.out)
     if args.json:
         from report import STARTED_AT, command
 
         echo = [dict(system=n, hosts=h, seconds=rows[n, h, "echo"]) for n in names for h in host_counts]
         with open(args.json, "w") as f:
-            json.dump(dict(command=command("bigpush_bed.py", argv), commit=STARTED_AT, rate=args.rate,
-                           per_host=args.per_host, rows=table, echo=echo), f, indent=1)
+            json.dump(
+                dict(
+                    command=command("bigpush_bed.py", argv),
+                    commit=STARTED_AT,
+                    rate=args.rate,
+                    per_host=args.per_host,
+                    rows=table,
+                    echo=echo,
+                ),
+                f,
+                indent=1,
+            )
     return text
 
 

@@ -97,19 +97,22 @@ def main(argv=None):
         for (depth, fanout), ms in measured.items():
             shape = TreeShape(depth, fanout)
             marks = ("auto" if shape == pick else "") + (" fastest" if (depth, fanout) == best else "")
-            lines.append(f"| {n} | d{depth} f{fanout} | {ms:.1f} | "
-                         f"{modelled_ms(shape, n, cores):.1f} | {marks.strip()} |")
+            lines.append(
+                f"| {n} | d{depth} f{fanout} | {ms:.1f} | {modelled_ms(shape, n, cores):.1f} | {marks.strip()} |"
+            )
         picked = measured.get((pick.depth, pick.fanout))
         if picked is None:
-            lines.append(f"| {n} | d{pick.depth} f{pick.fanout} | - | "
-                         f"{modelled_ms(pick, n, cores):.1f} | auto (not swept) |")
+            lines.append(
+                f"| {n} | d{pick.depth} f{pick.fanout} | - | {modelled_ms(pick, n, cores):.1f} | auto (not swept) |"
+            )
             verdicts.append(f"- {n} engines: auto picks d{pick.depth} f{pick.fanout}, not swept.")
         else:
             verdicts.append(
                 f"- {n} engines: auto picks d{pick.depth} f{pick.fanout} ({picked:.1f} ms), the fastest "
                 f"is d{best[0]} f{best[1]} ({measured[best]:.1f} ms): auto is "
                 f"{100 * (picked / measured[best] - 1):.0f}% behind; the swept shapes span "
-                f"{min(measured.values()):.1f}-{max(measured.values()):.1f} ms.")
+                f"{min(measured.values()):.1f}-{max(measured.values()):.1f} ms."
+            )
     lines += ["", "Auto against the sweep:", "", *verdicts]
     report("calibrate_shape.py", argv, "Tree shape 'auto': costs and picks", lines, args.out)
 

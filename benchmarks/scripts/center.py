@@ -34,8 +34,8 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.tools import bench  # noqa: E402
 from ipyparallel_broadcast.client.guard import contained  # noqa: E402
+from ipyparallel_broadcast.tools import bench  # noqa: E402
 from ipyparallel_broadcast.tools.farm import REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
 
 
@@ -76,9 +76,11 @@ def controller_groups(rc, controller: psutil.Process, ours: bool) -> dict:
     """The controller's processes by role: hub, relay nodes, the rest."""
     children = controller.children(recursive=True)
     nodes = {n["pid"] for n in rc.broadcast_stats()} if ours else set()
-    return {"hub": [controller],
-            "relay nodes": [p for p in children if p.pid in nodes],
-            "other controller": [p for p in children if p.pid not in nodes]}
+    return {
+        "hub": [controller],
+        "relay nodes": [p for p in children if p.pid in nodes],
+        "other controller": [p for p in children if p.pid not in nodes],
+    }
 
 
 def client_profile(rc, view, calls: int, top: int = 12) -> str:
@@ -108,7 +110,7 @@ def client_profile(rc, view, calls: int, top: int = 12) -> str:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     text = out.getvalue()
-    return text[text.index("ncalls"):] if "ncalls" in text else text
+    return text[text.index("ncalls") :] if "ncalls" in text else text
 
 
 def measure_ours(n, args, lines):
@@ -119,11 +121,19 @@ def measure_ours(n, args, lines):
         for _ in range(3):
             t_echo(coalesced), t_echo(streamed)
         rates = meter.idle(args.idle)
-        rows = {"ours coalescing": meter.per_call(lambda: t_echo(coalesced), args.calls),
-                "ours streaming": meter.per_call(lambda: t_echo(streamed), args.calls)}
+        rows = {
+            "ours coalescing": meter.per_call(lambda: t_echo(coalesced), args.calls),
+            "ours streaming": meter.per_call(lambda: t_echo(streamed), args.calls),
+        }
         if args.profile:
-            lines += [f"client profile, N={n}, {args.calls} coalesced calls (cProfile, tottime):", "",
-                      "```", client_profile(rc, coalesced, args.calls).rstrip(), "```", ""]
+            lines += [
+                f"client profile, N={n}, {args.calls} coalesced calls (cProfile, tottime):",
+                "",
+                "```",
+                client_profile(rc, coalesced, args.calls).rstrip(),
+                "```",
+                "",
+            ]
         return rows, rates
 
 
@@ -154,11 +164,17 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true", help="add a cProfile of the client's reply handling")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    lines = [__doc__.split("\n\n")[2].strip().replace("\n", " "), "",
-             f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}; "
-             f"ms per call: round trip (median), then CPU net of idle.", ""]
-    table = ["| engines | view | " + " | ".join(COLS) + " | center CPU | center per engine (µs) |",
-             "|---:|---|" + "---:|" * (len(COLS) + 2)]
+    lines = [
+        __doc__.split("\n\n")[2].strip().replace("\n", " "),
+        "",
+        f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}; "
+        f"ms per call: round trip (median), then CPU net of idle.",
+        "",
+    ]
+    table = [
+        "| engines | view | " + " | ".join(COLS) + " | center CPU | center per engine (µs) |",
+        "|---:|---|" + "---:|" * (len(COLS) + 2),
+    ]
     idle = ["| engines | cluster | " + " | ".join(c for c in COLS[1:]) + " |", "|---:|---|" + "---:|" * 5]
     centers = {}
     for n in args.engines:
@@ -171,15 +187,19 @@ def main(argv=None):
         for view, r in results.items():
             center = sum(r[c] for c in ("client", "hub", "relay nodes", "other controller"))
             centers[n, view] = center
-            table.append(f"| {n} | {view} | " + " | ".join(f"{r[c]:.1f}" for c in COLS)
-                         + f" | {center:.1f} | {1e3 * center / n:.1f} |")
+            table.append(
+                f"| {n} | {view} | "
+                + " | ".join(f"{r[c]:.1f}" for c in COLS)
+                + f" | {center:.1f} | {1e3 * center / n:.1f} |"
+            )
         print("\n".join(table), flush=True)
     lines += table + ["", "idle CPU (share of one core):", ""] + idle + [""]
     if len(args.engines) > 1:
         lo, hi = min(args.engines), max(args.engines)
         for view in ("ours coalescing", "ours streaming"):
-            lines.append(f"- center CPU growth {lo} → {hi} engines, {view}: "
-                         f"{centers[hi, view] / centers[lo, view]:.2f}×")
+            lines.append(
+                f"- center CPU growth {lo} → {hi} engines, {view}: {centers[hi, view] / centers[lo, view]:.2f}×"
+            )
     for n in args.engines:
         ours = centers[n, "ours coalescing"]
         for view in ("DirectView", "ipp BroadcastView coalescing"):

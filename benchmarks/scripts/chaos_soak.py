@@ -23,44 +23,79 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import command, commit, report  # noqa: E402
 
-from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run  # noqa: E402
 from ipyparallel_broadcast.tools.chaos.nemesis import FAULTS  # noqa: E402
+from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run  # noqa: E402
 
 
 def tables(result, args) -> list:
     v = result["verdict"]
     faults = collections.Counter(kind for _, kind, detail in result["faults"] if not detail.startswith("skipped"))
     skipped = sum(detail.startswith("skipped") for _, _, detail in result["faults"])
-    lines = [f"Bed: {args.hosts} hosts x {args.engines} real engines (network namespaces, links at 200 Mbit/s), "
-             f"{args.sim_hosts} simulated hosts x {args.sim_engines} engines: {result['engines']} engines; "
-             f"{args.clients} clients for {args.seconds:g} s; faults at {args.rate:g}/s; "
-             f"every call must end within {args.bound:g} s.", "",
-             "## Faults injected", "", "| fault | times |", "|---|---|"]
+    lines = [
+        f"Bed: {args.hosts} hosts x {args.engines} real engines (network namespaces, links at 200 Mbit/s), "
+        f"{args.sim_hosts} simulated hosts x {args.sim_engines} engines: {result['engines']} engines; "
+        f"{args.clients} clients for {args.seconds:g} s; faults at {args.rate:g}/s; "
+        f"every call must end within {args.bound:g} s.",
+        "",
+        "## Faults injected",
+        "",
+        "| fault | times |",
+        "|---|---|",
+    ]
     lines += [f"| {kind} | {faults[kind]} |" for kind in FAULTS if faults[kind]]
-    lines += [f"| **all** | **{sum(faults.values())}** ({skipped} more found no target) |", "",
-              "## Calls", "", "| operation | ended ok | ended, some engines failed | hung | refused at send |",
-              "|---|---|---|---|---|"]
+    lines += [
+        f"| **all** | **{sum(faults.values())}** ({skipped} more found no target) |",
+        "",
+        "## Calls",
+        "",
+        "| operation | ended ok | ended, some engines failed | hung | refused at send |",
+        "|---|---|---|---|---|",
+    ]
     for op, c in sorted(v.by_op.items()):
         lines.append(f"| {op} | {c['ok']} | {c['failed']} | {c['hung']} | {c['refused']} |")
     s = v.summary()
-    lines += ["", "## Checker", "", "| what | count |", "|---|---|",
-              f"| calls made | {s['calls']} |", f"| executions logged on engines | {s['executions']} |",
-              f"| hung (not ended within the bound) | {s['hung']} |", f"| lost (a target with no outcome) | {s['lost']} |",
-              f"| errors not naming their engine | {s['unnamed']} |",
-              f"| results of another call or client | {s['wrong']} |", f"| executed twice on one engine | {s['twice']} |",
-              f"| outputs named missing | {s['output_missing']} |", "",
-              "## Engine errors by cause", "", "| cause | engine outcomes |", "|---|---|"]
+    lines += [
+        "",
+        "## Checker",
+        "",
+        "| what | count |",
+        "|---|---|",
+        f"| calls made | {s['calls']} |",
+        f"| executions logged on engines | {s['executions']} |",
+        f"| hung (not ended within the bound) | {s['hung']} |",
+        f"| lost (a target with no outcome) | {s['lost']} |",
+        f"| errors not naming their engine | {s['unnamed']} |",
+        f"| results of another call or client | {s['wrong']} |",
+        f"| executed twice on one engine | {s['twice']} |",
+        f"| outputs named missing | {s['output_missing']} |",
+        "",
+        "## Engine errors by cause",
+        "",
+        "| cause | engine outcomes |",
+        "|---|---|",
+    ]
     lines += [f"| {cause} | {n} |" for cause, n in v.errors_by_cause.most_common()]
     bad = {k: x for k, x in result["after"].items() if x != "ok"}
-    lines += ["", "## Afterwards", "",
-              "Every killed engine and simulated host replaced and registered, the dead unregistered: "
-              + ("yes." if result.get("settled") == "ok" else f"no ({result.get('settled')})."), "",
-              f"Every operation in every reply mode on all {result['engines']} engines from a new client: "
-              + ("all ok." if not bad else f"{len(bad)} failed: {bad}")]
+    lines += [
+        "",
+        "## Afterwards",
+        "",
+        "Every killed engine and simulated host replaced and registered, the dead unregistered: "
+        + ("yes." if result.get("settled") == "ok" else f"no ({result.get('settled')})."),
+        "",
+        f"Every operation in every reply mode on all {result['engines']} engines from a new client: "
+        + ("all ok." if not bad else f"{len(bad)} failed: {bad}"),
+    ]
     for h in v.hung:
         lines.append(f"- hung: {h}")
     if v.wrong:
-        lines += ["", "## Results not the call's own", "", "(client, call, operation, mode, targets, engine, what came)", ""]
+        lines += [
+            "",
+            "## Results not the call's own",
+            "",
+            "(client, call, operation, mode, targets, engine, what came)",
+            "",
+        ]
         lines += [f"- {w}" for w in v.wrong]
     return lines
 
@@ -82,8 +117,14 @@ def plot(result, path):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, height_ratios=[3, 2])
     xs = [i * step for i in range(n)]
     top.bar(xs, [ok[i] for i in range(n)], width=step * 0.9, align="edge", label="ended ok")
-    top.bar(xs, [failed[i] for i in range(n)], width=step * 0.9, align="edge",
-            bottom=[ok[i] for i in range(n)], label="ended, some engines failed (named)")
+    top.bar(
+        xs,
+        [failed[i] for i in range(n)],
+        width=step * 0.9,
+        align="edge",
+        bottom=[ok[i] for i in range(n)],
+        label="ended, some engines failed (named)",
+    )
     top.set_ylabel(f"calls ended per {step} s")
     top.legend(loc="upper right", fontsize=8)
     kinds = [k for k in FAULTS if any(f == k for _, f, _ in result["faults"])]
@@ -92,8 +133,10 @@ def plot(result, path):
             bottom.plot(t - start, kinds.index(kind), "|", markersize=10, color="C3")
     bottom.set_yticks(range(len(kinds)), kinds, fontsize=7)
     bottom.set_xlabel("seconds")
-    fig.suptitle(f"Chaos soak: {result['engines']} engines, {len(result['faults'])} faults, "
-                 f"{result['verdict'].calls} calls, {len(result['verdict'].hung)} hung")
+    fig.suptitle(
+        f"Chaos soak: {result['engines']} engines, {len(result['faults'])} faults, "
+        f"{result['verdict'].calls} calls, {len(result['verdict'].hung)} hung"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -114,15 +157,32 @@ def main(argv=None):
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
     with SoakBed(args.hosts, args.engines, args.sim_hosts, args.sim_engines) as bed:
-        result = run(bed, args.clients, args.seconds, args.bound, args.rate, args.seed,
-                     progress=lambda line: print(line, flush=True))
+        result = run(
+            bed,
+            args.clients,
+            args.seconds,
+            args.bound,
+            args.rate,
+            args.seed,
+            progress=lambda line: print(line, flush=True),
+        )
     report("chaos_soak.py", argv, "Chaos soak", tables(result, args), args.out)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(command=command("chaos_soak.py", argv), commit=commit(),
-                           summary=result["verdict"].summary(), faults=result["faults"], after=result["after"],
-                           hung=result["verdict"].hung, wrong=result["verdict"].wrong, by_op={k: dict(c) for k, c in result["verdict"].by_op.items()}),
-                      f, indent=1)
+            json.dump(
+                dict(
+                    command=command("chaos_soak.py", argv),
+                    commit=commit(),
+                    summary=result["verdict"].summary(),
+                    faults=result["faults"],
+                    after=result["after"],
+                    hung=result["verdict"].hung,
+                    wrong=result["verdict"].wrong,
+                    by_op={k: dict(c) for k, c in result["verdict"].by_op.items()},
+                ),
+                f,
+                indent=1,
+            )
     if args.plot:
         plot(result, args.plot)
     return 0 if result["verdict"].clean else 1

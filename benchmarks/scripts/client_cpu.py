@@ -2,8 +2,10 @@
 commit: the CPU table (client, controller, engines; ms per engine per apply of
 a 1 kB echo, net of each system's idle CPU) and the latency table of a suite.
 
-    python benchmarks/scripts/client_cpu.py --engines 16 --calls 200 --reps 5 --peers --out benchmarks/results/client-cpu-n16.md
-    python benchmarks/scripts/client_cpu.py --suite collectives --engines 8 --depth 2 --calls 0 --reps 9 --out benchmarks/results/collectives-n8-depth2.md
+    python benchmarks/scripts/client_cpu.py --engines 16 --calls 200 --reps 5 --peers \
+        --out benchmarks/results/client-cpu-n16.md
+    python benchmarks/scripts/client_cpu.py --suite collectives --engines 8 --depth 2 --calls 0 --reps 9 \
+        --out benchmarks/results/collectives-n8-depth2.md
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def main(argv=None):
         print(text, flush=True)
         lines.extend(["```", text.rstrip(), "```", ""])
 
-    bench.run(args.engines, args.depth, args.reps, out=out, cpu_calls=args.calls, suite=args.suite,
-              with_peers=args.peers)
+    bench.run(
+        args.engines, args.depth, args.reps, out=out, cpu_calls=args.calls, suite=args.suite, with_peers=args.peers
+    )
     title = "CPU per engine per apply, real engines" if args.calls else f"The {args.suite} suite, real engines"
     report("client_cpu.py", argv, title, lines, args.out)
 

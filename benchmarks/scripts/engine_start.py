@@ -44,8 +44,15 @@ def pss_mb(pids) -> float:
 
 def measure(n: int, fork: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="ipb-start-") as profile_dir:
-        cluster = ipb.Cluster(n=n, depth=1, fanout=2, profile_dir=profile_dir, log_level=40,
-                              fork_engines=fork, engine_timeout=max(120, 4 * n))
+        cluster = ipb.Cluster(
+            n=n,
+            depth=1,
+            fanout=2,
+            profile_dir=profile_dir,
+            log_level=40,
+            fork_engines=fork,
+            engine_timeout=max(120, 4 * n),
+        )
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()
         try:
@@ -80,8 +87,9 @@ def main(argv=None):
         "|---|---:|---:|---:|---:|",
     ]
     for way, r in rows.items():
-        lines.append(f"| {way} | {r['seconds']:.1f} | {r['seconds'] / args.engines:.2f} | "
-                     f"{r['pss']:.1f} | {r['processes']} |")
+        lines.append(
+            f"| {way} | {r['seconds']:.1f} | {r['seconds'] / args.engines:.2f} | {r['pss']:.1f} | {r['processes']} |"
+        )
     lines += ["", EXPLAINED.format(n=args.engines)]
     report("engine_start.py", argv, f"Starting {args.engines} local engines", lines, args.out)
 

@@ -41,21 +41,32 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    lines = ["Microseconds per engine, median of %d; the client's own work per engine on a "
-             "broadcast echo is ~70 us (`client-cpu-n16.md`)." % args.reps, "",
-             "| engines | outputs | group stdout | repr(ar.stdout) | render one error x N |",
-             "|---:|---|---:|---:|---:|"]
+    lines = [
+        f"Microseconds per engine, median of {args.reps}; the client's own work per engine on a "
+        "broadcast echo is ~70 us (`client-cpu-n16.md`).",
+        "",
+        "| engines | outputs | group stdout | repr(ar.stdout) | render one error x N |",
+        "|---:|---|---:|---:|---:|",
+    ]
     for n in args.engines:
         eids = list(range(n))
-        for kind, texts in (("1 distinct", ["done\n"] * n),
-                            ("8 distinct", [f"step {i % 8} done\n" for i in range(n)])):
+        for kind, texts in (("1 distinct", ["done\n"] * n), ("8 distinct", [f"step {i % 8} done\n" for i in range(n)])):
             out = G.Outputs(texts, eids)
-            elist = [("ZeroDivisionError", "division by zero", TRACEBACK + "ZeroDivisionError: division by zero",
-                      dict(engine_id=e, method="apply")) for e in eids]
+            elist = [
+                (
+                    "ZeroDivisionError",
+                    "division by zero",
+                    TRACEBACK + "ZeroDivisionError: division by zero",
+                    dict(engine_id=e, method="apply"),
+                )
+                for e in eids
+            ]
             err = G.GroupedCompositeError("one or more exceptions raised in: apply", elist)
-            lines.append(f"| {n} | {kind} | {per_engine_us(out.groups, n, args.reps):.2f} "
-                         f"| {per_engine_us(lambda: repr(out), n, args.reps):.2f} "
-                         f"| {per_engine_us(err.render_traceback, n, args.reps):.2f} |")
+            lines.append(
+                f"| {n} | {kind} | {per_engine_us(out.groups, n, args.reps):.2f} "
+                f"| {per_engine_us(lambda out=out: repr(out), n, args.reps):.2f} "
+                f"| {per_engine_us(err.render_traceback, n, args.reps):.2f} |"
+            )
     report("grouping_cost.py", argv, "Grouping outputs and errors at the client", lines, args.out)
     return 0
 

@@ -90,10 +90,13 @@ def main(argv=None):
         finally:
             src.close()
             stock.stop_cluster_sync()
-    lines = [f"{args.engines} engines each printing every millisecond; {args.clients} new clients in turn, "
-             "each with two executes (ours: DirectView and BroadcastView; stock: DirectView twice).", "",
-             "| system | executes | executes' engines whose output did not come | connect (median) |",
-             "|---|---|---|---|"]
+    lines = [
+        f"{args.engines} engines each printing every millisecond; {args.clients} new clients in turn, "
+        "each with two executes (ours: DirectView and BroadcastView; stock: DirectView twice).",
+        "",
+        "| system | executes | executes' engines whose output did not come | connect (median) |",
+        "|---|---|---|---|",
+    ]
     for name, r in rows.items():
         lines.append(f"| {name} | {r['executes']} | {r['missed']} | {r['connect_ms']:.1f} ms |")
     report("iopub_joiners.py", argv, "New clients under IOPub load: outputs missed", lines, args.out)

@@ -43,8 +43,11 @@ def main(argv=None):
     ]
     for row in rows:
         cells = [f"{row[f][0]:.2f} ({row[f][1]}, {row[f][2]} chunks)" for f in FAMILIES]
-        lines.append(f"| {row['hosts']} | " + " | ".join(cells)
-                     + f" | {row['lower bound']:.2f} | {row['MPICH scatter + allgather']:.2f} |")
+        lines.append(
+            f"| {row['hosts']} | "
+            + " | ".join(cells)
+            + f" | {row['lower bound']:.2f} | {row['MPICH scatter + allgather']:.2f} |"
+        )
     report("model_predict.py", argv, f"Modelled broadcasts of {args.mib:g} MiB between hosts", lines, args.out)
 
 

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 import psutil
-
-from ipyparallel_broadcast.tools.bench import cpu_seconds
-from ipyparallel_broadcast.tools.bedcluster import BedCluster
-from ipyparallel_broadcast.tools.netbed import NetBed
 from report import report
+
+from ipyparallel_broadcast.tools.bedcluster import BedCluster
+from ipyparallel_broadcast.tools.bench import cpu_seconds
+from ipyparallel_broadcast.tools.netbed import NetBed
 
 LAYOUTS = {"host relays": [], "controller-side tree": ["--BroadcastEngine.host_relay=never"]}
 
@@ -74,12 +74,18 @@ def measure(layout, args) -> dict:
                 tic = time.perf_counter()
                 view.apply_sync(lambda x: x, echo)
                 out[name]["echo"].append(time.perf_counter() - tic)
-                for key, was, now in zip(("center", "hosts", "client"), cpu,
-                                         (cpu_seconds(center), cpu_seconds(hosts), time.process_time())):
+                for key, was, now in zip(
+                    ("center", "hosts", "client"), cpu, (cpu_seconds(center), cpu_seconds(hosts), time.process_time())
+                ):
                     out[name][key].append(now - was)
         # CPU: a mean over the rounds (the kernel counts it in 10 ms ticks); times: medians
-        return {name: {k: (statistics.mean if k in ("center", "hosts", "client") else statistics.median)(v)
-                       for k, v in m.items()} for name, m in out.items()}
+        return {
+            name: {
+                k: (statistics.mean if k in ("center", "hosts", "client") else statistics.median)(v)
+                for k, v in m.items()
+            }
+            for name, m in out.items()
+        }
 
 
 def main(argv=None):
@@ -113,16 +119,27 @@ def main(argv=None):
         for view, m in views.items():
             if view == "DirectView" and layout != "host relays":
                 continue  # DirectView does not use the tree: measured once
-            lines.append(f"| {layout} | {view} | {m['bytes'] / 1e6:.2f} | {m['push'] * 1e3:.0f} | "
-                         f"{m['echo'] * 1e3:.1f} | {m['center'] * 1e3:.0f} | {m['hosts'] * 1e3:.0f} | "
-                         f"{m['client'] * 1e3:.0f} |")
+            lines.append(
+                f"| {layout} | {view} | {m['bytes'] / 1e6:.2f} | {m['push'] * 1e3:.0f} | "
+                f"{m['echo'] * 1e3:.1f} | {m['center'] * 1e3:.0f} | {m['hosts'] * 1e3:.0f} | "
+                f"{m['client'] * 1e3:.0f} |"
+            )
     ours = results["host relays"]["ours (coalescing)"]
-    for name, other in (("the controller-side tree", results["controller-side tree"]["ours (coalescing)"]),
-                        ("DirectView", results["host relays"]["DirectView"])):
-        lines.append(f"\nAgainst {name}: push, its time over the host relays' {other['push'] / ours['push']:.1f}x; "
-                     f"echo, the host relays' time over its {ours['echo'] / other['echo']:.2f}x.")
-    report("multihost.py", argv, f"Across hosts: {n} engines on {args.hosts} hosts, {args.push_mb:g} MB push",
-           lines, args.out)
+    for name, other in (
+        ("the controller-side tree", results["controller-side tree"]["ours (coalescing)"]),
+        ("DirectView", results["host relays"]["DirectView"]),
+    ):
+        lines.append(
+            f"\nAgainst {name}: push, its time over the host relays' {other['push'] / ours['push']:.1f}x; "
+            f"echo, the host relays' time over its {ours['echo'] / other['echo']:.2f}x."
+        )
+    report(
+        "multihost.py",
+        argv,
+        f"Across hosts: {n} engines on {args.hosts} hosts, {args.push_mb:g} MB push",
+        lines,
+        args.out,
+    )
 
 
 if __name__ == "__main__":

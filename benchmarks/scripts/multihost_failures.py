@@ -107,22 +107,26 @@ def main(argv=None):
         rc = cluster.client(wait_for=args.hosts * args.per_host)
         for mode, coalescing in MODES.items():
             runs = [relay_killed(rc, coalescing, gate) for _ in range(args.reps)]
-            rows.append((f"host relay killed mid-call, {mode}", statistics.median(r[0] for r in runs),
-                         statistics.median(r[1] for r in runs), len(runs)))
+            rows.append(
+                (
+                    f"host relay killed mid-call, {mode}",
+                    statistics.median(r[0] for r in runs),
+                    statistics.median(r[1] for r in runs),
+                    len(runs),
+                )
+            )
         for (mode, coalescing), host in zip(MODES.items(), reversed(bed.hosts)):
             rows.append((f"host link down mid-call, {mode}", link_down(bed, rc, host, coalescing, gate), None, 1))
     n = args.hosts * args.per_host
     lines = [
-        "NetBed; controller defaults (heartbeats 0.8 s x 3, node_timeout 10 s); seconds from the kill "
-        "or the cut.",
+        "NetBed; controller defaults (heartbeats 0.8 s x 3, node_timeout 10 s); seconds from the kill or the cut.",
         "",
         "| event | call complete (s) | victim's engines reachable again (s) | runs |",
         "|---|---:|---:|---:|",
     ]
     for what, done, back, runs in rows:
         lines.append(f"| {what} | {done:.2f} | {'-' if back is None else f'{back:.2f}'} | {runs} |")
-    report("multihost_failures.py", argv, f"Failures across hosts: {n} engines on {args.hosts} hosts",
-           lines, args.out)
+    report("multihost_failures.py", argv, f"Failures across hosts: {n} engines on {args.hosts} hosts", lines, args.out)
 
 
 if __name__ == "__main__":

@@ -33,8 +33,9 @@ def main(argv=None) -> int:
     tool = args.tool[1:] if args.tool[:1] == ["--"] else args.tool
     if not tool:
         parser.error("no tool command after --")
-    run = subprocess.run([sys.executable if tool[0] == "python" else tool[0], *tool[1:]],
-                         stdout=subprocess.PIPE, text=True)
+    run = subprocess.run(
+        [sys.executable if tool[0] == "python" else tool[0], *tool[1:]], stdout=subprocess.PIPE, text=True
+    )
     sys.stderr.write(f"{tool[0]} exited with {run.returncode}\n" if run.returncode else "")
     if run.returncode:
         return run.returncode

@@ -13,8 +13,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def commit() -> str:
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
-                           cwd=HERE, capture_output=True, text=True).stdout.strip()  # results are outputs
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()  # results are outputs
     return sha + (" (with uncommitted changes)" if dirty else "")
 
 
@@ -29,8 +33,9 @@ STARTED_AT = commit()  # the code that runs is the code at the start, whatever c
 def report(script: str, argv, title: str, lines, out=None) -> str:
     """Print a result file's text, headed by its title, command and commit
     (as when the script started); write it to ``out`` too."""
-    text = "\n".join([f"# {title}", "", f"Command: `{command(script, argv)}`",
-                       f"Commit: {STARTED_AT}", "", *lines]) + "\n"
+    text = (
+        "\n".join([f"# {title}", "", f"Command: `{command(script, argv)}`", f"Commit: {STARTED_AT}", "", *lines]) + "\n"
+    )
     print(text)
     if out:
         with open(out, "w") as f:

@@ -32,9 +32,8 @@ import numpy as np
 from traitlets.config import Config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import report  # noqa: E402
-
 import ipyparallel as ipp  # noqa: E402
+from report import report  # noqa: E402
 
 import ipyparallel_broadcast as ipb  # noqa: E402
 
@@ -97,8 +96,13 @@ def _ipb_cluster(stack: ExitStack, n: int, shm: bool, threshold: int = 1 << 20):
     config = Config()
     config.BroadcastController.shared_memory = shm
     config.BroadcastController.shared_memory_threshold = threshold
-    cluster = ipb.Cluster(n=n, log_level=40, engine_timeout=max(120, 4 * n), config=config,
-                          profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
+    cluster = ipb.Cluster(
+        n=n,
+        log_level=40,
+        engine_timeout=max(120, 4 * n),
+        config=config,
+        profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+    )
     rc = cluster.start_and_connect_sync()
     stack.callback(cluster.stop_cluster_sync)
     stack.callback(rc.close)
@@ -107,8 +111,12 @@ def _ipb_cluster(stack: ExitStack, n: int, shm: bool, threshold: int = 1 << 20):
 
 
 def _stock_cluster(stack: ExitStack, n: int):
-    cluster = ipp.Cluster(n=n, log_level=40, engine_timeout=max(120, 4 * n),
-                          profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
+    cluster = ipp.Cluster(
+        n=n,
+        log_level=40,
+        engine_timeout=max(120, 4 * n),
+        profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+    )
     rc = cluster.start_and_connect_sync()
     stack.callback(cluster.stop_cluster_sync)
     stack.callback(rc.close)
@@ -127,9 +135,11 @@ class Ours(Way):
 
     def stats(self) -> str:
         nodes = [s for s in self.rc.broadcast_stats() if "shm_bytes" in s]
-        return (f"segments {sum(s['shm_segments'] for s in nodes)}, "
-                f"written {sum(s['shm_bytes'] for s in nodes) / 2**20:.0f} MiB, "
-                f"engine copies avoided {sum(s['shm_saved'] for s in nodes) / 2**20:.0f} MiB")
+        return (
+            f"segments {sum(s['shm_segments'] for s in nodes)}, "
+            f"written {sum(s['shm_bytes'] for s in nodes) / 2**20:.0f} MiB, "
+            f"engine copies avoided {sum(s['shm_saved'] for s in nodes) / 2**20:.0f} MiB"
+        )
 
 
 class Stock(Way):
@@ -196,9 +206,14 @@ def _dask_holds(dask_worker=None):
 
 
 def make(way: str, stack: ExitStack, n: int) -> Way:
-    return {"ours": lambda: Ours(stack, n), "ours-noshm": lambda: Ours(stack, n, shm=False),
-            "directview": lambda: Stock(stack, n, False), "ipp-broadcast": lambda: Stock(stack, n, True),
-            "memmap": lambda: Memmap(stack, n), "dask": lambda: Dask(stack, n)}[way]()
+    return {
+        "ours": lambda: Ours(stack, n),
+        "ours-noshm": lambda: Ours(stack, n, shm=False),
+        "directview": lambda: Stock(stack, n, False),
+        "ipp-broadcast": lambda: Stock(stack, n, True),
+        "memmap": lambda: Memmap(stack, n),
+        "dask": lambda: Dask(stack, n),
+    }[way]()
 
 
 def measure(way: str, n: int, data: np.ndarray, reps: int) -> dict:
@@ -259,13 +274,17 @@ def main(argv=None):
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3, help="pushes timed per way (the first is measured)")
     parser.add_argument("--ways", default=",".join(WAYS))
-    parser.add_argument("--threshold", action="store_true",
-                        help="push time by size with shared memory on (from 64 KiB) and off")
+    parser.add_argument(
+        "--threshold", action="store_true", help="push time by size with shared memory on (from 64 KiB) and off"
+    )
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     if args.threshold:
-        lines = [f"{os.cpu_count()} cores; {args.engines} engines on this host; median of {10} pushes "
-                 "(BroadcastView, coalescing) by array size.", ""] + threshold_rows(args.engines, 10)
+        lines = [
+            f"{os.cpu_count()} cores; {args.engines} engines on this host; median of {10} pushes "
+            "(BroadcastView, coalescing) by array size.",
+            "",
+        ] + threshold_rows(args.engines, 10)
         report("shm_push.py", argv, f"Where one copy per host starts to pay: {args.engines} engines", lines, args.out)
         return
     data = np.random.default_rng(0).random(args.mib * 2**20 // 8)

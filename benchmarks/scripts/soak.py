@@ -93,7 +93,7 @@ def cycle_growth_per_100k(calls, values, cycle, unit=MB) -> float:
     first = 1 + ((n // 2) // cycle) * cycle
     if last <= first:
         return float("nan")
-    mean = lambda i: float(np.mean(values[i:i + cycle]))  # noqa: E731
+    mean = lambda i: float(np.mean(values[i : i + cycle]))  # noqa: E731
     return (mean(last) - mean(first)) / unit * 100_000 / (calls[last] - calls[first])
 
 
@@ -129,10 +129,18 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--round", type=int, default=2000, help="calls per round (one RSS sample each)")
     parser.add_argument("--window", type=int, default=8, help="calls in flight in the steady pattern")
-    parser.add_argument("--digest-history", type=int, default=None,
-                        help="Session.digest_history_size of the controller and its nodes (default: the Session's)")
-    parser.add_argument("--heap-trim", type=float, default=None,
-                        help="BroadcastController.heap_trim_interval in seconds (0: never; default: the controller's)")
+    parser.add_argument(
+        "--digest-history",
+        type=int,
+        default=None,
+        help="Session.digest_history_size of the controller and its nodes (default: the Session's)",
+    )
+    parser.add_argument(
+        "--heap-trim",
+        type=float,
+        default=None,
+        help="BroadcastController.heap_trim_interval in seconds (0: never; default: the controller's)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="PNG of RSS over calls")
     args = parser.parse_args(argv)
@@ -161,34 +169,57 @@ def main(argv=None) -> int:
                 steady(view, n, payload, args.window)
             calls.append(calls[-1] + n)
             sample(rc, procs, samples, blocks)
-            print(f"{calls[-1]:>7} calls ({pattern}, {mode}), {time.monotonic() - t0:6.0f} s: "
-                  + ", ".join(f"{k} {v[-1] / MB:.0f}" for k, v in samples.items()), flush=True)
+            print(
+                f"{calls[-1]:>7} calls ({pattern}, {mode}), {time.monotonic() - t0:6.0f} s: "
+                + ", ".join(f"{k} {v[-1] / MB:.0f}" for k, v in samples.items()),
+                flush=True,
+            )
         stats = {n["node"]: n for n in rc.broadcast_stats()}
-    title = (f"{args.calls:,} broadcasts, {args.engines} engines, depth {args.depth}: "
-             "RSS of the controller's processes and the client")
+    title = (
+        f"{args.calls:,} broadcasts, {args.engines} engines, depth {args.depth}: "
+        "RSS of the controller's processes and the client"
+    )
     mid = len(calls) // 2
-    lines = [f"{args.engines} engines, depth {args.depth}, fan-out {args.fanout}, {os.cpu_count()} cores; "
-             f"1 kB echoes in rounds of {args.round:,} calls cycling through {', '.join(PATTERNS)} "
-             f"(window {args.window}) x {', '.join(MODES)}; {time.monotonic() - t0:.0f} s in all.", "",
-             "| process | RSS at start (MB) | at the middle | at the end | slope over the 2nd half (MB per 10k calls) "
-             "| growth over the 2nd half, cycle means (MB per 100k calls) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{args.engines} engines, depth {args.depth}, fan-out {args.fanout}, {os.cpu_count()} cores; "
+        f"1 kB echoes in rounds of {args.round:,} calls cycling through {', '.join(PATTERNS)} "
+        f"(window {args.window}) x {', '.join(MODES)}; {time.monotonic() - t0:.0f} s in all.",
+        "",
+        "| process | RSS at start (MB) | at the middle | at the end | slope over the 2nd half (MB per 10k calls) "
+        "| growth over the 2nd half, cycle means (MB per 100k calls) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     cycle = len(PATTERNS) * len(MODES)
     for name, rss in samples.items():
-        lines.append(f"| {name} | {rss[0] / MB:.1f} | {rss[mid] / MB:.1f} | {rss[-1] / MB:.1f} "
-                     f"| {slope_per_10k(calls, rss):+.2f} | {cycle_growth_per_100k(calls, rss, cycle):+.1f} |")
-    lines += ["", "Python heap, in thousands of blocks (`sys.getallocatedblocks()`):", "",
-              "| process | at start | at the middle | at the end | slope over the 2nd half (thousand blocks per 10k calls) |",
-              "|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {name} | {rss[0] / MB:.1f} | {rss[mid] / MB:.1f} | {rss[-1] / MB:.1f} "
+            f"| {slope_per_10k(calls, rss):+.2f} | {cycle_growth_per_100k(calls, rss, cycle):+.1f} |"
+        )
+    lines += [
+        "",
+        "Python heap, in thousands of blocks (`sys.getallocatedblocks()`):",
+        "",
+        "| process | at start | at the middle | at the end | slope over the 2nd half (thousand blocks per 10k calls) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, n in blocks.items():
-        lines.append(f"| {name} | {n[0] / 1e3:.1f} | {n[mid] / 1e3:.1f} | {n[-1] / 1e3:.1f} "
-                     f"| {slope_per_10k(calls, n, 1e3):+.2f} |")
-    lines += ["", "Pending requests at the end (every node must be 0): "
-              + ", ".join(f"node {k}: {v.get('pending')}" for k, v in sorted(stats.items())), "",
-              "Signatures held against replays at the end (bounded by `Session.digest_history_size`): "
-              + ", ".join(f"node {k}: {v.get('signatures'):,}" for k, v in sorted(stats.items())), "",
-              "Every sample (MB):", "", "| calls | " + " | ".join(samples) + " |",
-              "|---:|" + "---:|" * len(samples)]
+        lines.append(
+            f"| {name} | {n[0] / 1e3:.1f} | {n[mid] / 1e3:.1f} | {n[-1] / 1e3:.1f} "
+            f"| {slope_per_10k(calls, n, 1e3):+.2f} |"
+        )
+    lines += [
+        "",
+        "Pending requests at the end (every node must be 0): "
+        + ", ".join(f"node {k}: {v.get('pending')}" for k, v in sorted(stats.items())),
+        "",
+        "Signatures held against replays at the end (bounded by `Session.digest_history_size`): "
+        + ", ".join(f"node {k}: {v.get('signatures'):,}" for k, v in sorted(stats.items())),
+        "",
+        "Every sample (MB):",
+        "",
+        "| calls | " + " | ".join(samples) + " |",
+        "|---:|" + "---:|" * len(samples),
+    ]
     for i, c in enumerate(calls):
         lines.append(f"| {c} | " + " | ".join(f"{rss[i] / MB:.1f}" for rss in samples.values()) + " |")
     if args.plot:

@@ -50,17 +50,29 @@ def main(argv=None) -> int:
     places = list(runs[0][0])
     total = [max(last for _, last in spans.values()) for spans, _ in runs]
     median_run = sorted(range(len(runs)), key=total.__getitem__)[len(runs) // 2]
-    lines = [f"{args.engines} engines, depth {args.depth}, fan-out {args.fanout}, {os.cpu_count()} cores; "
-             f"{args.calls} traced echoes of 1 kB after 20 untraced.", "",
-             "Median over the calls of each place's first and last event, ms since the client sent:", "",
-             "| place | first (ms) | last (ms) |", "|---|---:|---:|"]
+    lines = [
+        f"{args.engines} engines, depth {args.depth}, fan-out {args.fanout}, {os.cpu_count()} cores; "
+        f"{args.calls} traced echoes of 1 kB after 20 untraced.",
+        "",
+        "Median over the calls of each place's first and last event, ms since the client sent:",
+        "",
+        "| place | first (ms) | last (ms) |",
+        "|---|---:|---:|",
+    ]
     for place in places:
         firsts = [spans[place][0] for spans, _ in runs if place in spans]
         lasts = [spans[place][1] for spans, _ in runs if place in spans]
         lines.append(f"| {place} | {statistics.median(firsts):.2f} | {statistics.median(lasts):.2f} |")
-    lines += ["", f"Round trip: median {statistics.median(total):.2f} ms, "
-              f"min {min(total):.2f}, max {max(total):.2f}.", "",
-              "The timeline of the median call:", "", "```", trace.timeline(runs[median_run][1]), "```"]
+    lines += [
+        "",
+        f"Round trip: median {statistics.median(total):.2f} ms, min {min(total):.2f}, max {max(total):.2f}.",
+        "",
+        "The timeline of the median call:",
+        "",
+        "```",
+        trace.timeline(runs[median_run][1]),
+        "```",
+    ]
     report("trace_echo.py", argv, "A traced 1 kB echo, hop by hop", lines, args.out)
     return 0
 

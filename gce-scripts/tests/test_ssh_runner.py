@@ -37,9 +37,9 @@ def sshd(tmp_path):
     config = tmp_path / "sshd_config"
     config.write_text(f"""Port {port}
 ListenAddress 127.0.0.1
-HostKey {tmp_path / 'host'}
-AuthorizedKeysFile {tmp_path / 'authorized_keys'}
-PidFile {tmp_path / 'sshd.pid'}
+HostKey {tmp_path / "host"}
+AuthorizedKeysFile {tmp_path / "authorized_keys"}
+PidFile {tmp_path / "sshd.pid"}
 AllowUsers {user}
 PermitRootLogin prohibit-password
 PasswordAuthentication no
@@ -52,15 +52,29 @@ Subsystem sftp internal-sftp
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation
     server = subprocess.Popen([SSHD, "-D", "-e", "-f", config], stderr=open(tmp_path / "sshd.log", "w"))
     options = ["-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}"]
-    login = ["ssh", "-p", str(port), "-i", tmp_path / "user", "-o", "BatchMode=yes", *options,
-             f"{user}@127.0.0.1", "true"]
+    login = [
+        "ssh",
+        "-p",
+        str(port),
+        "-i",
+        tmp_path / "user",
+        "-o",
+        "BatchMode=yes",
+        *options,
+        f"{user}@127.0.0.1",
+        "true",
+    ]
     deadline = time.monotonic() + 30
     while subprocess.run(login, capture_output=True).returncode:
         assert server.poll() is None, (tmp_path / "sshd.log").read_text()
         assert time.monotonic() < deadline, "sshd did not accept a login"
         time.sleep(0.3)
-    yield dict(destination=f"{user}@127.0.0.1", port=port, key=str(tmp_path / "user"),
-               options=["StrictHostKeyChecking=no", f"UserKnownHostsFile={tmp_path / 'known_hosts'}"])
+    yield dict(
+        destination=f"{user}@127.0.0.1",
+        port=port,
+        key=str(tmp_path / "user"),
+        options=["StrictHostKeyChecking=no", f"UserKnownHostsFile={tmp_path / 'known_hosts'}"],
+    )
     server.terminate()
     server.wait(10)
 
@@ -68,10 +82,26 @@ Subsystem sftp internal-sftp
 @pytest.mark.timeout(1800)
 def test_runner_over_ssh_runs_asv_there_and_brings_results_back(sshd, tmp_path):
     results = tmp_path / "results"
-    cmd = [sys.executable, os.path.join(ROOT, "gce-scripts", "ssh_bench.py"), sshd["destination"],
-           "--port", str(sshd["port"]), "--identity", sshd["key"], "--profile", "ci", "--quick",
-           "-b", "TreeDepth", "--machine", "ssh-localhost", "--remote-dir", str(tmp_path / "remote"),
-           "--results-dir", str(results)]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "gce-scripts", "ssh_bench.py"),
+        sshd["destination"],
+        "--port",
+        str(sshd["port"]),
+        "--identity",
+        sshd["key"],
+        "--profile",
+        "ci",
+        "--quick",
+        "-b",
+        "TreeDepth",
+        "--machine",
+        "ssh-localhost",
+        "--remote-dir",
+        str(tmp_path / "remote"),
+        "--results-dir",
+        str(results),
+    ]
     for option in sshd["options"]:
         cmd += ["--ssh-option", option]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -13,11 +13,11 @@ bundles and failures in, and settles one future per finished call.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..wire import protocol as P
-from ..wire.naming import is_broadcast_id
 from ..wire.bundles import Entry
+from ..wire.naming import is_broadcast_id
 
 # An engine's outcome: ``("reply", parsed reply, streams)`` (a dict, or a
 # ``bundles.Entry`` of a host's table, parsed only when read) (``streams``: its
@@ -35,27 +35,45 @@ def vid_parts(vid: str):
 class Call:
     """One broadcast: targets in order, and their outcomes as they come."""
 
-    __slots__ = ("msg_id", "header", "eids", "uuids", "index", "outcomes", "left", "iopub",
-                 "received", "idle", "stream", "mds", "children", "future", "output", "tracker", "results", "_vids")
+    __slots__ = (
+        "msg_id",
+        "header",
+        "eids",
+        "uuids",
+        "index",
+        "outcomes",
+        "left",
+        "iopub",
+        "received",
+        "idle",
+        "stream",
+        "mds",
+        "children",
+        "future",
+        "output",
+        "tracker",
+        "results",
+        "_vids",
+    )
 
     def __init__(self, msg_id: str, header: dict, eids: Sequence[int], uuids: Sequence[str]):
         self.msg_id, self.header = msg_id, header
         self.eids, self.uuids = list(eids), list(uuids)
         self.index = {u: i for i, u in enumerate(self.uuids)}
-        self.outcomes: List[Optional[tuple]] = [None] * len(self.uuids)
+        self.outcomes: list[tuple | None] = [None] * len(self.uuids)
         self.left = len(self.uuids)  # outcomes still owed
         self.iopub = 0  # engines whose outputs still stream on IOPub (until their idle status)
-        self.received: List[object] = [None] * len(self.uuids)  # when each outcome came
+        self.received: list[object] = [None] * len(self.uuids)  # when each outcome came
         self.idle: set = set()  # engines whose idle status came before their reply
         self.stream = False  # replies streamed (True) or coalesced into one message
-        self.mds: Optional[list] = None  # per-engine Metadata, built on first read
-        self.children: Optional[list] = None  # per-engine futures, built on first need
+        self.mds: list | None = None  # per-engine Metadata, built on first read
+        self.children: list | None = None  # per-engine futures, built on first need
         self.future = self.output = self.tracker = None  # the client's: result, outputs, sent
-        self.results: Optional[list] = None  # per-engine results, once complete
-        self._vids: Optional[list] = None
+        self.results: list | None = None  # per-engine results, once complete
+        self._vids: list | None = None
 
     @property
-    def vids(self) -> List[str]:
+    def vids(self) -> list[str]:
         """Per-engine ids, in target order (what AsyncResult calls msg_ids)."""
         if self._vids is None:
             prefix = self.msg_id + "_"
@@ -70,7 +88,7 @@ class Call:
     def outputs_done(self) -> bool:
         return not self.left and not self.iopub
 
-    def settle(self, uuid: str, outcome: tuple, when=None) -> Optional[int]:
+    def settle(self, uuid: str, outcome: tuple, when=None) -> int | None:
         """File one engine's outcome; its index, or None if not owed (an
         unknown engine, or one already settled: e.g. failed before its reply)."""
         i = self.index.get(uuid)
@@ -81,7 +99,7 @@ class Call:
         self.left -= 1
         return i
 
-    def pending(self) -> List[int]:
+    def pending(self) -> list[int]:
         return [i for i, o in enumerate(self.outcomes) if o is None]
 
 
@@ -92,8 +110,8 @@ class Calls:
 
     def __init__(self, kept: int = 16, kept_outcomes: int = 4096):
         self.kept, self.kept_outcomes = kept, kept_outcomes
-        self.live: Dict[str, Call] = {}
-        self.recent: "OrderedDict[str, Call]" = OrderedDict()
+        self.live: dict[str, Call] = {}
+        self.recent: OrderedDict[str, Call] = OrderedDict()
 
     def __contains__(self, msg_id) -> bool:
         return msg_id in self.live
@@ -101,10 +119,10 @@ class Calls:
     def __len__(self) -> int:
         return len(self.live)
 
-    def get(self, msg_id) -> Optional[Call]:
+    def get(self, msg_id) -> Call | None:
         return self.live.get(msg_id)
 
-    def find(self, msg_id) -> Optional[Call]:
+    def find(self, msg_id) -> Call | None:
         """A live or recent call."""
         return self.live.get(msg_id) or self.recent.get(msg_id)
 
@@ -123,7 +141,7 @@ class Calls:
         self.live[call.msg_id] = call
         return call
 
-    def bundle(self, call: Call, outcomes: Iterable[tuple], when, unpack, log) -> List[int]:
+    def bundle(self, call: Call, outcomes: Iterable[tuple], when, unpack, log) -> list[int]:
         """File a bundle's outcomes (``protocol.iter_bundle``); the indices
         settled. ``unpack`` reads a raw reply; an outcome that cannot be read
         is logged and skipped (the root watch fails that engine later)."""
@@ -167,7 +185,7 @@ class Calls:
         return settled
 
     @staticmethod
-    def _table(call: Call, table, when) -> List[int]:
+    def _table(call: Call, table, when) -> list[int]:
         settled, index, outs, received, idle = [], call.index, call.outcomes, call.received, call.idle
         iopub, left, streaming = table.iopub, call.left, call.iopub
         for k, uuid in enumerate(table.engines):
@@ -182,7 +200,7 @@ class Calls:
         call.left, call.iopub = left, streaming
         return settled
 
-    def fail(self, call: Call, uuids: Iterable[str], message: Callable[[int], str], when=None) -> List[int]:
+    def fail(self, call: Call, uuids: Iterable[str], message: Callable[[int], str], when=None) -> list[int]:
         """Engines that cannot answer: each owed one gets a failure."""
         settled = []
         for uuid in uuids:

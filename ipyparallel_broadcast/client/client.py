@@ -15,26 +15,24 @@ import threading
 import time
 from concurrent.futures import Future
 from functools import partial
-from typing import Dict
 
 import zmq
-from traitlets import Enum, Float, Integer, observe
-
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
+from traitlets import Enum, Float, Integer, observe
 
 from ..wire import protocol as P
 from ..wire.naming import BROADCAST_ID_PREFIX, TREE_KEY
-from .replies import Replies
-from .upstream import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
-from .treeinfo import TreeSurveys
+from ..wire.topology import TreeShape
 from .calls import Call, Calls
+from .display.trace import Traces
 from .history import History
 from .iopublive import IOPubLiveness
 from .paths import PathChooser
+from .replies import Replies
 from .results import CallResults
-from ..wire.topology import TreeShape
-from .display.trace import Traces
+from .treeinfo import TreeSurveys
+from .upstream import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 
 log = logging.getLogger(__name__)
 _SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
@@ -51,30 +49,36 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
 
     history_limit = Integer(
-        10_000, config=True,
+        10_000,
+        config=True,
         help="The client's and each BroadcastView's history keep this many entries (a broadcast "
         "is one, a DirectView call one per engine) and forget the oldest: a client that calls for "
         "days stays the same size. Indices do not move; a forgotten one raises IndexError. 0 keeps all.",
     )
 
     broadcast_results_kept = Integer(
-        16, config=True,
+        16,
+        config=True,
         help="How many recent broadcast calls' results get_result() and %pxresult can recall.",
     )
     broadcast_outcomes_kept = Integer(
-        4096, config=True,
+        4096,
+        config=True,
         help="At most this many engines' results, in all, are kept for the recent calls "
         "(the last call always is): kept objects cost every garbage collection.",
     )
 
     root_ping_interval = Float(
-        0.5, config=True,
+        0.5,
+        config=True,
         help="Seconds between pings to the root about requests in flight (a root that "
         "restarted has lost them: they fail). No pings while nothing is in flight.",
     )
     root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
     broadcast_path = Enum(
-        ["auto", "tree", "direct"], "auto", config=True,
+        ["auto", "tree", "direct"],
+        "auto",
+        config=True,
         help="The way views' scatter, gather and map go: 'tree', 'direct' (DirectView's, "
         "one message per engine through the hub's mux) or 'auto': the one measured faster "
         "for calls of that kind and size (see ipyparallel_broadcast.client.paths).",
@@ -85,10 +89,10 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         # a message may reach our handlers before its __init__ returns
         self._calls = Calls()  # broadcasts in flight, and the last few finished
         self._children_lock = threading.Lock()  # per-engine futures: made by any thread, settled by I/O
-        self._tracking: Dict[int, tuple] = {}  # id(frames) -> (frames, future, as list) until sent
-        self._reductions: Dict[str, MessageFuture] = {}  # msg_id -> future, until done
+        self._tracking: dict[int, tuple] = {}  # id(frames) -> (frames, future, as list) until sent
+        self._reductions: dict[str, MessageFuture] = {}  # msg_id -> future, until done
         self._replies_received = 0  # messages from the tree (tests count them)
-        self._surveys: Dict[str, Future] = {}  # stats msg_id -> future of the node list
+        self._surveys: dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)
         self._outstanding_dict = OutstandingByEngine(self._calls)
@@ -123,7 +127,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         """
         from .view import BroadcastView
 
-        self.tree_shape  # fail now, with a clear message, on a stock controller
+        _ = self.tree_shape  # fail now, with a clear message, on a stock controller
         if is_coalescing is not None:
             coalescing = is_coalescing
         if targets is None:
@@ -146,9 +150,21 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         engines = self._engines
         return [engines[e] for e in eids], eids
 
-    def send_broadcast(self, msg_type, eids, uuids, content=None, buffers=(),
-                       metadata=None, reply=P.COALESCE, track=False, each=None,
-                       batch=None, reduce=None, trace=False):
+    def send_broadcast(
+        self,
+        msg_type,
+        eids,
+        uuids,
+        content=None,
+        buffers=(),
+        metadata=None,
+        reply=P.COALESCE,
+        track=False,
+        each=None,
+        batch=None,
+        reduce=None,
+        trace=False,
+    ):
         """Sign one request for ``eids`` and send it to the root of the tree.
 
         ``each``: every target's own buffers, in target order, sent after the
@@ -248,11 +264,3 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
 
         future.add_done_callback(done)
         return future
-
-
-
-
-
-
-
-

@@ -76,14 +76,24 @@ class Collectives:
         nbytes = _nbytes(seq)
         path = self._route("scatter", eids, nbytes)
         if path == DIRECT:
-            ar = self._timed("scatter", eids, nbytes, path, lambda: self._direct(eids).scatter(
-                key, seq, dist=dist, flatten=flatten, block=False, track=track))
+            ar = self._timed(
+                "scatter",
+                eids,
+                nbytes,
+                path,
+                lambda: self._direct(eids).scatter(key, seq, dist=dist, flatten=flatten, block=False, track=track),
+            )
         else:
             mapper = dists[dist]()
             parts = [mapper.getPartition(seq, i, len(eids)) for i in range(len(eids))]
             each = [((), {key: p[0] if flatten and len(p) == 1 else p}) for p in parts]
-            ar = self._timed("scatter", eids, nbytes, path, lambda: self._apply(
-                util._push, eids, each=each, track=track, block=block, fname="scatter"))
+            ar = self._timed(
+                "scatter",
+                eids,
+                nbytes,
+                path,
+                lambda: self._apply(util._push, eids, each=each, track=track, block=block, fname="scatter"),
+            )
             ar._scatter_lengths = [len(p) for p in parts]
         if block:
             ar.wait()
@@ -99,16 +109,18 @@ class Collectives:
         nbytes = self.client._paths.sizes.get(key, 0)  # what a gather of this key last brought
         path = self._route("gather", eids, nbytes)
         if path == DIRECT:
-            ar = self._timed("gather", eids, nbytes, path,
-                             lambda: self._direct(eids).gather(key, dist=dist, block=False))
+            ar = self._timed(
+                "gather", eids, nbytes, path, lambda: self._direct(eids).gather(key, dist=dist, block=False)
+            )
         else:
+
             def send():
                 tree_ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
                 tree_ar.owner = False
                 return TreeAsyncMapResult(self.client, tree_ar._call, dists[dist](), fname="gather")
+
             ar = self._timed("gather", eids, nbytes, path, send)
-        ar.add_done_callback(lambda f: _succeeded(f) and self.client._paths.remember_size(
-            key, _nbytes(f.result())))
+        ar.add_done_callback(lambda f: _succeeded(f) and self.client._paths.remember_size(key, _nbytes(f.result())))
         return _maybe_get(ar, block)
 
     @sync_results
@@ -122,11 +134,17 @@ class Collectives:
             nbytes = sum(_nbytes(seq) for seq in sequences)
             path = self._route("map", eids, nbytes)
         if path == DIRECT:
-            ar = self._timed("map", eids, nbytes, path, lambda: self._direct(eids).map(
-                f, *sequences, block=False, track=track, return_exceptions=return_exceptions))
+            ar = self._timed(
+                "map",
+                eids,
+                nbytes,
+                path,
+                lambda: self._direct(eids).map(
+                    f, *sequences, block=False, track=track, return_exceptions=return_exceptions
+                ),
+            )
             return _maybe_get(ar, block)
-        pf = TreeParallelFunction(self, f, block=False, track=track,
-                                  return_exceptions=return_exceptions, label=label)
+        pf = TreeParallelFunction(self, f, block=False, track=track, return_exceptions=return_exceptions, label=label)
         if path is None:
             return _maybe_get(pf.map(*sequences), block)
         return _maybe_get(self._timed("map", eids, nbytes, path, lambda: pf.map(*sequences)), block)
@@ -150,14 +168,12 @@ class Collectives:
         if op == "concat":
             eids = self.client.resolve_targets(targets)[1]
             with self.temp_flags(coalescing=True if self.coalescing == AUTO else self.coalescing):
-                ar = self._apply(f, eids, [PrePickled(a) for a in args], kwargs, block=block,
-                                 fname="reduce")
+                ar = self._apply(f, eids, [PrePickled(a) for a in args], kwargs, block=block, fname="reduce")
             ar.owner = False
             return _maybe_get(TreeAsyncMapResult(self.client, ar._call, Map(), fname="reduce"), block)
         if op not in OPS:
             raise ValueError(f"op must be one of {sorted(OPS) + ['concat']}, not {op!r}")
-        ar = self._apply(partial(engine_value, f), targets, args, kwargs, block=block,
-                         fname="reduce", reduce=op)
+        ar = self._apply(partial(engine_value, f), targets, args, kwargs, block=block, fname="reduce", reduce=op)
         return _maybe_get(ar, block)
 
     def compose(self, mode="counting", requests=None, targets=None, **settings) -> list:
@@ -171,8 +187,7 @@ class Collectives:
         from ..engine.compose import configure
 
         requests = mode == "counting" if requests is None else requests
-        return self._really_apply(configure, (mode,), dict(requests=requests, **settings),
-                                  targets=targets, block=True)
+        return self._really_apply(configure, (mode,), dict(requests=requests, **settings), targets=targets, block=True)
 
 
 class TreeParallelFunction(ParallelFunction):
@@ -201,12 +216,23 @@ class TreeParallelFunction(ParallelFunction):
             sizes.append(min(len(a) for a in args) if mapping else 1)
         f = partial(_map, self.func) if mapping else self.func
         flags = dict(self.flags)
-        ar = view._apply(f, used, each=each, track=flags.get("track", False),
-                         label=flags.get("label"), block=self.block, fname=getname(self.func))
+        ar = view._apply(
+            f,
+            used,
+            each=each,
+            track=flags.get("track", False),
+            label=flags.get("label"),
+            block=self.block,
+            fname=getname(self.func),
+        )
         ar.owner = False
         r = TreeAsyncMapResult(
-            view.client, ar._call, self.mapObject, fname=getname(self.func),
-            ordered=self.ordered, return_exceptions=self.return_exceptions,
+            view.client,
+            ar._call,
+            self.mapObject,
+            fname=getname(self.func),
+            ordered=self.ordered,
+            return_exceptions=self.return_exceptions,
             chunk_sizes=dict(zip(ar._call.vids, sizes)),
         )
         return _maybe_get(r, self.block)

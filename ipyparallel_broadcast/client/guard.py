@@ -10,7 +10,7 @@ handler so that an exception is logged with the message that caused it,
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from jupyter_client.session import Session
 
@@ -25,15 +25,13 @@ def describe(session: Session, frames: Sequence) -> str:
     try:
         _, body = split_idents(frames)
         header, parent = session.unpack(as_bytes(body[1])), session.unpack(as_bytes(body[2]))
-        return (f"{header.get('msg_type')} {header.get('msg_id')} "
-                f"(parent {parent.get('msg_id') if parent else None})")
+        return f"{header.get('msg_type')} {header.get('msg_id')} (parent {parent.get('msg_id') if parent else None})"
     except Exception:
         sizes = [len(as_bytes(f)) for f in frames[:8]]
         return f"unreadable message of {len(frames)} frame(s), sizes {sizes}"
 
 
-def contained(handler: Callable, session: Session, what: str,
-              on_error: Optional[Callable] = None) -> Callable:
+def contained(handler: Callable, session: Session, what: str, on_error: Callable | None = None) -> Callable:
     """``handler(frames)``, logging any exception instead of raising it into
     the stream; then ``on_error(frames, exc)``, itself contained."""
 
@@ -41,14 +39,12 @@ def contained(handler: Callable, session: Session, what: str,
         try:
             return handler(frames)
         except Exception as e:
-            log.error("%s handler failed on %s; message dropped",
-                      what, describe(session, frames), exc_info=True)
+            log.error("%s handler failed on %s; message dropped", what, describe(session, frames), exc_info=True)
             if on_error is not None:
                 try:
                     on_error(frames, e)
                 except Exception:
-                    log.error("%s: failing what the message concerns failed too",
-                              what, exc_info=True)
+                    log.error("%s: failing what the message concerns failed too", what, exc_info=True)
 
     run.__wrapped__ = handler
     return run

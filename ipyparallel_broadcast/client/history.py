@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from functools import wraps
 from collections.abc import MutableSequence
+from functools import wraps
 
 from traitlets import TraitType
 
@@ -66,13 +66,13 @@ class CallHistory(MutableSequence):
             for msg_id in list(ids):
                 self.append(msg_id)
 
-    def tail(self, start: int) -> "CallHistory":
+    def tail(self, start: int) -> CallHistory:
         """The ids from index ``start`` on, sharing this history's entries."""
         out = CallHistory()
         start = max(self._head, min(start, len(self)))
         k = bisect_right(self._ends, start)
         if k < len(self._items) and self._start(k) < start:  # starts inside an entry: its rest
-            out.extend(self[start:self._ends[k]])
+            out.extend(self[start : self._ends[k]])
             k += 1
         for item in self._items[k:]:
             out._add(item, _size(item))
@@ -110,8 +110,10 @@ class CallHistory(MutableSequence):
         if not 0 <= i < n:
             raise IndexError("history index out of range")
         if i < self._head:
-            raise IndexError(f"history index {index} was forgotten: the history keeps the last "
-                             f"{self.limit} entries (Client.history_limit)")
+            raise IndexError(
+                f"history index {index} was forgotten: the history keeps the last "
+                f"{self.limit} entries (Client.history_limit)"
+            )
         k = bisect_right(self._ends, i)
         item = self._items[k]
         return item if isinstance(item, str) else engine_vid(item[0], item[1][i - self._start(k)])

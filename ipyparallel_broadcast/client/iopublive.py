@@ -22,17 +22,15 @@ import logging
 import threading
 import time
 from functools import partial
-from typing import Dict
 
+import ipyparallel as ipp
 import zmq
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float
 
-import ipyparallel as ipp
-
 from ..wire.naming import IOPUB_HELLO_PREFIX as HELLO_PREFIX
-from .guard import guarded_callback
 from ..wire.naming import TREE_KEY
+from .guard import guarded_callback
 from .results import outcome_metadata
 
 log = logging.getLogger(__name__)
@@ -42,20 +40,22 @@ class IOPubLiveness(ipp.Client):
     """Mixin of our Client: the wait for a live IOPub subscription at connect."""
 
     iopub_timeout = Float(
-        10.0, config=True,
+        10.0,
+        config=True,
         help="Seconds a new client waits for proof that its IOPub subscription is live "
         "before it sends anything (outputs published before it is live are lost); 0: no wait.",
     )
 
     output_timeout = Float(
-        10.0, config=True,
+        10.0,
+        config=True,
         help="Seconds after an engine's reply that its output may still come on IOPub; "
         "then wait_for_output() stops waiting for it, and its stderr says so.",
     )
 
     def __init__(self, *args, **kwargs):
         self._iopub_live = threading.Event()  # before the I/O thread can deliver
-        self._output_owed: Dict[tuple, float] = {}  # (msg_id, index) -> when first seen owed
+        self._output_owed: dict[tuple, float] = {}  # (msg_id, index) -> when first seen owed
         self.iopub_wait = None  # seconds the connect waited for it
         super().__init__(*args, **kwargs)
         tic = time.perf_counter()
@@ -63,8 +63,11 @@ class IOPubLiveness(ipp.Client):
             self._probe_iopub()
         waited = self.iopub_timeout > 0 and self._iopub_live.wait(self.iopub_timeout)
         if self.iopub_timeout > 0 and not waited and (TREE_KEY in self._config or self.ids):
-            log.warning("No sign within %.0f s that this client's IOPub subscription is live: "
-                        "outputs of its first requests may be lost", self.iopub_timeout)
+            log.warning(
+                "No sign within %.0f s that this client's IOPub subscription is live: "
+                "outputs of its first requests may be lost",
+                self.iopub_timeout,
+            )
         self.iopub_wait = time.perf_counter() - tic
 
     # ------------------------------------------------------ overdue outputs
@@ -90,8 +93,10 @@ class IOPubLiveness(ipp.Client):
             first = owed[key] = seen.get(key, now)
             if now - first >= self.output_timeout:
                 del owed[key]
-                close(f"its reply came {now - first:.0f} s ago or more, and the end of its output "
-                      "(its 'idle' status on IOPub) did not")
+                close(
+                    f"its reply came {now - first:.0f} s ago or more, and the end of its output "
+                    "(its 'idle' status on IOPub) did not"
+                )
         self._output_owed = owed
 
     def _note_missing(self, md, eid, msg_id, why):
@@ -120,8 +125,9 @@ class IOPubLiveness(ipp.Client):
         it has both, see ``iopubrelay``)."""
         super()._setup_streams()
         self._iopub_socket.setsockopt(zmq.SUBSCRIBE, self._hello_topic)
-        checks = PeriodicCallback(guarded_callback(self._check_outputs, "output check"),
-                                  min(1.0, self.output_timeout / 4) * 1e3)
+        checks = PeriodicCallback(
+            guarded_callback(self._check_outputs, "output check"), min(1.0, self.output_timeout / 4) * 1e3
+        )
         self._io_loop.add_callback(checks.start)
 
     def _dispatch_iopub(self, frames):

@@ -5,7 +5,6 @@ caller waits for it. Shared by ``view`` and ``collectives``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ipyparallel.client.remotefunction import getname
 
@@ -32,7 +31,7 @@ class Batch:
     or whatever arrived within ``interval`` seconds."""
 
     count: int
-    interval: Optional[float] = None
+    interval: float | None = None
 
     def __post_init__(self):
         if type(self.count) is not int or self.count < 1:

@@ -16,13 +16,12 @@ Sans I/O: the view asks, times its calls and tells.
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple
 
 TREE, DIRECT = "tree", "direct"
 PATHS = (TREE, DIRECT)
 
 
-def size_class(engines: int, nbytes: int) -> Tuple[int, int]:
+def size_class(engines: int, nbytes: int) -> tuple[int, int]:
     """Engines and bytes, each rounded to its power of two."""
     return max(engines, 1).bit_length(), max(int(nbytes), 1).bit_length()
 
@@ -37,10 +36,10 @@ class PathChooser:
         self.retry_every = retry_every  # calls between tries of the slower path (x how much slower)
         self.weight = weight  # of a new time in the smoothed one
         self.max_direct = max_direct  # engines beyond which the direct path is never tried
-        self.times: Dict[tuple, float] = {}
-        self.counts: Dict[tuple, int] = {}
-        self.since: Dict[tuple, int] = {}
-        self.sizes: Dict[str, int] = {}  # bytes a gather of each key last brought back
+        self.times: dict[tuple, float] = {}
+        self.counts: dict[tuple, int] = {}
+        self.since: dict[tuple, int] = {}
+        self.sizes: dict[str, int] = {}  # bytes a gather of each key last brought back
 
     def remember_size(self, key: str, nbytes: int, keep: int = 1024) -> None:
         """A gather's size, to class the next gather of ``key`` (the newest ``keep`` keys)."""

@@ -84,8 +84,12 @@ class Replies:
             call = self._calls.get(msg_id)
             if call is not None:
                 owed = [call.uuids[i] for i in call.pending()]
-                self._settled(call, self._calls.fail(
-                    call, owed, lambda eid: f"{why}; engine {eid} did not answer", util.utcnow()))
+                self._settled(
+                    call,
+                    self._calls.fail(
+                        call, owed, lambda eid, why=why: f"{why}; engine {eid} did not answer", util.utcnow()
+                    ),
+                )
             future = self._reductions.pop(msg_id, None)
             if future is not None:
                 failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]

@@ -27,8 +27,8 @@ from ipyparallel.serialize.canning import uncan, uncan_sequence
 from ipyparallel.serialize.serialize import MAX_ITEMS
 
 from ..wire import protocol as P
-from ..wire.naming import parse_date
 from ..wire.bundles import Entry
+from ..wire.naming import parse_date
 from .calls import FAILED, Call
 from .display.grouping import GroupedCompositeError, GroupedDisplay
 
@@ -169,8 +169,9 @@ def outcome_metadata(client, call: Call, i: int) -> Metadata:
         call.mds = [None] * len(call.uuids)
     md = call.mds[i]
     if md is None:
-        md = call.mds[i] = Metadata(msg_id=call.vids[i], submitted=call.header.get("date"),
-                                    engine_uuid=call.uuids[i], engine_id=call.eids[i])
+        md = call.mds[i] = Metadata(
+            msg_id=call.vids[i], submitted=call.header.get("date"), engine_uuid=call.uuids[i], engine_id=call.eids[i]
+        )
         fill_metadata(client, call, i)
     return md
 
@@ -187,10 +188,17 @@ def fill_metadata(client, call: Call, i: int):
     reply = o[1]
     meta, content = reply["metadata"], reply["content"]
     # as ipyparallel's Client._extract_metadata (dict.update: its extra keys too)
-    dict.update(md, status=content.get("status"), follow=meta.get("follow", []),
-                after=meta.get("after", []), label=meta.get("label"), is_broadcast=True,
-                is_coalescing=False, completed=reply["header"].get("date"),
-                started=parse_date(meta.get("started")))
+    dict.update(
+        md,
+        status=content.get("status"),
+        follow=meta.get("follow", []),
+        after=meta.get("after", []),
+        label=meta.get("label"),
+        is_broadcast=True,
+        is_coalescing=False,
+        completed=reply["header"].get("date"),
+        started=parse_date(meta.get("started")),
+    )
     outputs = meta.get(P.OUTPUTS_KEY)
     if outputs:  # our engine: what IOPub would have brought came in the reply
         for name in ("stdout", "stderr"):
@@ -206,8 +214,7 @@ class _Bulk:
 
     _call = None
 
-    def _bulk_init(self, client, call: Call, fname, targets, single, owner,
-                   return_exceptions=False, chunk_sizes=None):
+    def _bulk_init(self, client, call: Call, fname, targets, single, owner, return_exceptions=False, chunk_sizes=None):
         Future.__init__(self)
         self._call, self._client, self._fname = call, client, fname
         self._targets, self.owner = targets, owner
@@ -286,8 +293,7 @@ class _Traced:
         (a view with ``trace=True``; see ``ipyparallel_broadcast.client.display.trace``).
         Waits for the call to finish."""
         self.wait()
-        msg_id = self._call.msg_id if self._call is not None else \
-            getattr(self._children[0], "broadcast_id", None)
+        msg_id = self._call.msg_id if self._call is not None else getattr(self._children[0], "broadcast_id", None)
         return self._client.broadcast_trace(msg_id)
 
 
@@ -295,8 +301,7 @@ class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncResult):
     """DirectView's AsyncResult for a broadcast: ``children`` is the call (or,
     for a reduction, its one future)."""
 
-    def __init__(self, client, children, fname="unknown", targets=None, owner=False,
-                 single=False, **kwargs):
+    def __init__(self, client, children, fname="unknown", targets=None, owner=False, single=False, **kwargs):
         if isinstance(children, Call):
             self._bulk_init(client, children, fname, targets, single, owner, **kwargs)
         else:
@@ -306,7 +311,8 @@ class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncResult):
 class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncMapResult):
     """AsyncMapResult over a call: chunks joined by ``mapObject``."""
 
-    def __init__(self, client, call: Call, mapObject, fname="", ordered=True,
-                 return_exceptions=False, chunk_sizes=None):
+    def __init__(
+        self, client, call: Call, mapObject, fname="", ordered=True, return_exceptions=False, chunk_sizes=None
+    ):
         self._mapObject, self.ordered = mapObject, ordered
         self._bulk_init(client, call, fname, None, False, False, return_exceptions, chunk_sizes)

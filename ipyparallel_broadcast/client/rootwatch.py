@@ -17,17 +17,18 @@ thread on the next event, and with it every socket of that context.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 LOST = "Relay node root lost the request (it restarted, or dropped the request)"
 
 
 class RootWatch:
-    def __init__(self, interval: float = 0.5, timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic, most: int = 256):
+    def __init__(
+        self, interval: float = 0.5, timeout: float = 10.0, clock: Callable[[], float] = time.monotonic, most: int = 256
+    ):
         self.interval, self.timeout, self.clock, self.most = interval, timeout, clock, most
-        self.in_flight: Dict[str, float] = {}  # msg_id -> when it was handed to the socket
-        self.unanswered: Optional[float] = None  # when the oldest unanswered ping went out
+        self.in_flight: dict[str, float] = {}  # msg_id -> when it was handed to the socket
+        self.unanswered: float | None = None  # when the oldest unanswered ping went out
 
     def sent(self, msg_id: str):
         self.in_flight[msg_id] = self.clock()
@@ -35,7 +36,7 @@ class RootWatch:
     def done(self, msg_id: str):
         self.in_flight.pop(msg_id, None)
 
-    def tick(self) -> Tuple[List[str], List[Tuple[str, str]]]:
+    def tick(self) -> tuple[list[str], list[tuple[str, str]]]:
         """``(ids to ping about, [(msg_id, why)] lost)``."""
         now = self.clock()
         if not self.in_flight:
@@ -53,7 +54,7 @@ class RootWatch:
             self.unanswered = now
         return ids, []
 
-    def pong(self, unknown) -> List[Tuple[str, str]]:
+    def pong(self, unknown) -> list[tuple[str, str]]:
         """The root answered: the listed requests it does not hold are lost."""
         self.unanswered = None
         lost = [(m, LOST) for m in unknown if isinstance(m, str) and m in self.in_flight]

@@ -64,12 +64,13 @@ class TreeSurveys:
         (bad messages refused), ``engines`` (leaves), ``rss``, ``pid``, ``busy``
         (seconds spent handling messages) and ``cpu`` (process CPU seconds).
         A node that cannot answer appears with an ``error``."""
-        self.tree_shape  # a clear error on a stock controller
+        _ = self.tree_shape  # a clear error on a stock controller
         msg = self.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
         msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
         self._surveys[msg_id] = survey = Future()
-        self._io_loop.add_callback(self._to_root, msg_id, self._broadcast_stream.send_multipart,
-                                   self.session.serialize(msg))
+        self._io_loop.add_callback(
+            self._to_root, msg_id, self._broadcast_stream.send_multipart, self.session.serialize(msg)
+        )
         try:
             return NodeStats(sorted(survey.result(timeout), key=lambda n: str(n.get("node"))))
         finally:
@@ -84,7 +85,10 @@ class TreeSurveys:
         leaf_of_host = {h: n["node"] for n in nodes for h in n.get("hosts") or ()}
         for n in nodes:
             if n.get("host") in leaf_of_host:
-                path = () if leaf_of_host[n["host"]] == "root" else \
-                    tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
+                path = (
+                    ()
+                    if leaf_of_host[n["host"]] == "root"
+                    else tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
+                )
                 hosts[n["host"]] = (shape.leaf_index(path), n.get("eids") or [])
         return TreeLayout(shape, self.ids, hosts, nodes)

@@ -1,8 +1,9 @@
-"""The one place that reaches into ``ipyparallel.Client``'s internals.
+"""Where the client reaches into ``ipyparallel.Client``'s internals (with
+``streams``, how its sockets are read).
 
 ``Upstream`` is the broadcast client's base: ipyparallel's Client, with the
 private methods it must override (how targets resolve, how jobs are waited on,
-found, aborted; how streams are read; IOPub routing) and the per-engine
+found, aborted, sent) and the per-engine
 futures ipyparallel's AsyncResult reads, made on demand. Everything here
 follows ipyparallel's own names and caches (``_futures``, ``_output_futures``,
 ``outstanding``, ``history``, ``results``, ``metadata``); when ipyparallel
@@ -12,31 +13,23 @@ broadcast on top of it.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
-from functools import partial
-from threading import current_thread
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FuturesTimeout
-
-from tornado.ioloop import PeriodicCallback
+from functools import partial
+from threading import current_thread
 
 import ipyparallel as ipp
 from ipyparallel import error
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
-from ..wire import protocol as P
-from ..wire.naming import engine_of_topic, is_broadcast_id, parse_date
+from ..wire.naming import parse_date
 from .calls import FAILED, Call
-from .guard import contained, guarded_callback
+from .guard import guarded_callback
 from .results import outcome_metadata
-from .rootwatch import RootWatch
+from .streams import StreamReaders
 
-log = logging.getLogger(__name__)
-# ipyparallel's IOPub handling of a parsed message, taken once: a rebound
-# ``ipyparallel.Client`` (a user's subclass, a mock) must not change it
-_UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
 _SENT = Future()
 _SENT.set_result(None)
 
@@ -93,8 +86,12 @@ class EngineOutstanding(set):
         if set.__contains__(self, key):
             return True
         call, i = self.calls.of_vid(key)
-        return (call is not None and call.uuids[i] == self.uuid and call.outcomes[i] is None
-                and call.msg_id in self.calls.live)
+        return (
+            call is not None
+            and call.uuids[i] == self.uuid
+            and call.outcomes[i] is None
+            and call.msg_id in self.calls.live
+        )
 
 
 class OutstandingByEngine(defaultdict):
@@ -109,7 +106,7 @@ class OutstandingByEngine(defaultdict):
         return value
 
 
-class Upstream(ipp.Client):
+class Upstream(StreamReaders, ipp.Client):
     """ipyparallel's Client, adapted to calls that reach many engines at once."""
 
     def _build_targets(self, targets):
@@ -128,8 +125,7 @@ class Upstream(ipp.Client):
             return super()._build_targets(targets)
         except KeyError as e:
             raise IndexError(
-                f"Engine {e.args[0]!r} is not registered: it died or never registered "
-                f"(registered engines: {self.ids})"
+                f"Engine {e.args[0]!r} is not registered: it died or never registered (registered engines: {self.ids})"
             ) from None
 
     def _children_of(self, call: Call) -> list:
@@ -167,14 +163,18 @@ class Upstream(ipp.Client):
             if (o[0] == FAILED or not o[2]) and not child.output.done():
                 child.output.set_result(None)
 
-    def purge_local_results(self, jobs=[], targets=[]):
+    def purge_local_results(self, jobs=(), targets=()):
         """ipyparallel's; purged broadcasts are no longer recalled by ``get_result``."""
         super().purge_local_results(jobs, targets)
         if jobs == "all":
             self._calls.recent.clear()
             return
         for job in [jobs] if isinstance(jobs, (str, int, ipp.AsyncResult)) else jobs:
-            ids = job.msg_ids if isinstance(job, ipp.AsyncResult) else [self.history[job] if isinstance(job, int) else job]
+            ids = (
+                job.msg_ids
+                if isinstance(job, ipp.AsyncResult)
+                else [self.history[job] if isinstance(job, int) else job]
+            )
             for vid in ids:
                 call = self._calls.of_vid(vid)[0]
                 if call is not None:
@@ -233,19 +233,21 @@ class Upstream(ipp.Client):
         if track_outstanding and ident:
             uuid = (ident[-1] if isinstance(ident, list) else ident).decode("utf-8")
             eid = self._engines.get(uuid)
-        future = super()._send(socket, msg_type, *args, ident=ident, track_outstanding=track_outstanding,
-                               **kwargs)
+        future = super()._send(socket, msg_type, *args, ident=ident, track_outstanding=track_outstanding, **kwargs)
         if uuid is not None and future is not None:
-            self._io_loop.add_callback(guarded_callback(
-                partial(self._fail_if_engine_gone, future.msg_id, uuid, eid), "engine check"))
+            self._io_loop.add_callback(
+                guarded_callback(partial(self._fail_if_engine_gone, future.msg_id, uuid, eid), "engine check")
+            )
         return future
 
     def _fail_if_engine_gone(self, msg_id, uuid, eid):
         if self._engines.get(uuid) is not None or msg_id not in self.outstanding or msg_id in self.results:
             return  # still registered: its unregistration will fail what it holds
         try:
-            raise error.EngineError(f"Engine {eid if eid is not None else uuid!r} is gone (it died or "
-                                    f"unregistered): request {msg_id!r} did not reach it")
+            raise error.EngineError(
+                f"Engine {eid if eid is not None else uuid!r} is gone (it died or "
+                f"unregistered): request {msg_id!r} did not reach it"
+            )
         except error.EngineError:
             content = error.wrap_exception()
         msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
@@ -261,95 +263,3 @@ class Upstream(ipp.Client):
             msg["metadata"]["started"] = started
             md["started"] = parse_date(started)
         return md
-
-    # --------------------------------------------------------------- streams
-    def _setup_streams(self):
-        """IO thread, before its loop runs: the parent's streams, each read by
-        a ``contained`` handler (an exception is logged, never stops a stream)."""
-        self._codec = P.Codec(self.session)
-        self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
-        super()._setup_streams()
-        handlers = [
-            (self._query_stream, self._dispatch_single_reply, "query", None),
-            (self._control_stream, self._dispatch_single_reply, "control", self._reply_failed),
-            (self._mux_stream, self._dispatch_reply, "mux", self._reply_failed),
-            (self._task_stream, self._dispatch_reply, "task", self._reply_failed),
-            (self._iopub_stream, self._dispatch_iopub, "IOPub", self._iopub_failed),
-            (self._notification_stream, self._dispatch_notification, "notification", None),
-            (self._broadcast_stream, self._dispatch_broadcast, "broadcast", None),
-        ]
-        for stream, handler, what, on_error in handlers:
-            stream.on_recv(contained(handler, self.session, what, on_error), copy=False)
-        self._broadcast_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
-        pings = PeriodicCallback(guarded_callback(self._watch_root, "root watch"),
-                                 self.root_ping_interval * 1e3, jitter=0.1)
-        self._io_loop.add_callback(pings.start)  # on this loop, once it runs
-
-    def _parent_id(self, frames):
-        """The msg_id a raw message answers, or None if it cannot be read."""
-        try:
-            body = P.split_idents(frames)[1]
-            return (self.session.unpack(P.as_bytes(body[2])) or {}).get("msg_id")
-        except Exception:
-            return None
-
-    def _reply_failed(self, frames, exc):
-        """A reply that could not be handled fails its own request, at once."""
-        msg_id = self._parent_id(frames)
-        future = self._futures.get(msg_id)
-        if future is not None and not future.done():  # an error result, as ipyparallel's
-            failure = RuntimeError(f"the client could not handle the reply: {exc!r}")
-            self.results[msg_id] = failure
-            self.outstanding.discard(msg_id)
-            future.set_result(failure)
-        output = self._output_futures.get(msg_id)
-        if output is not None and not output.done():
-            output.set_result(None)
-
-    def _iopub_failed(self, frames, exc):
-        """An IOPub message that could not be handled is dropped; if it was the
-        ``status`` that ends a request's output, that output is complete."""
-        try:
-            idents, body = P.split_idents(frames)
-            header, parent, metadata = (self.session.unpack(P.as_bytes(b)) for b in body[1:4])
-        except Exception:
-            return
-        if header.get("msg_type") != "status":
-            return
-        msg_id = (parent or {}).get("msg_id")
-        call = self._calls.get(msg_id)
-        if call is not None:  # one engine's part of a broadcast
-            i = call.index.get(metadata.get("engine") or self._engines.get(engine_of_topic(idents)))
-            if i is not None:
-                self._output_done(call, i)
-            return
-        output = self._output_futures.get(msg_id)
-        if output is not None and not output.done():
-            output.set_result(None)
-
-    def _dispatch_iopub(self, frames):
-        """Route an engine's output for a broadcast to that engine's part."""
-        try:
-            idents, body = self.session.feed_identities(frames, copy=False)
-            msg = self.session.deserialize(body, content=True, copy=False)
-        except Exception as e:
-            log.error("Dropped an invalid IOPub message: %s", e)
-            return
-        parent = msg["parent_header"]
-        msg_id = parent.get("msg_id") if parent else None
-        call = self._calls.get(msg_id) if msg_id else None
-        if call is not None:
-            uuid = msg["metadata"].get("engine") or self._engines.get(engine_of_topic(idents))
-            i = call.index.get(uuid)
-            if i is None:
-                return
-            if msg["header"]["msg_type"] == "status":
-                if msg["content"].get("execution_state") == "idle":
-                    self._output_done(call, i)
-                return
-            outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
-            msg["parent_header"] = dict(parent, msg_id=call.vids[i])
-        elif (is_broadcast_id(msg_id) and msg_id not in self._reductions
-              and not msg["header"]["msg_type"].startswith("comm_")):
-            return  # output of a finished broadcast (e.g. a thread printing late)
-        return _UPSTREAM_IOPUB(self, msg)

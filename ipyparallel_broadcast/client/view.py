@@ -26,9 +26,6 @@ from .paths import DIRECT, TREE
 from .results import TreeAsyncResult
 
 
-
-
-
 class BroadcastView(Collectives, DirectView):
     """Reach many engines with one message per call, through the relay tree.
 
@@ -53,10 +50,12 @@ class BroadcastView(Collectives, DirectView):
         "ar.trace (see ipyparallel_broadcast.client.display.trace). A flag, since apply's keyword "
         "arguments belong to the function.",
     )
-    path = Any(None, help="scatter, gather and map: 'tree', 'direct' or 'auto' (see "
-               "ipyparallel_broadcast.client.paths); None: the client's broadcast_path.")
-    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs", "trace",
-                        "path"])
+    path = Any(
+        None,
+        help="scatter, gather and map: 'tree', 'direct' or 'auto' (see "
+        "ipyparallel_broadcast.client.paths); None: the client's broadcast_path.",
+    )
+    _flag_names = List(["targets", "block", "track", "label", "coalescing", "stream_outputs", "trace", "path"])
 
     @validate("path")
     def _valid_path(self, proposal):
@@ -109,28 +108,54 @@ class BroadcastView(Collectives, DirectView):
         large = self._reply_sizes.get(key, 0) * n > AUTO_STREAM_BYTES
         return reply_mode(bool(block) and not large)
 
-    def _broadcast(self, msg_type, targets, fname, content=None, buffers=(), metadata=None,
-                   track=False, block=False, each=None, reduce=None, key=None):
+    def _broadcast(
+        self,
+        msg_type,
+        targets,
+        fname,
+        content=None,
+        buffers=(),
+        metadata=None,
+        track=False,
+        block=False,
+        each=None,
+        reduce=None,
+        key=None,
+    ):
         """``key``: what 'auto' knows this call's replies by (default: ``fname``)."""
         targets = self.targets if targets is None else targets
         key = fname if key is None else key
         uuids, eids = self.client.resolve_targets(targets)
         reply, batch = (P.COALESCE, None) if reduce else self._reply_for(key, len(eids), block)
         sent = self.client.send_broadcast(
-            msg_type, eids, uuids, content=content, buffers=buffers, metadata=metadata,
-            reply=reply, track=track, each=each, batch=batch, reduce=reduce, trace=self.trace,
+            msg_type,
+            eids,
+            uuids,
+            content=content,
+            buffers=buffers,
+            metadata=metadata,
+            reply=reply,
+            track=track,
+            each=each,
+            batch=batch,
+            reduce=reduce,
+            trace=self.trace,
         )
         if reduce:  # one future: the combined value
             return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
         if self.coalescing == AUTO:
             self._sizing[key] = sent
             sent.future.add_done_callback(lambda _: self._learn_size(key, sent))
-        return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True,
-                               single=isinstance(targets, int))
+        return TreeAsyncResult(
+            self.client, sent, fname=fname, targets=eids, owner=True, single=isinstance(targets, int)
+        )
 
     def _learn_size(self, key, call):
-        known = [sum(memoryview(b).nbytes for b in o[1]["buffers"])
-                 for o in call.outcomes if o is not None and o[0] == "reply"]
+        known = [
+            sum(memoryview(b).nbytes for b in o[1]["buffers"])
+            for o in call.outcomes
+            if o is not None and o[0] == "reply"
+        ]
         with self._sizes_lock:
             if self._sizing.get(key) is call:
                 del self._sizing[key]
@@ -140,14 +165,14 @@ class BroadcastView(Collectives, DirectView):
                 if len(self._reply_sizes) > REPLY_SIZES_KEPT:
                     del self._reply_sizes[next(iter(self._reply_sizes))]  # the oldest
 
-    def _apply(self, f, targets, args=(), kwargs=None, each=None, track=False, label=None,
-               block=False, fname=None, reduce=None):
+    def _apply(
+        self, f, targets, args=(), kwargs=None, each=None, track=False, label=None, block=False, fname=None, reduce=None
+    ):
         """One ``apply_request`` for all targets. ``f`` and the shared ``args`` /
         ``kwargs`` are serialized once; ``each`` gives every target (in order)
         its own ``(args, kwargs)`` instead."""
         session = self.client.session
-        limits = dict(buffer_threshold=session.buffer_threshold,
-                      item_threshold=session.item_threshold)
+        limits = dict(buffer_threshold=session.buffer_threshold, item_threshold=session.item_threshold)
         pf = PrePickled(f)
         if each is None:
             buffers = pack_apply_message(pf, list(args), kwargs or {}, **limits)
@@ -160,8 +185,16 @@ class BroadcastView(Collectives, DirectView):
         if not (self.stream_outputs or reduce):  # reductions' outputs stay on IOPub
             metadata[P.OUTPUTS_KEY] = "reply"
         return self._broadcast(
-            "apply_request", targets, fname or getname(f), buffers=buffers, metadata=metadata, track=track,
-            block=block, each=own, reduce=reduce, key=reply_key(f) if self.coalescing == AUTO else None,
+            "apply_request",
+            targets,
+            fname or getname(f),
+            buffers=buffers,
+            metadata=metadata,
+            track=track,
+            block=block,
+            each=own,
+            reduce=reduce,
+            key=reply_key(f) if self.coalescing == AUTO else None,
         )
 
     @sync_results
@@ -183,9 +216,15 @@ class BroadcastView(Collectives, DirectView):
         block = self.block if block is None else block
         label = self.label if label is None else label
         content = dict(code=code, silent=bool(silent), user_expressions={})
-        ar = self._broadcast("execute_request", targets, "execute", content=content,
-                             metadata=dict(label=label), block=block,
-                             key=("execute", code) if self.coalescing == AUTO else None)
+        ar = self._broadcast(
+            "execute_request",
+            targets,
+            "execute",
+            content=content,
+            metadata=dict(label=label),
+            block=block,
+            key=("execute", code) if self.coalescing == AUTO else None,
+        )
         if block:
             try:
                 ar.get()
@@ -193,16 +232,3 @@ class BroadcastView(Collectives, DirectView):
             except KeyboardInterrupt:
                 pass
         return ar
-
-
-
-
-
-
-
-
-
-
-
-
-

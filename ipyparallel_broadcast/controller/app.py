@@ -21,24 +21,24 @@ import sys
 from multiprocessing import Process
 from threading import Thread
 
+from ipyparallel.controller.app import IPController
+from ipyparallel.controller.app import aliases as ipp_aliases
+from ipyparallel.util import disambiguate_url
 from tornado.ioloop import PeriodicCallback
 from traitlets import Type, Unicode, Union, default
 
-from ipyparallel.controller.app import IPController, aliases as ipp_aliases
-from ipyparallel.util import disambiguate_url
-
-from .iopubrelay import run_iopub_relay
-from .queues import run_router_queue
-from ..wire.logs import drop_unwritten_levels
 from ..host.link import HOST_KEY, host_label
+from ..host.shm import sweep
+from ..relay.shell import run_node
+from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
+from ..wire.topology import balanced_id, node_name
+from .iopubrelay import run_iopub_relay
+from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .restarts import RestartBudget
 from .settings import TreeSettings
-from ..relay.shell import run_node
-from ..host.shm import sweep
-from ..wire.topology import TreeShape, auto_shape, balanced_id, node_name
 
 aliases = dict(ipp_aliases)
 aliases.update(
@@ -52,29 +52,12 @@ class BroadcastController(TreeSettings, IPController):
     aliases = aliases
 
     db_class = Union(
-        [Unicode(), Type()], default_value=BroadcastDictDB, config=True,
+        [Unicode(), Type()],
+        default_value=BroadcastDictDB,
+        config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
         "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB).",
     )
-    auto_inputs = None  # engines and cores an 'auto' shape was picked for
-
-    @property
-    def shape(self) -> TreeShape:
-        """The tree; an 'auto' depth or fanout is decided (once) here."""
-        if "auto" in (self.depth, self.fanout):
-            from ..engine.compose.host import cpu_count
-
-            fixed = [None if v == "auto" else v for v in (self.depth, self.fanout)]
-            # engines on other hosts sit behind one relay a host: the leaves serve hosts
-            served = self.hosts if self.hosts > 1 else self.engines
-            shape = auto_shape(served, cpu_count(), *fixed)
-            self.auto_inputs = dict(engines=self.engines, cores=cpu_count())
-            if self.hosts > 1:
-                self.auto_inputs["hosts"] = self.hosts
-            self.log.info("Broadcast tree 'auto' for %i %s on %i cores: depth=%i fanout=%i", served,
-                          "hosts" if self.hosts > 1 else "engines", cpu_count(), shape.depth, shape.fanout)
-            self.depth, self.fanout = shape.depth, shape.fanout
-        return TreeShape(self.depth, self.fanout)
 
     # upstream sizes its engine-facing broadcast ports from these
     @default("broadcast_scheduler_depth")
@@ -128,8 +111,13 @@ class BroadcastController(TreeSettings, IPController):
         controller's host (an engine elsewhere runs a host relay, see ``hostrelay``)."""
         cdict = dict(cdict)
         shape = self.shape
-        cdict[TREE_KEY] = dict(depth=shape.depth, fanout=shape.fanout, protocol=PROTOCOL_VERSION,
-                               shm=self.shared_memory, shm_threshold=self.shared_memory_threshold)
+        cdict[TREE_KEY] = dict(
+            depth=shape.depth,
+            fanout=shape.fanout,
+            protocol=PROTOCOL_VERSION,
+            shm=self.shared_memory,
+            shm_threshold=self.shared_memory_threshold,
+        )
         if self.auto_inputs:  # what an 'auto' shape was picked for
             cdict[TREE_KEY]["auto"] = self.auto_inputs
         if fname != self.client_json_file:
@@ -156,8 +144,9 @@ class BroadcastController(TreeSettings, IPController):
             shm_threshold=self.shared_memory_threshold,
         )
         if self.host_chunks:
-            spec["bulk"] = dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold,
-                                fanout=self.host_chunk_fanout)
+            spec["bulk"] = dict(
+                chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout
+            )
         else:
             spec["bulk"] = dict(threshold=1 << 62)
         if self.hub_records:
@@ -190,7 +179,10 @@ class BroadcastController(TreeSettings, IPController):
         shape = self.shape
         self.log.info(
             "Broadcast tree: depth=%i fanout=%i, %i relay nodes, %i leaves",
-            shape.depth, shape.fanout, shape.n_nodes, shape.n_leaves,
+            shape.depth,
+            shape.fanout,
+            shape.n_nodes,
+            shape.n_leaves,
         )
         self.node_specs = {path: self.node_spec(path, monitor_url) for path in self.shape.nodes()}
         self.node_processes = {path: self._node_process(path) for path in self.node_specs}
@@ -209,15 +201,27 @@ class BroadcastController(TreeSettings, IPController):
         common = dict(monitor_url=disambiguate_url(self.monitor_url))
         if self.enable_curve:
             common.update(curve_secretkey=self.curve_secretkey, curve_publickey=self.curve_publickey)
-        iopub = dict(common, engine_url=self.engine_url("iopub"), client_url=self.client_url("iopub"),
-                     key=session.key.decode("ascii"), signature_scheme=session.signature_scheme,
-                     packer=session.packer, unpacker=session.unpacker)
+        iopub = dict(
+            common,
+            engine_url=self.engine_url("iopub"),
+            client_url=self.client_url("iopub"),
+            key=session.key.decode("ascii"),
+            signature_scheme=session.signature_scheme,
+            packer=session.packer,
+            unpacker=session.unpacker,
+        )
         self._replace_queue("IOPubScheduler", run_iopub_relay, iopub)
         for name, channel in (("DirectScheduler", "mux"), ("ControlScheduler", "control")):
             prefix = b"" if channel == "mux" else b"control"  # ipyparallel's names, as the hub reads them
-            spec = dict(common, in_url=self.client_url(channel), out_url=self.engine_url(channel),
-                        in_identity=f"{channel}_in".encode(), out_identity=f"{channel}_out".encode(),
-                        in_prefix=b"in" + prefix, out_prefix=b"out" + prefix)
+            spec = dict(
+                common,
+                in_url=self.client_url(channel),
+                out_url=self.engine_url(channel),
+                in_identity=f"{channel}_in".encode(),
+                out_identity=f"{channel}_out".encode(),
+                in_prefix=b"in" + prefix,
+                out_prefix=b"out" + prefix,
+            )
             self._replace_queue(name, run_router_queue, spec)
 
     def _replace_queue(self, name: str, target, spec: dict):
@@ -246,14 +250,24 @@ class BroadcastController(TreeSettings, IPController):
                 continue
             name = node_name(path)
             if not self.node_restart_budgets[path].allow():
-                self.log.critical("relay node %s exited (%s); restarted %d times, giving up (all in %g s)",
-                                  name, process.exitcode, self.node_restarts, self.node_restart_window)
+                self.log.critical(
+                    "relay node %s exited (%s); restarted %d times, giving up (all in %g s)",
+                    name,
+                    process.exitcode,
+                    self.node_restarts,
+                    self.node_restart_window,
+                )
                 del self.node_processes[path]
                 continue
             new = self._node_process(path)
             new.start()
-            self.log.error("relay node %s (pid %s) exited with code %s; restarted as pid %s",
-                           name, process.pid, process.exitcode, new.pid)
+            self.log.error(
+                "relay node %s (pid %s) exited with code %s; restarted as pid %s",
+                name,
+                process.pid,
+                process.exitcode,
+                new.pid,
+            )
             self.children[self.children.index(process)] = new
             self.node_processes[path] = new
 

@@ -24,7 +24,6 @@ the hub cannot file it).
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
 
 import zmq
 from jupyter_client.session import Session
@@ -47,7 +46,7 @@ class Hellos:
         self.session = session
         self.sent = 0
 
-    def answer(self, frame: bytes) -> Optional[List[bytes]]:
+    def answer(self, frame: bytes) -> list[bytes] | None:
         if not (frame[:1] == b"\x01" and frame[1:].startswith(HELLO_PREFIX)):
             return None  # another subscription, or an unsubscription
         topic = frame[1:]
@@ -75,8 +74,12 @@ class IOPubRelay:
         self.poller = zmq.Poller()
         self.poller.register(self.sub, zmq.POLLIN)
         self.poller.register(self.xpub, zmq.POLLIN)
-        session = Session(key=spec["key"].encode(), signature_scheme=spec["signature_scheme"],
-                          packer=spec["packer"], unpacker=spec["unpacker"])
+        session = Session(
+            key=spec["key"].encode(),
+            signature_scheme=spec["signature_scheme"],
+            packer=spec["packer"],
+            unpacker=spec["unpacker"],
+        )
         self.hellos = Hellos(session)
 
     def once(self, timeout=None) -> int:

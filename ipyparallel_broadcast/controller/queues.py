@@ -78,8 +78,11 @@ class RouterQueue:
                 if len(msg) < 3:  # sender, recipient, and at least one frame of message
                     self.dropped += 1
                     if self.dropped == 1:
-                        log.warning("%s queue: dropped a message of %d frames (more are counted, not logged)",
-                                    self.prefixes[sock].decode(), len(msg))
+                        log.warning(
+                            "%s queue: dropped a message of %d frames (more are counted, not logged)",
+                            self.prefixes[sock].decode(),
+                            len(msg),
+                        )
                     continue
                 msg[0], msg[1] = msg[1], msg[0]
                 self.other[sock].send_multipart(msg, copy=False)

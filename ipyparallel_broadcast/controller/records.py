@@ -30,7 +30,7 @@ unfiled, as the DB would have culled their records. With any other DB
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from functools import partial, wraps
 from itertools import islice
 
@@ -41,6 +41,7 @@ from ipyparallel.controller.hub import init_record
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.naming import engine_of_topic, engine_vid, is_broadcast_id, parse_date
+from .journal import Journal
 
 EARLY = 1_000  # results held until their request's copy comes (it travels apart)
 JOURNAL_FACTOR = 4  # copies kept unfiled, per record the in-memory DB may hold
@@ -105,8 +106,13 @@ class BroadcastDictDB(DictDB):
             before, n = self._bytes, len(self._records)
             while self._bytes > size * (1 - fraction) and self._records:
                 self._cull_oldest(1)
-            self.log.info("%i records with %i buffer bytes exceed the limit of %i: culled the oldest %i",
-                          n, before, size, n - len(self._records))
+            self.log.info(
+                "%i records with %i buffer bytes exceed the limit of %i: culled the oldest %i",
+                n,
+                before,
+                size,
+                n - len(self._records),
+            )
 
     def _cull_oldest(self, n=1):
         n = max(n, len(self._records) - self._limits[0])  # DictDB culls 0 when limit*fraction < 1
@@ -133,16 +139,16 @@ class BroadcastRecords:
         self.early: OrderedDict = OrderedDict()  # vid -> (eid, result) seen before its request
         self.uuids: dict = {}  # engine id -> uuid, of every engine a broadcast targeted
         self.codec = P.Codec(hub.session)
-        self.journal: deque = deque()  # (handler, topics, message, outcomes) of copies not yet filed
-        self.journal_bytes = self.journal_outcomes = 0
         db = hub.db
-        self.drops = isinstance(db, BroadcastDictDB)  # else the oldest are filed, never dropped
-        limits = (db.record_limit, db.size_limit) if self.drops else (256, 2**28)
-        self.most, self.most_bytes = JOURNAL_FACTOR * max(limits[0], 1), limits[1]
-        self.dropped = 0  # copies dropped unfiled (their records would have been culled)
-        for topic, handler in ((P.INBCAST, self.save_request), (P.OUTBCAST, self.save_result),
-                               (P.OUTBUNDLE, self.save_bundle)):
-            hub.monitor_handlers[topic] = partial(self._defer, handler)
+        drops = isinstance(db, BroadcastDictDB)  # else the oldest are filed, never dropped
+        limits = (db.record_limit, db.size_limit) if drops else (256, 2**28)
+        self.journal = Journal(JOURNAL_FACTOR * max(limits[0], 1), limits[1], drops, self.log)
+        for topic, handler in (
+            (P.INBCAST, self.save_request),
+            (P.OUTBCAST, self.save_result),
+            (P.OUTBUNDLE, self.save_bundle),
+        ):
+            hub.monitor_handlers[topic] = partial(self.journal.defer, handler)
         self._save_iopub = hub.save_iopub_message
         hub.save_iopub_message = self.save_iopub
         if "resubmit_request" in hub.query_handlers:
@@ -151,52 +157,22 @@ class BroadcastRecords:
             hub.query_handlers[name] = self._filing_first(handler)
         hub.unregister_engine = hub.query_handlers["unregistration_request"]
 
-    # ---------------------------------------------------------------- journal
-    def _defer(self, handler, topics, message):
-        """Keep a copy to file later; past the bounds, the oldest go. A root's
-        bundle copy is labelled with the engine outcomes it carries: the bound
-        counts those (the records they make), not copies."""
-        label = topics[-1] if topics else b""
-        outcomes = int(label) if isinstance(label, bytes) and label.isdigit() else 1
-        self.journal.append((handler, topics, message, outcomes))
-        self.journal_outcomes += outcomes
-        if isinstance(message, list):
-            self.journal_bytes += sum(len(f) for f in message)
-        while len(self.journal) > 1 and (self.journal_outcomes > self.most or self.journal_bytes > self.most_bytes):
-            if self.drops:
-                self._forget(self.journal.popleft())
-                self.dropped += 1
-            else:
-                self._file_one()
-
-    def _forget(self, entry):
-        self.journal_outcomes -= entry[3]
-        if isinstance(entry[2], list):
-            self.journal_bytes -= sum(len(f) for f in entry[2])
-
-    def _file_one(self):
-        entry = self.journal.popleft()
-        self._forget(entry)
-        handler, topics, message, _ = entry
-        try:
-            handler(topics, message)
-        except Exception:  # one bad copy must not stop the others being filed
-            self.log.error("broadcast:: could not file a record copy", exc_info=True)
-
+    # ------------------------------------------------------------- filing
     def file_all(self):
         """File every copy waiting in the journal, oldest first."""
-        while self.journal:
-            self._file_one()
+        self.journal.file_all()
 
     def _filing_first(self, handler):
         @wraps(handler)
         def filed_then(*args, **kwargs):
             self.file_all()
             return handler(*args, **kwargs)
+
         return filed_then
 
     def _whole_only(self, resubmit):
         """``resubmit`` refusing records filed without their big buffers."""
+
         @wraps(resubmit)
         def checked(client_id, msg):
             hub = self.hub
@@ -205,9 +181,11 @@ class BroadcastRecords:
                 records = hub.db.find_records({"msg_id": {"$in": ids}}, keys=["buffers"])
                 stripped = [r["msg_id"] for r in records if any(map(P.is_stripped, r.get("buffers") or ()))]
                 if stripped:
-                    raise ValueError(f"cannot resubmit {stripped}: their request buffers of "
-                                     f"{P.RECORD_LIMIT} bytes or more were not kept by the hub; "
-                                     "call the view again instead")
+                    raise ValueError(
+                        f"cannot resubmit {stripped}: their request buffers of "
+                        f"{P.RECORD_LIMIT} bytes or more were not kept by the hub; "
+                        "call the view again instead"
+                    )
             except ValueError:
                 reply = error.wrap_exception()
                 hub.session.send(hub.query, "resubmit_reply", content=reply, ident=client_id, parent=msg)
@@ -215,6 +193,7 @@ class BroadcastRecords:
             except Exception:  # ipyparallel's own handler reports malformed requests
                 pass
             return resubmit(client_id, msg)
+
         return checked
 
     def _hold_early(self, vid, value):
@@ -305,8 +284,11 @@ class BroadcastRecords:
         )
         outputs = md.get(P.OUTPUTS_KEY)
         if isinstance(outputs, dict):  # our engine's outputs, in the reply (see kernel)
-            result.update(stdout=outputs.get("stdout") or "", stderr=outputs.get("stderr") or "",
-                          outputs=list(outputs.get("outputs") or ()))
+            result.update(
+                stdout=outputs.get("stdout") or "",
+                stderr=outputs.get("stderr") or "",
+                outputs=list(outputs.get("outputs") or ()),
+            )
         if vid in hub.pending or vid in hub.all_completed:
             self._finish(vid, eid, result)
         else:
@@ -352,7 +334,7 @@ class BroadcastRecords:
         parent = msg.get("parent_header") or {}
         msg_id = parent.get("msg_id")
         if is_broadcast_id(msg_id):  # after its request's copy, in the journal
-            self._defer(self._save_broadcast_iopub, topics, msg)
+            self.journal.defer(self._save_broadcast_iopub, topics, msg)
             return None
         return self._save_iopub(topics, msg)
 

@@ -12,78 +12,95 @@ from __future__ import annotations
 from traitlets import Bool, Enum, Float, Integer, Union, validate
 from traitlets.config import Configurable
 
-from ..wire.topology import TreeShape
+from ..wire.topology import TreeShape, auto_shape
 
 
 class TreeSettings(Configurable):
     """The tree's shape, its heartbeats, and the paths big data takes."""
 
     depth = Union(
-        [Integer(), Enum(["auto"])], default_value=1, config=True,
+        [Integer(), Enum(["auto"])],
+        default_value=1,
+        config=True,
         help="Levels of relay nodes below the root (0: root only), or 'auto' (see topology.auto_shape).",
     )
     fanout = Union(
-        [Integer(), Enum(["auto"])], default_value=2, config=True,
+        [Integer(), Enum(["auto"])],
+        default_value=2,
+        config=True,
         help="Children per relay node (at least 2), or 'auto' (see topology.auto_shape).",
     )
     engines = Integer(
-        64, config=True,
+        64,
+        config=True,
         help="Engines the tree is sized for when depth or fanout is 'auto' "
         "(ipcluster and ipyparallel_broadcast.Cluster pass their engine count).",
     )
     hosts = Integer(
-        1, config=True,
+        1,
+        config=True,
         help="Engine hosts the tree is sized for when depth or fanout is 'auto'. Engines on "
         "hosts other than the controller's reach it through one host relay per host "
         "(see hostrelay), so the controller-side leaves serve hosts, not engines.",
     )
     ping_interval = Float(0.5, config=True, help="Seconds between a relay node's pings to its children.")
     node_timeout = Float(
-        10.0, config=True,
+        10.0,
+        config=True,
         help="A child relay node silent for this many seconds is lost: what waits on it fails. "
         "(A node that dies is noticed at the next ping: its link closes.)",
     )
     heap_trim_interval = Float(
-        10.0, config=True,
+        10.0,
+        config=True,
         help="Seconds between a relay node's returns of freed heap to the OS (glibc's "
         "malloc_trim), while messages flow: its RSS stays flat over millions of calls. 0: never.",
     )
     hub_records = Bool(
-        True, config=True,
+        True,
+        config=True,
         help="Keep per-engine task records of broadcasts in the hub, as for DirectView "
         "(rc.db_query, result_status, queue_status). The root copies each request and "
         "leaves copy each engine reply to the hub.",
     )
     shared_memory = Bool(
-        True, config=True,
+        True,
+        config=True,
         help="Send request buffers of 1 MiB or more to the engines of a relay's own host "
         "once, through /dev/shm, mapped copy-on-write by each engine (see shm). Off: each "
         "engine gets its own copy over ZeroMQ.",
     )
     shared_memory_threshold = Integer(
-        1 << 20, config=True,
+        1 << 20,
+        config=True,
         help="The smallest request buffer, in bytes, that shared_memory sends once per host.",
     )
     host_chunks = Bool(
-        True, config=True,
+        True,
+        config=True,
         help="Send a request's big buffers to host relays in pipelined chunks, host to host "
         "along a tree of the hosts (see bulk), instead of one whole copy from a leaf to each host.",
     )
     host_chunk_size = Integer(512 << 10, config=True, help="Bytes per chunk (host_chunks).")
     host_chunk_threshold = Integer(
-        1 << 20, config=True, help="The smallest request buffer, in bytes, that goes in chunks (host_chunks).")
+        1 << 20, config=True, help="The smallest request buffer, in bytes, that goes in chunks (host_chunks)."
+    )
     host_chunk_fanout = Integer(
-        0, config=True,
+        0,
+        config=True,
         help="How many hosts each host feeds chunks to: 1 is a chain; 0 picks it per request "
         "from the alpha-beta model (linkmodel).",
     )
     node_restarts = Integer(
-        10, config=True,
+        10,
+        config=True,
         help="A dead relay node is restarted, unless it was restarted this many times within the last "
         "node_restart_window seconds (a crash loop): then the controller gives up on it.",
     )
     node_restart_window = Float(
-        60.0, config=True, help="Seconds over which node_restarts are counted (see node_restarts).",
+        60.0,
+        config=True,
+        help="Seconds over which node_restarts are counted (see node_restarts).",
     )
 
     @validate("depth")
@@ -97,3 +114,29 @@ class TreeSettings(Configurable):
         if proposal.value != "auto":
             TreeShape(0, proposal.value)
         return proposal.value
+
+    auto_inputs = None  # engines and cores an 'auto' shape was picked for
+
+    @property
+    def shape(self) -> TreeShape:
+        """The tree; an 'auto' depth or fanout is decided (once) here."""
+        if "auto" in (self.depth, self.fanout):
+            from ..engine.compose.host import cpu_count
+
+            fixed = [None if v == "auto" else v for v in (self.depth, self.fanout)]
+            # engines on other hosts sit behind one relay a host: the leaves serve hosts
+            served = self.hosts if self.hosts > 1 else self.engines
+            shape = auto_shape(served, cpu_count(), *fixed)
+            self.auto_inputs = dict(engines=self.engines, cores=cpu_count())
+            if self.hosts > 1:
+                self.auto_inputs["hosts"] = self.hosts
+            self.log.info(
+                "Broadcast tree 'auto' for %i %s on %i cores: depth=%i fanout=%i",
+                served,
+                "hosts" if self.hosts > 1 else "engines",
+                cpu_count(),
+                shape.depth,
+                shape.fanout,
+            )
+            self.depth, self.fanout = shape.depth, shape.fanout
+        return TreeShape(self.depth, self.fanout)

@@ -15,18 +15,17 @@ import atexit
 import time
 
 import zmq
-
 from ipyparallel.engine import app as ipp_engine_app
 from ipyparallel.engine.app import IPEngine
 from ipyparallel.engine.app import aliases as engine_aliases
 from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
 
+from ..host.link import HOST_KEY, HostLink, host_label
+from ..wire.logs import drop_unwritten_levels
+from ..wire.naming import TREE_KEY
 from . import compose
 from .compose.host import cluster_key
-from ..host.link import HOST_KEY, HostLink, host_label
 from .kernel import BroadcastKernel
-from ..wire.naming import TREE_KEY
-from ..wire.logs import drop_unwritten_levels
 
 ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]
 
@@ -45,20 +44,19 @@ class BroadcastEngine(IPEngine):
     )
     compose_factor = Float(1.0, config=True, help="Oversubscription factor of the static budget.")
     compose_pin = Bool(False, config=True, help="Static mode: pin to this engine's slice of cores.")
-    compose_requests = Bool(
-        False, config=True, help="Counting mode: run every request in a threads() region."
-    )
-    compose_strict = Bool(
-        False, config=True, help="Counting mode: regions wait for at least one token."
-    )
+    compose_requests = Bool(False, config=True, help="Counting mode: run every request in a threads() region.")
+    compose_strict = Bool(False, config=True, help="Counting mode: regions wait for at least one token.")
     host_relay = CaselessStrEnum(
-        ["auto", "always", "never"], "auto", config=True,
+        ["auto", "always", "never"],
+        "auto",
+        config=True,
         help="""Reach the broadcast tree through a relay on this host (one per host,
         started by its engines; see ipyparallel_broadcast.relay.hostshell): 'auto' on a
         host other than the controller's, 'always', or 'never' (straight to a leaf).""",
     )
     host_relay_ip = Unicode(
-        "", config=True,
+        "",
+        config=True,
         help="""The address this host's relay listens on for the chunks of big requests
         that other hosts send it (see ipyparallel_broadcast.relay.bulk); a random port.
         Default: the address of the interface that reaches the controller.""",
@@ -83,8 +81,12 @@ class BroadcastEngine(IPEngine):
             self.exit(1)
         self.log.info(
             "compose %s: %i threads (%i cores, %i engines on %s, rank %s)",
-            status["mode"], status["budget"], status["cores"], status["engines_on_host"],
-            status["host"], status["rank"],
+            status["mode"],
+            status["budget"],
+            status["cores"],
+            status["engines_on_host"],
+            status["host"],
+            status["rank"],
         )
 
     def start_heartbeat(self, *args, **kwargs):
@@ -124,8 +126,13 @@ class BroadcastEngine(IPEngine):
             return connect  # ipyparallel reports the refusal
         eid, uuid = content["id"], self.bident.decode()
         link = self.host_link = HostLink.from_connection(
-            self.connection_info, self.session, host_label(), self.curve_serverkey, self.log_level,
-            ip=self.host_relay_ip)
+            self.connection_info,
+            self.session,
+            host_label(),
+            self.curve_serverkey,
+            self.log_level,
+            ip=self.host_relay_ip,
+        )
         link.attach(eid)
         place, leaves = link.place, link.leaves
         await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pickle
 import types
 from collections import OrderedDict
-from typing import Callable, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 from ipyparallel.serialize import serialize_object
 from ipyparallel.serialize.serialize import deserialize_object
@@ -50,7 +50,7 @@ class Functions:
         self._kept: OrderedDict = OrderedDict()
         self.hits = self.misses = 0
 
-    def load(self, bufs: Sequence, g) -> Tuple[Callable, int]:
+    def load(self, bufs: Sequence, g) -> tuple[Callable, int]:
         """``f`` and the number of buffers it took from the front of ``bufs``."""
         key = bytes(bufs[0])
         f = self._kept.get(key)
@@ -90,15 +90,20 @@ def unpack_call(bufs: Sequence, g, functions: Functions):
     return f, tuple(args), kwargs
 
 
-def run_apply(bufs: Sequence, g, functions: Functions, buffer_threshold: int, item_threshold: int,
-              on_error: Callable[[BaseException], dict]):
+def run_apply(
+    bufs: Sequence,
+    g,
+    functions: Functions,
+    buffer_threshold: int,
+    item_threshold: int,
+    on_error: Callable[[BaseException], dict],
+):
     """``(reply content, result buffers)`` of one apply: ``on_error`` makes the
     content of an exception raised while unpacking, calling or serializing."""
     try:
         f, args, kwargs = unpack_call(bufs, g, functions)
         result = f(*args, **kwargs)
-        result_buf = serialize_object(result, buffer_threshold=buffer_threshold,
-                                      item_threshold=item_threshold)
+        result_buf = serialize_object(result, buffer_threshold=buffer_threshold, item_threshold=item_threshold)
     except BaseException as e:
         return on_error(e), []
     return {"status": "ok"}, result_buf

@@ -31,7 +31,7 @@ def preimport():
     the compose mode sets thread limits before NumPy's BLAS starts its pool."""
     from ipyparallel.engine import app, kernel, nanny  # noqa: F401
 
-    from . import compose, app as engine  # noqa: F401
+    from . import compose  # noqa: F401
     from . import kernel as ours  # noqa: F401
 
 

@@ -24,16 +24,16 @@ import sys
 import time
 from contextvars import copy_context
 
+from ipykernel.kernelbase import Kernel
 from ipyparallel import error
 from ipyparallel.engine.kernel import IPythonParallelKernel
-from ipykernel.kernelbase import Kernel
 
-from ..wire import protocol as P
-from ..host import shm
-from .applycall import Functions, run_apply
-from ..wire.protocol import OUTPUTS_KEY
 from ..compat import ipykernel as ipk
 from ..compat.pyzmq import Direct, lean
+from ..host import shm
+from ..wire import protocol as P
+from ..wire.protocol import OUTPUTS_KEY
+from .applycall import Functions, run_apply
 
 _SIGINT = int(_signal.SIGINT)
 
@@ -110,8 +110,7 @@ class Captured:
         return False
 
     def outputs(self) -> dict:
-        out = dict(stdout=self.stdout.getvalue(), stderr=self.stderr.getvalue(),
-                   outputs=self.displays.outputs)
+        out = dict(stdout=self.stdout.getvalue(), stderr=self.stderr.getvalue(), outputs=self.displays.outputs)
         if self.data.used:
             out["iopub"] = True
         return out
@@ -226,8 +225,14 @@ class BroadcastKernel(IPythonParallelKernel):
         """ipyparallel's, with ``f`` called directly and unpickled once per
         distinct function (``applycall``)."""
         session = self.session
-        return run_apply(bufs, self.shell.user_ns, self.functions, session.buffer_threshold,
-                         session.item_threshold, self._apply_error)
+        return run_apply(
+            bufs,
+            self.shell.user_ns,
+            self.functions,
+            session.buffer_threshold,
+            session.item_threshold,
+            self._apply_error,
+        )
 
     def _apply_error(self, e: BaseException) -> dict:
         """A failed apply's reply content, as ipyparallel's ``do_apply`` makes it."""
@@ -240,9 +245,13 @@ class BroadcastKernel(IPythonParallelKernel):
             evalue = str(e)
         except Exception as str_error:
             evalue = f"Failed to cast exception to string: {str_error}"
-        content = dict(status="error", ename=type(e).__name__, evalue=evalue,
-                       traceback=ipk.last_traceback(shell),
-                       engine_info=self.get_engine_info(method="apply"))
+        content = dict(
+            status="error",
+            ename=type(e).__name__,
+            evalue=evalue,
+            traceback=ipk.last_traceback(shell),
+            engine_info=self.get_engine_info(method="apply"),
+        )
         ipk.set_last_traceback(shell, None)
         self.log.info("Exception in apply request:\n%s", "\n".join(content["traceback"]))
         return content
@@ -261,7 +270,7 @@ class BroadcastKernel(IPythonParallelKernel):
             return shm.expand(msg, at, self.codec.sign)
         except shm.ShmError as e:
             self.log.error("a request's shared buffers cannot be mapped: %s", e)
-            self._refuse(msg[:at] + msg[at + 1:], e)
+            self._refuse(msg[:at] + msg[at + 1 :], e)
             return None
 
     def _greeted(self, msg):
@@ -318,7 +327,8 @@ class BroadcastKernel(IPythonParallelKernel):
             self.shell_is_blocking = True
             try:
                 content, result_buf = self.do_apply(
-                    parent["content"], parent["buffers"], parent["header"]["msg_id"], md)
+                    parent["content"], parent["buffers"], parent["header"]["msg_id"], md
+                )
             finally:
                 self.shell_is_blocking = False
         self.reply(stream, ident, parent, content, result_buf, md, captured.outputs())

@@ -49,8 +49,7 @@ class Place:
 
     @staticmethod
     def base() -> str:
-        return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(),
-                            "ipyparallel-broadcast")
+        return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "ipyparallel-broadcast")
 
     @staticmethod
     def prefix(key: bytes) -> str:
@@ -86,20 +85,31 @@ class HostLink:
         self.watching = False
 
     @classmethod
-    def from_connection(cls, info: dict, session, label: str, curve_serverkey=None,
-                        log_level=30, ip: str = "") -> "HostLink":
+    def from_connection(
+        cls, info: dict, session, label: str, curve_serverkey=None, log_level=30, ip: str = ""
+    ) -> HostLink:
         """The link of an engine whose engine connection file is ``info``."""
         from ..wire.naming import TREE_KEY
 
         place = Place(session.key, label, curve=bool(curve_serverkey))
-        link = cls(dict(
-            key=session.key.decode(), signature_scheme=session.signature_scheme,
-            packer=session.packer, unpacker=session.unpacker, host=label,
-            depth=info[TREE_KEY]["depth"], fanout=info[TREE_KEY]["fanout"],
-            shm=info[TREE_KEY].get("shm", True), shm_threshold=info[TREE_KEY].get("shm_threshold"),
-            down_url=place.down_url, log_level=log_level, ip=ip,
-            curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
-        ), place)
+        link = cls(
+            dict(
+                key=session.key.decode(),
+                signature_scheme=session.signature_scheme,
+                packer=session.packer,
+                unpacker=session.unpacker,
+                host=label,
+                depth=info[TREE_KEY]["depth"],
+                fanout=info[TREE_KEY]["fanout"],
+                shm=info[TREE_KEY].get("shm", True),
+                shm_threshold=info[TREE_KEY].get("shm_threshold"),
+                down_url=place.down_url,
+                log_level=log_level,
+                ip=ip,
+                curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
+            ),
+            place,
+        )
         link.leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]
         return link
 
@@ -139,8 +149,13 @@ class HostLink:
             spec = dict(self.spec, lock_fd=fd)
             with open(self.place.log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "ipyparallel_broadcast.relay.hostshell"], stdin=subprocess.PIPE,
-                    stdout=out, stderr=subprocess.STDOUT, pass_fds=(fd,), start_new_session=True)
+                    [sys.executable, "-m", "ipyparallel_broadcast.relay.hostshell"],
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(fd,),
+                    start_new_session=True,
+                )
             proc.stdin.write(json.dumps(spec).encode())
             proc.stdin.close()
             log.info("started the host relay of %s (pid %s)", self.place.label, proc.pid)
@@ -177,8 +192,10 @@ class HostLink:
             finally:
                 sock.close()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the host relay of {self.place.label} did not take engine {eid} "
-                                   f"in {timeout:g} s; see {self.place.log_path}")
+                raise TimeoutError(
+                    f"the host relay of {self.place.label} did not take engine {eid} "
+                    f"in {timeout:g} s; see {self.place.log_path}"
+                )
         if not self.watching:
             self.watching = True
             threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()

@@ -34,7 +34,7 @@ import mmap
 import os
 import secrets
 import struct
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 from ..wire import protocol as P
 
@@ -82,7 +82,7 @@ class Reference:
     ``MARK + signature + b" " + JSON {name, bufs: [[index, offset, nbytes]]}``;
     the signature is the session's HMAC over the JSON, made once per request."""
 
-    def __init__(self, name: str, bufs: Sequence[Tuple[int, int, int]]):
+    def __init__(self, name: str, bufs: Sequence[tuple[int, int, int]]):
         self.name, self.bufs = name, [tuple(b) for b in bufs]
 
     def content(self) -> dict:
@@ -94,10 +94,10 @@ class Reference:
         return MARK + sign([payload]) + b" " + payload
 
     @classmethod
-    def parse(cls, frame: bytes, sign) -> "Reference":
+    def parse(cls, frame: bytes, sign) -> Reference:
         import hmac
 
-        head, sep, payload = frame[len(MARK):].partition(b" ")
+        head, sep, payload = frame[len(MARK) :].partition(b" ")
         if not sep or not hmac.compare_digest(head, sign([payload])):
             raise ShmError(errno.EPERM, "shared-memory reference with a bad signature")
         try:
@@ -106,7 +106,7 @@ class Reference:
             raise ShmError(errno.EINVAL, f"malformed shared-memory reference: {e}") from e
 
     @classmethod
-    def from_content(cls, d) -> "Reference":
+    def from_content(cls, d) -> Reference:
         try:
             name, bufs = d["name"], [(int(i), int(o), int(n)) for i, o, n in d["bufs"]]
         except (ValueError, KeyError, TypeError) as e:
@@ -124,12 +124,12 @@ def is_reference(frame) -> bool:
 class ShmStore:
     """A relay's segments: written once, named for its process, swept."""
 
-    def __init__(self, root: Optional[str] = None, threshold: int = THRESHOLD):
+    def __init__(self, root: str | None = None, threshold: int = THRESHOLD):
         self.root, self.threshold = root or directory(), threshold
         self.ident = identity()
         self.failed_once = False
 
-    def put(self, buffers: Sequence, readers: int = HELD) -> Optional[Reference]:
+    def put(self, buffers: Sequence, readers: int = HELD) -> Reference | None:
         """Write ``buffers`` (index, bytes-like) in one new segment that
         ``readers`` engines will map (the last unlinks it); by default, as many
         as the relays below want, and only this relay unlinks it (``drop``).
@@ -139,7 +139,7 @@ class ShmStore:
             return None
         ref, fd, path = made
         try:
-            for (_, off, n), (_, buf) in zip(ref.bufs, buffers):
+            for (_, off, _n), (_, buf) in zip(ref.bufs, buffers):
                 _write_all(fd, memoryview(buf).cast("B"), off)
         except OSError as e:
             _unlink(path)
@@ -148,7 +148,7 @@ class ShmStore:
             os.close(fd)
         return ref
 
-    def reserve(self, sizes: Sequence[Tuple[int, int]]) -> Optional[Tuple[Reference, List[memoryview]]]:
+    def reserve(self, sizes: Sequence[tuple[int, int]]) -> tuple[Reference, list[memoryview]] | None:
         """A new segment for buffers of ``sizes`` ((index, nbytes)) that only
         this relay unlinks, mapped writable here: the views to fill (chunks
         arriving, see ``schedulers.bulk``). None if shared memory cannot take it."""
@@ -157,8 +157,9 @@ class ShmStore:
             return None
         ref, fd, path = made
         try:
-            views = [memoryview(mmap.mmap(fd, n, offset=off)) if n else memoryview(bytearray())
-                     for _, off, n in ref.bufs]
+            views = [
+                memoryview(mmap.mmap(fd, n, offset=off)) if n else memoryview(bytearray()) for _, off, n in ref.bufs
+            ]
         except OSError as e:
             _unlink(path)
             return self._fall_back(e)
@@ -188,7 +189,7 @@ class ShmStore:
             return self._fall_back(e)
         return Reference(name, layout), fd, path
 
-    def map(self, ref: Reference) -> List[Tuple[int, memoryview]]:
+    def map(self, ref: Reference) -> list[tuple[int, memoryview]]:
         """A segment a parent relay of this host wrote, mapped read-only to
         send its buffers on from: ``[(index, view)]``. Raises ``ShmError``."""
         return map_reference(ref, self.root, engine=False)
@@ -200,8 +201,12 @@ class ShmStore:
     def _fall_back(self, e: OSError) -> None:
         if not self.failed_once:
             self.failed_once = True
-            log.warning("shared memory in %s cannot take a request (%s): engines of this host "
-                        "get their own copies instead (logged once)", self.root, e)
+            log.warning(
+                "shared memory in %s cannot take a request (%s): engines of this host "
+                "get their own copies instead (logged once)",
+                self.root,
+                e,
+            )
         return None
 
 
@@ -218,7 +223,7 @@ def _unlink(path: str):
         pass
 
 
-def sweep(root: Optional[str] = None) -> List[str]:
+def sweep(root: str | None = None) -> list[str]:
     """Remove this user's segments whose relay is no longer alive; their names."""
     root = root or directory()
     head = f"ipb-shm-{os.getuid()}-"
@@ -231,7 +236,7 @@ def sweep(root: Optional[str] = None) -> List[str]:
         if not name.startswith(head):
             continue
         try:
-            pid = int(name[len(head):].split("-", 1)[0])
+            pid = int(name[len(head) :].split("-", 1)[0])
         except ValueError:
             continue
         if not pid_alive(pid):
@@ -252,7 +257,7 @@ def pid_alive(pid) -> bool:
 
 
 # -------------------------------------------------------------- engine's side
-def map_reference(ref: Reference, root: Optional[str] = None, engine: bool = True) -> List[Tuple[int, memoryview]]:
+def map_reference(ref: Reference, root: str | None = None, engine: bool = True) -> list[tuple[int, memoryview]]:
     """Map each buffer of ``ref`` copy-on-write: ``[(index, writable view)]``.
     The last engine to map the segment unlinks its name. Not ``engine`` (a
     relay): read-only, and not counted."""
@@ -270,8 +275,13 @@ def map_reference(ref: Reference, root: Optional[str] = None, engine: bool = Tru
             if n == 0:
                 views.append((index, memoryview(bytearray())))
                 continue
-            mm = mmap.mmap(fd, n, flags=mmap.MAP_PRIVATE if engine else mmap.MAP_SHARED,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE if engine else mmap.PROT_READ, offset=offset)
+            mm = mmap.mmap(
+                fd,
+                n,
+                flags=mmap.MAP_PRIVATE if engine else mmap.MAP_SHARED,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE if engine else mmap.PROT_READ,
+                offset=offset,
+            )
             views.append((index, memoryview(mm)))  # the view keeps the mapping alive
     finally:
         os.close(fd)  # each mapping keeps a duplicate: the count is locked through another
@@ -296,7 +306,7 @@ def _count_down(path: str):
         os.close(fd)
 
 
-def reference_in(frames: Sequence) -> Optional[int]:
+def reference_in(frames: Sequence) -> int | None:
     """The position of a ``Reference`` among the idents of ``frames``, if any."""
     for i, frame in enumerate(frames):
         data = P.as_bytes(frame) if len(frame) <= 4096 else b""
@@ -312,7 +322,7 @@ def expand(frames: list, at: int, sign) -> list:
     ``at`` removed and the buffers it names mapped in place of their (empty)
     frames. Raises ``ShmError``."""
     ref = Reference.parse(P.as_bytes(frames[at]), sign)
-    rest = frames[:at] + frames[at + 1:]
+    rest = frames[:at] + frames[at + 1 :]
     first = 1 + 5 + next(k for k, f in enumerate(rest) if len(f) == len(P._DELIM) and P.as_bytes(f) == P._DELIM)
     if any(first + index >= len(rest) for index, _, _ in ref.bufs):
         raise ShmError(errno.EINVAL, "a shared-memory reference names a buffer the request lacks")

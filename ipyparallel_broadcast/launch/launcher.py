@@ -23,7 +23,7 @@ from ipyparallel.cluster.launcher import (
     LocalEngineLauncher,
     LocalEngineSetLauncher,
 )
-from traitlets import Bool, Enum, Integer, List, Union, Unicode, default
+from traitlets import Bool, Enum, Integer, List, Unicode, Union, default
 
 CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
 ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
@@ -73,7 +73,8 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
     launcher_class = BroadcastEngineLauncher
     engine_cmd = List(list(ENGINE_CMD), config=True)
     fork = Bool(
-        False, config=True,
+        False,
+        config=True,
         help="Fork the engines from one pre-imported template process "
         "(ipyparallel_broadcast.engine.forked): faster to start, less memory per engine.",
     )
@@ -145,7 +146,7 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
         for arg in self.engine_args:
             for flag in ("--BroadcastEngine.compose=", "--compose="):
                 if arg.startswith(flag):
-                    mode = arg[len(flag):]
+                    mode = arg[len(flag) :]
         return mode
 
 
@@ -159,17 +160,21 @@ class Cluster(ipp.Cluster):
     """
 
     depth = Union(
-        [Integer(), Enum(["auto"])], default_value=None, allow_none=True, config=True,
+        [Integer(), Enum(["auto"])],
+        default_value=None,
+        allow_none=True,
+        config=True,
         help="Tree depth, or 'auto' (controller default if None).",
     )
     fanout = Union(
-        [Integer(), Enum(["auto"])], default_value=None, allow_none=True, config=True,
+        [Integer(), Enum(["auto"])],
+        default_value=None,
+        allow_none=True,
+        config=True,
         help="Tree fan-out, or 'auto' (controller default if None).",
     )
 
-    compose = Unicode(
-        None, allow_none=True, config=True, help="Engines' compose mode (engine default if None)."
-    )
+    compose = Unicode(None, allow_none=True, config=True, help="Engines' compose mode (engine default if None).")
     fork_engines = Bool(False, config=True, help="Fork local engines from one template process.")
 
     @default("controller_launcher_class")

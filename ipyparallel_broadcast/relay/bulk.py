@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..wire import protocol as P
-from .linkmodel import Link, estimate
 from ..wire.topology import HOST_PREFIX, host_ident
 from .events import Send
+from .linkmodel import Link, estimate
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,11 @@ class Layout:
     """Which buffers of a request go in chunks, and their sizes:
     chunk ``j`` is bytes ``[o, o + size)`` of one buffer, buffer by buffer."""
 
-    bufs: Tuple[Tuple[int, int], ...]  # (index among the request's buffers, nbytes)
+    bufs: tuple[tuple[int, int], ...]  # (index among the request's buffers, nbytes)
     chunk: int
 
     @property
-    def counts(self) -> List[int]:
+    def counts(self) -> list[int]:
         return [max(1, -(-n // self.chunk)) for _, n in self.bufs]
 
     @property
@@ -64,7 +64,7 @@ class Layout:
     def nbytes(self) -> int:
         return sum(n for _, n in self.bufs)
 
-    def locate(self, j: int) -> Tuple[int, int, int]:
+    def locate(self, j: int) -> tuple[int, int, int]:
         """(position in ``bufs``, offset, size) of chunk ``j``."""
         for k, count in enumerate(self.counts):
             if j < count:
@@ -77,27 +77,32 @@ class Layout:
         return dict(bufs=[list(b) for b in self.bufs], chunk=self.chunk)
 
     @classmethod
-    def from_content(cls, d, n_buffers: int) -> "Layout":
+    def from_content(cls, d, n_buffers: int) -> Layout:
         try:
             bufs = tuple((int(i), int(n)) for i, n in d["bufs"])
             layout = cls(bufs, int(d["chunk"]))
         except (KeyError, TypeError, ValueError) as e:
             raise P.ProtocolError(f"bad chunk layout: {e}") from e
         indices = [i for i, _ in bufs]
-        if layout.chunk < 1 or not bufs or len(set(indices)) != len(indices) \
-                or not all(0 <= i < n_buffers and n >= 0 for i, n in bufs) or layout.n > MAX_CHUNKS:
+        if (
+            layout.chunk < 1
+            or not bufs
+            or len(set(indices)) != len(indices)
+            or not all(0 <= i < n_buffers and n >= 0 for i, n in bufs)
+            or layout.n > MAX_CHUNKS
+        ):
             raise P.ProtocolError(f"bad chunk layout {d!r}")
         return layout
 
 
-def plan(hosts: Sequence, fanout: int) -> Dict[object, list]:
+def plan(hosts: Sequence, fanout: int) -> dict[object, list]:
     """A tree of ``hosts`` under the sender (key ``None``), breadth first:
     the sender feeds the first ``fanout``; host ``i`` feeds hosts
     ``fanout * (i + 1)`` to ``fanout * (i + 1) + fanout - 1``."""
-    tree: Dict[object, list] = {None: list(hosts[:fanout])}
+    tree: dict[object, list] = {None: list(hosts[:fanout])}
     for i, host in enumerate(hosts):
         first = fanout * (i + 1)
-        tree[host] = list(hosts[first:first + fanout])
+        tree[host] = list(hosts[first : first + fanout])
     return tree
 
 
@@ -105,8 +110,9 @@ def choose_fanout(n_hosts: int, nbytes: int, chunk: int, link: Link = ASSUMED) -
     """The pipelined tree's fanout the model finds fastest for this request
     (chunks fixed by ``chunk``); a chain for the few hosts of most clusters."""
     chunks = max(1, math.ceil(nbytes / chunk))
-    return min(range(1, 5), key=lambda k: estimate("pipelined tree", n_hosts, nbytes, link, k,
-                                                   max_chunks=chunks).seconds)
+    return min(
+        range(1, 5), key=lambda k: estimate("pipelined tree", n_hosts, nbytes, link, k, max_chunks=chunks).seconds
+    )
 
 
 def digest(data) -> str:
@@ -119,9 +125,9 @@ class Outgoing:
 
     id: str
     layout: Layout
-    tree: Dict[object, list]  # host key (None: the leaf) -> the hosts it feeds
-    messages: List[list]  # each chunk's signed message, made once
-    urls: Dict[bytes, str]  # host -> its bulk socket
+    tree: dict[object, list]  # host key (None: the leaf) -> the hosts it feeds
+    messages: list[list]  # each chunk's signed message, made once
+    urls: dict[bytes, str]  # host -> its bulk socket
 
 
 @dataclass
@@ -130,8 +136,8 @@ class Incoming:
 
     id: str
     layout: Layout
-    to: List[Tuple[str, str]]  # the hosts this one feeds: (label, url)
-    key: Optional[str]  # the request it completes (None: it was done here already)
+    to: list[tuple[str, str]]  # the hosts this one feeds: (label, url)
+    key: str | None  # the request it completes (None: it was done here already)
     last: float  # when a chunk last arrived
     buffers: list = field(default_factory=list)  # writable views, in the order of ``layout.bufs``
     have: set = field(default_factory=set)
@@ -146,23 +152,30 @@ class Bulk:
     """One node's chunks in flight: those it sends (a leaf) and those it
     assembles and passes on (a host relay)."""
 
-    def __init__(self, codec: P.Codec, clock: Callable[[], float], stall: float,
-                 chunk: int = CHUNK, threshold: int = THRESHOLD, fanout: int = 0):
+    def __init__(
+        self,
+        codec: P.Codec,
+        clock: Callable[[], float],
+        stall: float,
+        chunk: int = CHUNK,
+        threshold: int = THRESHOLD,
+        fanout: int = 0,
+    ):
         self.codec, self.clock, self.stall = codec, clock, stall
         # where a host relay assembles: sizes -> (segment, views) in shared memory, or None
-        self.reserve: Callable[[tuple], Optional[tuple]] = lambda sizes: None
+        self.reserve: Callable[[tuple], tuple | None] = lambda sizes: None
         self.discard: Callable[[object], None] = lambda ref: None  # a segment no request took
         self.chunk, self.threshold, self.fanout = chunk, threshold, fanout  # fanout 0: chosen per request
-        self.outgoing: Dict[str, Outgoing] = {}  # request key -> its chunks
-        self.incoming: Dict[str, Incoming] = {}  # bulk id -> its assembly
-        self.early: Dict[str, list] = {}  # bulk id -> chunks come before their envelope
-        self.early_since: Dict[str, float] = {}
+        self.outgoing: dict[str, Outgoing] = {}  # request key -> its chunks
+        self.incoming: dict[str, Incoming] = {}  # bulk id -> its assembly
+        self.early: dict[str, list] = {}  # bulk id -> chunks come before their envelope
+        self.early_since: dict[str, float] = {}
         self.early_bytes = 0
         self.sent = self.received = self.forwarded = self.duplicates = 0  # chunks, for stats
-        self.last: Optional[dict] = None  # the last request's plan: fanout, hosts in order, chunks
+        self.last: dict | None = None  # the last request's plan: fanout, hosts in order, chunks
 
     # ------------------------------------------------------------- the leaf
-    def start(self, p, hosts: List[Tuple[bytes, str]], boot: str) -> Optional[Outgoing]:
+    def start(self, p, hosts: list[tuple[bytes, str]], boot: str) -> Outgoing | None:
         """Chunks for request ``p`` to ``hosts`` ((identity, bulk url)), if it
         has big buffers; the first sends, to the hosts the leaf feeds, are ``sends_for``."""
         if not hosts or p.stock or p.rename is not None:
@@ -176,22 +189,22 @@ class Bulk:
         messages = []
         for j in range(layout.n):
             k, offset, size = layout.locate(j)
-            data = memoryview(p.inner[5 + bufs[k][0]]).cast("B")[offset:offset + size]
+            data = memoryview(p.inner[5 + bufs[k][0]]).cast("B")[offset : offset + size]
             messages.append(self.codec.pack(CHUNK_MSG, dict(id=out_id, i=j, d=digest(data)), [data]))
         out = Outgoing(out_id, layout, plan([h for h, _ in hosts], fanout), messages, dict(hosts))
-        self.last = dict(fanout=fanout, chunks=layout.n, hosts=[h[len(HOST_PREFIX):].decode() for h, _ in hosts])
+        self.last = dict(fanout=fanout, chunks=layout.n, hosts=[h[len(HOST_PREFIX) :].decode() for h, _ in hosts])
         self.outgoing[p.key] = out
         return out
 
-    def envelope(self, out: Outgoing, host: bytes, frames: list) -> Tuple[dict, list]:
+    def envelope(self, out: Outgoing, host: bytes, frames: list) -> tuple[dict, list]:
         """What ``host``'s request carries: the layout and the hosts it feeds;
         its frames, less the chunked buffers."""
         chunked = {5 + i for i, _ in out.layout.bufs}
-        feeds = [[h[len(HOST_PREFIX):].decode(), out.urls[h]] for h in out.tree.get(host, [])]
+        feeds = [[h[len(HOST_PREFIX) :].decode(), out.urls[h]] for h in out.tree.get(host, [])]
         content = dict(out.layout.content(), id=out.id, to=feeds)
         return content, [b"" if k in chunked else f for k, f in enumerate(frames)]
 
-    def sends_for(self, out: Outgoing, hosts) -> List[Send]:
+    def sends_for(self, out: Outgoing, hosts) -> list[Send]:
         """Every chunk, to each of ``hosts`` (identities)."""
         sends = []
         for host in hosts:
@@ -200,7 +213,7 @@ class Bulk:
         self.sent += len(sends)
         return sends
 
-    def orphaned(self, host: bytes) -> List[Send]:
+    def orphaned(self, host: bytes) -> list[Send]:
         """``host`` is lost: the hosts it fed get every chunk from the leaf
         (and the link to it goes, with what it still held)."""
         urls = {out.urls[host] for out in self.outgoing.values() if host in out.urls}
@@ -219,19 +232,21 @@ class Bulk:
                 inc.key = None  # its chunks still go on to the hosts it feeds
 
     # ------------------------------------------------------- a host relay
-    def expect(self, p, content, n_buffers: int) -> Tuple[Incoming, List[Send]]:
+    def expect(self, p, content, n_buffers: int) -> tuple[Incoming, list[Send]]:
         """``p`` came with a chunk layout: assemble it (chunks come on the bulk socket)."""
         if not isinstance(content, dict) or not isinstance(content.get("id"), str):
             raise P.ProtocolError("bulk content without an id")
         layout = Layout.from_content(content, n_buffers)
         to = content.get("to") or []
-        if not isinstance(to, list) or not all(isinstance(t, list) and len(t) == 2 and
-                                               all(isinstance(s, str) for s in t) for t in to):
+        if not isinstance(to, list) or not all(
+            isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t) for t in to
+        ):
             raise P.ProtocolError("bulk content with a bad list of hosts to feed")
         if content["id"] in self.incoming:
             raise P.ProtocolError(f"bulk id {content['id']!r} in use")
-        inc = self.incoming[content["id"]] = Incoming(content["id"], layout, [tuple(t) for t in to],
-                                                      p.key, self.clock())
+        inc = self.incoming[content["id"]] = Incoming(
+            content["id"], layout, [tuple(t) for t in to], p.key, self.clock()
+        )
         made = self.reserve(layout.bufs)  # written in place: the engines of this host map it
         if made is not None:
             inc.ref, views = made
@@ -245,7 +260,7 @@ class Bulk:
             sends += self._take(inc, frames)
         return inc, sends
 
-    def on_chunk(self, frames) -> Tuple[List[Send], Optional[Incoming]]:
+    def on_chunk(self, frames) -> tuple[list[Send], Incoming | None]:
         """A chunk from the host (or leaf) that feeds this one: checked, passed
         on, kept; the assembly if it is now complete."""
         _, body = P.split_idents(frames)
@@ -253,8 +268,12 @@ class Bulk:
             raise P.ProtocolError(f"a chunk message has {len(body)} frames, needs 6")
         msg = self.codec.unpack(body)
         content = msg["content"]
-        if msg["header"].get("msg_type") != CHUNK_MSG or not isinstance(content, dict) \
-                or not isinstance(content.get("id"), str) or type(content.get("i")) is not int:
+        if (
+            msg["header"].get("msg_type") != CHUNK_MSG
+            or not isinstance(content, dict)
+            or not isinstance(content.get("id"), str)
+            or type(content.get("i")) is not int
+        ):
             raise P.ProtocolError("not a chunk")
         if digest(body[5]) != content.get("d"):
             raise P.ProtocolError(f"chunk {content['i']} of {content['id']} does not match its digest")
@@ -270,7 +289,7 @@ class Bulk:
             self.finished(inc, adopted=False)
         return sends, inc if inc.complete and inc.key is not None else None
 
-    def _take(self, inc: Incoming, body, j: Optional[int] = None) -> List[Send]:
+    def _take(self, inc: Incoming, body, j: int | None = None) -> list[Send]:
         if j is None:
             j = self.codec.content(dict(content=body[4]))["i"]
         if not 0 <= j < inc.layout.n:
@@ -282,14 +301,13 @@ class Bulk:
         data = memoryview(body[5]).cast("B")
         if data.nbytes != size:
             raise P.ProtocolError(f"chunk {j} of {inc.id} has {data.nbytes} bytes, not {size}")
-        inc.buffers[k][offset:offset + size] = data
+        inc.buffers[k][offset : offset + size] = data
         inc.have.add(j)
         inc.last = self.clock()
         self.received += 1
         self.forwarded += len(inc.to)
         message = list(body)
-        return [Send(BULK, [url.encode(), host_ident(label), P._DELIM] + message)
-                for label, url in inc.to]
+        return [Send(BULK, [url.encode(), host_ident(label), P._DELIM] + message) for label, url in inc.to]
 
     def finished(self, inc: Incoming, adopted: bool):
         """The request has its buffers (``adopted``: and its segment, if any):
@@ -298,7 +316,7 @@ class Bulk:
             self.discard(inc.ref)
         inc.key, inc.buffers, inc.ref = None, [], None
 
-    def stalled(self, now: float) -> List[Incoming]:
+    def stalled(self, now: float) -> list[Incoming]:
         """Assemblies with no chunk for ``stall`` seconds, forgotten here."""
         gone = [inc for inc in self.incoming.values() if not inc.complete and now - inc.last > self.stall]
         for inc in gone:
@@ -313,15 +331,19 @@ class Bulk:
             self._forget_early(bulk_id)  # no envelope came: the request was not for this host
         return gone
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         times = [inc.last for inc in self.incoming.values()] + list(self.early_since.values())
         return min(times) + self.stall if times else None
 
     def _trim_early(self):
         while self.early_bytes > EARLY_LIMIT and self.early:
             bulk_id = next(iter(self.early))
-            log.warning("dropped %d early chunks of %s: more than %d bytes wait for envelopes",
-                        len(self.early[bulk_id]), bulk_id, EARLY_LIMIT)
+            log.warning(
+                "dropped %d early chunks of %s: more than %d bytes wait for envelopes",
+                len(self.early[bulk_id]),
+                bulk_id,
+                EARLY_LIMIT,
+            )
             self._forget_early(bulk_id)
 
     def _forget_early(self, bulk_id: str):
@@ -329,8 +351,12 @@ class Bulk:
         self.early_since.pop(bulk_id, None)
 
     def stats(self) -> dict:
-        stats = dict(bulk_sent=self.sent, bulk_received=self.received, bulk_forwarded=self.forwarded,
-                     bulk_duplicates=self.duplicates)
+        stats = dict(
+            bulk_sent=self.sent,
+            bulk_received=self.received,
+            bulk_forwarded=self.forwarded,
+            bulk_duplicates=self.duplicates,
+        )
         if self.last is not None:
             stats["bulk_last"] = self.last
         return stats

@@ -10,8 +10,6 @@ described by ``metadata.broadcast_targets``. This path costs more than ours
 
 from __future__ import annotations
 
-from typing import List
-
 from ..wire import bundles as B
 from ..wire import protocol as P
 
@@ -28,8 +26,12 @@ def renamer(codec: P.Codec, inner):
 
     def rename(uuid: str) -> list:
         renamed = dict(header, msg_id=f"{original}_{uuid}")
-        return codec.serialize(header["msg_type"], msg["content"], msg["parent_header"], msg["metadata"],
-                               header=renamed)[1:] + buffers
+        return (
+            codec.serialize(header["msg_type"], msg["content"], msg["parent_header"], msg["metadata"], header=renamed)[
+                1:
+            ]
+            + buffers
+        )
 
     return rename
 
@@ -47,26 +49,20 @@ class CompatRequest:
         self.coalescing = coalescing
         self.inner = inner
         eids = [eid for _, eid in targets]
-        self.content = P.request_content(
-            header["msg_id"], eids, P.COALESCE if coalescing else P.STREAM
-        )
+        self.content = P.request_content(header["msg_id"], eids, P.COALESCE if coalescing else P.STREAM)
         # leaves keep replies as the engines signed them; non-coalescing
         # clients also need a per-engine msg_id
         self.content["compat"] = self.RAW if coalescing else self.RENAME
         P.validate_request(self.content)
 
     @classmethod
-    def parse(cls, msg, body) -> "CompatRequest":
+    def parse(cls, msg, body) -> CompatRequest:
         md = msg["metadata"]
         targets = md.get("targets") if isinstance(md, dict) else None
         if not md or not md.get("is_broadcast"):
             raise P.ProtocolError("not a broadcast request")
         if not isinstance(targets, list) or not all(
-            isinstance(t, list)
-            and len(t) == 2
-            and isinstance(t[0], str)
-            and type(t[1]) is int
-            for t in targets
+            isinstance(t, list) and len(t) == 2 and isinstance(t[0], str) and type(t[1]) is int for t in targets
         ):
             raise P.ProtocolError("metadata.targets must be [[uuid, engine id], ...]")
         return cls(msg, targets, bool(md.get("is_coalescing")), body)
@@ -75,7 +71,7 @@ class CompatRequest:
     def reply_type(self) -> str:
         return self.header["msg_type"].replace("_request", "_reply")
 
-    def replies(self, codec: P.Codec, kind, parts, failed) -> List[list]:
+    def replies(self, codec: P.Codec, kind, parts, failed) -> list[list]:
         """Message bodies (no idents) for the stock client.
 
         Engines the hub unregistered (``P.DIED``) get no reply from us: a stock

@@ -14,22 +14,22 @@ from __future__ import annotations
 import logging
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 from itertools import count
-from typing import Callable, Dict, List, Optional
 
 from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape, node_name
 from . import events as E
 from .bulk import Bulk
 from .downpath import DownPath
-from .heartbeat import Heartbeats
-from .uppath import UpPath
 from .events import DOWN, MON, UP, Send
+from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
+from .uppath import UpPath
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,19 @@ class RelayNode(Heartbeats, DownPath, UpPath):
     its entry points here; its heartbeats, a request's way down and replies'
     way up in ``heartbeat``, ``downpath`` and ``uppath``."""
 
-    def __init__(self, codec: P.Codec, shape: TreeShape, path: Path = (),
-                 clock: Callable[[], float] = time.monotonic,
-                 ping_interval: float = 0.5, node_timeout: float = 10.0,
-                 wall: Callable[[], float] = time.time, host: Optional[str] = None, store=None,
-                 bulk: Optional[dict] = None):
+    def __init__(
+        self,
+        codec: P.Codec,
+        shape: TreeShape,
+        path: Path = (),
+        clock: Callable[[], float] = time.monotonic,
+        ping_interval: float = 0.5,
+        node_timeout: float = 10.0,
+        wall: Callable[[], float] = time.time,
+        host: str | None = None,
+        store=None,
+        bulk: dict | None = None,
+    ):
         self.codec, self.clock, self.shape = codec, clock, shape
         self.wall = wall  # trace timestamps: comparable across processes
         self.path = tuple(path)  # a host relay: its leaf's
@@ -54,24 +62,25 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         self.kind = "engines" if self.is_leaf else "bundles"
         self.boot = uuidlib.uuid4().hex  # this process's life: a restart changes it
         self.ping_interval, self.node_timeout = ping_interval, node_timeout
-        self.children = Children(self.path, [] if self.is_leaf else range(shape.fanout),
-                                 clock, ping_interval, node_timeout)
+        self.children = Children(
+            self.path, [] if self.is_leaf else range(shape.fanout), clock, ping_interval, node_timeout
+        )
         self.routes = Routes(shape, self.path, self.is_leaf)
         self.announce = Announcements(codec, self.routes, self.children.idents, self.is_root, host, self.boot)
         self.surveys = Surveys(codec)
-        self.parent_boot: Optional[str] = None  # a new one: the parent restarted
-        self.pulse_port: Optional[int] = None  # the shell's pulse link for host relays, if bound
-        self.parent_pulse: Optional[int] = None  # host relay: the parent's pulse port, once told
+        self.parent_boot: str | None = None  # a new one: the parent restarted
+        self.pulse_port: int | None = None  # the shell's pulse link for host relays, if bound
+        self.parent_pulse: int | None = None  # host relay: the parent's pulse port, once told
         # host relay: when its leaf last pinged it. A leaf that restarted does
         # not know its host relays; each says hello again when its leaf is silent
-        self.parent_heard: Optional[float] = clock() if host else None
+        self.parent_heard: float | None = clock() if host else None
         self.parent_silence = min(node_timeout, 3 * ping_interval)  # three pings missed
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
-        self.engines: Dict[int, str] = {}  # leaf: engine id -> uuid
+        self.engines: dict[int, str] = {}  # leaf: engine id -> uuid
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
-        self.bulk_url: Optional[str] = None  # a host relay's bulk socket, said in its pongs
+        self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
         self.inflight.on_done = self._done
@@ -94,7 +103,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         self.inflight.records = on and self.is_root
 
     # ------------------------------------------------------------------ events
-    def on_up(self, frames) -> List[Send]:
+    def on_up(self, frames) -> list[Send]:
         """From above: a client's request or ping (root), or the parent's."""
         arrived = self.wall()
         try:
@@ -120,7 +129,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         except P.ProtocolError as e:
             return self._drop(f"request: {e}")
 
-    def on_down(self, frames) -> List[Send]:
+    def on_down(self, frames) -> list[Send]:
         """From below: an engine's reply, or a child node's or host relay's message."""
         try:
             event = E.from_below(self.codec, frames, self.is_leaf)
@@ -130,7 +139,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         except P.ProtocolError as e:
             return self._drop(f"reply: {e}")
 
-    def on_hub(self, frames) -> List[Send]:
+    def on_hub(self, frames) -> list[Send]:
         """A leaf's news from the hub: engines registered or lost, or its registry."""
         try:
             event = E.from_hub(self.codec, frames)
@@ -144,16 +153,16 @@ class RelayNode(Heartbeats, DownPath, UpPath):
             return self.on_registry(event.engines)
         return []
 
-    def on_engine_registered(self, eid: int, uuid: str) -> List[Send]:
+    def on_engine_registered(self, eid: int, uuid: str) -> list[Send]:
         self.engines[eid] = uuid
         return self._greet([eid]) + self._retry_parked(final=False)
 
-    def on_registry(self, engines: Dict[int, str]) -> List[Send]:
+    def on_registry(self, engines: dict[int, str]) -> list[Send]:
         """The hub's full engine table. Parked targets still unknown fail."""
         self.engines = dict(engines)
         return self._greet(self.engines) + self._retry_parked(final=True)
 
-    def on_engine_lost(self, uuid: str, why: str = P.DIED) -> List[Send]:
+    def on_engine_lost(self, uuid: str, why: str = P.DIED) -> list[Send]:
         """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
         unregistered it) or a phrase such as "is not connected". An engine
         behind a host relay is failed by that relay, told here; here too if
@@ -178,11 +187,19 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         silent = self.clock() - self.children.heard[host]
         if silent > 2 * self.ping_interval:
             where = self.children.names[host]
-            sends += self.inflight.fail_via(host, eid, [eid, uuid, f"Engine {eid} on {where} {why} before "
-                                            f"replying (its host relay silent for {silent:.1f} s)", code])
+            sends += self.inflight.fail_via(
+                host,
+                eid,
+                [
+                    eid,
+                    uuid,
+                    f"Engine {eid} on {where} {why} before replying (its host relay silent for {silent:.1f} s)",
+                    code,
+                ],
+            )
         return sends
 
-    def on_join(self, eid: int, uuid: str, who=None, shm=None) -> List[Send]:
+    def on_join(self, eid: int, uuid: str, who=None, shm=None) -> list[Send]:
         """Host relay: an engine on this host joined (again), with its
         shared-memory identity. Its leaf learns all of them; once the root has
         the route, ``Send(JOINED, [who, ...])``."""
@@ -190,11 +207,12 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         sends = self.announce.host_engines(self.engines, [who] if who is not None else [])
         return sends + (self.sharing.joined(uuid, shm) if shm is not None else self._greet([eid]))
 
-    def on_child_lost(self, key: Key, why: str = "is unreachable") -> List[Send]:
+    def on_child_lost(self, key: Key, why: str = "is unreachable") -> list[Send]:
         """A child (relay node or host relay) cannot answer: what waits on it fails."""
         child = self.children.phrase(key)
-        sends = self.surveys.child_lost(key, self.children.names.get(key, repr(key)),
-                                        f"{child[0].lower()}{child[1:]} {why}")
+        sends = self.surveys.child_lost(
+            key, self.children.names.get(key, repr(key)), f"{child[0].lower()}{child[1:]} {why}"
+        )
         sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
         if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
             sends += self.bulk.orphaned(key)
@@ -202,7 +220,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
 
-    def on_tick(self) -> List[Send]:
+    def on_tick(self) -> list[Send]:
         """Time passed: send up batches whose interval is over; ping children."""
         now = self.clock()
         sends = self.inflight.due(now) + self._stalled(now)
@@ -213,19 +231,22 @@ class RelayNode(Heartbeats, DownPath, UpPath):
             sends += self.hello() + self.announce.again(self.engines)
         return sends
 
-    def on_drained(self) -> List[Send]:
+    def on_drained(self) -> list[Send]:
         """The shell has read every message waiting on its sockets: streamed
         outcomes held meanwhile go up now (``InFlight.coalesce``)."""
         return self.inflight.drained()
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
         silence = None if self.parent_heard is None else self.parent_heard + self.parent_silence
-        times = [t for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline(),
-                             silence) if t is not None]
+        times = [
+            t
+            for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline(), silence)
+            if t is not None
+        ]
         return min(times, default=None)
 
-    def hello(self) -> List[Send]:
+    def hello(self) -> list[Send]:
         """Tell the parent this node is alive, and which life of it this is."""
         if self.is_root:
             return []
@@ -234,9 +255,16 @@ class RelayNode(Heartbeats, DownPath, UpPath):
     def stats(self, trace=None) -> dict:
         """This node's own state, as a survey reports it; with ``trace`` (a
         request's msg_id), the events this node recorded for that request."""
-        stats = dict(node=self.name, pending=len(self.pending), parked=len(self.parked),
-                     surveys=len(self.surveys), dropped=self.dropped, signatures=self.codec.remembered,
-                     engines=self._engines_served() if self.is_leaf else None, **self.probe())
+        stats = dict(
+            node=self.name,
+            pending=len(self.pending),
+            parked=len(self.parked),
+            surveys=len(self.surveys),
+            dropped=self.dropped,
+            signatures=self.codec.remembered,
+            engines=self._engines_served() if self.is_leaf else None,
+            **self.probe(),
+        )
         if self.sharing.on:
             stats.update(self.sharing.stats())
         stats.update(self.bulk.stats())
@@ -247,27 +275,3 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         if trace is not None:
             stats["trace"] = self.inflight.trace_of(trace)
         return stats
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

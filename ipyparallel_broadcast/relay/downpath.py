@@ -5,7 +5,6 @@ waiting for its chunks (``bulk``). Part of ``RelayNode`` (``core``); sans I/O.""
 from __future__ import annotations
 
 import logging
-from typing import List
 
 from ..wire import bundles as B
 from ..wire import protocol as P
@@ -22,7 +21,7 @@ BULK_WAIT = "~bulk"  # waiting-table key: targets whose request waits for its ch
 class DownPath:
     """A request's way down: to children, or to engines."""
 
-    def _start(self, route, content, inner, compat=None, arrived=None) -> List[Send]:
+    def _start(self, route, content, inner, compat=None, arrived=None) -> list[Send]:
         if compat is None:  # the client's own request: checked once, at the root
             if len(inner) < 5:
                 raise P.ProtocolError(f"the request inside has {len(inner)} frames, needs 5")
@@ -40,9 +39,16 @@ class DownPath:
             inner, own = P.split_each(inner, content["targets"], content["each"])
         op = content.get("reduce")
         p = self.pending[key] = Pending(
-            key=key, msg_id=content["msg_id"], stream=content["reply"] == P.STREAM,
-            route=route, inner=inner, compat=compat, rename=rename,
-            raw=bool(mode) or not B.splices_json(self.codec), stock=bool(mode), own=own,
+            key=key,
+            msg_id=content["msg_id"],
+            stream=content["reply"] == P.STREAM,
+            route=route,
+            inner=inner,
+            compat=compat,
+            rename=rename,
+            raw=bool(mode) or not B.splices_json(self.codec),
+            stock=bool(mode),
+            own=own,
             batch=tuple(content["batch"]) if content.get("batch") else None,
             reduction=Reduction(op) if op else None,
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
@@ -53,8 +59,9 @@ class DownPath:
             try:
                 self.sharing.take(p, content["shm"])
             except (OSError, P.ProtocolError) as e:  # shm.ShmError: the segment is gone
-                return self._fail(p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}") \
-                    + self.inflight.finish_if_done(p)
+                return self._fail(
+                    p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}"
+                ) + self.inflight.finish_if_done(p)
         elif not self.is_leaf and not mode:
             self.sharing.pass_down(p)
         if self.is_root:  # everything is under the root, but for engines whose route went
@@ -69,7 +76,7 @@ class DownPath:
             return sends + self._expect_bulk(p, content["bulk"], targets)
         return sends + self._dispatch(p, targets, mode)
 
-    def _dispatch(self, p: Pending, targets, mode=None) -> List[Send]:
+    def _dispatch(self, p: Pending, targets, mode=None) -> list[Send]:
         """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
@@ -88,7 +95,7 @@ class DownPath:
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)
 
-    def on_chunk(self, frames) -> List[Send]:
+    def on_chunk(self, frames) -> list[Send]:
         """A host relay: a chunk of a big request, from the host or leaf that feeds it (``bulk``)."""
         try:
             sends, inc = self.bulk.on_chunk(frames)
@@ -96,12 +103,12 @@ class DownPath:
             return self._drop(f"chunk: {e}")
         return sends + (self._bulk_complete(inc) if inc is not None else [])
 
-    def _expect_bulk(self, p: Pending, content, targets) -> List[Send]:
+    def _expect_bulk(self, p: Pending, content, targets) -> list[Send]:
         p.waiting[BULK_WAIT] = set(targets)  # not done before its data came
         inc, sends = self.bulk.expect(p, content, len(p.inner) - 5)
         return sends + (self._bulk_complete(inc) if inc.complete else [])
 
-    def _bulk_complete(self, inc: Incoming) -> List[Send]:
+    def _bulk_complete(self, inc: Incoming) -> list[Send]:
         """Every chunk is here and checked: the request goes to the engines."""
         p, buffers, ref = self.pending.get(inc.key), inc.buffers, inc.ref
         adopted = p is not None and BULK_WAIT in p.waiting
@@ -117,13 +124,15 @@ class DownPath:
         self.inflight.stamp(p, "chunks in", inc.layout.n)
         return self._dispatch(p, sorted(p.waiting.pop(BULK_WAIT)))
 
-    def _stalled(self, now) -> List[Send]:
+    def _stalled(self, now) -> list[Send]:
         sends = []
         for inc in self.bulk.stalled(now):
             p = self.pending.get(inc.key) if inc.key is not None else None
             if p is not None and BULK_WAIT in p.waiting:
-                why = (f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
-                       f"then none for {self.bulk.stall:g} s")
+                why = (
+                    f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
+                    f"then none for {self.bulk.stall:g} s"
+                )
                 sends += self._fail(p, sorted(p.waiting.pop(BULK_WAIT)), P.UNREACHABLE, why)
                 sends += self.inflight.finish_if_done(p)
         return sends
@@ -132,7 +141,7 @@ class DownPath:
         self.sharing.release(p)
         self.bulk.done(p.key)
 
-    def _to_engines(self, p: Pending, targets) -> List[Send]:
+    def _to_engines(self, p: Pending, targets) -> list[Send]:
         sends, unknown = [], []
         key = p.key.encode()
         self.sharing.prepare(p, targets, self.engines)
@@ -158,7 +167,7 @@ class DownPath:
             sends.append(Send(HUB, []))
         return sends
 
-    def _retry_parked(self, final: bool) -> List[Send]:
+    def _retry_parked(self, final: bool) -> list[Send]:
         sends = []
         for key in list(self.parked):
             self.parked.discard(key)

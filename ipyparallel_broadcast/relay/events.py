@@ -8,7 +8,6 @@ the message is dropped. ``Send`` is what a node asks its shell to send.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Union
 
 from ..wire import protocol as P
 from ..wire.topology import HOST_PREFIX
@@ -110,7 +109,7 @@ class ChildMessage:
         return codec.content(self.msg)
 
 
-def from_below(codec: P.Codec, frames, is_leaf: bool) -> Union[EngineReply, ChildMessage]:
+def from_below(codec: P.Codec, frames, is_leaf: bool) -> EngineReply | ChildMessage:
     if is_leaf and not P.as_bytes(frames[0]).startswith(HOST_PREFIX):
         idents, body = P.split_idents(frames)
         if len(idents) != 2:
@@ -138,10 +137,10 @@ class EngineUnregistered:
 
 @dataclass
 class Registry:  # the hub's whole engine table, asked for
-    engines: Dict[int, str]
+    engines: dict[int, str]
 
 
-def from_hub(codec: P.Codec, frames) -> Optional[object]:
+def from_hub(codec: P.Codec, frames) -> object | None:
     """A hub notification or registry reply; ``None`` for what a node ignores."""
     msg = codec.unpack(P.split_idents(frames)[1])
     kind, content = msg["header"].get("msg_type"), msg["content"]

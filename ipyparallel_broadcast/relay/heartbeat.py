@@ -6,7 +6,6 @@ greetings that tell a parent which engines a node serves. Part of
 from __future__ import annotations
 
 import logging
-from typing import List
 
 from ..wire import protocol as P
 from . import events as E
@@ -18,7 +17,7 @@ log = logging.getLogger("ipyparallel_broadcast.relay.core")
 class Heartbeats:
     """Pings, pongs and greetings of one relay node."""
 
-    def _ping(self, now) -> List[Send]:
+    def _ping(self, now) -> list[Send]:
         sends = []
         for key in self.children.silent(now):
             sends += self.on_child_lost(key, f"has not answered for {self.node_timeout:g} s")
@@ -30,7 +29,7 @@ class Heartbeats:
         self.children.after_pings()
         return sends
 
-    def on_pulse(self, frames) -> List[Send]:
+    def on_pulse(self, frames) -> list[Send]:
         """A host relay's pong on the pulse link (see ``liveness``)."""
         try:
             event = E.from_below(self.codec, frames, False)
@@ -42,7 +41,7 @@ class Heartbeats:
         except P.ProtocolError as e:
             return self._drop(f"pulse: {e}")
 
-    def on_parent_pulse(self, frames) -> List[Send]:
+    def on_parent_pulse(self, frames) -> list[Send]:
         """A ping on the pulse link (a host relay's): the pong goes back that way."""
         try:
             event = E.from_above(self.codec, frames, self.is_root, bool(self.host))
@@ -52,7 +51,7 @@ class Heartbeats:
         except P.ProtocolError as e:
             return self._drop(f"pulse: {e}")
 
-    def _client_ping(self, event: E.Ping) -> List[Send]:
+    def _client_ping(self, event: E.Ping) -> list[Send]:
         """A client lists requests it waits on: answer with those not held here."""
         ids = event.content.get("ids")
         if not isinstance(ids, list):
@@ -61,7 +60,7 @@ class Heartbeats:
         pong = dict(node=self.name, boot=self.boot, unknown=[m for m in ids if m not in held])
         return [Send(UP, event.route + self.codec.pack(P.PONG, pong))]
 
-    def _parent_ping(self, content, via=UP) -> List[Send]:
+    def _parent_ping(self, content, via=UP) -> list[Send]:
         """Answer the parent; a parent that restarted hears our routes again."""
         boot, sends = content.get("boot"), [Send(via, s.frames) for s in self.hello()]
         if self.parent_heard is not None:
@@ -76,10 +75,11 @@ class Heartbeats:
                 sends += self.announce.again(self.engines)
         return sends
 
-    def _greet(self, eids) -> List[Send]:
+    def _greet(self, eids) -> list[Send]:
         """Ask engines served here (not through a host relay) whether they share our memory."""
-        return self.sharing.greet([self.engines[e] for e in eids if e in self.engines
-                                   and e not in self.routes.via and self._serves(e)])
+        return self.sharing.greet(
+            [self.engines[e] for e in eids if e in self.engines and e not in self.routes.via and self._serves(e)]
+        )
 
     def _engines_served(self) -> int:
         if self.host:

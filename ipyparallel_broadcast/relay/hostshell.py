@@ -25,16 +25,15 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 
 import zmq
 
-from ..wire import protocol as P
 from ..host.link import Place
 from ..host.shm import pid_alive
-from .shell import NodeShell, _socket, run_node
+from ..wire import protocol as P
 from ..wire.frames import send_frames
 from ..wire.topology import host_ident
+from .shell import NodeShell, _socket, run_node
 
 GRACE = 5.0  # seconds a relay with no engine waits for one before it exits
 PROBE_INTERVAL = 0.05  # a restarted relay looks for its engines' reconnections this often
@@ -71,13 +70,17 @@ class HostRelayShell(NodeShell):
         self.notifications = self.registrar = self.monitor = self.pulse = None
         self.pulse_url = None  # where the parent's pulse link is, once connected
         self.sockets = [self.up, self.down, self.joins, self.bulk]
-        self.handlers = {self.up: self.node.on_up, self.down: self.node.on_down, self.joins: self.on_join,
-                         self.bulk: self.node.on_chunk}
-        self.empty_since: Optional[float] = time.monotonic()
+        self.handlers = {
+            self.up: self.node.on_up,
+            self.down: self.node.on_down,
+            self.joins: self.on_join,
+            self.bulk: self.node.on_chunk,
+        }
+        self.empty_since: float | None = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
         # each is announced once a probe shows it connected
         self.expected = {e["uuid"]: e for e in self.joined_engines()}
-        self.next_probe: Optional[float] = time.monotonic() if self.expected else None
+        self.next_probe: float | None = time.monotonic() if self.expected else None
         self.pids: dict = {}  # uuid -> the pid of the engine's process
         self.next_check = time.monotonic() + GRACE
 
@@ -132,8 +135,11 @@ class HostRelayShell(NodeShell):
         idents, body = P.split_idents(frames)
         msg = self.codec.unpack(body)
         content = msg["content"]
-        if msg["header"].get("msg_type") != P.JOIN or type(content.get("eid")) is not int \
-                or not isinstance(content.get("uuid"), str):
+        if (
+            msg["header"].get("msg_type") != P.JOIN
+            or type(content.get("eid")) is not int
+            or not isinstance(content.get("uuid"), str)
+        ):
             raise P.ProtocolError("expected ipb_join {eid, uuid, pid}")
         pid = content.get("pid")
         self.pids[content["uuid"]] = pid if type(pid) is int else None
@@ -221,7 +227,7 @@ def local_ip_towards(url: str) -> str:
     where the hosts that feed this one reach it too."""
     import socket
 
-    host, port = url[len("tcp://"):].rsplit(":", 1)
+    host, port = url[len("tcp://") :].rsplit(":", 1)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, int(port)))  # no packet is sent: the kernel only picks a route
         return s.getsockname()[0]

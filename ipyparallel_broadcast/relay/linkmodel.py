@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -44,8 +43,11 @@ class Link:
     beta: float  # seconds per byte
 
     @classmethod
-    def of(cls, alpha: float, bits_per_second: float) -> "Link":
+    def of(cls, alpha: float, bits_per_second: float) -> Link:
         return cls(alpha, 8.0 / bits_per_second)
+
+
+TEN_GBIT = Link.of(2e-4, 10e9)  # a data-center link, for the docs' predictions
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def depth_of(p: int, k: int) -> int:
     return depth
 
 
-def pipeline(stages: int, work: float, alpha: float, max_chunks: Optional[int] = None) -> Tuple[float, int]:
+def pipeline(stages: int, work: float, alpha: float, max_chunks: int | None = None) -> tuple[float, int]:
     """(seconds, chunks) of ``stages`` pipelined stages moving ``work`` seconds of bytes each."""
     if stages <= 1 or alpha <= 0:
         return alpha + work, 1
@@ -80,8 +82,7 @@ def pipeline(stages: int, work: float, alpha: float, max_chunks: Optional[int] =
     return min(((stages + s - 1) * (alpha + work / s), s) for s in options)
 
 
-def estimate(shape: str, p: int, m: float, link: Link, k: int = 2,
-             max_chunks: Optional[int] = None) -> Estimate:
+def estimate(shape: str, p: int, m: float, link: Link, k: int = 2, max_chunks: int | None = None) -> Estimate:
     a, mb = link.alpha, m * link.beta
     if shape == "star":
         return Estimate(shape, p * (a + mb), 1, p)
@@ -96,7 +97,7 @@ def estimate(shape: str, p: int, m: float, link: Link, k: int = 2,
     raise ValueError(f"unknown shape {shape!r}")
 
 
-def candidates(p: int, m: float, link: Link, max_chunks: Optional[int] = None) -> List[Estimate]:
+def candidates(p: int, m: float, link: Link, max_chunks: int | None = None) -> list[Estimate]:
     out = [estimate("star", p, m, link)]
     for k in range(1, min(p, 32) + 1):
         if k > 1:
@@ -106,21 +107,21 @@ def candidates(p: int, m: float, link: Link, max_chunks: Optional[int] = None) -
     return out
 
 
-def best(p: int, m: float, link: Link, shapes=None, max_chunks: Optional[int] = None) -> Estimate:
+def best(p: int, m: float, link: Link, shapes=None, max_chunks: int | None = None) -> Estimate:
     """The least estimated time among ``shapes`` (name prefixes; default all)."""
-    found = [e for e in candidates(p, m, link, max_chunks)
-             if shapes is None or any(e.shape.startswith(s) for s in shapes)]
+    found = [
+        e for e in candidates(p, m, link, max_chunks) if shapes is None or any(e.shape.startswith(s) for s in shapes)
+    ]
     return min(found, key=lambda e: (e.seconds, e.root_copies))
 
 
-def mpi_bounds(p: int, m: float, link: Link) -> Dict[str, float]:
+def mpi_bounds(p: int, m: float, link: Link) -> dict[str, float]:
     a, mb = link.alpha, m * link.beta
     log_p = math.ceil(math.log2(max(p, 2)))
-    return {"lower bound": log_p * a + mb,
-            "MPICH scatter + allgather": (log_p + p - 1) * a + 2 * (p - 1) / p * mb}
+    return {"lower bound": log_p * a + mb, "MPICH scatter + allgather": (log_p + p - 1) * a + 2 * (p - 1) / p * mb}
 
 
-def predict(hosts=(100, 1000, 10000), m: float = 2**30, link: Link = Link.of(2e-4, 10e9)) -> List[dict]:
+def predict(hosts=(100, 1000, 10000), m: float = 2**30, link: Link = TEN_GBIT) -> list[dict]:
     """Rows for the docs: per host count, each family's best and MPI's figures, in floors."""
     floor = m * link.beta
     rows = []

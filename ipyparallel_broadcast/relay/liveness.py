@@ -17,24 +17,25 @@ data link too: a restarted relay learns the port there.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Set
+from collections.abc import Callable, Iterable
 
 from ..wire.topology import HOST_PREFIX, Path, node_identity, node_name
 from .routes import Key
 
 
 class Children:
-    def __init__(self, path: Path, digits: Iterable[int], clock: Callable[[], float],
-                 ping_interval: float, node_timeout: float):
+    def __init__(
+        self, path: Path, digits: Iterable[int], clock: Callable[[], float], ping_interval: float, node_timeout: float
+    ):
         self.clock, self.ping_interval, self.node_timeout = clock, ping_interval, node_timeout
-        self.keys: Dict[bytes, Key] = {node_identity(path + (d,)): d for d in digits}
-        self.idents: Dict[Key, bytes] = {k: i for i, k in self.keys.items()}
-        self.names: Dict[Key, str] = {d: node_name(path + (d,)) for d in self.idents}  # as stats say
+        self.keys: dict[bytes, Key] = {node_identity(path + (d,)): d for d in digits}
+        self.idents: dict[Key, bytes] = {k: i for i, k in self.keys.items()}
+        self.names: dict[Key, str] = {d: node_name(path + (d,)) for d in self.idents}  # as stats say
         self.heard = {k: clock() for k in self.idents}  # child -> when it last spoke
-        self.boots: Dict[Key, str] = {}  # child -> the boot it last reported
-        self.next_ping: Optional[float] = clock() if self.keys and ping_interval else None
-        self.pulsing: Set[Key] = set()  # host relays that answer on the pulse link too
-        self.bulk: Dict[Key, str] = {}  # host relays' bulk sockets, where chunks go (``bulk``)
+        self.boots: dict[Key, str] = {}  # child -> the boot it last reported
+        self.next_ping: float | None = clock() if self.keys and ping_interval else None
+        self.pulsing: set[Key] = set()  # host relays that answer on the pulse link too
+        self.bulk: dict[Key, str] = {}  # host relays' bulk sockets, where chunks go (``bulk``)
 
     def __contains__(self, key) -> bool:
         return key in self.idents
@@ -45,13 +46,13 @@ class Children:
     def __len__(self):
         return len(self.idents)
 
-    def key_of(self, ident: bytes) -> Optional[Key]:
+    def key_of(self, ident: bytes) -> Key | None:
         return self.keys.get(ident)
 
     def add_host(self, ident: bytes) -> bytes:
         """A host relay said hello: a child from now on, keyed by its identity."""
         self.keys[ident] = self.idents[ident] = ident
-        self.names[ident] = f"host {ident[len(HOST_PREFIX):].decode(errors='replace')}"
+        self.names[ident] = f"host {ident[len(HOST_PREFIX) :].decode(errors='replace')}"
         self.heard[ident] = self.clock()
         if self.next_ping is None and self.ping_interval:
             self.next_ping = self.clock()
@@ -76,7 +77,7 @@ class Children:
         name = self.names.get(key, repr(key))
         return f"Host relay {name[5:]}" if isinstance(key, bytes) else f"Relay node {name}"
 
-    def host_labels(self) -> List[str]:
+    def host_labels(self) -> list[str]:
         return sorted(self.names[k][5:] for k in self.idents if isinstance(k, bytes))
 
     def spoke(self, key: Key):
@@ -87,7 +88,7 @@ class Children:
         known, self.boots[key] = self.boots.get(key), boot
         return known is not None and known != boot
 
-    def silent(self, now: float) -> List[Key]:
+    def silent(self, now: float) -> list[Key]:
         """Children silent for ``node_timeout`` (each once per silent spell);
         the next ping is due one interval from now."""
         self.next_ping = now + self.ping_interval

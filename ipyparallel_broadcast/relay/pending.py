@@ -8,8 +8,9 @@ uuid, a child's key, or ``PARKED``) to the engines still owed from it.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any
 
 from ..wire import bundles as B
 from ..wire import protocol as P
@@ -27,31 +28,30 @@ class Pending:
     stream: bool
     route: list  # idents replies go up with (at the root: the client's)
     inner: list  # the request frames engines get (shared by all of them)
-    waiting: Dict[object, Set[int]] = field(default_factory=dict)  # dest -> eids owed
+    waiting: dict[object, set[int]] = field(default_factory=dict)  # dest -> eids owed
     parts: list = field(default_factory=list)  # coalesced so far
     bundles: list = field(default_factory=list)  # leaf: host relays' bundles, coalesced so far
-    settled: Set[int] = field(default_factory=set)  # leaf: engines a host owed, failed here
+    settled: set[int] = field(default_factory=set)  # leaf: engines a host owed, failed here
     failed: list = field(default_factory=list)  # coalesced so far
-    compat: Optional[CompatRequest] = None  # root: request from a stock client
-    rename: Optional[Callable[[str], list]] = None  # leaf: per-engine frames
+    compat: CompatRequest | None = None  # root: request from a stock client
+    rename: Callable[[str], list] | None = None  # leaf: per-engine frames
     raw: bool = False  # leaf: send engine replies as signed (for a stock client)
     stock: bool = False  # a stock client's request (no hub records: see ``records``)
-    own: Optional[Dict[int, list]] = None  # scatter/map: each target's own buffers
-    batch: Optional[tuple] = None  # streaming in batches: (count, interval)
+    own: dict[int, list] | None = None  # scatter/map: each target's own buffers
+    batch: tuple | None = None  # streaming in batches: (count, interval)
     n: int = 0  # engines targeted
     held: list = field(default_factory=lambda: [[], [], []])  # leaf batch: parts, failed, eids
     relayed: list = field(default_factory=list)  # streamed child bundles held: (body, eids)
-    deadline: Optional[float] = None  # leaf batch: when the held outcomes must go up
-    reduction: Optional[Reduction] = None  # reduce: what this node combined
+    deadline: float | None = None  # leaf batch: when the held outcomes must go up
+    reduction: Reduction | None = None  # reduce: what this node combined
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
-    trace: Optional[list] = None  # traced request: [event, wall time, detail] at this node
-    shared: Optional[Any] = None  # big buffers in shared memory (sharing.Shared)
+    trace: list | None = None  # traced request: [event, wall time, detail] at this node
+    shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
 
-    def request_for(self, sub: List[int], mode, shared=None) -> tuple:
+    def request_for(self, sub: list[int], mode, shared=None) -> tuple:
         """Content and frames of this request for a child serving ``sub``;
         ``shared``: its big buffers go as a segment of this host (a child relay here)."""
-        content = P.request_content(self.msg_id, sub, P.STREAM if self.stream else P.COALESCE,
-                                    req=self.key)
+        content = P.request_content(self.msg_id, sub, P.STREAM if self.stream else P.COALESCE, req=self.key)
         frames = self.inner
         if shared is not None:
             content["shm"], frames = shared.content(), shared.inner
@@ -69,7 +69,7 @@ class Pending:
         return content, frames
 
 
-def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> List[Send]:
+def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> list[Send]:
     """Outcomes going up: one bundle, or stock replies for a stock client."""
     if p.reduction is not None:
         state, frames = p.reduction.state()
@@ -111,9 +111,9 @@ class InFlight:
         # replies that came together go together, and none waits for more
         self.coalesce = False
         self.records = False  # the root: a copy of each bundle sent up goes to the hub's records
-        self.dirty: Dict[str, Pending] = {}  # requests holding streamed outcomes
-        self.requests: Dict[str, Pending] = {}
-        self.parked: Set[str] = set()  # leaf: keys of requests with PARKED targets
+        self.dirty: dict[str, Pending] = {}  # requests holding streamed outcomes
+        self.requests: dict[str, Pending] = {}
+        self.parked: set[str] = set()  # leaf: keys of requests with PARKED targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
         self.on_done: Callable[[Pending], None] = lambda p: None  # a request left this node
 
@@ -127,7 +127,7 @@ class InFlight:
             events = next((p.trace for p in self.requests.values() if p.msg_id == msg_id), None)
         return list(events or [])
 
-    def record_failures(self, p: Pending, failed) -> List[Send]:
+    def record_failures(self, p: Pending, failed) -> list[Send]:
         if not failed:
             return []
         if p.stream:
@@ -135,7 +135,7 @@ class InFlight:
         p.failed.extend(failed)
         return []
 
-    def fail_dest(self, dest, failure: Callable[[int], list]) -> List[Send]:
+    def fail_dest(self, dest, failure: Callable[[int], list]) -> list[Send]:
         """Every request waiting on ``dest``: its engines there fail."""
         sends = []
         for p in list(self.requests.values()):
@@ -144,7 +144,7 @@ class InFlight:
                 sends += self.record_failures(p, [failure(e) for e in sorted(eids)]) + self.finish_if_done(p)
         return sends
 
-    def fail_via(self, host: bytes, eid: int, failure: list) -> List[Send]:
+    def fail_via(self, host: bytes, eid: int, failure: list) -> list[Send]:
         """Fail one engine that a host relay owes, here (the relay may still
         answer for it later: that outcome then comes twice, and is tolerated)."""
         sends = []
@@ -158,7 +158,7 @@ class InFlight:
                 sends += self.record_failures(p, [failure]) + self.finish_if_done(p)
         return sends
 
-    def finish_if_done(self, p: Pending) -> List[Send]:
+    def finish_if_done(self, p: Pending) -> list[Send]:
         if p.waiting or self.requests.get(p.key) is not p:
             return []
         del self.requests[p.key]
@@ -172,7 +172,7 @@ class InFlight:
                 self.traces.popitem(last=False)
         return sends
 
-    def emit(self, p: Pending, parts, failed, eids) -> List[Send]:
+    def emit(self, p: Pending, parts, failed, eids) -> list[Send]:
         """Streaming: send outcomes up now, or hold them for the leaf's batch."""
         batch = self.batches and p.batch
         if not batch and not (self.coalesce and p.compat is None):
@@ -189,26 +189,30 @@ class InFlight:
             p.deadline = self.clock() + interval
         return []
 
-    def flush(self, p: Pending) -> List[Send]:
+    def flush(self, p: Pending) -> list[Send]:
         parts, failed, eids = p.held
         p.held, p.deadline = [[], [], []], None
         return self.deliver(p, parts, failed, sorted(eids)) if eids else []
 
-    def due(self, now) -> List[Send]:
+    def due(self, now) -> list[Send]:
         """Batches whose interval is over."""
-        return [s for p in list(self.requests.values())
-                if p.deadline is not None and p.deadline <= now for s in self.flush(p)]
+        return [
+            s
+            for p in list(self.requests.values())
+            if p.deadline is not None and p.deadline <= now
+            for s in self.flush(p)
+        ]
 
-    def next_deadline(self) -> Optional[float]:
+    def next_deadline(self) -> float | None:
         return min((p.deadline for p in self.requests.values() if p.deadline is not None), default=None)
 
-    def deliver(self, p: Pending, parts, failed, eids, kind=None) -> List[Send]:
+    def deliver(self, p: Pending, parts, failed, eids, kind=None) -> list[Send]:
         """Send outcomes up: a bundle, or stock replies to a stock client."""
         sends = pack_up(self.codec, p, parts, failed, eids, kind or self.kind)
         self.stamp(p, "reply out", len(parts) + len(failed))
         return self.recorded(p, sends, p.n if eids is None else len(eids))
 
-    def recorded(self, p: Pending, sends: List[Send], outcomes: int) -> List[Send]:
+    def recorded(self, p: Pending, sends: list[Send], outcomes: int) -> list[Send]:
         """``sends`` (bundles going up), and their copies for the hub's records,
         labelled with how many engines' outcomes they carry (the hub bounds its journal so)."""
         if not self.records or p.stock or p.reduction is not None:
@@ -217,7 +221,7 @@ class InFlight:
         label = b"%d" % outcomes
         return sends + [Send(MON, P.record_copy(P.OUTBUNDLE, label, s.frames[n:])) for s in sends]
 
-    def forward(self, p: Pending, msg: dict, body: list) -> List[Send]:
+    def forward(self, p: Pending, msg: dict, body: list) -> list[Send]:
         """Pass a child's streamed bundle up unchanged (or held, see ``coalesce``)."""
         if p.compat is not None:
             self.stamp(p, "reply out", "forwarded")
@@ -229,7 +233,7 @@ class InFlight:
         self.stamp(p, "reply out", "forwarded")
         return self.recorded(p, [Send(UP, P.with_route(p.route, body))], len(msg["metadata"]["eids"]))
 
-    def drained(self) -> List[Send]:
+    def drained(self) -> list[Send]:
         """The shell read all that was waiting: send up what streaming held."""
         sends = []
         for p in self.dirty.values():
@@ -237,7 +241,7 @@ class InFlight:
         self.dirty.clear()
         return sends
 
-    def release(self, p: Pending, final: bool = False) -> List[Send]:
+    def release(self, p: Pending, final: bool = False) -> list[Send]:
         """A streaming request's held outcomes, up: its own engines' in one
         bundle, its children's bundles (several nested in one) in another. A
         leaf's batch waits for its count or interval, unless ``final``."""
@@ -247,7 +251,10 @@ class InFlight:
             eids = sorted(e for _, es in p.relayed for e in es)
             p.relayed = []
             self.stamp(p, "reply out", f"{len(bodies)} forwarded")
-            body = bodies[0] if len(bodies) == 1 else \
-                B.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
+            body = (
+                bodies[0]
+                if len(bodies) == 1
+                else B.pack_bundle(self.codec, p.key, p.msg_id, "bundles", bodies, [], eids)
+            )
             sends += self.recorded(p, [Send(UP, P.with_route(p.route, body))], len(eids))
         return sends

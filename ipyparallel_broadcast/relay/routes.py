@@ -13,15 +13,15 @@ learns when its engines can be reached through the whole tree.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from itertools import count
-from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape
 from .events import DOWN, JOINED, UP, Send
 
 DEPARTED_KEPT = 4096  # engines whose routes went, remembered for the requests still on their way
-Key = Union[int, bytes]  # a child: its digit (a relay node) or its identity (a host relay)
+Key = int | bytes  # a child: its digit (a relay node) or its identity (a host relay)
 
 
 def _remember(table: OrderedDict, keys: Iterable) -> None:
@@ -39,16 +39,16 @@ class Routes:
 
     def __init__(self, shape: TreeShape, path: Path, is_leaf: bool):
         self.shape, self.path, self.is_leaf = shape, tuple(path), is_leaf
-        self.overrides: Dict[int, int] = {}  # interior: eid -> child digit, where not modulo
-        self.learned: Dict[int, int] = {}  # interior: every engine a child announced
-        self.via: Dict[int, bytes] = {}  # leaf: eid -> the host relay it is behind
+        self.overrides: dict[int, int] = {}  # interior: eid -> child digit, where not modulo
+        self.learned: dict[int, int] = {}  # interior: every engine a child announced
+        self.via: dict[int, bytes] = {}  # leaf: eid -> the host relay it is behind
         # engines whose route was removed (they died): a request that was on its
         # way meanwhile fails them as dead, not as sent to the wrong subtree
-        self.departed: "OrderedDict[int, None]" = OrderedDict()
+        self.departed: OrderedDict[int, None] = OrderedDict()
         # uuids of engines the hub unregistered: final (an engine that registers
         # again has a new uuid), so a host relay that lists one (it was cut off
         # meanwhile) gets no route for it
-        self.unregistered: "OrderedDict[str, None]" = OrderedDict()
+        self.unregistered: OrderedDict[str, None] = OrderedDict()
 
     def _depart(self, eids: Iterable[int]):
         _remember(self.departed, eids)
@@ -61,28 +61,27 @@ class Routes:
         """Whether ``eid`` is in this node's subtree, as far as it knows."""
         return eid in self.via or eid in self.learned or self.shape.serves(self.path, eid)
 
-    def split(self, targets: List[int]) -> Dict[object, List[int]]:
+    def split(self, targets: list[int]) -> dict[object, list[int]]:
         """Targets by child key, keeping their order; ``None``: direct engines."""
         if self.is_leaf:
             via = self.via
             if not via:
                 return {None: list(targets)}
-            groups: Dict[object, List[int]] = {}
+            groups: dict[object, list[int]] = {}
             for eid in targets:
                 groups.setdefault(via.get(eid), []).append(eid)
             return groups
         overrides = self.overrides
         if not overrides or not any(e in overrides for e in targets):
             return self.shape.split(self.path, targets)
-        out: Dict[object, List[int]] = {}
+        out: dict[object, list[int]] = {}
         for eid in targets:  # rebuilt in target order
             digit = self.overrides.get(eid)
-            out.setdefault(self.shape.child_digit(self.path, eid) if digit is None else digit,
-                           []).append(eid)
+            out.setdefault(self.shape.child_digit(self.path, eid) if digit is None else digit, []).append(eid)
         return out
 
     # ---------------------------------------------------------------- updates
-    def host_engines(self, host: bytes, eids: Iterable[int]) -> Tuple[List[int], List[int]]:
+    def host_engines(self, host: bytes, eids: Iterable[int]) -> tuple[list[int], list[int]]:
         """A host relay's full engine list: (eids added, eids it no longer has)."""
         eids = set(eids)
         gone = [e for e, h in self.via.items() if h == host and e not in eids]
@@ -115,7 +114,7 @@ class Routes:
             if self.overrides.get(e) == digit:
                 del self.overrides[e]
 
-    def announced(self) -> List[int]:
+    def announced(self) -> list[int]:
         """Engines this node would announce to a parent that restarted."""
         return sorted(set(self.via) | set(self.learned))
 
@@ -125,21 +124,20 @@ class Announcements:
     announcements up the tree (``ipb_route``), the root's acknowledgement down
     (``ipb_route_ack``), and who waits on it (engines joining a host relay)."""
 
-    def __init__(self, codec, routes: Routes, idents: Dict[object, bytes], is_root: bool,
-                 host: Optional[str], boot: str):
+    def __init__(self, codec, routes: Routes, idents: dict[object, bytes], is_root: bool, host: str | None, boot: str):
         self.codec, self.routes, self.is_root, self.host = codec, routes, is_root, host
         self.idents = idents  # the node's children: key -> identity (host relays come and go)
         self.boot, self._tokens = boot, count()
-        self.joining: Dict[str, list] = {}  # host relay: announcement token -> who joined
+        self.joining: dict[str, list] = {}  # host relay: announcement token -> who joined
 
-    def host_engines(self, engines: Dict[int, str], joining=()) -> List[Send]:
+    def host_engines(self, engines: dict[int, str], joining=()) -> list[Send]:
         """Host relay: tell the leaf all of this host's engines."""
         token = f"{self.boot}:{next(self._tokens)}"
         self.joining[token] = list(joining)
         listed = {str(e): u for e, u in engines.items()}
         return [Send(UP, self.codec.pack(P.HOST, dict(host=self.host, engines=listed, token=token)))]
 
-    def from_host(self, key: bytes, content: dict) -> Tuple[Dict[int, str], List[Send]]:
+    def from_host(self, key: bytes, content: dict) -> tuple[dict[int, str], list[Send]]:
         """Leaf: a host relay's engine list; route them to it and tell the tree
         (engines the hub unregistered are not routed: the relay is told)."""
         try:
@@ -153,15 +151,16 @@ class Announcements:
         sends = [Send(DOWN, [key] + self.codec.pack(P.LOST, dict(uuid=u, why=P.DIED))) for u in stale.values()]
         return eids, sends + self.up(sorted(eids), gone, key, content.get("token"))
 
-    def up(self, add, remove, host: Optional[bytes] = None, token=None) -> List[Send]:
+    def up(self, add, remove, host: bytes | None = None, token=None) -> list[Send]:
         """Tell the parent which engines are under this node now (or gone)."""
-        content = dict(add=add, remove=remove, to=list(self.routes.path),
-                       host=host.decode() if host else None, token=token)
+        content = dict(
+            add=add, remove=remove, to=list(self.routes.path), host=host.decode() if host else None, token=token
+        )
         if self.is_root:  # nothing above: the route is complete
             return self.ack(content)
         return [Send(UP, self.codec.pack(P.ROUTE, content))]
 
-    def from_child(self, digit: int, content: dict) -> List[Send]:
+    def from_child(self, digit: int, content: dict) -> list[Send]:
         add, remove = content.get("add"), content.get("remove")
         if not all(isinstance(x, list) and all(type(e) is int for e in x) for x in (add, remove)):
             raise P.ProtocolError("route announcement without engine id lists")
@@ -170,7 +169,7 @@ class Announcements:
             return self.ack(content)
         return [Send(UP, self.codec.pack(P.ROUTE, content))]
 
-    def ack(self, content: dict) -> List[Send]:
+    def ack(self, content: dict) -> list[Send]:
         """Pass the root's acknowledgement down ``to`` its host relay, which
         answers the engines that joined (``Send(JOINED, [who, ...])``)."""
         to, host, depth, idents = content.get("to"), content.get("host"), len(self.routes.path), self.idents
@@ -187,6 +186,6 @@ class Announcements:
             raise P.ProtocolError(f"route acknowledgement to a bad path {to!r}")
         return [Send(DOWN, [idents[to[depth]]] + self.codec.pack(P.ROUTE_ACK, content))]
 
-    def again(self, engines: Dict[int, str]) -> List[Send]:
+    def again(self, engines: dict[int, str]) -> list[Send]:
         """The parent restarted: it hears this node's routes again."""
         return self.host_engines(engines) if self.host else self.up(self.routes.announced(), [])

@@ -21,7 +21,6 @@ one in tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
 
 from ..wire import protocol as P
 from .events import DOWN, Send
@@ -38,8 +37,8 @@ class Shared:
     owner: bool  # this relay wrote it, and unlinks it
     counted: bool  # its engines count down (a leaf's, for the engines it first sent to)
     nbytes: int
-    readers: Set[str] = field(default_factory=set)  # engines here that map it
-    _ident: Optional[bytes] = None
+    readers: set[str] = field(default_factory=set)  # engines here that map it
+    _ident: bytes | None = None
 
     def ident(self, sign) -> bytes:
         """The signed reference an engine gets as an ident frame (signed once)."""
@@ -54,9 +53,9 @@ class Shared:
 class Sharing:
     def __init__(self, codec: P.Codec, store=None):
         self.codec, self.store = codec, store
-        self.local: Set[str] = set()  # engines that answered with our identity
-        self.greeted: Set[str] = set()  # greeted, answer awaited (or never coming: stock)
-        self.unreached: Set[str] = set()  # a greeting that could not be delivered
+        self.local: set[str] = set()  # engines that answered with our identity
+        self.greeted: set[str] = set()  # greeted, answer awaited (or never coming: stock)
+        self.unreached: set[str] = set()  # a greeting that could not be delivered
         self.bytes_shared = self.bytes_saved = self.segments = 0
 
     @property
@@ -64,7 +63,7 @@ class Sharing:
         return self.store is not None and bool(getattr(self.store, "ident", ""))
 
     # -------------------------------------------------------------- greetings
-    def greet(self, uuids) -> List[Send]:
+    def greet(self, uuids) -> list[Send]:
         """Greet engines not greeted yet."""
         if not self.on:
             return []
@@ -73,7 +72,7 @@ class Sharing:
         hello = self.codec.pack(P.HELLO, {})
         return [Send(DOWN, [u.encode(), P.HELLO_KEY] + hello) for u in new]
 
-    def on_reply(self, uuid: str, key: str, body) -> List[Send]:
+    def on_reply(self, uuid: str, key: str, body) -> list[Send]:
         """An engine replied (to anything): a greeting it missed goes again."""
         if key == HELLO_KEY:
             if not self.on:
@@ -88,7 +87,7 @@ class Sharing:
             return self.greet([uuid])
         return []
 
-    def joined(self, uuid: str, identity) -> List[Send]:
+    def joined(self, uuid: str, identity) -> list[Send]:
         """An engine told its identity as it joined (a host relay's): no greeting."""
         self.forget(uuid)
         self.greeted.add(uuid)
@@ -138,7 +137,7 @@ class Sharing:
         self.segments += 1
         self.bytes_shared += p.shared.nbytes
 
-    def prepare(self, p, targets, engines: Dict[int, str]) -> None:
+    def prepare(self, p, targets, engines: dict[int, str]) -> None:
         """Which of ``targets`` map ``p``'s big buffers: the local ones; the
         buffers are written once here unless a parent relay did (engines are
         looked at only for a request with big buffers)."""
@@ -159,7 +158,7 @@ class Sharing:
         p.shared.readers.update(readers)
         self.bytes_saved += p.shared.nbytes * len(readers)
 
-    def frames_for(self, p, uuid: str, key: bytes) -> Optional[list]:
+    def frames_for(self, p, uuid: str, key: bytes) -> list | None:
         """What ``uuid`` gets for ``p`` through shared memory, if it does."""
         shared = p.shared
         if shared is None or uuid not in shared.readers:
@@ -177,15 +176,18 @@ class Sharing:
         return [(i, b) for i, b in enumerate(p.inner[5:]) if P.nbytes(b) >= self.store.threshold]
 
     @staticmethod
-    def _shared(p, ref, big, owner: bool, counted: bool = False) -> "Shared":
+    def _shared(p, ref, big, owner: bool, counted: bool = False) -> Shared:
         replaced = {5 + i for i, _ in big}
         inner = [b"" if k in replaced else f for k, f in enumerate(p.inner)]
         return Shared(ref, inner, owner, counted, sum(P.nbytes(b) for _, b in big))
 
-    def stats(self) -> Dict[str, int]:
+    def stats(self) -> dict[str, int]:
         """``shm_bytes``: written to segments here; ``shm_saved``: the engine
         copies that mapping avoided here (a host saves the sum of its relays'
         ``shm_saved`` less that of their ``shm_bytes``)."""
-        return dict(shm_local=len(self.local), shm_segments=self.segments,
-                    shm_bytes=self.bytes_shared, shm_saved=self.bytes_saved)
-
+        return dict(
+            shm_local=len(self.local),
+            shm_segments=self.segments,
+            shm_bytes=self.bytes_shared,
+            shm_saved=self.bytes_saved,
+        )

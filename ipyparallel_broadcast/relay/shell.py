@@ -16,23 +16,20 @@ import logging
 import signal
 import sys
 import time
-from typing import List
 
 import psutil
 import zmq
+from ipyparallel import util
 from jupyter_client.session import Session
 
-from ipyparallel import util
-
-from ..wire import protocol as P
 from ..host.shm import THRESHOLD, ShmStore, sweep
-from ..wire.topology import TreeShape, node_identity, node_name
+from ..wire import protocol as P
+from ..wire.frames import recv_frames, send_frames
+from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
 from .bulk import BULK
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 from .trim import HeapTrimmer
-from ..wire.topology import HOST_PREFIX
-from ..wire.frames import recv_frames, send_frames
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -56,7 +53,9 @@ class NodeShell:
         self.log = logging.getLogger(f"ipyparallel_broadcast.node.{node_name(path)}")
         self.codec = P.Codec(session_from(spec))
         self.node = RelayNode(
-            self.codec, shape, path,
+            self.codec,
+            shape,
+            path,
             ping_interval=spec.get("ping_interval", 0.5),
             node_timeout=spec.get("node_timeout", 10.0),
             host=spec.get("host"),
@@ -69,8 +68,11 @@ class NodeShell:
         process = psutil.Process()
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
         self.node.probe = lambda: dict(
-            rss=process.memory_info().rss, pid=process.pid, down_url=spec["down_url"],
-            busy=self.busy, cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
+            rss=process.memory_info().rss,
+            pid=process.pid,
+            down_url=spec["down_url"],
+            busy=self.busy,
+            cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
             blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
         )
         curve = dict(
@@ -129,7 +131,7 @@ class NodeShell:
         }
 
     # --------------------------------------------------------------- events
-    def on_registry(self, frames) -> List[Send]:
+    def on_registry(self, frames) -> list[Send]:
         self.lookup_in_flight = False
         return self.node.on_hub(frames)
 
@@ -139,7 +141,7 @@ class NodeShell:
             self.registrar.send_multipart(self.codec.pack("connection_request", {}))
 
     # ----------------------------------------------------------------- sends
-    def perform(self, sends: List[Send]):
+    def perform(self, sends: list[Send]):
         while sends:
             send = sends.pop(0)
             if send.socket == UP:
@@ -186,7 +188,7 @@ class NodeShell:
             if self.spec.get("curve_serverkey") or self.spec.get("curve_secretkey"):
                 from ..host.link import Place  # the keys every engine of the cluster derives
 
-                label = P.as_bytes(frames[1])[len(HOST_PREFIX):].decode()
+                label = P.as_bytes(frames[1])[len(HOST_PREFIX) :].decode()
                 sock.curve_serverkey = Place(self.spec["key"].encode(), label, curve=True).public
                 sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
             sock.connect(url)
@@ -195,7 +197,7 @@ class NodeShell:
     def on_joined(self, who: list):
         """Engines whose join is complete (host relays answer them)."""
 
-    def _unreachable(self, peer, key=b"") -> List[Send]:
+    def _unreachable(self, peer, key=b"") -> list[Send]:
         peer = P.as_bytes(peer)
         if P.as_bytes(key) == P.HELLO_KEY:  # a greeting: the engine is not connected here (yet)
             self.node.sharing.undelivered(peer.decode())

@@ -7,7 +7,6 @@ and the node answers up once all have (a lost child answers with an error).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Set
 
 from ..wire import protocol as P
 from .events import DOWN, UP, Send
@@ -18,14 +17,14 @@ from .routes import Key
 class Survey:
     route: list
     msg_id: object
-    owed: Set[Key]  # children that have not answered
+    owed: set[Key]  # children that have not answered
     nodes: list  # the stats gathered so far, this node's first
 
 
 class Surveys:
     def __init__(self, codec: P.Codec):
         self.codec = codec
-        self.active: Dict[str, Survey] = {}
+        self.active: dict[str, Survey] = {}
 
     def __len__(self):
         return len(self.active)
@@ -33,7 +32,7 @@ class Surveys:
     def msg_ids(self) -> set:
         return {s.msg_id for s in self.active.values()}
 
-    def start(self, key, route, content: dict, idents: Dict[Key, bytes], own: dict) -> List[Send]:
+    def start(self, key, route, content: dict, idents: dict[Key, bytes], own: dict) -> list[Send]:
         """Ask every child (``idents``) for its stats; ``own``: this node's."""
         if not isinstance(key, str) or key in self.active:
             raise P.ProtocolError("stats request without a usable key")
@@ -41,7 +40,7 @@ class Surveys:
         down = self.codec.pack(P.STATS, dict(req=key, trace=own_trace(content)))
         return [Send(DOWN, [ident] + down) for ident in idents.values()] + self._done(key)
 
-    def reply(self, child: Key, content: dict) -> List[Send]:
+    def reply(self, child: Key, content: dict) -> list[Send]:
         key, nodes = content.get("req"), content.get("nodes")
         survey = self.active.get(key) if isinstance(key, str) else None
         if survey is None or child not in survey.owed or not isinstance(nodes, list):
@@ -50,7 +49,7 @@ class Surveys:
         survey.nodes.extend(n for n in nodes if isinstance(n, dict))
         return self._done(key)
 
-    def child_lost(self, child: Key, node: str, error: str) -> List[Send]:
+    def child_lost(self, child: Key, node: str, error: str) -> list[Send]:
         sends = []
         for key, survey in list(self.active.items()):
             if child in survey.owed:
@@ -59,7 +58,7 @@ class Surveys:
                 sends += self._done(key)
         return sends
 
-    def _done(self, key) -> List[Send]:
+    def _done(self, key) -> list[Send]:
         survey = self.active[key]
         if survey.owed:
             return []

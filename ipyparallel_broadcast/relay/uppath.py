@@ -5,7 +5,7 @@ and the failures that stand in for replies that cannot come. Part of
 from __future__ import annotations
 
 import logging
-from typing import Callable, List
+from collections.abc import Callable
 
 from ..wire import protocol as P
 from ..wire.reduction import fold_bundle, fold_reply
@@ -22,7 +22,7 @@ log = logging.getLogger("ipyparallel_broadcast.relay.core")
 class UpPath:
     """Replies' way up: filed in their request, packed when complete."""
 
-    def _engine_reply(self, reply: E.EngineReply) -> List[Send]:
+    def _engine_reply(self, reply: E.EngineReply) -> list[Send]:
         greetings = self.sharing.on_reply(reply.uuid, reply.key, reply.body) if self.sharing.on else []
         if reply.key == HELLO_KEY:
             return greetings
@@ -32,8 +32,11 @@ class UpPath:
         eids, body = sorted(p.waiting.pop(reply.uuid)), reply.body
         if p.trace is not None:  # the detail is formatted only for a traced request
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
-        copy = [Send(MON, P.record_copy(P.OUTBCAST, reply.ident, body))] \
-            if self.records and p.reduction is not None else []
+        copy = (
+            [Send(MON, P.record_copy(P.OUTBCAST, reply.ident, body))]
+            if self.records and p.reduction is not None
+            else []
+        )
         if p.reduction is not None:
             if not fold_reply(p.reduction, eids, body, self.codec):
                 p.raised.append(body)
@@ -43,7 +46,7 @@ class UpPath:
             p.parts.append(body)
         return greetings + copy + self.inflight.finish_if_done(p)
 
-    def _child_message(self, m: E.ChildMessage) -> List[Send]:
+    def _child_message(self, m: E.ChildMessage) -> list[Send]:
         """From a child node or host relay: a bundle, pong, survey reply or route."""
         child = self.children.key_of(m.ident)
         if child is None:
@@ -70,7 +73,7 @@ class UpPath:
             return self.announce.from_child(child, m.content(self.codec))
         return self._child_bundle(child, m)
 
-    def _child_bundle(self, child: Key, m: E.ChildMessage) -> List[Send]:
+    def _child_bundle(self, child: Key, m: E.ChildMessage) -> list[Send]:
         meta = m.msg["metadata"]
         if m.kind != P.BUNDLE or not isinstance(meta, dict):
             raise P.ProtocolError("expected a bundle from a child")
@@ -88,8 +91,11 @@ class UpPath:
             return self.inflight.finish_if_done(p)
         if p.stream:
             eids = meta.get("eids")
-            if not isinstance(eids, list) or not all(type(e) is int for e in eids) \
-                    or not set(eids) <= p.waiting[child] | p.settled:
+            if (
+                not isinstance(eids, list)
+                or not all(type(e) is int for e in eids)
+                or not set(eids) <= p.waiting[child] | p.settled
+            ):
                 raise P.ProtocolError("streamed bundle names engines not owed")
             p.waiting[child].difference_update(eids)
             if not p.waiting[child]:
@@ -99,7 +105,7 @@ class UpPath:
         (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
         return self.inflight.finish_if_done(p)
 
-    def _fail_strays(self, p: Pending, strays) -> List[Send]:
+    def _fail_strays(self, p: Pending, strays) -> list[Send]:
         """Targets not under this node: engines whose route went as they died
         (the request was on its way), or routed here by mistake."""
         departed = self.routes.departed
@@ -108,15 +114,15 @@ class UpPath:
         sends = self._fail(p, dead, P.DIED, "died (it was unregistered) before replying") if dead else []
         return sends + (self._fail(p, other, P.UNREACHABLE, "was routed to the wrong subtree") if other else [])
 
-    def _fail(self, p: Pending, eids, code, reason) -> List[Send]:
+    def _fail(self, p: Pending, eids, code, reason) -> list[Send]:
         failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]
         return self.inflight.record_failures(p, failed)
 
-    def _fail_dest(self, dest, code, message: Callable[[int], str]) -> List[Send]:
+    def _fail_dest(self, dest, code, message: Callable[[int], str]) -> list[Send]:
         uuid = dest if isinstance(dest, str) else None
         return self.inflight.fail_dest(dest, lambda e: [e, uuid or self.engines.get(e), message(e), code])
 
-    def _drop(self, why: str) -> List[Send]:
+    def _drop(self, why: str) -> list[Send]:
         self.dropped += 1
         log.warning("relay node %s dropped a message: %s", self.name, why)
         return []

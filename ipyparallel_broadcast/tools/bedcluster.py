@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 from .netbed import Host, Managed, NetBed
 
@@ -32,13 +32,20 @@ ENGINE_CMDS = {
 class BedCluster(Managed):
     """A broadcast controller on ``bed.controller`` and engines on its hosts."""
 
-    def __init__(self, bed: NetBed, depth=1, fanout=2, controller_args: Sequence[str] = (),
-                 log_level: int = 30, stock: bool = False):
+    def __init__(
+        self,
+        bed: NetBed,
+        depth=1,
+        fanout=2,
+        controller_args: Sequence[str] = (),
+        log_level: int = 30,
+        stock: bool = False,
+    ):
         self.bed, self.depth, self.fanout = bed, depth, fanout
         self.controller_args, self.log_level, self.stock = list(controller_args), log_level, stock
         self._tmp = tempfile.TemporaryDirectory(prefix="ipb-bed-")
         self.profile_dir = self._tmp.name
-        self.processes: List[subprocess.Popen] = []
+        self.processes: list[subprocess.Popen] = []
         self.clients = []
 
     def start(self):
@@ -57,15 +64,27 @@ class BedCluster(Managed):
     def start_controller(self, timeout: float = 60):
         host = self.bed.controller
         if self.stock:
-            argv = [sys.executable, "-m", "ipyparallel.controller",
-                    f"--IPController.broadcast_scheduler_depth={self.depth}"]
+            argv = [
+                sys.executable,
+                "-m",
+                "ipyparallel.controller",
+                f"--IPController.broadcast_scheduler_depth={self.depth}",
+            ]
         else:
-            argv = [sys.executable, "-m", "ipyparallel_broadcast.controller",
-                    f"--BroadcastController.depth={self.depth}",
-                    f"--BroadcastController.fanout={self.fanout}"]
-        argv += [f"--profile-dir={self.profile_dir}", f"--ip={host.addr}",
-                 f"--log-level={self.log_level}", "--HeartMonitor.period=800",
-                 *self.controller_args]
+            argv = [
+                sys.executable,
+                "-m",
+                "ipyparallel_broadcast.controller",
+                f"--BroadcastController.depth={self.depth}",
+                f"--BroadcastController.fanout={self.fanout}",
+            ]
+        argv += [
+            f"--profile-dir={self.profile_dir}",
+            f"--ip={host.addr}",
+            f"--log-level={self.log_level}",
+            "--HeartMonitor.period=800",
+            *self.controller_args,
+        ]
         p = self._popen(host, argv, "controller")
         deadline = time.monotonic() + timeout
         while not (self._file("client") and self._file("engine")):
@@ -77,7 +96,7 @@ class BedCluster(Managed):
         self._wait_complete(self._file("client"))
         self._wait_complete(self._file("engine"))
 
-    def _file(self, kind) -> Optional[str]:
+    def _file(self, kind) -> str | None:
         found = glob.glob(os.path.join(self.profile_dir, "security", f"ipcontroller-{kind}.json"))
         return found[0] if found else None
 
@@ -93,20 +112,31 @@ class BedCluster(Managed):
                     raise
                 time.sleep(0.05)
 
-    def start_engines(self, host: Host, n: int, kind: str = "broadcast",
-                      args: Sequence[str] = ()) -> List[subprocess.Popen]:
+    def start_engines(
+        self, host: Host, n: int, kind: str = "broadcast", args: Sequence[str] = ()
+    ) -> list[subprocess.Popen]:
         """``n`` real engines on ``host``: ``kind`` is "broadcast" (ours) or "stock"."""
-        argv = ENGINE_CMDS[kind] + [f"--file={self._file('engine')}",
-                                    f"--profile-dir={self.profile_dir}",
-                                    f"--log-level={self.log_level}", *args]
+        argv = ENGINE_CMDS[kind] + [
+            f"--file={self._file('engine')}",
+            f"--profile-dir={self.profile_dir}",
+            f"--log-level={self.log_level}",
+            *args,
+        ]
         return [self._popen(host, argv, f"engine-{host.name}-{i}") for i in range(n)]
 
-    def start_sim(self, host: Host, n: int, per_process: int = 512,
-                  host_relay: bool = False) -> subprocess.Popen:
+    def start_sim(self, host: Host, n: int, per_process: int = 512, host_relay: bool = False) -> subprocess.Popen:
         """``n`` simulated engines (``ipyparallel_broadcast.tools.sim``) on ``host``;
         ``host_relay``: behind a relay of their own (``sim --hosts``)."""
-        argv = [sys.executable, "-m", "ipyparallel_broadcast.tools.sim", self._file("engine"),
-                "--engines", str(n), "--per-process", str(per_process)]
+        argv = [
+            sys.executable,
+            "-m",
+            "ipyparallel_broadcast.tools.sim",
+            self._file("engine"),
+            "--engines",
+            str(n),
+            "--per-process",
+            str(per_process),
+        ]
         if host_relay:
             argv.append("--hosts")
         return self._popen(host, argv, f"sim-{host.name}")

@@ -32,17 +32,16 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Dict, List
 
+import ipyparallel as ipp
 import numpy as np
 import psutil
 
-import ipyparallel as ipp
-
-from . import peers, workloads
-from ..launch.launcher import Cluster
 from ..client.view import Batch, BroadcastView
+from ..launch.launcher import Cluster
+from . import peers, workloads
 
 ECHO = np.ones(128)  # 1 kB
 PUSH = np.ones(131072)  # 1 MB
@@ -68,8 +67,7 @@ def our_cluster(n: int, depth: int, fanout: int = 2, **cluster_options):
     """``(client, cluster)`` of a local cluster of ours with n engines, all
     registered; stopped (and its profile removed) afterwards."""
     with tempfile.TemporaryDirectory(prefix="ipb-bench-") as profile_dir:
-        cluster = Cluster(n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, log_level=40,
-                          **cluster_options)
+        cluster = Cluster(n=n, depth=depth, fanout=fanout, profile_dir=profile_dir, log_level=40, **cluster_options)
         rc = cluster.start_and_connect_sync()
         try:
             rc.wait_for_engines(n, timeout=max(120, 4 * n))
@@ -82,10 +80,18 @@ def our_cluster(n: int, depth: int, fanout: int = 2, **cluster_options):
 def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
     """(our client, stock client) for two clusters of n engines each."""
     wait = max(60, 4 * n)  # seconds for the engines to register: ~0.8 s each on 2 busy cores
-    ours = Cluster(n=n, depth=depth, fanout=fanout, log_level=40, engine_timeout=wait,
-                   profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
+    ours = Cluster(
+        n=n,
+        depth=depth,
+        fanout=fanout,
+        log_level=40,
+        engine_timeout=wait,
+        profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+    )
     stock = ipp.Cluster(
-        n=n, log_level=40, engine_timeout=wait,
+        n=n,
+        log_level=40,
+        engine_timeout=wait,
         profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
         controller_args=[f"--IPController.broadcast_scheduler_depth={max(depth, 0)}"],
     )
@@ -100,7 +106,7 @@ def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
     return clients[ours], clients[stock]
 
 
-def views(ours, stock, suite="calls") -> Dict[str, object]:
+def views(ours, stock, suite="calls") -> dict[str, object]:
     vs = {
         "DirectView": stock[:],
         "ipp BroadcastView coalescing": stock.broadcast_view(is_coalescing=True),
@@ -170,7 +176,7 @@ def t_reduce(view) -> float:
     return time.perf_counter() - tic
 
 
-SUITES: Dict[str, Dict[str, tuple]] = {
+SUITES: dict[str, dict[str, tuple]] = {
     # suite: {name: (function, unit, scale, higher_is_better)}
     "calls": {
         "echo 1kB": (t_echo, "ms", 1e3, False),
@@ -190,7 +196,7 @@ SUITES: Dict[str, Dict[str, tuple]] = {
 MEASURES = SUITES["calls"]
 
 
-def prepare(vs: Dict[str, object], suite: str):
+def prepare(vs: dict[str, object], suite: str):
     """Warm every view up (imports, connections) and give engines their data."""
     for view in vs.values():
         t_echo(view)
@@ -204,16 +210,16 @@ def prepare(vs: Dict[str, object], suite: str):
             t_push(view)
 
 
-def measure(vs: Dict[str, object], reps: int, suite: str = "calls") -> Dict[str, Dict[str, float]]:
+def measure(vs: dict[str, object], reps: int, suite: str = "calls") -> dict[str, dict[str, float]]:
     """Median of reps interleaved rounds, per measure and view."""
     prepare(vs, suite)
     return interleaved(vs, {m: fn for m, (fn, *_rest) in SUITES[suite].items()}, reps)
 
 
-def interleaved(vs: Dict[str, object], fns: Dict[str, Callable], reps: int) -> Dict[str, Dict[str, float]]:
+def interleaved(vs: dict[str, object], fns: dict[str, Callable], reps: int) -> dict[str, dict[str, float]]:
     """Each round runs every measure on every view in turn (drift hits all
     alike); the median of ``reps`` rounds, per measure and view."""
-    samples: Dict[str, Dict[str, List[float]]] = {m: {v: [] for v in vs} for m in fns}
+    samples: dict[str, dict[str, list[float]]] = {m: {v: [] for v in vs} for m in fns}
     for _ in range(reps):
         for m, fn in fns.items():
             for name, view in vs.items():
@@ -238,7 +244,7 @@ def table(n: int, depth: int, medians) -> str:
     return "\n".join(lines)
 
 
-def process_groups(rc, cluster) -> Dict[str, list]:
+def process_groups(rc, cluster) -> dict[str, list]:
     """The controller's processes and the engines' (nannies included)."""
     controller = psutil.Process(cluster.controller.process.pid)
     engines = [psutil.Process(pid) for pid in rc[:].apply_sync(os.getpid)]
@@ -248,7 +254,7 @@ def process_groups(rc, cluster) -> Dict[str, list]:
     }
 
 
-def dask_groups(client) -> Dict[str, list]:
+def dask_groups(client) -> dict[str, list]:
     """A local Dask cluster's processes: its scheduler and its nannies run in
     this (the client's) process; its worker processes are the engines."""
     workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
@@ -269,12 +275,12 @@ def cpu_seconds(procs) -> float:
 PARTS = ("client", "controller", "engines")
 
 
-def _cpu(procs: Dict[str, list]) -> List[float]:
+def _cpu(procs: dict[str, list]) -> list[float]:
     """CPU seconds so far of this process (the client), the controller's and the engines'."""
     return [time.process_time(), cpu_seconds(procs["controller"]), cpu_seconds(procs["engines"])]
 
 
-def idle_rates(groups: Dict[str, Dict[str, list]], seconds: float = 5.0) -> Dict[str, List[float]]:
+def idle_rates(groups: dict[str, dict[str, list]], seconds: float = 5.0) -> dict[str, list[float]]:
     """Each system's CPU seconds per second at rest (client, controller, engines):
     heartbeats, polls, Dask's ticks. Measured together: this process's share is
     common to all (every client lives here)."""
@@ -282,12 +288,12 @@ def idle_rates(groups: Dict[str, Dict[str, list]], seconds: float = 5.0) -> Dict
     tic = time.perf_counter()
     time.sleep(seconds)  # the measurement window: nothing else runs
     elapsed = time.perf_counter() - tic
-    return {side: [(a - b) / elapsed for a, b in zip(_cpu(procs), before[side])]
-            for side, procs in groups.items()}
+    return {side: [(a - b) / elapsed for a, b in zip(_cpu(procs), before[side])] for side, procs in groups.items()}
 
 
-def cpu_per_apply(vs: Dict[str, object], groups: Dict[str, Dict[str, list]], calls: int,
-                  idle: Dict[str, List[float]] = None):
+def cpu_per_apply(
+    vs: dict[str, object], groups: dict[str, dict[str, list]], calls: int, idle: dict[str, list[float]] = None
+):
     """ms of CPU per engine per apply (client, controller, engines, total) for
     each view whose system is in ``groups`` ("ours", "stock", "dask"), each
     view measured alone, net of its system's ``idle`` rates if given."""
@@ -305,8 +311,9 @@ def cpu_per_apply(vs: Dict[str, object], groups: Dict[str, Dict[str, list]], cal
         rest = idle.get(side, [0.0] * 3) if idle else [0.0] * 3
         n = len(view)
         per = [1e3 * (a - b - r * elapsed) / calls / n for a, b, r in zip(after, before, rest)]
-        rows[name] = dict(zip(PARTS, per), total=sum(per),
-                          idle=100 * sum(rest[1:]) if idle else None)  # % of a core, client aside
+        rows[name] = dict(
+            zip(PARTS, per), total=sum(per), idle=100 * sum(rest[1:]) if idle else None
+        )  # % of a core, client aside
     return rows
 
 
@@ -322,12 +329,14 @@ def cpu_table(n: int, rows, idle_client: float = None) -> str:
             cells.append(f"{r['idle']:12.1f}")
         lines.append(name.ljust(width) + "".join(cells))
     if net:
-        lines.append(f"(idle %core: the system's controller and engines at rest; this process, "
-                     f"home of every client and of Dask's scheduler, idles at {100 * idle_client:.1f}%)")
+        lines.append(
+            f"(idle %core: the system's controller and engines at rest; this process, "
+            f"home of every client and of Dask's scheduler, idles at {100 * idle_client:.1f}%)"
+        )
     return "\n".join(lines)
 
 
-def add_peers(stack: ExitStack, vs: Dict[str, object], n: int):
+def add_peers(stack: ExitStack, vs: dict[str, object], n: int):
     """Dask's two ways of reaching every worker, on a local Dask cluster of n workers."""
     cluster, client = peers.dask_cluster(n)
     stack.callback(cluster.close)
@@ -346,8 +355,16 @@ def add_mpi(medians, n: int, reps: int, out: Callable):
         medians[m]["MPI bcast+gather"] = got[key]
 
 
-def run(engine_counts, depth: int, reps: int, fanout: int = 2, out: Callable = print,
-        suite: str = "calls", with_peers: bool = False, cpu_calls: int = 0):
+def run(
+    engine_counts,
+    depth: int,
+    reps: int,
+    fanout: int = 2,
+    out: Callable = print,
+    suite: str = "calls",
+    with_peers: bool = False,
+    cpu_calls: int = 0,
+):
     results = {}
     for n in engine_counts:
         with ExitStack() as stack:
@@ -389,16 +406,23 @@ def main(argv=None):
     parser.add_argument("--fanout", type=int, default=2)
     parser.add_argument("--reps", type=int, default=25)
     parser.add_argument("--suite", choices=sorted(SUITES), default="calls")
-    parser.add_argument("--cpu", type=int, default=0, metavar="CALLS",
-                        help="also measure CPU per engine per apply over CALLS echo calls per view")
-    parser.add_argument("--peers", action="store_true",
-                        help="add Dask (Client.run, pinned submit) and an MPI bcast+gather job (calls suite)")
+    parser.add_argument(
+        "--cpu",
+        type=int,
+        default=0,
+        metavar="CALLS",
+        help="also measure CPU per engine per apply over CALLS echo calls per view",
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="add Dask (Client.run, pinned submit) and an MPI bcast+gather job (calls suite)",
+    )
     args = parser.parse_args(argv)
     if args.peers and args.suite != "calls":
         parser.error("--peers goes with the calls suite")
     print(__doc__.split("\n\n")[-1])
-    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite, with_peers=args.peers,
-        cpu_calls=args.cpu)
+    run(args.engines, args.depth, args.reps, args.fanout, suite=args.suite, with_peers=args.peers, cpu_calls=args.cpu)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from typing import Dict, List
 
 # name: (mode, settings) as given to BroadcastView.compose
 MODES = {
@@ -83,7 +82,7 @@ class Sampler:
 
     def __init__(self, pids, period=0.01):
         self.pids, self.period = list(pids), period
-        self.samples: List[int] = []
+        self.samples: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -141,13 +140,13 @@ def run_workload(rc, name: str, engines: int, quick: bool = False, total: int = 
     return elapsed
 
 
-def measure(clients, engines: int, modes: List[str], workloads: List[str], reps: int, quick: bool):
+def measure(clients, engines: int, modes: list[str], workloads: list[str], reps: int, quick: bool):
     """``{workload: {mode: {"time": median s, "peak": threads, "mean": threads}}}``;
     ``clients``: ``{"default": client, "composed": client}``."""
     pids = {k: rc.broadcast_view().apply_sync(os.getpid) for k, rc in clients.items()}
     for rc in clients.values():
         warm(rc, engines)
-    raw: Dict[str, Dict[str, list]] = {w: {m: [] for m in modes} for w in workloads}
+    raw: dict[str, dict[str, list]] = {w: {m: [] for m in modes} for w in workloads}
     for _ in range(reps):
         for mode in modes:
             which = "default" if mode == "default" else "composed"
@@ -158,8 +157,9 @@ def measure(clients, engines: int, modes: List[str], workloads: List[str], reps:
             for name in workloads:
                 with Sampler(pids[which]) as s:
                     t = run_workload(rc, name, engines, quick)
-                raw[name][mode].append((t, max(s.samples, default=0),
-                                        statistics.fmean(s.samples) if s.samples else 0.0))
+                raw[name][mode].append(
+                    (t, max(s.samples, default=0), statistics.fmean(s.samples) if s.samples else 0.0)
+                )
     return {
         w: {
             m: {
@@ -180,8 +180,11 @@ def describe(reps: int, quick: bool) -> str:
     import numpy as np
     from threadpoolctl import threadpool_info
 
-    blas = [f"{i['internal_api']} {i['version']} ({i.get('threading_layer')})"
-            for i in threadpool_info() if i["user_api"] == "blas"]
+    blas = [
+        f"{i['internal_api']} {i['version']} ({i.get('threading_layer')})"
+        for i in threadpool_info()
+        if i["user_api"] == "blas"
+    ]
     n = {w: (QUICK[w] if quick else count, size) for w, (_, count, size) in WORKLOADS.items()}
     text = (
         f"{os.cpu_count()} cores, NumPy {np.__version__} with {', '.join(blas) or 'no BLAS found'}. "
@@ -198,8 +201,10 @@ def describe(reps: int, quick: bool) -> str:
 
 
 def table(engines: int, results) -> str:
-    lines = [f"E={engines} engines on one host ({os.cpu_count()} cores)",
-             f"{'workload':<9} {'mode':<11} {'time':>8} {'vs default':>10} {'peak thr':>8} {'mean thr':>8}"]
+    lines = [
+        f"E={engines} engines on one host ({os.cpu_count()} cores)",
+        f"{'workload':<9} {'mode':<11} {'time':>8} {'vs default':>10} {'peak thr':>8} {'mean thr':>8}",
+    ]
     for w, by_mode in results.items():
         base = by_mode.get("default", {}).get("time")
         for m, r in by_mode.items():
@@ -218,8 +223,13 @@ def run(engine_counts, modes, workloads, reps, quick=False, out=print):
             for which, compose in (("default", "default"), ("composed", "static")):
                 if which == "default" and "default" not in modes:
                     continue
-                cluster = Cluster(n=n, depth=1, log_level=40, compose=compose,
-                                  profile_dir=stack.enter_context(tempfile.TemporaryDirectory()))
+                cluster = Cluster(
+                    n=n,
+                    depth=1,
+                    log_level=40,
+                    compose=compose,
+                    profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+                )
                 clients[which] = rc = cluster.start_and_connect_sync()
                 stack.callback(cluster.stop_cluster_sync)
                 stack.callback(rc.close)

@@ -10,8 +10,8 @@ from contextlib import ExitStack
 import ipyparallel as ipp
 import numpy as np
 
-from . import bench
 from ..client.view import Batch
+from . import bench
 
 
 def show_broadcasts(rc):
@@ -52,8 +52,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     with ExitStack() as stack:
-        print(f"Starting two local clusters of {args.engines} engines each: ours "
-              f"(relay tree depth {args.depth}) and stock ipyparallel (same depth)...")
+        print(
+            f"Starting two local clusters of {args.engines} engines each: ours "
+            f"(relay tree depth {args.depth}) and stock ipyparallel (same depth)..."
+        )
         ours, stock = bench.start_clusters(stack, args.engines, args.depth)
         show_broadcasts(ours)
         show_collectives(ours)

@@ -23,15 +23,14 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Tuple
 
 import ipyparallel as ipp
 import psutil
 
-from . import bench
-from ..launch.launcher import Cluster
-from .sim import SimEngines
 from ..client.view import Batch
+from ..launch.launcher import Cluster
+from . import bench
+from .sim import SimEngines
 
 # a farm's heartbeats share 2 cores with thousands of replies: ipyparallel's
 # lenient defaults, for both controllers, so no simulated engine is dropped
@@ -54,13 +53,15 @@ def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: in
             cluster = Cluster(depth=depth, fanout=fanout, controller_args=HEARTBEATS, **common)
         else:
             cluster = ipp.Cluster(
-                controller_args=HEARTBEATS + [f"--IPController.broadcast_scheduler_depth={depth}"], **common)
+                controller_args=HEARTBEATS + [f"--IPController.broadcast_scheduler_depth={depth}"], **common
+            )
         cluster.start_controller_sync()
         try:
             rc = cluster.connect_client_sync()
             (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-            farm = SimEngines(engine_file, n, per_process=per_process, reply_bytes=REPLY_BYTES,
-                              hosts=bool(hosts) and kind == "ours")
+            farm = SimEngines(
+                engine_file, n, per_process=per_process, reply_bytes=REPLY_BYTES, hosts=bool(hosts) and kind == "ours"
+            )
             try:
                 farm.start(timeout=max(120, n / 10))
                 rc.wait_for_engines(n, timeout=max(120, n / 10))
@@ -72,7 +73,7 @@ def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: in
             cluster.stop_cluster_sync()
 
 
-def farm_processes(farm: SimEngines) -> List[psutil.Process]:
+def farm_processes(farm: SimEngines) -> list[psutil.Process]:
     """The farm's processes, host relays included (started by the simulated hosts)."""
     procs = []
     for p, _, _ in farm.processes:
@@ -81,7 +82,7 @@ def farm_processes(farm: SimEngines) -> List[psutil.Process]:
     return procs
 
 
-def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict[str, float]:
+def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> dict[str, float]:
     """Where the time of one coalesced 1 kB apply goes (ms per call): the
     client's CPU, the relay nodes' busy time by role, the hub's CPU, the
     center's (client + every controller process) and the farm's (simulated
@@ -100,8 +101,13 @@ def breakdown(rc, farm: SimEngines, hub: psutil.Process, calls: int = 5) -> Dict
             if depth == 0:
                 name = "root"
             role[name] = role.get(name, 0.0) + node["busy"]
-        return (role, time.process_time(), bench.cpu_seconds([hub]), bench.cpu_seconds(farm_procs),
-                bench.cpu_seconds(controller))
+        return (
+            role,
+            time.process_time(),
+            bench.cpu_seconds([hub]),
+            bench.cpu_seconds(farm_procs),
+            bench.cpu_seconds(controller),
+        )
 
     before = snapshot()
     tic = time.perf_counter()
@@ -131,7 +137,7 @@ def t_echo(view) -> float:
     return time.perf_counter() - tic
 
 
-def measure(vs: Dict[str, object], reps: int, many: int) -> Dict[str, Dict[str, float]]:
+def measure(vs: dict[str, object], reps: int, many: int) -> dict[str, dict[str, float]]:
     """Median over ``reps`` interleaved rounds: echo ms and many-msgs calls/s."""
     fns = {"echo": t_echo, "many": functools.partial(bench.t_many, count=many)}
     for view in vs.values():
@@ -139,7 +145,7 @@ def measure(vs: Dict[str, object], reps: int, many: int) -> Dict[str, Dict[str, 
     return bench.interleaved(vs, fns, reps)
 
 
-Row = Tuple[int, str, str, float, float]  # engines, tree, view, echo seconds, many calls/s
+Row = tuple[int, str, str, float, float]  # engines, tree, view, echo seconds, many calls/s
 
 
 @contextmanager
@@ -154,52 +160,65 @@ def _reported(what: str, out):
         out(f"  {what}: done in {time.perf_counter() - tic:.0f} s")
 
 
-def run_engines(n: int, trees: List[Tuple[int, int]], stock_depths: List[int], reps: int, many: int,
-                out=print, hosts: int = 0) -> Tuple[List[Row], List[dict]]:
-    rows: List[Row] = []
-    hops: List[dict] = []
+def run_engines(
+    n: int, trees: list[tuple[int, int]], stock_depths: list[int], reps: int, many: int, out=print, hosts: int = 0
+) -> tuple[list[Row], list[dict]]:
+    rows: list[Row] = []
+    hops: list[dict] = []
     for depth in stock_depths:
-        with _reported(f"N={n} stock depth {depth}", out), farm_cluster("stock", n, depth, hosts=hosts) as (rc, farm, hub):
-            vs = {"ipp BroadcastView coalescing": rc.broadcast_view(is_coalescing=True),
-                  "ipp BroadcastView non-coalescing": rc.broadcast_view(is_coalescing=False)}
+        with (
+            _reported(f"N={n} stock depth {depth}", out),
+            farm_cluster("stock", n, depth, hosts=hosts) as (rc, farm, hub),
+        ):
+            vs = {
+                "ipp BroadcastView coalescing": rc.broadcast_view(is_coalescing=True),
+                "ipp BroadcastView non-coalescing": rc.broadcast_view(is_coalescing=False),
+            }
             if depth == stock_depths[0]:
                 vs = {"DirectView": rc[:], **vs}
             got = measure(vs, reps, many)
-            rows += [(n, "-" if v == "DirectView" else f"d{depth} f2", v, got["echo"][v], got["many"][v])
-                     for v in vs]
+            rows += [(n, "-" if v == "DirectView" else f"d{depth} f2", v, got["echo"][v], got["many"][v]) for v in vs]
     for depth, fanout in trees:
-        with _reported(f"N={n} ours depth {depth} fan-out {fanout}", out), \
-                farm_cluster("ours", n, depth, fanout, hosts=hosts) as (rc, farm, hub):
-            vs = {"ours coalescing": rc.broadcast_view(coalescing=True),
-                  "ours streaming": rc.broadcast_view(coalescing=False),
-                  "ours Batch(64)": rc.broadcast_view(coalescing=Batch(64))}
+        with (
+            _reported(f"N={n} ours depth {depth} fan-out {fanout}", out),
+            farm_cluster("ours", n, depth, fanout, hosts=hosts) as (rc, farm, hub),
+        ):
+            vs = {
+                "ours coalescing": rc.broadcast_view(coalescing=True),
+                "ours streaming": rc.broadcast_view(coalescing=False),
+                "ours Batch(64)": rc.broadcast_view(coalescing=Batch(64)),
+            }
             got = measure(vs, reps, many)
             rows += [(n, f"d{depth} f{fanout}", v, got["echo"][v], got["many"][v]) for v in vs]
             hops.append(dict(engines=n, tree=f"d{depth} f{fanout}", **breakdown(rc, farm, hub)))
     return rows, hops
 
 
-def table(rows: List[Row], many: int) -> str:
+def table(rows: list[Row], many: int) -> str:
     dv = {n: (echo, rate) for n, _, v, echo, rate in rows if v == "DirectView"}
-    lines = [f"| engines | tree | view | 1 kB round trip (ms) | × DirectView | {many} async calls (calls/s) | × DirectView |",
-             "|---:|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"| engines | tree | view | 1 kB round trip (ms) | × DirectView "
+        f"| {many} async calls (calls/s) | × DirectView |",
+        "|---:|---|---|---:|---:|---:|---:|",
+    ]
     for n, tree, view, echo, rate in rows:
         d_echo, d_rate = dv.get(n, (float("nan"), float("nan")))
-        lines.append(f"| {n} | {tree} | {view} | {1e3 * echo:.1f} | {echo / d_echo:.2f} | {rate:.2f} | {rate / d_rate:.2f} |")
+        lines.append(
+            f"| {n} | {tree} | {view} | {1e3 * echo:.1f} | {echo / d_echo:.2f} | {rate:.2f} | {rate / d_rate:.2f} |"
+        )
     return "\n".join(lines)
 
 
-def hop_table(hops: List[dict]) -> str:
+def hop_table(hops: list[dict]) -> str:
     cols = ["wall", "client cpu", "root busy", "interior busy", "leaves busy", "hub cpu", "center cpu", "farm cpu"]
-    lines = ["| engines | tree | " + " | ".join(f"{c} (ms)" for c in cols) + " |",
-             "|---:|---|" + "---:|" * len(cols)]
+    lines = ["| engines | tree | " + " | ".join(f"{c} (ms)" for c in cols) + " |", "|---:|---|" + "---:|" * len(cols)]
     for h in hops:
         cells = [f"{h[c]:.1f}" if c in h else "-" for c in cols]
         lines.append(f"| {h['engines']} | {h['tree']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _tree(text: str) -> Tuple[int, int]:
+def _tree(text: str) -> tuple[int, int]:
     depth, fanout = text.split("x")
     return int(depth), int(fanout)
 
@@ -207,38 +226,70 @@ def _tree(text: str) -> Tuple[int, int]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--trees", type=_tree, nargs="+", default=[(1, 2), (2, 2), (2, 4), (3, 2)],
-                        help="our trees, as DEPTHxFANOUT (default: 1x2 2x2 2x4 3x2)")
-    parser.add_argument("--stock-depths", type=int, nargs="*", default=[1, 2, 3],
-                        help="ipyparallel's broadcast scheduler depths (none: ours only)")
+    parser.add_argument(
+        "--trees",
+        type=_tree,
+        nargs="+",
+        default=[(1, 2), (2, 2), (2, 4), (3, 2)],
+        help="our trees, as DEPTHxFANOUT (default: 1x2 2x2 2x4 3x2)",
+    )
+    parser.add_argument(
+        "--stock-depths",
+        type=int,
+        nargs="*",
+        default=[1, 2, 3],
+        help="ipyparallel's broadcast scheduler depths (none: ours only)",
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--many", type=int, default=5, help="async calls in flight for the throughput column")
-    parser.add_argument("--hosts", type=int, default=0,
-                        help="run the engines as this many simulated hosts, each behind its own host relay")
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="run the engines as this many simulated hosts, each behind its own host relay",
+    )
     parser.add_argument("--json", help="also write the rows and the time breakdown to this JSON file")
     args = parser.parse_args(argv)
     print(__doc__.split("\n\n")[1], flush=True)
     rows, hops = [], []
     for n in args.engines:  # tables (and the JSON) after each engine count: a long run shows as it goes
-        r, h = run_engines(n, args.trees, args.stock_depths, args.reps, args.many,
-                           out=functools.partial(print, flush=True), hosts=args.hosts)
+        r, h = run_engines(
+            n,
+            args.trees,
+            args.stock_depths,
+            args.reps,
+            args.many,
+            out=functools.partial(print, flush=True),
+            hosts=args.hosts,
+        )
         rows += r
         hops += h
         report(rows, hops, args)
 
 
-def report(rows: List[Row], hops: List[dict], args):
+def report(rows: list[Row], hops: list[dict], args):
     print(f"\nmedian of {args.reps} interleaved rounds; 1 kB apply, {REPLY_BYTES} B replies\n")
     print(table(rows, args.many))
-    print("\nwhere the time goes, per coalesced 1 kB apply on our tree (ms per call; busy = time a "
-          "relay node spent handling messages, summed over the nodes of that role; center = the "
-          "client and every controller process; farm = simulated engines and their host relays)\n")
+    print(
+        "\nwhere the time goes, per coalesced 1 kB apply on our tree (ms per call; busy = time a "
+        "relay node spent handling messages, summed over the nodes of that role; center = the "
+        "client and every controller process; farm = simulated engines and their host relays)\n"
+    )
     print(hop_table(hops), flush=True)
     if args.json:
         keys = ("engines", "tree", "view", "round_trip_s", "many_calls_per_s")
         with open(args.json, "w") as f:
-            json.dump(dict(reps=args.reps, many=args.many, reply_bytes=REPLY_BYTES,
-                           rows=[dict(zip(keys, row)) for row in rows], breakdown_ms=hops), f, indent=1)
+            json.dump(
+                dict(
+                    reps=args.reps,
+                    many=args.many,
+                    reply_bytes=REPLY_BYTES,
+                    rows=[dict(zip(keys, row)) for row in rows],
+                    breakdown_ms=hops,
+                ),
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
 
 _beds = itertools.count()
 SUBNETS = ipaddress.ip_network("10.213.0.0/16")  # the bed takes one free /24 of these
@@ -38,7 +38,7 @@ class NetBedError(RuntimeError):
     pass
 
 
-def _ip(*args, ns: Optional[str] = None, check=True) -> str:
+def _ip(*args, ns: str | None = None, check=True) -> str:
     argv = ["ip"] + (["-n", ns] if ns else []) + list(args)
     done = subprocess.run(argv, capture_output=True, text=True)
     if check and done.returncode:
@@ -46,7 +46,7 @@ def _ip(*args, ns: Optional[str] = None, check=True) -> str:
     return done.stdout
 
 
-def _tc(*args, ns: Optional[str] = None):
+def _tc(*args, ns: str | None = None):
     argv = (["ip", "netns", "exec", ns] if ns else []) + ["tc"] + list(args)
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode:
@@ -85,15 +85,15 @@ class NetBed(Managed):
     def __init__(self, hosts: int = 3, controller: bool = True):
         self.tag = f"ib{os.getpid():x}x{next(_beds)}"
         self.n_hosts, self.with_controller = hosts, controller
-        self.hosts: List[Host] = []
-        self.controller: Optional[Host] = None
+        self.hosts: list[Host] = []
+        self.controller: Host | None = None
         self.bridge = f"{self.tag}br"
-        self.subnet: Optional[ipaddress.IPv4Network] = None
-        self._made: List[Tuple[str, str]] = []  # ("netns"|"link", name), in order made
+        self.subnet: ipaddress.IPv4Network | None = None
+        self._made: list[tuple[str, str]] = []  # ("netns"|"link", name), in order made
 
     # ----------------------------------------------------------- lifecycle
     @staticmethod
-    def available() -> Optional[str]:
+    def available() -> str | None:
         """None if a bed can be made here, else why not."""
         if os.geteuid() != 0:
             return "the multi-host test bed needs root (network namespaces)"
@@ -146,11 +146,11 @@ class NetBed(Managed):
         kwargs.setdefault("start_new_session", True)
         return subprocess.Popen(["ip", "netns", "exec", host.netns] + list(argv), **kwargs)
 
-    def pids(self, host: Host) -> List[int]:
+    def pids(self, host: Host) -> list[int]:
         """The processes running in ``host``'s namespace."""
         return [int(p) for p in _ip("netns", "pids", host.netns, check=False).split()]
 
-    def link_bytes(self, host: Host) -> Tuple[int, int]:
+    def link_bytes(self, host: Host) -> tuple[int, int]:
         """Bytes (into, out of) ``host`` over its link so far."""
         stats = f"/sys/class/net/{host.veth}/statistics"
         with open(f"{stats}/tx_bytes") as into, open(f"{stats}/rx_bytes") as out:
@@ -177,8 +177,7 @@ def _rate_bits(rate: str) -> int:
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
-    used = [ipaddress.ip_interface(a).network
-            for a in re.findall(r"inet (\S+)", _ip("-o", "-4", "addr"))]
+    used = [ipaddress.ip_interface(a).network for a in re.findall(r"inet (\S+)", _ip("-o", "-4", "addr"))]
     for net in SUBNETS.subnets(new_prefix=24):
         if not any(net.overlaps(u) for u in used):
             return net
@@ -204,6 +203,7 @@ def kill_namespace(netns: str, timeout: float = 10):
 
 def sweep_stale():
     """Remove namespaces and links of beds whose process is gone."""
+
     def dead(name):
         m = re.match(r"ib([0-9a-f]+)x\d+", name)
         if not m:

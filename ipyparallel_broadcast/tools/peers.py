@@ -35,8 +35,9 @@ def dask_cluster(n: int):
     """A local Dask cluster of n single-threaded worker processes and its client."""
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=50)  # not the shutdown race
+    cluster = LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+    )  # not the shutdown race
     client = Client(cluster)
     client.wait_for_workers(n)
     return cluster, client
@@ -82,8 +83,9 @@ class DaskSubmit(_DaskView):
     """One task per worker, pinned (``workers=[w]``), then ``gather``."""
 
     def apply_async(self, f, *args):
-        futures = [self.client.submit(f, *args, workers=[w], allow_other_workers=False, pure=False)
-                   for w in self.workers]
+        futures = [
+            self.client.submit(f, *args, workers=[w], allow_other_workers=False, pure=False) for w in self.workers
+        ]
         return _Done(lambda: self.client.gather(futures))
 
     def apply_sync(self, f, *args):
@@ -101,15 +103,32 @@ def mpi_available() -> bool:
     return True
 
 
-def mpi_job(n: int, reps: int = 25, many: int = 20, echo_bytes: int = 1024, push_bytes: int = 1 << 20,
-            timeout: float = 600) -> dict:
+def mpi_job(
+    n: int, reps: int = 25, many: int = 20, echo_bytes: int = 1024, push_bytes: int = 1 << 20, timeout: float = 600
+) -> dict:
     """Medians (seconds; ``many`` in calls per second) from an MPI job of n+1 ranks."""
     if not mpi_available():
-        raise RuntimeError("MPI is not available: install mpich (apt-get install mpich libmpich-dev) "
-                           "and mpi4py (pip install --no-binary mpi4py mpi4py)")
-    cmd = ["mpiexec", "-n", str(n + 1), sys.executable, "-m", "ipyparallel_broadcast.tools.peers", "_rank",
-           "--reps", str(reps), "--many", str(many), "--echo-bytes", str(echo_bytes),
-           "--push-bytes", str(push_bytes)]
+        raise RuntimeError(
+            "MPI is not available: install mpich (apt-get install mpich libmpich-dev) "
+            "and mpi4py (pip install --no-binary mpi4py mpi4py)"
+        )
+    cmd = [
+        "mpiexec",
+        "-n",
+        str(n + 1),
+        sys.executable,
+        "-m",
+        "ipyparallel_broadcast.tools.peers",
+        "_rank",
+        "--reps",
+        str(reps),
+        "--many",
+        str(many),
+        "--echo-bytes",
+        str(echo_bytes),
+        "--push-bytes",
+        str(push_bytes),
+    ]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode:

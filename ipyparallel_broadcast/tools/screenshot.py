@@ -32,8 +32,12 @@ def run_notebook(path: str, timeout: int = 600):
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}}).execute()
+    NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}},
+    ).execute()
     return nb
 
 
@@ -50,9 +54,17 @@ def screenshot(page: str, png: str, width: int = 1000, height: int = 1800) -> st
         html_path = os.path.join(tmp, "page.html")
         with open(html_path, "w") as f:
             f.write(page)
-        cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               f"--user-data-dir={tmp}/profile", f"--window-size={width},{height}",
-               f"--screenshot={os.path.abspath(png)}", "file://" + html_path]
+        cmd = [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp}/profile",
+            f"--window-size={width},{height}",
+            f"--screenshot={os.path.abspath(png)}",
+            "file://" + html_path,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode or not os.path.exists(png):
             raise RuntimeError(f"chromium failed ({done.returncode}): {done.stderr[-2000:]}")

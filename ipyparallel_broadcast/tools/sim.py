@@ -28,37 +28,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import heapq
 import io
 import json
 import logging
 import multiprocessing
-import heapq
 import queue
 import signal
 import threading
 import time
 import traceback
 import uuid as uuidlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from itertools import count as counter
-from typing import Dict, List, Optional
 
 import zmq
 import zmq.asyncio
 from ipyparallel.serialize import serialize_object
 from jupyter_client.session import Session
 
-from ..wire import protocol as P
 from ..host.link import host_label
+from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
 STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
-CONTENT = {"apply_reply": b'{"status": "ok"}',
-           "execute_reply": b'{"status": "ok", "execution_count": 1}',
-           "status": b'{"execution_state": "idle"}'}
+CONTENT = {
+    "apply_reply": b'{"status": "ok"}',
+    "execute_reply": b'{"status": "ok", "execution_count": 1}',
+    "status": b'{"execution_state": "idle"}',
+}
 
 
 def session_from(info: dict) -> Session:
@@ -88,14 +89,13 @@ class SimEngine:
             s.LINGER = 0
         self.shell.SNDHWM = self.shell.RCVHWM = 0
         self.msg_ids = counter()
-        self.namespace: Optional[dict] = None  # execute's globals, made on first use
+        self.namespace: dict | None = None  # execute's globals, made on first use
 
 
 class SimProcess:
     """K simulated engines in one process: registered on asyncio, served by one thread (``Server``)."""
 
-    def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0,
-                 host: Optional[str] = None):
+    def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0, host: str | None = None):
         self.info, self.count, self.delay = info, count, delay
         self.link = None
         if host is not None:  # this process is a host: its engines are behind its relay
@@ -107,8 +107,8 @@ class SimProcess:
         self.ctx.MAX_SOCKETS = 2 * count + 64
         self.sync_ctx = zmq.Context()  # shells (one serving thread) and hearts (their own thread)
         self.sync_ctx.MAX_SOCKETS = 2 * count + 64
-        self.dead: List[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
-        self.engines: Dict[int, SimEngine] = {}
+        self.dead: list[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
+        self.engines: dict[int, SimEngine] = {}
         self.result = serialize_object(b"\0" * reply_bytes)  # what apply returns: the buffers
         self.server = Server(self)
 
@@ -135,7 +135,8 @@ class SimProcess:
         else:  # joined once the whole tree routes to it, as a real engine does
             self.link.attach(engine.id)
             await asyncio.get_running_loop().run_in_executor(  # no shared memory: bytes, as over TCP
-                None, partial(self.link.join, engine.id, engine.uuid, self.session, maps=False))
+                None, partial(self.link.join, engine.id, engine.uuid, self.session, maps=False)
+            )
             engine.shell.connect(self.link.place.down_url)
         engine.heart.connect(self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
@@ -187,10 +188,16 @@ class SimProcess:
     def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict, content=None) -> list:
         """``[DELIM, sig, header, parent, metadata, content]``, built without a
         Session.msg per reply (the farm must cost far less than the engines it stands for)."""
-        header = json.dumps(dict(
-            msg_id=f"{engine.uuid}_{next(engine.msg_ids)}", msg_type=msg_type, session=engine.uuid,
-            username="sim", date=datetime.now(timezone.utc).isoformat(), version="5.3",
-        )).encode()
+        header = json.dumps(
+            dict(
+                msg_id=f"{engine.uuid}_{next(engine.msg_ids)}",
+                msg_type=msg_type,
+                session=engine.uuid,
+                username="sim",
+                date=datetime.now(UTC).isoformat(),
+                version="5.3",
+            )
+        ).encode()
         parts = [header, parent, json.dumps(metadata).encode(), content or CONTENT[msg_type]]
         return [P._DELIM, self.session.sign(parts)] + parts
 
@@ -233,13 +240,19 @@ class SimProcess:
             with contextlib.redirect_stdout(printed):
                 exec(compile(code, "<sim execute>", "exec"), engine.namespace)  # noqa: S102 (a test engine)
         except Exception as e:
-            reply = dict(status="error", execution_count=1, ename=type(e).__name__, evalue=str(e),
-                         traceback=traceback.format_exception(e),
-                         engine_info=dict(engine_id=engine.id, engine_uuid=engine.uuid, method="execute"))
+            reply = dict(
+                status="error",
+                execution_count=1,
+                ename=type(e).__name__,
+                evalue=str(e),
+                traceback=traceback.format_exception(e),
+                engine_info=dict(engine_id=engine.id, engine_uuid=engine.uuid, method="execute"),
+            )
         if printed.getvalue():
             stream = json.dumps(dict(name="stdout", text=printed.getvalue())).encode()
-            send_frames(self.iopub, [f"engine.{engine.id}.stream".encode()]
-                        + self.signed(engine, "stream", parent, {}, stream))
+            send_frames(
+                self.iopub, [f"engine.{engine.id}.stream".encode()] + self.signed(engine, "stream", parent, {}, stream)
+            )
         return json.dumps(reply).encode()
 
     def kill(self, eid: int):
@@ -276,14 +289,14 @@ class Server:
 
     def __init__(self, proc: SimProcess):
         self.proc = proc
-        self.inbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake_url = f"inproc://sim-wake-{id(self)}"
         self.wake_in = proc.sync_ctx.socket(zmq.PULL)
         self.wake_in.bind(self.wake_url)
         self.wakers = threading.local()
         self.poller = zmq.Poller()
         self.poller.register(self.wake_in, zmq.POLLIN)
-        self.engines: Dict[zmq.Socket, SimEngine] = {}
+        self.engines: dict[zmq.Socket, SimEngine] = {}
         self.due: list = []  # (when, n, args) of delayed answers, a heap
         self.seq = counter()
 
@@ -364,22 +377,29 @@ class SimEngines:
     ``kill(eid)`` silences one engine; ``stop()`` ends the farm.
     """
 
-    def __init__(self, connection_file: str, n: int, per_process: int = 512,
-                 reply_bytes: int = 0, delay: float = 0.0, hosts: bool = False):
+    def __init__(
+        self,
+        connection_file: str,
+        n: int,
+        per_process: int = 512,
+        reply_bytes: int = 0,
+        delay: float = 0.0,
+        hosts: bool = False,
+    ):
         with open(connection_file) as f:
             self.info = json.load(f)
         self.n, self.per_process, self.hosts = n, per_process, hosts
         self.reply_bytes, self.delay = reply_bytes, delay
-        self.processes: List[tuple] = []  # (process, pipe, engine ids)
+        self.processes: list[tuple] = []  # (process, pipe, engine ids)
         self._labels = counter()
 
-    def start(self, timeout: float = 600) -> List[int]:
+    def start(self, timeout: float = 600) -> list[int]:
         left = self.n
         while left > 0:
             count = min(left, self.per_process)
             self._spawn(count)
             left -= count
-        for proc, pipe, ids in self.processes:
+        for _proc, pipe, ids in self.processes:
             self._registered(pipe, ids, timeout)
         return self.ids
 
@@ -387,8 +407,10 @@ class SimEngines:
         here, there = multiprocessing.Pipe()
         host = f"{host_label()}-sim{next(self._labels)}" if self.hosts else None  # a new host each time
         proc = multiprocessing.Process(
-            target=_run_process, args=(self.info, count, self.reply_bytes, self.delay, host, there),
-            daemon=True, name=f"SimEngines({count})",
+            target=_run_process,
+            args=(self.info, count, self.reply_bytes, self.delay, host, there),
+            daemon=True,
+            name=f"SimEngines({count})",
         )
         proc.start()
         entry = (proc, here, [])
@@ -401,13 +423,13 @@ class SimEngines:
             raise TimeoutError(f"simulated engines did not register within {timeout} s")
         ids.extend(pipe.recv())
 
-    def add(self, count: int, timeout: float = 120) -> List[int]:
+    def add(self, count: int, timeout: float = 120) -> list[int]:
         """One more process of ``count`` engines (with ``hosts``: a new host); its ids."""
         _, pipe, ids = self._spawn(count)
         self._registered(pipe, ids, timeout)
         return list(ids)
 
-    def kill_process(self, index: int) -> List[int]:
+    def kill_process(self, index: int) -> list[int]:
         """SIGKILL one process (with ``hosts``: a whole host, relay and all); its ids."""
         proc, pipe, ids = self.processes.pop(index)
         proc.kill()
@@ -415,7 +437,7 @@ class SimEngines:
         return list(ids)
 
     @property
-    def ids(self) -> List[int]:
+    def ids(self) -> list[int]:
         return sorted(e for _, _, ids in self.processes for e in ids)
 
     def kill(self, eid: int):
@@ -455,11 +477,9 @@ def main(argv=None):
     parser.add_argument("--per-process", type=int, default=512)
     parser.add_argument("--reply-bytes", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0)
-    parser.add_argument("--hosts", action="store_true",
-                        help="each process is a host, with its own host relay")
+    parser.add_argument("--hosts", action="store_true", help="each process is a host, with its own host relay")
     args = parser.parse_args(argv)
-    farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes,
-                      args.delay, args.hosts)
+    farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes, args.delay, args.hosts)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print(f"{len(farm.start())} simulated engines registered; Ctrl-C stops them", flush=True)

@@ -58,7 +58,7 @@ def spacings_histogram():
     for _ in range(RMT_MATRICES):
         a = rng.standard_normal((RMT_SIZE, RMT_SIZE))
         ev = np.linalg.eigvalsh(a + a.T)
-        d = np.diff(ev)[RMT_SIZE // 4: -RMT_SIZE // 4]
+        d = np.diff(ev)[RMT_SIZE // 4 : -RMT_SIZE // 4]
         diffs.append(d / d.mean())
     return np.histogram(np.concatenate(diffs), BINS)[0]
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from collections.abc import Iterator
 from itertools import accumulate
-from typing import Any, Iterator, Tuple
+from typing import Any
 
 from .protocol import BUNDLE, OUTPUTS_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
 
@@ -47,8 +48,9 @@ def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
 def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Frames:
     """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``."""
     content = dict(parts=[len(p) for p in parts], failed=failed)
-    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, kind, eids))[1:]
-            + [frame for part in parts for frame in part])
+    return codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, kind, eids))[1:] + [
+        frame for part in parts for frame in part
+    ]
 
 
 def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
@@ -76,8 +78,14 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
         texts.append(b"[%s,%s,%s]" % (as_bytes(body[1]), metadata, content))
         kept.append(body)
     text = b"".join(texts)
-    head = dict(parts=[len(b) - 5 for b in kept], failed=failed, engines=engines, odd=odd, iopub=iopub,
-                texts=[len(t) for t in texts])
+    head = dict(
+        parts=[len(b) - 5 for b in kept],
+        failed=failed,
+        engines=engines,
+        odd=odd,
+        iopub=iopub,
+        texts=[len(t) for t in texts],
+    )
     if codec.key:
         head["digest"] = hashlib.sha256(text).hexdigest()
     buffers = [frame for b in kept for frame in b[5:]]
@@ -85,8 +93,9 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
     sizes = [nbytes(f) for f in buffers]
     if sum(1 for n in sizes if n < PACK_BELOW) > 1:
         head["packed"] = [n if n < PACK_BELOW else -1 for n in sizes]
-        frames = [b"".join(f for f, n in zip(buffers, sizes) if n < PACK_BELOW)] + \
-            [f for f, n in zip(buffers, sizes) if n >= PACK_BELOW]
+        frames = [b"".join(f for f, n in zip(buffers, sizes) if n < PACK_BELOW)] + [
+            f for f, n in zip(buffers, sizes) if n >= PACK_BELOW
+        ]
     metadata = bundle_metadata(req, msg_id, "replies", eids)
     return codec.serialize(BUNDLE, head, metadata=metadata)[1:] + [text] + frames
 
@@ -98,8 +107,7 @@ def packed_buffers(packed, frames) -> list:
     if not isinstance(packed, list) or not frames or not all(type(n) is int for n in packed):
         raise ProtocolError("bundle has an invalid buffer table")
     joined, alone = memoryview(frames[0]), iter(frames[1:])
-    if sum(n for n in packed if n >= 0) != joined.nbytes or \
-            sum(1 for n in packed if n < 0) != len(frames) - 1:
+    if sum(n for n in packed if n >= 0) != joined.nbytes or sum(1 for n in packed if n < 0) != len(frames) - 1:
         raise ProtocolError("bundle buffer table does not match its frames")
     out, offset = [], 0
     for n in packed:
@@ -119,8 +127,14 @@ class ReplyTable:
 
     def __init__(self, codec: Codec, content: dict, buffers: list):
         engines, sizes, odd, iopub = (content.get(k) for k in ("engines", "texts", "odd", "iopub"))
-        if not (isinstance(engines, list) and isinstance(sizes, list) and isinstance(odd, list)
-                and isinstance(iopub, list) and len(sizes) == len(engines) and buffers):
+        if not (
+            isinstance(engines, list)
+            and isinstance(sizes, list)
+            and isinstance(odd, list)
+            and isinstance(iopub, list)
+            and len(sizes) == len(engines)
+            and buffers
+        ):
             raise ProtocolError("replies bundle has an invalid table")
         self.text = memoryview(buffers[0])
         try:
@@ -129,8 +143,7 @@ class ReplyTable:
             raise ProtocolError(f"replies bundle has invalid text sizes: {e}") from e
         if self.offsets[-1] != self.text.nbytes or (sizes and min(sizes) < 0):
             raise ProtocolError("replies bundle texts do not match their sizes")
-        if codec.key and not hmac.compare_digest(
-                str(content.get("digest")), hashlib.sha256(self.text).hexdigest()):
+        if codec.key and not hmac.compare_digest(str(content.get("digest")), hashlib.sha256(self.text).hexdigest()):
             raise ProtocolError("replies bundle texts do not match their digest")
         buffers = buffers[1:]
         if "packed" in content:
@@ -151,7 +164,8 @@ class ReplyTable:
         if msg is None:
             try:
                 header, metadata, content = self.codec.unpack_json(
-                    bytes(self.text[self.offsets[k] : self.offsets[k + 1]]))
+                    bytes(self.text[self.offsets[k] : self.offsets[k + 1]])
+                )
             except Exception as e:
                 raise ProtocolError(f"unreadable reply in a bundle: {e}") from e
             msg = self.parsed[k] = dict(header=header, metadata=metadata, content=content, buffers=self.parts[k])
@@ -185,8 +199,12 @@ class Entry:
 
 
 def _parts(counts, buffers, n=None) -> list:
-    if not isinstance(counts, list) or not all(type(c) is int and c >= 0 for c in counts) \
-            or sum(counts) != len(buffers) or (n is not None and len(counts) != n):
+    if (
+        not isinstance(counts, list)
+        or not all(type(c) is int and c >= 0 for c in counts)
+        or sum(counts) != len(buffers)
+        or (n is not None and len(counts) != n)
+    ):
         raise ProtocolError("bundle part counts do not match its frames")
     parts, offset = [], 0
     for c in counts:
@@ -200,11 +218,12 @@ def pack_reduced(codec: Codec, req, msg_id, state, value_frames, raised, failed)
     raw replies of engines whose function raised."""
     parts = ([value_frames] if state.get("value") is not None else []) + list(raised)
     content = dict(parts=[len(p) for p in parts], failed=failed, reduce=state)
-    return (codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "reduced"))[1:]
-            + [frame for part in parts for frame in part])
+    return codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, "reduced"))[1:] + [
+        frame for part in parts for frame in part
+    ]
 
 
-def reduced_parts(msg: dict) -> Tuple[dict, list, list, list]:
+def reduced_parts(msg: dict) -> tuple[dict, list, list, list]:
     """``(state, value frames, raised replies, failed)`` of an unpacked ``reduced``
     bundle whose content was parsed."""
     content = msg["content"]
@@ -221,7 +240,7 @@ def splices_json(codec: Codec) -> bool:
     return codec.json
 
 
-def iter_bundle(codec: Codec, msg: dict, tables: bool = False) -> Iterator[Tuple[str, Any]]:
+def iter_bundle(codec: Codec, msg: dict, tables: bool = False) -> Iterator[tuple[str, Any]]:
     """Flatten an unpacked bundle into engine outcomes; see ``flatten``. A
     ``replies`` table gives ``("parsed", message)`` per engine, or, with
     ``tables``, one ``("table", ReplyTable)``."""
@@ -238,7 +257,7 @@ def iter_bundle(codec: Codec, msg: dict, tables: bool = False) -> Iterator[Tuple
     return flatten(codec, kind, _parts(content.get("parts"), buffers), content.get("failed", []), tables)
 
 
-def _replies(table: ReplyTable, failed, tables: bool) -> Iterator[Tuple[str, Any]]:
+def _replies(table: ReplyTable, failed, tables: bool) -> Iterator[tuple[str, Any]]:
     if tables:
         yield "table", table
     else:
@@ -248,7 +267,7 @@ def _replies(table: ReplyTable, failed, tables: bool) -> Iterator[Tuple[str, Any
         yield "failed", failure
 
 
-def flatten(codec: Codec, kind, parts, failed, tables: bool = False) -> Iterator[Tuple[str, Any]]:
+def flatten(codec: Codec, kind, parts, failed, tables: bool = False) -> Iterator[tuple[str, Any]]:
     """``("reply", frames)`` for each engine reply and ``("failed", [eid, uuid,
     message])`` for each engine that could not answer. Nested bundles
     (``kind == "bundles"``) are checked and unpacked on the way, unless

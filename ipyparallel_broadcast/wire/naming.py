@@ -4,8 +4,8 @@ connection-file key of the tree, and the dates in headers."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from ipyparallel.util import _parse_date
 
@@ -21,7 +21,7 @@ def parse_date(s):
         dt = datetime.fromisoformat(s)
     except (TypeError, ValueError):
         return _parse_date(s)
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
 IOPUB_HELLO_PREFIX = b"ipb-iopub-hello:"  # a client's IOPub subscription that asks for a hello
@@ -37,7 +37,7 @@ def engine_vid(msg_id: str, uuid: str) -> str:
     return f"{msg_id}_{uuid}"
 
 
-def engine_of_topic(topics: Sequence) -> Optional[int]:
+def engine_of_topic(topics: Sequence) -> int | None:
     """The engine id in an IOPub topic ``engine.<id>.<kind>`` (None if none)."""
     parts = as_bytes(topics[0]).split(b".") if topics else []
     if len(parts) >= 2 and parts[0] == b"engine" and parts[1].isdigit():

@@ -57,8 +57,9 @@ import hmac
 import itertools
 import os
 from collections import deque
-from datetime import datetime, timezone
-from typing import Any, List, Sequence, Tuple
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import zmq
 from ipyparallel.util import _disable_session_extract_dates
@@ -90,7 +91,7 @@ OUTPUTS_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'  # in a request's raw metadata
 TRACE_KEY = "ipb_trace"  # request metadata: the engine stamps its reply ("ipb_received")
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
 
-Frames = List[Any]  # bytes, memoryview or zmq.Frame
+Frames = list[Any]  # bytes, memoryview or zmq.Frame
 
 
 class ProtocolError(ValueError):
@@ -116,7 +117,7 @@ def may_be_dropped(frames) -> bool:
     return 3 < len(frames) and len(frames[3]) < 4096 and DROPPED.encode() in as_bytes(frames[3])
 
 
-def split_idents(frames: Sequence) -> Tuple[list, list]:
+def split_idents(frames: Sequence) -> tuple[list, list]:
     """Split ``[*idents, DELIM, *body]`` without copying any large frame."""
     n = len(_DELIM)
     for i, frame in enumerate(frames):
@@ -166,19 +167,26 @@ class Codec:
 
     def header(self, msg_type: str) -> dict:
         """A new message header, as ``Session.msg_header`` makes it."""
-        return dict(msg_id=f"{self._id}_{os.getpid()}_{next(self._count)}", msg_type=msg_type,
-                    username=self._user, session=self._id,
-                    date=datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
-                    version=JUPYTER_PROTOCOL)
+        return dict(
+            msg_id=f"{self._id}_{os.getpid()}_{next(self._count)}",
+            msg_type=msg_type,
+            username=self._user,
+            session=self._id,
+            date=datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            version=JUPYTER_PROTOCOL,
+        )
 
     def serialize(self, msg_type: str, content, parent=None, metadata=None, header=None) -> Frames:
         """``[DELIM, sig, header, parent, metadata, content]``, as ``Session.serialize``
         of ``Session.msg`` gives; ``content`` and ``parent`` may be packed already
         (bytes: a request's own header frame, say)."""
         md = dict(self._metadata, **metadata) if metadata else self._metadata
-        parts = [self.pack_json(header or self.header(msg_type)),
-                 parent if isinstance(parent, bytes) else self.pack_json(parent or {}),
-                 self.pack_json(md), content if isinstance(content, bytes) else self.pack_json(content)]
+        parts = [
+            self.pack_json(header or self.header(msg_type)),
+            parent if isinstance(parent, bytes) else self.pack_json(parent or {}),
+            self.pack_json(md),
+            content if isinstance(content, bytes) else self.pack_json(content),
+        ]
         return [_DELIM, self.sign(parts)] + parts
 
     def pack(self, msg_type: str, content: dict, buffers: Sequence = (), parent=None) -> Frames:
@@ -206,9 +214,14 @@ class Codec:
         load = self._load
         try:
             header = load(parts[1])
-            msg = dict(header=header, msg_id=header["msg_id"], msg_type=header["msg_type"],
-                       parent_header=load(parts[2]), metadata=load(parts[3]),
-                       content=load(parts[4]) if content else parts[4])
+            msg = dict(
+                header=header,
+                msg_id=header["msg_id"],
+                msg_type=header["msg_type"],
+                parent_header=load(parts[2]),
+                metadata=load(parts[3]),
+                content=load(parts[4]) if content else parts[4],
+            )
         except Exception as e:
             raise ProtocolError(f"bad message: {e}") from e
         msg["buffers"] = list(body[5:])
@@ -293,9 +306,7 @@ def validate_request(content: Any) -> dict:
     if not isinstance(content, dict):
         raise ProtocolError("request content is not a dict")
     targets = content.get("targets")
-    if not isinstance(targets, list) or not all(
-        type(t) is int and t >= 0 for t in targets
-    ):
+    if not isinstance(targets, list) or not all(type(t) is int and t >= 0 for t in targets):
         raise ProtocolError(f"targets must be a list of engine ids, not {targets!r}")
     if len(set(targets)) != len(targets):
         raise ProtocolError("targets name an engine more than once")
@@ -305,8 +316,7 @@ def validate_request(content: Any) -> dict:
         raise ProtocolError("msg_id must be a string")
     each = content.get("each")
     if each is not None and (
-        not isinstance(each, list) or len(each) != len(targets)
-        or not all(type(n) is int and n >= 0 for n in each)
+        not isinstance(each, list) or len(each) != len(targets) or not all(type(n) is int and n >= 0 for n in each)
     ):
         raise ProtocolError("each must give a buffer count per target")
     batch = content.get("batch")
@@ -314,8 +324,10 @@ def validate_request(content: Any) -> dict:
         if content["reply"] != STREAM or not isinstance(batch, list) or len(batch) != 2:
             raise ProtocolError("batch must be [count, interval] on a streaming request")
         count_, interval = batch
-        if type(count_) is not int or count_ < 1 or not (
-            interval is None or (isinstance(interval, (int, float)) and interval >= 0)
+        if (
+            type(count_) is not int
+            or count_ < 1
+            or not (interval is None or (isinstance(interval, (int, float)) and interval >= 0))
         ):
             raise ProtocolError(f"bad batch {batch!r}")
     op = content.get("reduce")
@@ -324,7 +336,7 @@ def validate_request(content: Any) -> dict:
     return content
 
 
-def split_each(inner: Sequence, targets: Sequence[int], each) -> Tuple[list, dict]:
+def split_each(inner: Sequence, targets: Sequence[int], each) -> tuple[list, dict]:
     """Shared frames, and each target's own buffers, of a request with ``each``."""
     n_own = sum(each or ())
     if len(inner) - n_own < 5:

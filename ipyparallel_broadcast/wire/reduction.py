@@ -15,7 +15,8 @@ from __future__ import annotations
 import io
 import operator
 import pickle
-from typing import Any, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from ipyparallel.serialize.canning import CannedArray
@@ -101,8 +102,7 @@ def encode(value) -> tuple:
         return dict(t="py", k=type(value).__name__, v=v), []
     arr = np.asarray(value)
     data = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
-    return dict(t="nd", dtype=arr.dtype.str, shape=list(arr.shape),
-                scalar=isinstance(value, np.generic)), [data]
+    return dict(t="nd", dtype=arr.dtype.str, shape=list(arr.shape), scalar=isinstance(value, np.generic)), [data]
 
 
 def decode(header: dict, frames: Sequence) -> Any:
@@ -114,8 +114,7 @@ def decode(header: dict, frames: Sequence) -> Any:
             return v if kind == "int" else bool(v)
         raise ValueError(f"bad number {header!r}")
     if header.get("t") == "nd" and len(frames) == 1:
-        return _array(header.get("dtype"), header.get("shape", ()), header.get("scalar"),
-                      _buffer(frames[0]))
+        return _array(header.get("dtype"), header.get("shape", ()), header.get("scalar"), _buffer(frames[0]))
     raise ValueError(f"bad value header {header!r}")
 
 
@@ -142,11 +141,11 @@ class Reduction:
         self.op = op
         self.value = None  # a Python number or an ndarray (0-d for scalars)
         self.sig = None  # what every value must match: see _signature
-        self.eids: List[int] = []
-        self.error: Optional[str] = None
+        self.eids: list[int] = []
+        self.error: str | None = None
         self._owned = False  # whether self.value may be updated in place
 
-    def add(self, eids: List[int], value) -> None:
+    def add(self, eids: list[int], value) -> None:
         sig = _signature(value)
         if self.error is None and self.sig is not None and sig != self.sig:
             self.error = (
@@ -169,7 +168,7 @@ class Reduction:
             self.value = np.asarray(OPS[self.op][0](self.value, value))
             self._owned = True
 
-    def add_error(self, eids: List[int], message: str) -> None:
+    def add_error(self, eids: list[int], message: str) -> None:
         self.eids.extend(eids)
         if self.error is None:
             self.error = message
@@ -210,7 +209,7 @@ class Reduction:
 
 
 # ------------------------------------------------------------ at a relay node
-def fold_reply(reduction: "Reduction", eids, body, codec) -> bool:
+def fold_reply(reduction: Reduction, eids, body, codec) -> bool:
     """Fold an engine's raw reply into ``reduction``. False if the engine's
     function raised: its reply is then passed up raw, as it came."""
     try:
@@ -226,7 +225,7 @@ def fold_reply(reduction: "Reduction", eids, body, codec) -> bool:
     return True
 
 
-def fold_bundle(reduction: "Reduction", msg: dict, codec) -> tuple:
+def fold_bundle(reduction: Reduction, msg: dict, codec) -> tuple:
     """Fold a child's ``reduced`` bundle (content unparsed) into ``reduction``;
     return the raw replies of its engines that raised and its failures."""
     if msg["metadata"].get("kind") != "reduced":

@@ -14,10 +14,10 @@ engine asks for, such as an MPI rank, is kept as is).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Tuple
 
-Path = Tuple[int, ...]
+Path = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class TreeShape:
 
     def nodes(self) -> Iterator[Path]:
         """All node paths, breadth first (root first)."""
-        level: List[Path] = [()]
+        level: list[Path] = [()]
         for _ in range(self.depth + 1):
             yield from level
             level = [p + (d,) for p in level for d in range(self.fanout)]
@@ -78,23 +78,21 @@ class TreeShape:
         below = self.depth - len(path) - 1
         return (self.leaf_of(engine_id) // self.fanout**below) % self.fanout
 
-    def split(self, path: Path, engine_ids: Iterable[int]) -> Dict[int, List[int]]:
+    def split(self, path: Path, engine_ids: Iterable[int]) -> dict[int, list[int]]:
         """Split engine ids among the children of ``path``, keeping their order.
 
         Children with no targets are absent from the result.
         """
-        parts: Dict[int, List[int]] = {}
+        parts: dict[int, list[int]] = {}
         below = self.fanout ** (self.depth - len(path) - 1)
         n_leaves, fanout = self.n_leaves, self.fanout
         for eid in engine_ids:
             parts.setdefault((eid % n_leaves // below) % fanout, []).append(eid)
         return parts
 
-    def layout(self, engine_ids: Iterable[int]) -> Dict[Path, List[int]]:
+    def layout(self, engine_ids: Iterable[int]) -> dict[Path, list[int]]:
         """Which engines each leaf serves."""
-        leaves: Dict[Path, List[int]] = {
-            self.leaf_path(i): [] for i in range(self.n_leaves)
-        }
+        leaves: dict[Path, list[int]] = {self.leaf_path(i): [] for i in range(self.n_leaves)}
         for eid in sorted(engine_ids):
             leaves[self.leaf_path(self.leaf_of(eid))].append(eid)
         return leaves
@@ -180,10 +178,7 @@ def render(shape: TreeShape, engine_ids: Iterable[int], hosts=None) -> str:
     hosts = hosts or {}
     hosted = {e for _, eids in hosts.values() for e in eids}
     layout = shape.layout(e for e in engine_ids if e not in hosted)
-    lines = [
-        f"broadcast tree: depth={shape.depth} fanout={shape.fanout} "
-        f"nodes={shape.n_nodes} leaves={shape.n_leaves}"
-    ]
+    lines = [f"broadcast tree: depth={shape.depth} fanout={shape.fanout} nodes={shape.n_nodes} leaves={shape.n_leaves}"]
     for path in shape.nodes():
         indent = "  " * len(path)
         label = node_name(path)

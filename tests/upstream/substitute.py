@@ -98,8 +98,11 @@ def settle_engines(*clients, timeout=20):
         ar = rc[ids].apply_async(int)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            unsettled = {eid for eid, child in zip(ids, ar._children)
-                         if not child.done() or isinstance(child.exception() or child.result(), Exception)}
+            unsettled = {
+                eid
+                for eid, child in zip(ids, ar._children)
+                if not child.done() or isinstance(child.exception() or child.result(), Exception)
+            }
             registered = [{k for k in rc.queue_status() if isinstance(k, int)}]  # the hub's own list:
             registered += [set(c.ids) for c in clients]  # rc's may miss an unregistration at its start
             if not any(unsettled & ids for ids in registered):

@@ -5,7 +5,6 @@ which the hub records per engine. One reply mode: records do not depend on it
 (``test_hub_records.py`` covers all three)."""
 
 from ipyparallel.tests import test_client as upstream
-
 from substitute import substituted
 
 substituted(upstream.TestClient, globals(), modes=["Coalescing"])

@@ -2,7 +2,6 @@
 substituted (one reply mode, as on stock engines)."""
 
 from ipyparallel.tests import test_client as upstream
-
 from substitute import on_our_engines, substituted
 
 cluster = on_our_engines()

@@ -2,7 +2,6 @@
 BroadcastView substituted, in the three reply modes."""
 
 from ipyparallel.tests import test_magics as upstream
-
 from substitute import substituted
 
 substituted(upstream.TestParallelMagics, globals())

@@ -2,7 +2,6 @@
 in the coalescing, streaming and partial-coalescing reply modes."""
 
 from ipyparallel.tests import test_view as upstream
-
 from substitute import substituted
 
 substituted(upstream.TestView, globals())

@@ -2,7 +2,6 @@
 with our BroadcastView substituted, in the three reply modes."""
 
 from ipyparallel.tests import test_view as upstream
-
 from substitute import on_our_engines, substituted
 
 cluster = on_our_engines()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Hashable, Iterable, Sequence
 from contextlib import contextmanager
-from typing import Hashable, Iterable, List, Sequence, Tuple
 
 from ipyparallel import error
 
@@ -30,7 +30,7 @@ def grouped(count: int, expand: bool = False) -> bool:
 def engine_ranges(eids: Iterable[int]) -> str:
     """``[0, 1, 2, 3, 7, 9, 10]`` -> ``'0-3,7,9-10'`` (sorted, runs joined)."""
     ids = sorted(set(eids))
-    runs: List[List[int]] = []
+    runs: list[list[int]] = []
     for e in ids:
         if runs and e == runs[-1][1] + 1:
             runs[-1][1] = e
@@ -46,7 +46,7 @@ def label(kind: str, eids: Sequence[int]) -> str:
     return f"[{kind}:{engine_ranges(eids)} ({len(eids)} engines)]"
 
 
-def groups(keys: Iterable[Hashable], eids: Iterable[int]) -> List[Tuple[Hashable, List[int]]]:
+def groups(keys: Iterable[Hashable], eids: Iterable[int]) -> list[tuple[Hashable, list[int]]]:
     """``(key, engines)`` for each distinct key, in order of first appearance."""
     out: dict = {}
     for key, eid in zip(keys, eids):
@@ -67,7 +67,7 @@ class Outputs(list):
         super().__init__(texts)
         self.engines, self.kind = list(engines), kind
 
-    def groups(self) -> List[Tuple[str, List[int]]]:
+    def groups(self) -> list[tuple[str, list[int]]]:
         return groups(self, self.engines)
 
     def __repr__(self) -> str:
@@ -87,10 +87,14 @@ class Outputs(list):
         blocks = []
         for text, eids in self.groups():
             head = html.escape(label(self.kind, eids))
-            blocks.append(f"<details open><summary><code>{head}</code></summary>"
-                          f"<pre style='margin:0 0 0 1em'>{html.escape(text)}</pre></details>")
-        return (f"<div class='ipb-outputs'><b>{self.kind}</b> of {len(self)} engines, "
-                f"{len(blocks)} distinct" + "".join(blocks) + "</div>")
+            blocks.append(
+                f"<details open><summary><code>{head}</code></summary>"
+                f"<pre style='margin:0 0 0 1em'>{html.escape(text)}</pre></details>"
+            )
+        return (
+            f"<div class='ipb-outputs'><b>{self.kind}</b> of {len(self)} engines, "
+            f"{len(blocks)} distinct" + "".join(blocks) + "</div>"
+        )
 
 
 def _engine(ei) -> int:
@@ -103,12 +107,12 @@ class GroupedCompositeError(error.CompositeError):
     every engine's error, in target order)."""
 
     @classmethod
-    def of(cls, e: error.CompositeError) -> "GroupedCompositeError":
+    def of(cls, e: error.CompositeError) -> GroupedCompositeError:
         grouped_error = cls(e.msg, e.elist)
         grouped_error.__dict__.update({k: v for k, v in e.__dict__.items() if k not in ("msg", "elist")})
         return grouped_error
 
-    def error_groups(self) -> List[Tuple[tuple, List[int], str]]:
+    def error_groups(self) -> list[tuple[tuple, list[int], str]]:
         """``((ename, evalue, traceback), engines, method)`` per distinct error."""
         method = {}
         for en, ev, etb, ei in self.elist:
@@ -129,14 +133,14 @@ class GroupedCompositeError(error.CompositeError):
         lines += self._more(found)
         return "\n".join(lines)
 
-    def _more(self, found) -> List[str]:
-        rest = found[self.tb_limit:]
+    def _more(self, found) -> list[str]:
+        rest = found[self.tb_limit :]
         if not rest:
             return []
         eids = [e for _, es, _ in rest for e in es]
         return [f"... {len(rest)} more distinct errors, on engines {engine_ranges(eids)} ..."]
 
-    def render_traceback(self, excid=None) -> List[str]:
+    def render_traceback(self, excid=None) -> list[str]:
         if excid is not None or not grouped(len(self.elist)):
             return super().render_traceback(excid)
         found = self.error_groups()
@@ -260,7 +264,7 @@ class GroupedDisplay:
             self._show_result(i, eids, values)
 
 
-def _outputs_keys(outs) -> List[tuple]:
+def _outputs_keys(outs) -> list[tuple]:
     return [tuple(output_key(o) for o in engine_outputs) for engine_outputs in outs]
 
 

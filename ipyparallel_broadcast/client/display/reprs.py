@@ -9,13 +9,21 @@ orange, engines green, trouble (drops, a node that did not answer) red.
 from __future__ import annotations
 
 import html
-from typing import Dict, Iterable, List, Optional
+from collections.abc import Iterable
 
 from .grouping import engine_ranges
 
 RELAY, HOST, ENGINES, TROUBLE, RULE = "#cfe2f3", "#fce5cd", "#d9ead3", "#f4cccc", "#999999"
-MARKS = {"request in": "#1f77b4", "request out": "#1f77b4", "received": "#2ca02c", "started": "#2ca02c",
-         "finished": "#ff7f0e", "reply in": "#9467bd", "reply out": "#9467bd", "done": "#d62728"}
+MARKS = {
+    "request in": "#1f77b4",
+    "request out": "#1f77b4",
+    "received": "#2ca02c",
+    "started": "#2ca02c",
+    "finished": "#ff7f0e",
+    "reply in": "#9467bd",
+    "reply out": "#9467bd",
+    "done": "#d62728",
+}
 BOX = "display:inline-block;border-radius:4px;padding:2px 6px;margin:2px;font:12px monospace"
 
 
@@ -29,7 +37,7 @@ def _engines(eids) -> str:
     return _chip(f"engines {engine_ranges(eids)} ({len(eids)})" if eids else "no engines", ENGINES)
 
 
-def _load(stats: Optional[dict]) -> str:
+def _load(stats: dict | None) -> str:
     """A node's figures from the survey: pending calls, drops, RSS."""
     if not stats:
         return ""
@@ -42,7 +50,7 @@ def _load(stats: Optional[dict]) -> str:
     return " " + _chip(", ".join(parts), colour)
 
 
-def tree_html(shape, leaves: Dict[int, list], hosts: Dict[str, tuple], nodes: Dict[str, dict]) -> str:
+def tree_html(shape, leaves: dict[int, list], hosts: dict[str, tuple], nodes: dict[str, dict]) -> str:
     """The tree, one nested block per relay node; under each leaf its host
     relays and engines. ``nodes``: survey entries by node name."""
     from ...wire.topology import node_name
@@ -55,22 +63,34 @@ def tree_html(shape, leaves: Dict[int, list], hosts: Dict[str, tuple], nodes: Di
             inner = [_engines(leaves.get(leaf, []))] if leaves.get(leaf) else []
             for label, (at, eids) in sorted(hosts.items()):
                 if at == leaf:
-                    inner.append(f"<div>{_chip('host ' + label, HOST)}{_load(nodes.get(label))} "
-                                 f"{_engines(eids)}</div>")
+                    inner.append(f"<div>{_chip('host ' + label, HOST)}{_load(nodes.get(label))} {_engines(eids)}</div>")
         else:
             inner = [block(path + (k,)) for k in range(shape.fanout)]
-        body = "".join(f"<div style='margin-left:1.5em;border-left:2px solid {RULE};padding-left:6px'>"
-                       f"{part}</div>" for part in inner)
+        body = "".join(
+            f"<div style='margin-left:1.5em;border-left:2px solid {RULE};padding-left:6px'>{part}</div>"
+            for part in inner
+        )
         return f"<div>{head}{body}</div>"
 
     engines = sum(len(v) for v in leaves.values()) + sum(len(e) for _, e in hosts.values())
-    title = (f"<b>broadcast tree</b>: depth {shape.depth}, fan-out {shape.fanout}, "
-             f"{shape.n_nodes} relay nodes, {len(hosts)} host relays, {engines} engines")
+    title = (
+        f"<b>broadcast tree</b>: depth {shape.depth}, fan-out {shape.fanout}, "
+        f"{shape.n_nodes} relay nodes, {len(hosts)} host relays, {engines} engines"
+    )
     return f"<div class='ipb-tree' style='font:12px sans-serif'>{title}{block(())}</div>"
 
 
-STATS_COLUMNS = [("node", None), ("pid", None), ("pending", None), ("parked", None), ("dropped", None),
-                 ("engines", None), ("rss", 2**20), ("busy", None), ("cpu", None)]
+STATS_COLUMNS = [
+    ("node", None),
+    ("pid", None),
+    ("pending", None),
+    ("parked", None),
+    ("dropped", None),
+    ("engines", None),
+    ("rss", 2**20),
+    ("busy", None),
+    ("cpu", None),
+]
 
 
 def stats_html(nodes: Iterable[dict]) -> str:
@@ -91,11 +111,13 @@ def stats_html(nodes: Iterable[dict]) -> str:
         cells.append(f"<td><div style='background:{RELAY};width:{width:.0f}px;height:10px'></div></td>")
         colour = TROUBLE if n.get("error") or n.get("dropped") else ("#ffffff" if len(rows) % 2 else "#f6f6f6")
         rows.append(f"<tr style='background:{colour}'>{''.join(cells)}</tr>")
-    return (f"<table class='ipb-stats' style='font:12px monospace;border-collapse:collapse'>"
-            f"<tr>{head}<th>share of the busiest</th></tr>{''.join(rows)}</table>")
+    return (
+        f"<table class='ipb-stats' style='font:12px monospace;border-collapse:collapse'>"
+        f"<tr>{head}<th>share of the busiest</th></tr>{''.join(rows)}</table>"
+    )
 
 
-def trace_svg(events: List[dict], width: int = 640) -> str:
+def trace_svg(events: list[dict], width: int = 640) -> str:
     """A call's timeline: one row per place, a grey span from its first to its
     last event, a coloured mark per event; ms since the request went out."""
     from .trace import _origin, spans
@@ -110,18 +132,23 @@ def trace_svg(events: List[dict], width: int = 640) -> str:
     def x(ms):
         return left + (width - left - right) * ms / end
 
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='ipb-trace' width='{width}' height='{height}' "
-             "style='font:11px sans-serif'>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='ipb-trace' width='{width}' height='{height}' "
+        "style='font:11px sans-serif'>"
+    ]
     for i, (place, (first, last)) in enumerate(spans(events).items()):
         y = top + row_h * i + row_h / 2
         parts.append(f"<text x='{left - 6}' y='{y + 4}' text-anchor='end'>{html.escape(place)}</text>")
-        parts.append(f"<line x1='{x(first):.1f}' x2='{x(last):.1f}' y1='{y}' y2='{y}' "
-                     f"stroke='#cccccc' stroke-width='6'/>")
+        parts.append(
+            f"<line x1='{x(first):.1f}' x2='{x(last):.1f}' y1='{y}' y2='{y}' stroke='#cccccc' stroke-width='6'/>"
+        )
     for e in events:
         y = top + row_h * rows.index(e["where"]) + row_h / 2
         ms = (e["time"] - t0) * 1e3
-        parts.append(f"<circle cx='{x(ms):.1f}' cy='{y}' r='4' fill='{MARKS.get(e['event'], '#555555')}'>"
-                     f"<title>{html.escape(e['where'])}: {html.escape(e['event'])} at {ms:.3f} ms</title></circle>")
+        parts.append(
+            f"<circle cx='{x(ms):.1f}' cy='{y}' r='4' fill='{MARKS.get(e['event'], '#555555')}'>"
+            f"<title>{html.escape(e['where'])}: {html.escape(e['event'])} at {ms:.3f} ms</title></circle>"
+        )
     axis = top + row_h * len(rows) + 4
     parts.append(f"<line x1='{left}' x2='{width - right}' y1='{axis}' y2='{axis}' stroke='{RULE}'/>")
     for k in range(5):

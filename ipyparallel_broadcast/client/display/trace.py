@@ -21,7 +21,6 @@ one host; across hosts they are as good as the hosts' clock sync.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, List, Optional
 
 from ...wire.naming import parse_date
 
@@ -36,7 +35,7 @@ class Traces:
     kept = 64
 
     def __init__(self):
-        self._calls: "OrderedDict[str, list]" = OrderedDict()
+        self._calls: OrderedDict[str, list] = OrderedDict()
 
     def __contains__(self, msg_id) -> bool:
         return msg_id in self._calls
@@ -69,7 +68,7 @@ class Traces:
         return list(self._calls.get(msg_id, ()))
 
 
-def _seconds(stamp) -> Optional[float]:
+def _seconds(stamp) -> float | None:
     if isinstance(stamp, str):
         try:
             return parse_date(stamp).timestamp()
@@ -78,7 +77,7 @@ def _seconds(stamp) -> Optional[float]:
     return stamp.timestamp() if hasattr(stamp, "timestamp") else None
 
 
-def merge(client_events: list, nodes: list) -> List[dict]:
+def merge(client_events: list, nodes: list) -> list[dict]:
     """The client's events and each surveyed node's, in time order."""
     events = list(client_events)
     for node in nodes:
@@ -94,7 +93,7 @@ def _origin(events) -> float:
     return min(sent or [e["time"] for e in events])
 
 
-def timeline(events: List[dict]) -> str:
+def timeline(events: list[dict]) -> str:
     """A text table: milliseconds since the client sent the request."""
     if not events:
         return "no events"
@@ -106,7 +105,7 @@ def timeline(events: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def spans(events: List[dict]) -> Dict[str, tuple]:
+def spans(events: list[dict]) -> dict[str, tuple]:
     """Each place's first and last event, in ms since the request went out."""
     t0, out = _origin(events) if events else 0.0, {}
     for e in events:
@@ -116,11 +115,19 @@ def spans(events: List[dict]) -> Dict[str, tuple]:
     return out
 
 
-MARKERS = {"request in": ">", "request out": ">", "received": ">", "started": "o",
-           "finished": "s", "reply in": "<", "reply out": "<", "done": "*"}
+MARKERS = {
+    "request in": ">",
+    "request out": ">",
+    "received": ">",
+    "started": "o",
+    "finished": "s",
+    "reply in": "<",
+    "reply out": "<",
+    "done": "*",
+}
 
 
-def plot(events: List[dict], ax=None):
+def plot(events: list[dict], ax=None):
     """A timeline of the events (matplotlib): one row per place, in order of
     first appearance; returns the axes."""
     import matplotlib.pyplot as plt
@@ -133,8 +140,15 @@ def plot(events: List[dict], ax=None):
         ax.plot([first, last], [row, row], color="0.85", zorder=1)
     for k, what in enumerate(dict.fromkeys(e["event"] for e in events)):
         mine = [e for e in events if e["event"] == what]
-        ax.scatter([(e["time"] - t0) * 1e3 for e in mine], [rows.index(e["where"]) for e in mine],
-                   marker=MARKERS.get(what, "."), color=f"C{k}", label=what, zorder=2, s=24)
+        ax.scatter(
+            [(e["time"] - t0) * 1e3 for e in mine],
+            [rows.index(e["where"]) for e in mine],
+            marker=MARKERS.get(what, "."),
+            color=f"C{k}",
+            label=what,
+            zorder=2,
+            s=24,
+        )
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()

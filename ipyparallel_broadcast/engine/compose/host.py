@@ -98,8 +98,8 @@ class LockFiles:
         found = set(self.fds)
         head = self.prefix + "-"
         for name in os.listdir(self.path):
-            if name.startswith(head) and name[len(head):].isdigit():
-                found.add(int(name[len(head):]))
+            if name.startswith(head) and name[len(head) :].isdigit():
+                found.add(int(name[len(head) :]))
         return sorted(found)
 
     def held_elsewhere(self, i: int) -> bool:
@@ -146,9 +146,9 @@ def survey(key: str, root: str | None = None) -> dict:
     path = host_path(key, root)
     files = {kind: LockFiles(path, kind) for kind in ("slot", "busy", "token")}
     try:
-        return {
-            kind: sum(f.held_elsewhere(i) for i in f.indices()) for kind, f in files.items()
-        } | {"tokens": len(files["token"].indices())}
+        return {kind: sum(f.held_elsewhere(i) for i in f.indices()) for kind, f in files.items()} | {
+            "tokens": len(files["token"].indices())
+        }
     except FileNotFoundError:  # the last engine out removed it meanwhile
         return {"slot": 0, "busy": 0, "token": 0, "tokens": 0}
     finally:

@@ -165,8 +165,9 @@ class Counting:
         try:
             self.rebalance()
         except Exception:  # never raise into whatever the main thread was running
-            log.exception("compose: a region's rebalance failed; it keeps %s threads",
-                          getattr(self.current, "threads", None))
+            log.exception(
+                "compose: a region's rebalance failed; it keeps %s threads", getattr(self.current, "threads", None)
+            )
         return 0
 
     def close(self):

@@ -47,9 +47,21 @@ class Runtime:
 
     # -- configuration ---------------------------------------------------
 
-    def configure(self, mode="static", *, key=None, factor=1.0, pin=False, requests=False,
-                  strict=False, rebalance=0.01, settle=0.05, engines=None, rank=None,
-                  root=None) -> dict:
+    def configure(
+        self,
+        mode="static",
+        *,
+        key=None,
+        factor=1.0,
+        pin=False,
+        requests=False,
+        strict=False,
+        rebalance=0.01,
+        settle=0.05,
+        engines=None,
+        rank=None,
+        root=None,
+    ) -> dict:
         """Switch this process to ``mode``; return ``status()``."""
         if mode not in MODES:
             raise ComposeError(f"compose mode must be one of {MODES}, not {mode!r}")

@@ -27,10 +27,7 @@ IRML_SYMBOLS = (
     "set_stop_sem_name",
     "release_semaphores",
 )
-BLAS_PROBE = (
-    "import json, numpy, threadpoolctl;"
-    "print(json.dumps(threadpoolctl.threadpool_info()))"
-)
+BLAS_PROBE = "import json, numpy, threadpoolctl;print(json.dumps(threadpoolctl.threadpool_info()))"
 _monkey = None  # the tbb.Monkey this process runs under, once enabled
 
 
@@ -52,8 +49,9 @@ def missing_symbols(path: str) -> list:
 def blas_layers() -> list:
     """``(internal_api, threading_layer)`` of NumPy's pools if it loads with MKL on TBB."""
     env = dict(os.environ, MKL_THREADING_LAYER="TBB")
-    out = subprocess.run([sys.executable, "-c", BLAS_PROBE], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", BLAS_PROBE], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     return [(p["internal_api"], p.get("threading_layer")) for p in json.loads(out)]
 
 

@@ -49,9 +49,7 @@ class TokenPool:
 
     def free(self) -> int:
         """Tokens nobody holds right now (a snapshot)."""
-        return sum(
-            1 for i in range(self.size) if i not in self.held and not self.files.held_elsewhere(i)
-        )
+        return sum(1 for i in range(self.size) if i not in self.held and not self.files.held_elsewhere(i))
 
     def close(self):
         self.files.close()

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import collections
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List
 
 CAUSES = (  # how an error names what happened to its engine
     ("died", re.compile(r"died|is gone|unregistered|was dropped|not registered", re.I)),
@@ -46,15 +46,15 @@ def names_engine(text: str, eid) -> bool:
 @dataclass
 class Verdict:
     calls: int = 0
-    by_op: Dict[str, collections.Counter] = field(default_factory=dict)  # op -> ok/failed/hung counts
+    by_op: dict[str, collections.Counter] = field(default_factory=dict)  # op -> ok/failed/hung counts
     errors_by_cause: collections.Counter = field(default_factory=collections.Counter)
-    hung: List[dict] = field(default_factory=list)
+    hung: list[dict] = field(default_factory=list)
     ended_late: int = 0
-    lost: List[tuple] = field(default_factory=list)
-    unnamed: List[tuple] = field(default_factory=list)
-    wrong: List[tuple] = field(default_factory=list)
-    twice: List[tuple] = field(default_factory=list)
-    output_missing: List[tuple] = field(default_factory=list)
+    lost: list[tuple] = field(default_factory=list)
+    unnamed: list[tuple] = field(default_factory=list)
+    wrong: list[tuple] = field(default_factory=list)
+    twice: list[tuple] = field(default_factory=list)
+    output_missing: list[tuple] = field(default_factory=list)
     send_errors: collections.Counter = field(default_factory=collections.Counter)
     executions: int = 0
 
@@ -63,13 +63,21 @@ class Verdict:
         return not (self.hung or self.lost or self.unnamed or self.wrong or self.twice)
 
     def summary(self) -> dict:
-        return dict(calls=self.calls, hung=len(self.hung), lost=len(self.lost), unnamed=len(self.unnamed),
-                    wrong=len(self.wrong), twice=len(self.twice), output_missing=len(self.output_missing),
-                    ended_late=self.ended_late, executions=self.executions,
-                    send_errors=sum(self.send_errors.values()))
+        return dict(
+            calls=self.calls,
+            hung=len(self.hung),
+            lost=len(self.lost),
+            unnamed=len(self.unnamed),
+            wrong=len(self.wrong),
+            twice=len(self.twice),
+            output_missing=len(self.output_missing),
+            ended_late=self.ended_late,
+            executions=self.executions,
+            send_errors=sum(self.send_errors.values()),
+        )
 
 
-def check(records: Iterable[dict], logs: Dict[str, List[str]], bound: float) -> Verdict:
+def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> Verdict:
     v = Verdict()
     for r in records:
         op = r["op"]
@@ -81,8 +89,17 @@ def check(records: Iterable[dict], logs: Dict[str, List[str]], bound: float) -> 
         v.calls += 1
         ended = r.get("ended")
         if ended is None or ended - r["sent"] > bound:
-            v.hung.append(dict(client=r["client"], seq=r["seq"], op=op, mode=r["mode"], targets=len(r["targets"]),
-                               ended_after=None if ended is None else ended - r["sent"], waiting=r.get("hung")))
+            v.hung.append(
+                dict(
+                    client=r["client"],
+                    seq=r["seq"],
+                    op=op,
+                    mode=r["mode"],
+                    targets=len(r["targets"]),
+                    ended_after=None if ended is None else ended - r["sent"],
+                    waiting=r.get("hung"),
+                )
+            )
             counts["hung"] += 1
             if ended is not None:
                 v.ended_late += 1

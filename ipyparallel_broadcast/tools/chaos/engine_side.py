@@ -32,6 +32,8 @@ def one(token: str) -> int:
 
 def execute_code(token: str) -> str:
     """execute: log (simulated engines name themselves by ``engine_id``) and print."""
-    return ("import ipyparallel_broadcast.tools.chaos.engine_side as _chaos\n"
-            f"_chaos.log({token!r}, globals().get('engine_id'))\n"
-            f"print({token!r})\n")
+    return (
+        "import ipyparallel_broadcast.tools.chaos.engine_side as _chaos\n"
+        f"_chaos.log({token!r}, globals().get('engine_id'))\n"
+        f"print({token!r})\n"
+    )

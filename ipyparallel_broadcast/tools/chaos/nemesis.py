@@ -14,21 +14,31 @@ import random
 import signal
 import threading
 import time
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 import zmq
 from jupyter_client.session import Session
 
-FAULTS = ("kill_engine", "kill_host_relay", "kill_node", "cut_link", "pause", "garbage", "replay",
-          "flood_link", "fill_shm", "kill_sim_host")
+FAULTS = (
+    "kill_engine",
+    "kill_host_relay",
+    "kill_node",
+    "cut_link",
+    "pause",
+    "garbage",
+    "replay",
+    "flood_link",
+    "fill_shm",
+    "kill_sim_host",
+)
 
 
 class Nemesis:
     def __init__(self, bed, seed: int = 0, heartbeat: float = 2.4, faults=FAULTS):
         self.bed, self.rng, self.heartbeat = bed, random.Random(seed), heartbeat
         self.faults = list(faults)
-        self.log: List[tuple] = []  # (time, fault, detail)
-        self._undo: Dict[int, Callable] = {}  # pending ends of lasting faults
+        self.log: list[tuple] = []  # (time, fault, detail)
+        self._undo: dict[int, Callable] = {}  # pending ends of lasting faults
         self._lock = threading.Lock()
         self._ids = iter(range(1 << 62))
         self.ctx = zmq.Context.instance()
@@ -69,7 +79,7 @@ class Nemesis:
                 pass
 
     # -------------------------------------------------------------- faults
-    def _survey(self) -> List[dict]:
+    def _survey(self) -> list[dict]:
         return self.bed.survey()
 
     def kill_engine(self) -> str:
@@ -78,8 +88,9 @@ class Nemesis:
         return f"engine pid {pid}"
 
     def kill_host_relay(self) -> str:
-        relays = [n for n in self._survey() if n.get("host") and n.get("pid")
-                  and "-sim" not in n["host"]]  # a simulated host's relay is its process (kill_sim_host)
+        relays = [
+            n for n in self._survey() if n.get("host") and n.get("pid") and "-sim" not in n["host"]
+        ]  # a simulated host's relay is its process (kill_sim_host)
         victim = self.rng.choice(relays)
         os.kill(victim["pid"], signal.SIGKILL)
         return f"host relay {victim['host']} pid {victim['pid']}"
@@ -106,7 +117,7 @@ class Nemesis:
         self.later(hold, lambda: _signal(pid, signal.SIGCONT))
         return f"pid {pid} stopped for {hold:.1f} s"
 
-    def _dealers(self) -> List[zmq.Socket]:
+    def _dealers(self) -> list[zmq.Socket]:
         socks = []
         for url in self.bed.urls():
             sock = self.ctx.socket(zmq.DEALER)

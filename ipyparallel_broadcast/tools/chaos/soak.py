@@ -22,39 +22,43 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
 
-from ..netbed import Managed, NetBed
 from ..bedcluster import BedCluster
+from ..netbed import Managed, NetBed
 from ..sim import SimEngines
 from . import checker, workload
 from .engine_side import LOG_ENV
 from .nemesis import FAULTS, Nemesis
 
 FLOOD_PORT = 5999
-SINK = ("import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-        f"s.bind(('0.0.0.0', {FLOOD_PORT})); s.listen(64)\n"
-        "import threading\n"
-        "def drain(c):\n    while c.recv(1 << 20): pass\n"
-        "while True:\n    c, _ = s.accept(); threading.Thread(target=drain, args=(c,), daemon=True).start()\n")
-FLOOD = ("import socket, sys, time\ns = socket.create_connection((sys.argv[1], {port}))\n"
-         "end = time.time() + float(sys.argv[2]); b = bytes(1 << 20)\n"
-         "while time.time() < end: s.sendall(b)\n").format(port=FLOOD_PORT)
+SINK = (
+    "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    f"s.bind(('0.0.0.0', {FLOOD_PORT})); s.listen(64)\n"
+    "import threading\n"
+    "def drain(c):\n    while c.recv(1 << 20): pass\n"
+    "while True:\n    c, _ = s.accept(); threading.Thread(target=drain, args=(c,), daemon=True).start()\n"
+)
+FLOOD = (
+    f"import socket, sys, time\ns = socket.create_connection((sys.argv[1], {FLOOD_PORT}))\n"
+    "end = time.time() + float(sys.argv[2]); b = bytes(1 << 20)\n"
+    "while time.time() < end: s.sendall(b)\n"
+)
 
 
 class SoakBed(Managed):
     """The bed: ``hosts`` namespaces of ``engines`` real engines each, a
     controller host, and ``sim_hosts`` simulated hosts of ``sim_engines`` each."""
 
-    def __init__(self, hosts=2, engines=2, sim_hosts=2, sim_engines=16, link="200mbit",
-                 node_timeout=3.0, shm_size="128m"):
+    def __init__(
+        self, hosts=2, engines=2, sim_hosts=2, sim_engines=16, link="200mbit", node_timeout=3.0, shm_size="128m"
+    ):
         self.n_hosts, self.per_host, self.n_sims, self.per_sim = hosts, engines, sim_hosts, sim_engines
         self.link, self.node_timeout, self.shm_size = link, node_timeout, shm_size
         self.tmp = tempfile.TemporaryDirectory(prefix="ipb-soak-")
         self.shm_dir = os.path.join(self.tmp.name, "shm")
         self.log_dir = os.path.join(self.tmp.name, "engine-logs")
         self.sim_file = os.path.join(self.tmp.name, "sim_ids.json")
-        self.engines: Dict[str, list] = {}  # host name -> engine Popens
+        self.engines: dict[str, list] = {}  # host name -> engine Popens
         self.sims = None
         self.killed: set = set()  # ids of simulated engines whose host was killed
         self.lock = threading.Lock()
@@ -69,22 +73,23 @@ class SoakBed(Managed):
             self._env[name] = os.environ.get(name)
             os.environ[name] = value  # what the controller, engines and simulated hosts inherit
         self.bed = NetBed(hosts=self.n_hosts).__enter__()
-        args = [f"--BroadcastController.node_timeout={self.node_timeout}",
-                "--BroadcastController.ping_interval=0.3"]
+        args = [f"--BroadcastController.node_timeout={self.node_timeout}", "--BroadcastController.ping_interval=0.3"]
         self.cluster = BedCluster(self.bed, depth=1, fanout=2, controller_args=args).__enter__()
         for host in [self.bed.controller] + self.bed.hosts:
             self.bed.limit(host, self.link)
         for host in self.bed.hosts:
             self.engines[host.name] = self.cluster.start_engines(host, self.per_host)
-        self.bed.popen(self.bed.controller, [sys.executable, "-c", SINK],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.bed.popen(
+            self.bed.controller, [sys.executable, "-c", SINK], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self.rc = self.cluster.client(wait_for=self.n_hosts * self.per_host, timeout=300)
         self.url_file = self.cluster._file("client")
         with open(self.cluster._file("engine")) as f:
             info = json.load(f)
         self.key = info["key"].encode()
-        self.sims = SimEngines(self.cluster._file("engine"), self.n_sims * self.per_sim,
-                               per_process=self.per_sim, hosts=True)
+        self.sims = SimEngines(
+            self.cluster._file("engine"), self.n_sims * self.per_sim, per_process=self.per_sim, hosts=True
+        )
         self.sims.start(timeout=300)
         self._write_sims()
         self.rc.wait_for_engines(self.expected, timeout=300)
@@ -108,18 +113,18 @@ class SoakBed(Managed):
         return self.n_hosts * self.per_host + self.n_sims * self.per_sim
 
     # ------------------------------------------------------ what faults use
-    def survey(self) -> List[dict]:
+    def survey(self) -> list[dict]:
         return [n for n in self.rc.broadcast_stats(timeout=5) if not n.get("error")]
 
-    def engine_pids(self) -> List[int]:
+    def engine_pids(self) -> list[int]:
         with self.lock:
             return [p.pid for ps in self.engines.values() for p in ps if p.poll() is None]
 
-    def engine_uuids(self) -> List[str]:
+    def engine_uuids(self) -> list[str]:
         sims = set(self.sims.ids)
         return [u for e, u in dict(self.rc._engines).items() if e not in sims] or list(self.rc._engines.values())
 
-    def urls(self) -> List[str]:
+    def urls(self) -> list[str]:
         """Every ROUTER the controller binds, for clients and for engines."""
         urls = []
         for kind in ("client", "engine"):
@@ -134,8 +139,12 @@ class SoakBed(Managed):
         return urls
 
     def flood(self, host, seconds: float):
-        self.bed.popen(host, [sys.executable, "-c", FLOOD, self.bed.controller.addr, str(seconds)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.bed.popen(
+            host,
+            [sys.executable, "-c", FLOOD, self.bed.controller.addr, str(seconds)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill_sim_host(self, rng: random.Random) -> str:
         with self.lock:
@@ -155,8 +164,9 @@ class SoakBed(Managed):
             if len(ids) == self.expected and not ids & self.killed and set(self.sims.ids) <= ids:
                 return
             time.sleep(1)
-        raise TimeoutError(f"the bed did not settle in {timeout:g} s: {len(self.rc.ids)} engines "
-                           f"registered of {self.expected}")
+        raise TimeoutError(
+            f"the bed did not settle in {timeout:g} s: {len(self.rc.ids)} engines registered of {self.expected}"
+        )
 
     def _write_sims(self):
         with open(self.sim_file + ".new", "w") as f:
@@ -179,16 +189,32 @@ class SoakBed(Managed):
 
 
 # ------------------------------------------------------------------- run
-def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, progress=print,
-        faults=FAULTS, ops=workload.OPS, settle_timeout=300.0, after_budget=None) -> dict:
+def run(
+    bed: SoakBed,
+    clients=3,
+    seconds=60.0,
+    bound=60.0,
+    rate=1.0,
+    seed=0,
+    progress=print,
+    faults=FAULTS,
+    ops=workload.OPS,
+    settle_timeout=300.0,
+    after_budget=None,
+) -> dict:
     """Clients and nemesis for ``seconds``, then the bed settles (at most
     ``settle_timeout``) and a new client tries every operation (at most
     ``after_budget`` in all; no limit if None); returns what the checker needs."""
     ctx = multiprocessing.get_context("spawn")
     outs = [os.path.join(bed.tmp.name, f"client{i}.jsonl") for i in range(clients)]
-    procs = [ctx.Process(target=workload.run, args=(bed.url_file, f"c{i}", seed + i, seconds, bound,
-                                                       bed.sim_file, outs[i], ops), daemon=True)
-             for i in range(clients)]
+    procs = [
+        ctx.Process(
+            target=workload.run,
+            args=(bed.url_file, f"c{i}", seed + i, seconds, bound, bed.sim_file, outs[i], ops),
+            daemon=True,
+        )
+        for i in range(clients)
+    ]
     for p in procs:
         p.start()
     nemesis = Nemesis(bed, seed=seed, faults=faults)
@@ -222,11 +248,19 @@ def run(bed: SoakBed, clients=3, seconds=60.0, bound=60.0, rate=1.0, seed=0, pro
     records = [json.loads(line) for out in outs if os.path.exists(out) for line in open(out)]
     logs = {os.path.basename(p): open(p).read().split() for p in glob.glob(os.path.join(bed.log_dir, "*.log"))}
     verdict = checker.check(records, logs, bound)
-    return dict(records=records, faults=nemesis.log, verdict=verdict, after=after, stuck_clients=stuck,
-                started=start, engines=bed.expected, settled=settled)
+    return dict(
+        records=records,
+        faults=nemesis.log,
+        verdict=verdict,
+        after=after,
+        stuck_clients=stuck,
+        started=start,
+        engines=bed.expected,
+        settled=settled,
+    )
 
 
-def serves_after(bed: SoakBed, bound: float, budget: Optional[float] = None) -> Dict[str, str]:
+def serves_after(bed: SoakBed, bound: float, budget: float | None = None) -> dict[str, str]:
     """Once the nemesis stops: every operation, in every reply mode, on every
     engine, from a new client; ``{what: "ok" | the error}``. Within ``budget``
     seconds in all, if given: what is left untried says so."""
@@ -242,10 +276,12 @@ def serves_after(bed: SoakBed, bound: float, budget: Optional[float] = None) -> 
         real = [e for e in rc.ids if e not in sims]
         for mode, coalescing in workload._modes().items():
             view = rc.broadcast_view(coalescing=coalescing)
-            calls = dict(apply=lambda: view.apply_async(E.logged, f"after:{mode}"),
-                         execute=lambda: view.execute(f"x_{mode} = 1", block=False),
-                         push=lambda: view.push(dict(after=1), block=False),
-                         map=lambda: rc.broadcast_view(real, coalescing=coalescing).map_async(abs, range(len(real))))
+            calls = dict(
+                apply=lambda view=view, mode=mode: view.apply_async(E.logged, f"after:{mode}"),
+                execute=lambda view=view, mode=mode: view.execute(f"x_{mode} = 1", block=False),
+                push=lambda view=view: view.push(dict(after=1), block=False),
+                map=lambda c=coalescing: rc.broadcast_view(real, coalescing=c).map_async(abs, range(len(real))),
+            )
             for what, send in calls.items():
                 left = end - time.monotonic()
                 if left <= 0:
@@ -278,8 +314,16 @@ def main(argv=None):
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the bed is taken down on the way out
     with SoakBed(args.hosts, args.engines, args.sim_hosts, args.sim_engines) as bed:
-        result = run(bed, args.clients, args.seconds, args.bound, args.rate, args.seed,
-                     faults=args.faults.split(","), ops=args.ops.split(","))
+        result = run(
+            bed,
+            args.clients,
+            args.seconds,
+            args.bound,
+            args.rate,
+            args.seed,
+            faults=args.faults.split(","),
+            ops=args.ops.split(","),
+        )
     verdict = result["verdict"]
     print(json.dumps(dict(verdict.summary(), after=result["after"]), indent=1))
     if args.json:

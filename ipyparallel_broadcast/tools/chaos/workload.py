@@ -15,7 +15,6 @@ import json
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -33,14 +32,14 @@ class Record:
     seq: int
     op: str
     mode: str
-    targets: List[int]
+    targets: list[int]
     sent: float
-    ended: Optional[float] = None
-    outcomes: Dict[str, list] = field(default_factory=dict)
-    wrong: List[list] = field(default_factory=list)
-    output_missing: List[int] = field(default_factory=list)
-    send_error: Optional[str] = None
-    hung: Optional[dict] = None  # what a call that did not end was waiting for
+    ended: float | None = None
+    outcomes: dict[str, list] = field(default_factory=dict)
+    wrong: list[list] = field(default_factory=list)
+    output_missing: list[int] = field(default_factory=list)
+    send_error: str | None = None
+    hung: dict | None = None  # what a call that did not end was waiting for
 
 
 def _modes():
@@ -80,7 +79,7 @@ class Client:
         (a simulated host added since the list was written)."""
         return eid in self.sim_ids() or str(self.rc._engines.get(eid, "")).startswith(SIM_UUID_PREFIX)
 
-    def pick(self, op: str) -> Optional[List[int]]:
+    def pick(self, op: str) -> list[int] | None:
         ids = list(self.rc.ids)
         if op in ("scatter", "map", "reduce", "pull"):
             ids = [e for e in ids if not self.is_sim(e)]
@@ -90,7 +89,7 @@ class Client:
             return ids
         return sorted(self.rng.sample(ids, self.rng.randint(1, len(ids))))
 
-    def one_call(self) -> Optional[Record]:
+    def one_call(self) -> Record | None:
         op = self.rng.choices([o for o, _ in self.ops], [w for _, w in self.ops])[0]
         mode = self.rng.choice(list(self.modes))
         targets = self.pick(op)
@@ -122,17 +121,26 @@ class Client:
         engines = {m: rc.metadata[m].get("engine_id") if m in rc.metadata else None for m in owed}
         call = getattr(ar, "_call", None)
         targets = getattr(ar, "_targets", None) or []
-        owed_targets = [t for m, t in zip(ar.msg_ids, targets) if m in rc.outstanding] \
-            if len(targets) == len(ar.msg_ids) else None
+        owed_targets = (
+            [t for m, t in zip(ar.msg_ids, targets) if m in rc.outstanding] if len(targets) == len(ar.msg_ids) else None
+        )
         try:  # what the hub's records say of them (direct-path requests)
             status = rc.result_status(owed[:8], status_only=True) if owed and call is None else None
         except Exception as e:
             status = repr(e)[:200]
-        return dict(kind=type(ar).__name__, tree=call is not None, owed=owed[:8], engines=list(engines.values())[:8],
-                    owed_targets=owed_targets, hub=status, registered=sorted(rc.ids)[:64])
+        return dict(
+            kind=type(ar).__name__,
+            tree=call is not None,
+            owed=owed[:8],
+            engines=list(engines.values())[:8],
+            owed_targets=owed_targets,
+            hub=status,
+            registered=sorted(rc.ids)[:64],
+        )
 
     def send(self, view, op, token, targets):
         """``(AsyncResult, check)``: ``check(eid, value)`` says whether a value is right."""
+
         def real(eid):
             return not self.is_sim(eid)
 
@@ -143,8 +151,10 @@ class Client:
         if op == "push":
             return view.push({f"chaos_{self.name}": token}, block=False), lambda e, v: v is None or not real(e)
         if op == "pull":
+
             def mine(e, v):  # the last value this client pushed there, or none yet
                 return not real(e) or v is None or str(v).startswith(f"{self.name}:")
+
             return view.apply_async(_pull, f"chaos_{self.name}"), mine
         if op == "bigpush":
             return view.push({"chaos_big": np.full(BIG // 8, self.seq, dtype=np.int64)}, block=False), None

@@ -1,0 +1,125 @@
+"""How the client's sockets are read: ipyparallel's streams, each handler
+``contained`` (an exception is logged with its message and never stops a
+stream), a reply or output that cannot be handled failing only its own
+request, and each engine's output of a broadcast routed to that engine's part.
+
+A mixin of ``upstream.Upstream`` (an ``ipyparallel.Client``), on the client's
+I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ipyparallel as ipp
+from tornado.ioloop import PeriodicCallback
+
+from ..wire import protocol as P
+from ..wire.naming import engine_of_topic, is_broadcast_id
+from .guard import contained, guarded_callback
+from .results import outcome_metadata
+from .rootwatch import RootWatch
+
+log = logging.getLogger(__name__)
+# ipyparallel's IOPub handling of a parsed message, taken once: a rebound
+# ``ipyparallel.Client`` (a user's subclass, a mock) must not change it
+_UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
+
+
+class StreamReaders:
+    """The reading side of ``Upstream``: set up on the I/O thread, before its loop runs."""
+
+    def _setup_streams(self):
+        """IO thread, before its loop runs: the parent's streams, each read by
+        a ``contained`` handler (an exception is logged, never stops a stream)."""
+        self._codec = P.Codec(self.session)
+        self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
+        super()._setup_streams()
+        handlers = [
+            (self._query_stream, self._dispatch_single_reply, "query", None),
+            (self._control_stream, self._dispatch_single_reply, "control", self._reply_failed),
+            (self._mux_stream, self._dispatch_reply, "mux", self._reply_failed),
+            (self._task_stream, self._dispatch_reply, "task", self._reply_failed),
+            (self._iopub_stream, self._dispatch_iopub, "IOPub", self._iopub_failed),
+            (self._notification_stream, self._dispatch_notification, "notification", None),
+            (self._broadcast_stream, self._dispatch_broadcast, "broadcast", None),
+        ]
+        for stream, handler, what, on_error in handlers:
+            stream.on_recv(contained(handler, self.session, what, on_error), copy=False)
+        self._broadcast_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
+        pings = PeriodicCallback(
+            guarded_callback(self._watch_root, "root watch"), self.root_ping_interval * 1e3, jitter=0.1
+        )
+        self._io_loop.add_callback(pings.start)  # on this loop, once it runs
+
+    def _parent_id(self, frames):
+        """The msg_id a raw message answers, or None if it cannot be read."""
+        try:
+            body = P.split_idents(frames)[1]
+            return (self.session.unpack(P.as_bytes(body[2])) or {}).get("msg_id")
+        except Exception:
+            return None
+
+    def _reply_failed(self, frames, exc):
+        """A reply that could not be handled fails its own request, at once."""
+        msg_id = self._parent_id(frames)
+        future = self._futures.get(msg_id)
+        if future is not None and not future.done():  # an error result, as ipyparallel's
+            failure = RuntimeError(f"the client could not handle the reply: {exc!r}")
+            self.results[msg_id] = failure
+            self.outstanding.discard(msg_id)
+            future.set_result(failure)
+        output = self._output_futures.get(msg_id)
+        if output is not None and not output.done():
+            output.set_result(None)
+
+    def _iopub_failed(self, frames, exc):
+        """An IOPub message that could not be handled is dropped; if it was the
+        ``status`` that ends a request's output, that output is complete."""
+        try:
+            idents, body = P.split_idents(frames)
+            header, parent, metadata = (self.session.unpack(P.as_bytes(b)) for b in body[1:4])
+        except Exception:
+            return
+        if header.get("msg_type") != "status":
+            return
+        msg_id = (parent or {}).get("msg_id")
+        call = self._calls.get(msg_id)
+        if call is not None:  # one engine's part of a broadcast
+            i = call.index.get(metadata.get("engine") or self._engines.get(engine_of_topic(idents)))
+            if i is not None:
+                self._output_done(call, i)
+            return
+        output = self._output_futures.get(msg_id)
+        if output is not None and not output.done():
+            output.set_result(None)
+
+    def _dispatch_iopub(self, frames):
+        """Route an engine's output for a broadcast to that engine's part."""
+        try:
+            idents, body = self.session.feed_identities(frames, copy=False)
+            msg = self.session.deserialize(body, content=True, copy=False)
+        except Exception as e:
+            log.error("Dropped an invalid IOPub message: %s", e)
+            return
+        parent = msg["parent_header"]
+        msg_id = parent.get("msg_id") if parent else None
+        call = self._calls.get(msg_id) if msg_id else None
+        if call is not None:
+            uuid = msg["metadata"].get("engine") or self._engines.get(engine_of_topic(idents))
+            i = call.index.get(uuid)
+            if i is None:
+                return
+            if msg["header"]["msg_type"] == "status":
+                if msg["content"].get("execution_state") == "idle":
+                    self._output_done(call, i)
+                return
+            outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
+            msg["parent_header"] = dict(parent, msg_id=call.vids[i])
+        elif (
+            is_broadcast_id(msg_id)
+            and msg_id not in self._reductions
+            and not msg["header"]["msg_type"].startswith("comm_")
+        ):
+            return  # output of a finished broadcast (e.g. a thread printing late)
+        return _UPSTREAM_IOPUB(self, msg)
