@@ -151,3 +151,31 @@ def test_profile_ipcontroller_config_applies():
             rc.close()
         finally:
             cluster.stop_cluster_sync()
+
+
+def test_an_engine_stopped_by_its_launcher_exits_cleanly(tmp_path):
+    """Launchers stop engines with SIGTERM (an engine ignores SIGINT);
+    ipyparallel's engine then exits 1 with a traceback, and a cluster stopped
+    in Jupyter logs every engine's output as a failure. Ours exits 0."""
+    import glob
+
+    cluster = ipb.Cluster(n=0, profile_dir=str(tmp_path), config=quiet_config(), log_level=40)
+    cluster.start_controller_sync()
+    rc = cluster.connect_client_sync()
+    (engine_file,) = glob.glob(str(tmp_path / "security" / "*-engine.json"))
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "ipyparallel_broadcast.engine", f"--file={engine_file}", "--log-level=40"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        rc.wait_for_engines(1, timeout=60)
+        assert rc.broadcast_view().apply_sync(os.getpid) == [engine.pid]
+        engine.send_signal(signal.SIGTERM)
+        output = engine.communicate(timeout=60)[0]
+        assert engine.returncode == 0, output[-2000:]
+    finally:
+        engine.kill()
+        rc.close()
+        cluster.stop_cluster_sync()

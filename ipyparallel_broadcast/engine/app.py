@@ -89,6 +89,24 @@ class BroadcastEngine(IPEngine):
             status["rank"],
         )
 
+    _stopped_by_signal = False
+
+    def _signal_stop(self, sig, frame):
+        self._stopped_by_signal = True
+        super()._signal_stop(sig, frame)
+
+    def start(self):
+        """ipyparallel's, but stopped by SIGTERM (how launchers stop an engine;
+        it ignores SIGINT) the engine exits 0. ipyparallel's stops its loop under
+        ``run_sync``, which raises, so every engine exited 1 and each cluster stop
+        in Jupyter logged every engine's whole output as a failure."""
+        try:
+            super().start()
+        except RuntimeError:
+            if not self._stopped_by_signal:
+                raise
+            self.log.info("stopped")
+
     def start_heartbeat(self, *args, **kwargs):
         """ipyparallel's heart, but the main thread no longer wakes for each
         ping: ``_hb_monitor`` (every period + 0.5 s) drains the pings that came
