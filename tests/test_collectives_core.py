@@ -14,7 +14,7 @@ from treesim import TreeSim
 
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.wire.reduction import OPS, ReduceError, Reduction, engine_value
+from ipyparallel_broadcast.wire.reduction import OPS, ReduceError, Reduction, engine_value, ufunc
 
 pytestmark = pytest.mark.pure
 
@@ -151,8 +151,7 @@ def test_tree_reduce_equals_combining_gathered_results(shape, targets, op, dtype
     sim.answer_with = value_answer(values)
     sim.request(targets, reduce=op)
     r, raised, failed = reduce_outcome(sim)
-    ufunc = OPS[op][0]
-    expected = functools.reduce(ufunc, [values[e] for e in targets])
+    expected = functools.reduce(ufunc(op), [values[e] for e in targets])
     result = r.result()
     assert result.dtype == expected.dtype and result.shape == expected.shape
     np.testing.assert_array_equal(result, expected)

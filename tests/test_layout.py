@@ -121,3 +121,32 @@ def test_ruff_is_clean_on_the_whole_repository(command):
     """The lint CI and pre-commit run (rules in ``pyproject.toml``)."""
     done = subprocess.run([_tool("ruff"), *command, "."], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_a_host_relay_process_loads_neither_ipyparallel_nor_numpy():
+    """A host relay is a process of its own on every engine host: it imports
+    what relaying needs (zmq, jupyter_client's session), not IPython Parallel,
+    IPython or NumPy (``compat/ipp.py`` imports upstream's privates when used)."""
+    code = (
+        "import sys, ipyparallel_broadcast.relay.hostshell, ipyparallel_broadcast.relay.shell\n"
+        "print(sorted(m for m in ('numpy', 'ipyparallel', 'IPython', 'ipykernel') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_upstream_private_we_rely_on_still_exists():
+    """``compat.ipp.OVERRIDDEN``: when IPython Parallel renames one, this says which."""
+    import importlib
+
+    from ipyparallel_broadcast.compat import ipp
+
+    missing = []
+    for where in ipp.OVERRIDDEN:
+        module, _, dotted = where.partition(":")
+        cls_name, _, member = dotted.partition(".")
+        cls = getattr(importlib.import_module(module), cls_name)
+        if not (hasattr(cls, member) or member in cls.__init__.__code__.co_names):
+            missing.append(where)
+    assert missing == []

@@ -19,7 +19,6 @@ import time
 
 import psutil
 import zmq
-from ipyparallel import util
 from jupyter_client.session import Session
 
 from ..host.shm import THRESHOLD, ShmStore, sweep
@@ -32,6 +31,29 @@ from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 from .trim import HeapTrimmer
 
 BATCH = 256  # messages taken from one socket before looking at the others
+
+
+def _curve_server(sock, curve: dict):
+    if curve["curve_secretkey"]:
+        sock.curve_server, sock.curve_secretkey = True, curve["curve_secretkey"]
+
+
+def _bind(sock, url: str, curve: dict):
+    """Bind, a CurveZMQ server when the cluster has keys (as ipyparallel's
+    ``util.bind``: importing ipyparallel would cost a host relay 140 ms and 25 MB)."""
+    _curve_server(sock, curve)
+    sock.bind(url)
+
+
+def _connect(sock, url: str, curve: dict):
+    """Connect, a CurveZMQ client of keys of its own when the cluster has keys
+    (as ipyparallel's ``util.connect``)."""
+    if curve["curve_serverkey"]:
+        public, secret = curve["curve_publickey"], curve["curve_secretkey"]
+        if not (public and secret):
+            public, secret = zmq.curve_keypair()
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve["curve_serverkey"], public, secret
+    sock.connect(url)
 
 
 def session_from(spec: dict) -> Session:
@@ -89,23 +111,21 @@ class NodeShell:
         # default 1,000 messages, and a ROUTER silently drops past it)
         self.up = _socket(ctx, zmq.ROUTER if self.node.is_root else zmq.DEALER)
         if self.node.is_root:
-            util.bind(self.up, spec["up_url"], curve_secretkey=curve["curve_secretkey"])
+            _bind(self.up, spec["up_url"], curve)
         else:
             self.up.IDENTITY = node_identity(self.node.path)
-            util.connect(self.up, spec["up_url"], **curve)  # links between nodes: curve too
+            _connect(self.up, spec["up_url"], curve)  # links between nodes: curve too
         self.down = _socket(ctx, zmq.ROUTER)
         self.down.ROUTER_MANDATORY = 1
         self.down.ROUTER_HANDOVER = 1  # a restarted child takes its identity back
-        util.bind(self.down, spec["down_url"], curve_secretkey=curve["curve_secretkey"])
+        _bind(self.down, spec["down_url"], curve)
         self.sockets = [self.up, self.down]
         self.pulse = None
         if self.node.is_leaf and spec["down_url"].startswith("tcp://"):  # host relays may hang here
             self.pulse = _socket(ctx, zmq.ROUTER)
             self.pulse.ROUTER_MANDATORY = 1
             self.pulse.ROUTER_HANDOVER = 1
-            if curve["curve_secretkey"]:  # as util.bind does for the down socket
-                self.pulse.setsockopt(zmq.CURVE_SERVER, 1)
-                self.pulse.setsockopt(zmq.CURVE_SECRETKEY, curve["curve_secretkey"])
+            _curve_server(self.pulse, curve)
             self.node.pulse_port = self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0])
             self.sockets.append(self.pulse)
         self.notifications = self.registrar = None
@@ -113,14 +133,14 @@ class NodeShell:
         if self.node.is_leaf and spec.get("notification_url"):
             self.notifications = _socket(ctx, zmq.SUB)
             self.notifications.SUBSCRIBE = b""
-            util.connect(self.notifications, spec["notification_url"], **curve)
+            _connect(self.notifications, spec["notification_url"], curve)
             self.registrar = _socket(ctx, zmq.DEALER)
-            util.connect(self.registrar, spec["registration_url"], **curve)
+            _connect(self.registrar, spec["registration_url"], curve)
             self.sockets += [self.notifications, self.registrar]
         self.monitor = None
         if spec.get("monitor_url") and (self.node.is_root or self.node.is_leaf):
             self.monitor = _socket(ctx, zmq.PUB)
-            util.connect(self.monitor, spec["monitor_url"], **curve)
+            _connect(self.monitor, spec["monitor_url"], curve)
             self.node.records = True
         self.handlers = {
             self.up: self.node.on_up,

@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from ipyparallel.util import _parse_date
-
+from ..compat import ipp
 from .protocol import as_bytes
 
 TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
@@ -20,7 +19,7 @@ def parse_date(s):
     try:
         dt = datetime.fromisoformat(s)
     except (TypeError, ValueError):
-        return _parse_date(s)
+        return ipp.parse_date(s)
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 

@@ -62,7 +62,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import zmq
-from ipyparallel.util import _disable_session_extract_dates
 from jupyter_client._version import protocol_version as JUPYTER_PROTOCOL
 from jupyter_client.session import DELIM, Session
 
@@ -126,6 +125,15 @@ def split_idents(frames: Sequence) -> tuple[list, list]:
     raise ProtocolError("no <IDS|MSG> delimiter")
 
 
+def _no_date_parsing():
+    """Header dates stay strings: parsing them is wasted work (what
+    ``ipyparallel.util._disable_session_extract_dates`` does, without importing
+    ipyparallel into a relay process)."""
+    from jupyter_client import session
+
+    session.extract_dates = lambda obj: obj
+
+
 def _keyed_hmac(key: bytes, digest_mod):
     """An HMAC keyed once, to ``copy()`` per message: OpenSSL's own object
     where there is one (its copy and update stay in C)."""
@@ -146,7 +154,7 @@ class Codec:
     def __init__(self, session: Session):
         self.session = session
         self.history_size = session.digest_history_size  # signatures remembered against replays
-        _disable_session_extract_dates()  # dates stay strings: parsing them is wasted work
+        _no_date_parsing()
         self.key = session.key or b""
         self._auth = _keyed_hmac(self.key, session.digest_mod) if self.key else None
         self.pack_json, self.unpack_json = session.pack, session.unpack

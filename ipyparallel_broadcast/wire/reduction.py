@@ -18,20 +18,24 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-from ipyparallel.serialize.canning import CannedArray
-from ipyparallel.serialize.serialize import _restore_buffers
-
+from ..compat import ipp
 from . import bundles as B
 from . import protocol as P
 
-OPS = {  # op -> (NumPy ufunc, Python function)
-    "sum": (np.add, operator.add),
-    "prod": (np.multiply, operator.mul),
-    "min": (np.minimum, min),
-    "max": (np.maximum, max),
+OPS = {  # op -> (NumPy ufunc's name, Python function); NumPy loads on the first array
+    "sum": ("add", operator.add),
+    "prod": ("multiply", operator.mul),
+    "min": ("minimum", min),
+    "max": ("maximum", max),
 }
 _PY = (bool, int, float)
+
+
+def ufunc(op: str):
+    """The NumPy ufunc that combines arrays for ``op``."""
+    import numpy as np
+
+    return getattr(np, OPS[op][0])
 
 
 class ReduceError(ValueError):
@@ -43,6 +47,8 @@ def engine_value(f, *args, **kwargs):
     value = f(*args, **kwargs)
     if type(value) in _PY:
         return ("py", value)
+    import numpy as np
+
     if isinstance(value, complex):
         value = np.complex128(value)
     if isinstance(value, (np.ndarray, np.generic)):
@@ -58,8 +64,9 @@ def engine_value(f, *args, **kwargs):
 
 class _OnlyCannedArrays(pickle.Unpickler):
     def find_class(self, module, name):
-        if (module, name) == (CannedArray.__module__, "CannedArray"):
-            return CannedArray
+        canned = ipp.canned_array_class()
+        if (module, name) == (canned.__module__, "CannedArray"):
+            return canned
         raise pickle.UnpicklingError(f"refused to load {module}.{name}")
 
 
@@ -68,6 +75,8 @@ def _buffer(frame):
 
 
 def _array(dtype, shape, scalar, raw):
+    import numpy as np
+
     dtype = np.dtype(str(dtype))
     if dtype.hasobject or dtype.fields is not None:
         raise ValueError(f"dtype {dtype} is not allowed")
@@ -87,9 +96,9 @@ def decode_engine(buffers: Sequence) -> Any:
             raise ValueError(f"unknown kind {kind!r}")
         if data is None:
             return _array(dtype, shape, scalar, b"")
-        if not (isinstance(data, CannedArray) and not data.pickled and data.dtype == "|u1"):
+        if not (isinstance(data, ipp.canned_array_class()) and not data.pickled and data.dtype == "|u1"):
             raise ValueError("the data is not one raw byte buffer")
-        _restore_buffers(data, bufs)
+        ipp.restore_buffers(data, bufs)
         return _array(dtype, shape, scalar, _buffer(data.buffers[0]))
     except Exception as e:
         raise ValueError(f"not a reduce value ({e})") from None
@@ -100,6 +109,8 @@ def encode(value) -> tuple:
     if type(value) in _PY:
         v = value.hex() if type(value) is float else value
         return dict(t="py", k=type(value).__name__, v=v), []
+    import numpy as np
+
     arr = np.asarray(value)
     data = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
     return dict(t="nd", dtype=arr.dtype.str, shape=list(arr.shape), scalar=isinstance(value, np.generic)), [data]
@@ -121,6 +132,8 @@ def decode(header: dict, frames: Sequence) -> Any:
 def _signature(value) -> tuple:
     if type(value) in _PY:
         return ("py",)
+    import numpy as np
+
     return ("nd", np.dtype(value.dtype), np.shape(value), isinstance(value, np.generic))
 
 
@@ -157,15 +170,17 @@ class Reduction:
         if self.error is not None:
             return
         if sig[0] == "nd":
+            import numpy as np  # loaded by the first array a node combines
+
             value = np.asarray(value)
         if self.sig is None:
             self.sig, self.value = sig, value
         elif sig[0] == "py":
             self.value = OPS[self.op][1](self.value, value)
         elif self._owned:
-            OPS[self.op][0](self.value, value, out=self.value)
+            ufunc(self.op)(self.value, value, out=self.value)
         else:  # the first array may be a read-only view of a frame
-            self.value = np.asarray(OPS[self.op][0](self.value, value))
+            self.value = np.asarray(ufunc(self.op)(self.value, value))
             self._owned = True
 
     def add_error(self, eids: list[int], message: str) -> None:
