@@ -2,7 +2,9 @@
 it: run from outside the repository by ``.ci/wheel`` (``.ci/run`` calls it).
 
 A 2-engine cluster from Python (broadcast in every reply mode, the
-collectives), then ``ipcluster start --controller=broadcast`` and a client.
+collectives, ``%px``), then ``ipcluster start --controller=broadcast`` and a
+client. Run with the newest dependencies and with the oldest IPython Parallel
+that ``pyproject.toml`` allows.
 """
 
 import os
@@ -10,13 +12,15 @@ import subprocess
 import sys
 import tempfile
 
+import ipyparallel
 import numpy as np
+from IPython.core.interactiveshell import InteractiveShell
 
 import ipyparallel_broadcast as ipb
 
 here = os.path.dirname(os.path.abspath(ipb.__file__))
 assert "site-packages" in here, f"the package must come from the installed wheel, not {here}"
-print("ipyparallel_broadcast", ipb.__version__, "from", here)
+print("ipyparallel_broadcast", ipb.__version__, "from", here, "with ipyparallel", ipyparallel.__version__)
 
 with tempfile.TemporaryDirectory(prefix="ipb-smoke-") as profile:
     cluster = ipb.Cluster(n=2, depth=1, fanout=2, profile_dir=profile, log_level=40)
@@ -31,7 +35,11 @@ with tempfile.TemporaryDirectory(prefix="ipb-smoke-") as profile:
         assert np.array_equal(view.gather("part"), np.arange(10))
         assert view.map(lambda i: i * i, range(6)) == [0, 1, 4, 9, 16, 25]
         assert view.reduce(lambda: int(part.sum()), op="sum") == 45  # noqa: F821 (on the engines)
-        print("ipb.Cluster: apply in 3 reply modes, scatter, gather, map, reduce: ok")
+        shell = InteractiveShell.instance()  # %px, as in IPython or Jupyter
+        view.activate()
+        shell.run_line_magic("px", "px_value = 41 + 1")
+        assert view.pull("px_value") == [42, 42]
+        print("ipb.Cluster: apply in 3 reply modes, scatter, gather, map, reduce, %px: ok")
     finally:
         rc.close()
         cluster.stop_cluster_sync()

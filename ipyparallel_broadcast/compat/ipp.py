@@ -10,6 +10,9 @@ The private members that our subclasses override or read (the client's in
 ``client/upstream.py`` and ``client/streams.py``, the engine's in
 ``engine/app.py``, the hub's in ``controller/``) are listed in ``OVERRIDDEN``,
 and ``tests/test_layout.py`` checks that each still exists upstream.
+
+Checked against IPython Parallel 9.2.0 (the suite) and 9.1.0 (the oldest that
+``pyproject.toml`` allows: ``.ci/wheel`` runs the smoke test on it).
 """
 
 from __future__ import annotations

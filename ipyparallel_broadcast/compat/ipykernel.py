@@ -12,6 +12,8 @@ of theirs is here, each with why.
 - ``Kernel._aborting``: ipykernel is aborting queued requests; a broadcast
   apply then takes ipykernel's path, which aborts it;
 - ``Kernel._publish_status``: the idle status that ends a request's outputs.
+
+Checked against ipykernel 7.4.0 and IPython 9.18 (the suite).
 """
 
 from __future__ import annotations
