@@ -31,6 +31,7 @@ class TreeSim:
         ``bulk``: the nodes' chunk options; host relays then have bulk sockets,
         and ``chunks_at[host]`` counts the chunks each got."""
         self.coalesce, self.bulk = coalesce, bulk
+        self.finished = []  # each request a node finished: the phases it went through (relay.state)
         self.bulk_urls = {}  # url -> ("h", label)
         self.chunks_at = {}
         self.closed_links = []  # hosts whose bulk link a node closed
@@ -68,6 +69,7 @@ class TreeSim:
             P.Codec(Session(key=self.key)), self.shape, leaf, clock=lambda: self.now, host=label, bulk=self.bulk
         )
         node.inflight.coalesce = self.coalesce
+        self._watch(node)
         if self.bulk is not None:
             node.bulk_url = f"tcp://{label}:5555"
             self.bulk_urls[node.bulk_url] = key
@@ -81,6 +83,17 @@ class TreeSim:
     def _new_node(self, path):
         node = RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now, bulk=self.bulk)
         node.inflight.coalesce = self.coalesce
+        return self._watch(node)
+
+    def _watch(self, node):
+        """Keep each finished request's phases (``finished``), as the node ends it."""
+        done = node.inflight.on_done
+
+        def on_done(p):
+            self.finished.append(list(p.state.history))
+            done(p)
+
+        node.inflight.on_done = on_done
         return node
 
     def drain(self):

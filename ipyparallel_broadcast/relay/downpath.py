@@ -12,10 +12,10 @@ from ..wire.reduction import Reduction
 from .bulk import Incoming
 from .compat import CompatRequest, renamer
 from .events import DOWN, HUB, Send
-from .pending import PARKED, Pending
+from .pending import Pending
+from .state import AWAITING_DATA, PARKED
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
-BULK_WAIT = "~bulk"  # waiting-table key: targets whose request waits for its chunks
 
 
 class DownPath:
@@ -84,7 +84,7 @@ class DownPath:
         hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
         out = self.bulk.start(p, hosts, self.boot) if hosts and not mode else None
         for child, sub in groups.items():
-            p.waiting[child] = set(sub)
+            p.state.expect(child, sub)
             same_host = isinstance(child, int)  # a relay of this tree, not a host relay
             content, frames = p.request_for(sub, mode, p.shared if same_host else None)
             if out is not None and child in out.urls:  # its big buffers come in chunks
@@ -104,14 +104,14 @@ class DownPath:
         return sends + (self._bulk_complete(inc) if inc is not None else [])
 
     def _expect_bulk(self, p: Pending, content, targets) -> list[Send]:
-        p.waiting[BULK_WAIT] = set(targets)  # not done before its data came
+        p.state.await_data(targets)  # not done before its data came
         inc, sends = self.bulk.expect(p, content, len(p.inner) - 5)
         return sends + (self._bulk_complete(inc) if inc.complete else [])
 
     def _bulk_complete(self, inc: Incoming) -> list[Send]:
         """Every chunk is here and checked: the request goes to the engines."""
         p, buffers, ref = self.pending.get(inc.key), inc.buffers, inc.ref
-        adopted = p is not None and BULK_WAIT in p.waiting
+        adopted = p is not None and p.state.owes(AWAITING_DATA)
         self.bulk.finished(inc, adopted)
         if not adopted:
             return []
@@ -122,18 +122,18 @@ class DownPath:
         if ref is not None:
             self.sharing.adopt(p, ref, [(i, buf) for (i, _), buf in zip(inc.layout.bufs, buffers)])
         self.inflight.stamp(p, "chunks in", inc.layout.n)
-        return self._dispatch(p, sorted(p.waiting.pop(BULK_WAIT)))
+        return self._dispatch(p, p.state.data_came())
 
     def _stalled(self, now) -> list[Send]:
         sends = []
         for inc in self.bulk.stalled(now):
             p = self.pending.get(inc.key) if inc.key is not None else None
-            if p is not None and BULK_WAIT in p.waiting:
+            if p is not None and p.state.owes(AWAITING_DATA):
                 why = (
                     f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
                     f"then none for {self.bulk.stall:g} s"
                 )
-                sends += self._fail(p, sorted(p.waiting.pop(BULK_WAIT)), P.UNREACHABLE, why)
+                sends += self._fail(p, p.state.give_up(AWAITING_DATA), P.UNREACHABLE, why)
                 sends += self.inflight.finish_if_done(p)
         return sends
 
@@ -150,7 +150,7 @@ class DownPath:
             if uuid is None:
                 unknown.append(eid)
                 continue
-            p.waiting[uuid] = {eid}
+            p.state.expect(uuid, (eid,))
             own = p.own.pop(eid) if p.own is not None else []
             frames = self.sharing.frames_for(p, uuid, key)
             if frames is None:
@@ -162,7 +162,7 @@ class DownPath:
         if unknown and self.host:  # a host relay knows its engines: no hub to ask
             sends += self._fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
         elif unknown:
-            p.waiting.setdefault(PARKED, set()).update(unknown)
+            p.state.park(unknown)
             self.parked.add(p.key)
             sends.append(Send(HUB, []))
         return sends
@@ -172,15 +172,15 @@ class DownPath:
         for key in list(self.parked):
             self.parked.discard(key)
             p = self.pending.get(key)
-            if p is None or PARKED not in p.waiting:
+            if p is None or not p.state.owes(PARKED):
                 continue
-            eids = p.waiting.pop(PARKED)
+            eids = p.state.unpark()
             sends += self._to_engines(p, [e for e in eids if e in self.engines])
             left = sorted(e for e in eids if e not in self.engines)
             if left and final:
                 sends += self._fail(p, left, P.UNKNOWN, "is not registered")
             elif left:
-                p.waiting[PARKED] = set(left)
+                p.state.park(left)
                 self.parked.add(key)
             sends += self.inflight.finish_if_done(p)
         return [s for s in sends if s.socket != HUB]

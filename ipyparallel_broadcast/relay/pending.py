@@ -1,8 +1,8 @@
 """A request in flight at a node, and how its outcomes are packed to go up.
 
 A request is *pending* from dispatch until every target's outcome (a reply
-or a failure) has gone up; ``waiting`` maps each destination (an engine's
-uuid, a child's key, or ``PARKED``) to the engines still owed from it.
+or a failure) has gone up; its ``state`` (``state.RequestState``) holds what
+it still waits for, and its phase.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from ..wire import protocol as P
 from ..wire.reduction import Reduction
 from .compat import CompatRequest
 from .events import MON, UP, Send
-
-PARKED = "?"  # waiting-table key for targets whose uuid the leaf must look up
+from .state import RequestState
 
 
 @dataclass
@@ -28,10 +27,9 @@ class Pending:
     stream: bool
     route: list  # idents replies go up with (at the root: the client's)
     inner: list  # the request frames engines get (shared by all of them)
-    waiting: dict[object, set[int]] = field(default_factory=dict)  # dest -> eids owed
+    state: RequestState = field(default_factory=RequestState)  # what it waits for, and its phase
     parts: list = field(default_factory=list)  # coalesced so far
     bundles: list = field(default_factory=list)  # leaf: host relays' bundles, coalesced so far
-    settled: set[int] = field(default_factory=set)  # leaf: engines a host owed, failed here
     failed: list = field(default_factory=list)  # coalesced so far
     compat: CompatRequest | None = None  # root: request from a stock client
     rename: Callable[[str], list] | None = None  # leaf: per-engine frames
@@ -113,7 +111,7 @@ class InFlight:
         self.records = False  # the root: a copy of each bundle sent up goes to the hub's records
         self.dirty: dict[str, Pending] = {}  # requests holding streamed outcomes
         self.requests: dict[str, Pending] = {}
-        self.parked: set[str] = set()  # leaf: keys of requests with PARKED targets
+        self.parked: set[str] = set()  # leaf: keys of requests with parked targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
         self.on_done: Callable[[Pending], None] = lambda p: None  # a request left this node
 
@@ -139,7 +137,7 @@ class InFlight:
         """Every request waiting on ``dest``: its engines there fail."""
         sends = []
         for p in list(self.requests.values()):
-            eids = p.waiting.pop(dest, None)
+            eids = p.state.give_up(dest)
             if eids:
                 sends += self.record_failures(p, [failure(e) for e in sorted(eids)]) + self.finish_if_done(p)
         return sends
@@ -149,18 +147,14 @@ class InFlight:
         answer for it later: that outcome then comes twice, and is tolerated)."""
         sends = []
         for p in list(self.requests.values()):
-            owed = p.waiting.get(host)
-            if owed and eid in owed:
-                owed.discard(eid)
-                if not owed:
-                    del p.waiting[host]
-                p.settled.add(eid)
+            if p.state.settle_via(host, eid):
                 sends += self.record_failures(p, [failure]) + self.finish_if_done(p)
         return sends
 
     def finish_if_done(self, p: Pending) -> list[Send]:
-        if p.waiting or self.requests.get(p.key) is not p:
+        if not p.state.complete or self.requests.get(p.key) is not p:
             return []
+        p.state.finish()
         del self.requests[p.key]
         self.on_done(p)
         self.parked.discard(p.key)

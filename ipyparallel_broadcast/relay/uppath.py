@@ -27,9 +27,9 @@ class UpPath:
         if reply.key == HELLO_KEY:
             return greetings
         p = self.pending.get(reply.key)
-        if p is None or reply.uuid not in p.waiting:
+        if p is None or not p.state.owes(reply.uuid):
             raise P.ProtocolError(f"unexpected reply from engine {reply.uuid} to {reply.key}")
-        eids, body = sorted(p.waiting.pop(reply.uuid)), reply.body
+        eids, body = p.state.answer(reply.uuid), reply.body
         if p.trace is not None:  # the detail is formatted only for a traced request
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
         copy = (
@@ -79,13 +79,13 @@ class UpPath:
             raise P.ProtocolError("expected a bundle from a child")
         req = meta.get("req")
         p = self.pending.get(req) if isinstance(req, str) else None
-        if p is None or child not in p.waiting:
+        if p is None or not p.state.owes(child):
             raise P.ProtocolError(f"unexpected bundle for {req!r}")
         if p.trace is not None:
             self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
         if p.reduction is not None:
             raised, failed = fold_bundle(p.reduction, m.msg, self.codec)
-            del p.waiting[child]
+            p.state.answer(child)
             p.raised.extend(raised)
             p.failed.extend(failed)
             return self.inflight.finish_if_done(p)
@@ -94,14 +94,11 @@ class UpPath:
             if (
                 not isinstance(eids, list)
                 or not all(type(e) is int for e in eids)
-                or not set(eids) <= p.waiting[child] | p.settled
+                or not p.state.answer_some(child, eids)
             ):
                 raise P.ProtocolError("streamed bundle names engines not owed")
-            p.waiting[child].difference_update(eids)
-            if not p.waiting[child]:
-                del p.waiting[child]
             return self.inflight.forward(p, m.msg, m.body) + self.inflight.finish_if_done(p)
-        del p.waiting[child]
+        p.state.answer(child)
         (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
         return self.inflight.finish_if_done(p)
 
