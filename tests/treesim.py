@@ -87,13 +87,7 @@ class TreeSim:
 
     def _watch(self, node):
         """Keep each finished request's phases (``finished``), as the node ends it."""
-        done = node.inflight.on_done
-
-        def on_done(p):
-            self.finished.append(list(p.state.history))
-            done(p)
-
-        node.inflight.on_done = on_done
+        node.inflight.on_done.append(lambda p: self.finished.append(list(p.state.history)))
         return node
 
     def drain(self):

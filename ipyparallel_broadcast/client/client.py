@@ -25,12 +25,12 @@ from ..wire import protocol as P
 from ..wire.naming import BROADCAST_ID_PREFIX, TREE_KEY
 from ..wire.topology import TreeShape
 from .calls import Call, Calls
-from .display.trace import Traces
 from .history import History
 from .iopublive import IOPubLiveness
 from .paths import PathChooser
 from .replies import Replies
 from .results import CallResults
+from .traces import Traces
 from .treeinfo import TreeSurveys
 from .upstream import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
 
@@ -256,7 +256,8 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
 
         def done(_):
             self._root_watch.done(msg_id)
-            self._traces.add(msg_id, "done", time.time())
+            if msg_id in self._traces:
+                self._traces.add(msg_id, "done", time.time())
             self.outstanding.discard(msg_id)
             self._futures.pop(msg_id, None)
             self.metadata.pop(msg_id, None)

@@ -46,7 +46,8 @@ class Replies:
 
     def _call_finished(self, call: Call):
         """Results and outputs are all in: the call leaves the live table."""
-        self._traces.add(call.msg_id, "done", time.time())
+        if call.msg_id in self._traces:
+            self._traces.add(call.msg_id, "done", time.time())
         with self._children_lock:  # per-engine futures made from now on are not registered
             self._calls.finish(call)
             made = call.children is not None
@@ -116,7 +117,8 @@ class Replies:
             if kind != P.BUNDLE:
                 return self._dispatch_reply(frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")
-            self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
+            if msg_id in self._traces:
+                self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
             if msg_id in self._reductions:
                 return self._reduced(self._reductions.pop(msg_id), msg)
             call = self._calls.get(msg_id)

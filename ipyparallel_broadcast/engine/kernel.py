@@ -221,9 +221,28 @@ class BroadcastKernel(IPythonParallelKernel):
             if isinstance(parent, dict):
                 parent["buffers"] = []
 
+    compose_runtime = None  # the composable runtime (compose.runtime().attach): requests run inside it
+
     def do_apply(self, content, bufs, msg_id, reply_metadata):
         """ipyparallel's, with ``f`` called directly and unpickled once per
-        distinct function (``applycall``)."""
+        distinct function (``applycall``), inside the composable runtime's request."""
+        runtime = self.compose_runtime
+        if runtime is not None:
+            if runtime.mode == "counting":
+                with runtime.request():
+                    return self._run_apply(bufs)
+            runtime.refresh()
+        return self._run_apply(bufs)
+
+    async def do_execute(self, *args, **kwargs):
+        """ipykernel's, inside the composable runtime's request."""
+        runtime = self.compose_runtime
+        if runtime is None:
+            return await super().do_execute(*args, **kwargs)
+        with runtime.request():
+            return await super().do_execute(*args, **kwargs)
+
+    def _run_apply(self, bufs):
         session = self.session
         return run_apply(
             bufs,

@@ -225,6 +225,10 @@ class Bulk:
                 sends += self.sends_for(out, feeds)
         return sends
 
+    def release(self, p):
+        """``p`` is done here: its transfers' state goes."""
+        self.done(p.key)
+
     def done(self, key: str):
         self.outgoing.pop(key, None)
         for inc in self.incoming.values():

@@ -83,23 +83,18 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
-        self.inflight.on_done = self._done
+        self.inflight.on_done = [self.sharing.release, self.bulk.release]  # a request left this node
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         # a restarted root must not reuse the keys of requests engines may still answer
         self._keys = count(int(self.boot[:8], 16) << 20)
-        self._records = False
+        self.records = False  # copies to the hub's task records: see keep_hub_records
 
-    @property
-    def records(self) -> bool:
+    def keep_hub_records(self, on: bool = True):
         """Copies to the hub's task records (MON): the root copies each request
         and each bundle it sends up (one copy per host bundle at most); a leaf,
         each engine's reply to a reduction (the bundles carry only the combined value)."""
-        return self._records
-
-    @records.setter
-    def records(self, on: bool):
-        self._records = on
+        self.records = on
         self.inflight.records = on and self.is_root
 
     # ------------------------------------------------------------------ events

@@ -76,6 +76,10 @@ class DownPath:
             return sends + self._expect_bulk(p, content["bulk"], targets)
         return sends + self._dispatch(p, targets, mode)
 
+    def _serves(self, eid: int) -> bool:
+        """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""
+        return eid in self.engines if self.host else self.routes.serves(eid)
+
     def _dispatch(self, p: Pending, targets, mode=None) -> list[Send]:
         """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
@@ -136,10 +140,6 @@ class DownPath:
                 sends += self._fail(p, p.state.give_up(AWAITING_DATA), P.UNREACHABLE, why)
                 sends += self.inflight.finish_if_done(p)
         return sends
-
-    def _done(self, p: Pending):
-        self.sharing.release(p)
-        self.bulk.done(p.key)
 
     def _to_engines(self, p: Pending, targets) -> list[Send]:
         sends, unknown = [], []

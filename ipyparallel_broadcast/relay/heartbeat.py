@@ -86,6 +86,3 @@ class Heartbeats:
             return len(self.engines)
         via = self.routes.via
         return sum(1 for e in self.engines if e not in via and self.shape.serves(self.path, e))
-
-    def _serves(self, eid: int) -> bool:
-        return eid in self.engines if self.host else self.routes.serves(eid)

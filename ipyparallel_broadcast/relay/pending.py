@@ -113,7 +113,7 @@ class InFlight:
         self.requests: dict[str, Pending] = {}
         self.parked: set[str] = set()  # leaf: keys of requests with parked targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
-        self.on_done: Callable[[Pending], None] = lambda p: None  # a request left this node
+        self.on_done: list[Callable[[Pending], None]] = []  # each called as a request leaves this node
 
     def stamp(self, p: Pending, event: str, detail=None):
         if p.trace is not None:
@@ -156,7 +156,8 @@ class InFlight:
             return []
         p.state.finish()
         del self.requests[p.key]
-        self.on_done(p)
+        for done in self.on_done:
+            done(p)
         self.parked.discard(p.key)
         self.dirty.pop(p.key, None)
         sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)

@@ -141,7 +141,7 @@ class NodeShell:
         if spec.get("monitor_url") and (self.node.is_root or self.node.is_leaf):
             self.monitor = _socket(ctx, zmq.PUB)
             _connect(self.monitor, spec["monitor_url"], curve)
-            self.node.records = True
+            self.node.keep_hub_records()
         self.handlers = {
             self.up: self.node.on_up,
             self.down: self.node.on_down,
@@ -262,7 +262,8 @@ class NodeShell:
                         self.log.exception("error handling a message")
                     self.busy += time.perf_counter() - tic
             self.perform(self.node.on_drained())
-            self.trimmer.maybe()
+            if time.monotonic() >= self.trimmer.due:  # checked here: no call per loop turn
+                self.trimmer.maybe()
             if deadline is not None:
                 self.on_tick()
 

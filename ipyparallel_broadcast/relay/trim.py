@@ -28,7 +28,8 @@ class HeapTrimmer:
     def __init__(self, every: float = 10.0):
         self.every = every
         self.trim = _malloc_trim()
-        self.due = time.monotonic() + every
+        on = self.trim is not None and every
+        self.due = time.monotonic() + every if on else float("inf")  # the shell checks it each loop turn
         self.trims = 0
 
     def maybe(self) -> None:

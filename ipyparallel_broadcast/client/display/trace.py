@@ -1,5 +1,6 @@
-"""Per-hop traces: when one broadcast passed the client, each relay node and
-each engine, on the way down and back.
+"""Per-hop traces, read: merged, as a timeline and as a plot (what the client
+notes of its own traced calls is ``client.traces``). When one broadcast passed
+the client, each relay node and each engine, on the way down and back.
 
 Turn it on per view (``rc.broadcast_view(trace=True)``, ``view.trace = True``
 or ``with view.temp_flags(trace=True)``: ``apply``'s keyword arguments belong
@@ -20,61 +21,7 @@ one host; across hosts they are as good as the hosts' clock sync.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
-from ...wire.naming import parse_date
-
-
-def event(where: str, what: str, time: float, detail=None) -> dict:
-    return dict(where=where, event=what, time=time, detail=detail)
-
-
-class Traces:
-    """The client's own events of its recent traced calls."""
-
-    kept = 64
-
-    def __init__(self):
-        self._calls: OrderedDict[str, list] = OrderedDict()
-
-    def __contains__(self, msg_id) -> bool:
-        return msg_id in self._calls
-
-    def start(self, msg_id: str) -> list:
-        events = self._calls[msg_id] = []
-        while len(self._calls) > self.kept:
-            self._calls.popitem(last=False)
-        return events
-
-    def add(self, msg_id: str, what: str, time: float, detail=None):
-        events = self._calls.get(msg_id)
-        if events is not None:
-            events.append(event("client", what, time, detail))
-
-    def add_engine(self, msg_id: str, eid, reply: dict):
-        """The engine's stamps, from its reply's metadata and header."""
-        events = self._calls.get(msg_id)
-        if events is None:
-            return
-        where, md = f"engine {eid}", reply["metadata"]
-        if isinstance(md.get("ipb_received"), (int, float)):
-            events.append(event(where, "received", md["ipb_received"]))
-        for what, stamp in (("started", md.get("started")), ("finished", reply["header"].get("date"))):
-            when = _seconds(stamp)
-            if when is not None:
-                events.append(event(where, what, when))
-
-    def events(self, msg_id: str) -> list:
-        return list(self._calls.get(msg_id, ()))
-
-
-def _seconds(stamp) -> float | None:
-    if isinstance(stamp, str):
-        try:
-            return parse_date(stamp).timestamp()
-        except (TypeError, ValueError):
-            return None
-    return stamp.timestamp() if hasattr(stamp, "timestamp") else None
+from ..traces import event
 
 
 def merge(client_events: list, nodes: list) -> list[dict]:

@@ -191,7 +191,11 @@ class Runtime:
                 yield
 
     def attach(self, kernel) -> None:
-        """Run each of ``kernel``'s apply and execute requests inside ``request()``."""
+        """Run each of ``kernel``'s apply and execute requests inside ``request()``:
+        our kernel does it itself (``compose_runtime``); any other's methods are wrapped."""
+        if hasattr(kernel, "compose_runtime"):
+            kernel.compose_runtime = self
+            return
         if getattr(kernel, "_ipb_compose", None) is self:
             return
         kernel._ipb_compose = self
