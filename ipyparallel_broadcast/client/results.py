@@ -212,8 +212,6 @@ def fill_metadata(client, call: Call, i: int):
 class _Bulk:
     """An AsyncResult over one ``Call``: two futures per call, not two per engine."""
 
-    _call = None
-
     def _bulk_init(self, client, call: Call, fname, targets, single, owner, return_exceptions=False, chunk_sizes=None):
         Future.__init__(self)
         self._call, self._client, self._fname = call, client, fname
@@ -232,40 +230,26 @@ class _Bulk:
     @property
     def _children(self) -> list:
         """Per-engine futures, made on first use (iteration in flight, ``split``, ...)."""
-        if self._call is None:  # a reduction's one future
-            return self._own_children
         return self._client._children_of(self._call)
-
-    @_children.setter
-    def _children(self, children):
-        self._own_children = children
 
     @property
     def _metadata(self) -> list:
-        if self._call is None:
-            return self._own_metadata
         return [outcome_metadata(self._client, self._call, i) for i in range(len(self._call.uuids))]
 
-    @_metadata.setter
-    def _metadata(self, metadata):
-        self._own_metadata = metadata
+    @property
+    def _broadcast_id(self) -> str:
+        return self._call.msg_id
 
     def _resolve_output(self, f=None):
-        if self._call is None:
-            return super()._resolve_output(f)
         self._output_ready = True
         self._output_event.set()
 
     def _finalize_result(self, f):
-        if self._call is None:
-            return super()._finalize_result(f)
         self._ready = True
         self._ready_event.set()
 
     @property
     def progress(self) -> int:
-        if self._call is None:
-            return super().progress
         call = self._call
         if not self._chunk_sizes:
             return len(call.uuids) - call.left
@@ -293,19 +277,23 @@ class _Traced:
         (a view with ``trace=True``; see ``ipyparallel_broadcast.client.display.trace``).
         Waits for the call to finish."""
         self.wait()
-        msg_id = self._call.msg_id if self._call is not None else getattr(self._children[0], "broadcast_id", None)
-        return self._client.broadcast_trace(msg_id)
+        return self._client.broadcast_trace(self._broadcast_id)
 
 
 class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncResult):
-    """DirectView's AsyncResult for a broadcast: ``children`` is the call (or,
-    for a reduction, its one future)."""
+    """DirectView's AsyncResult for a broadcast: over its ``Call``."""
 
-    def __init__(self, client, children, fname="unknown", targets=None, owner=False, single=False, **kwargs):
-        if isinstance(children, Call):
-            self._bulk_init(client, children, fname, targets, single, owner, **kwargs)
-        else:
-            AsyncResult.__init__(self, client, children, fname=fname, targets=targets, owner=owner, **kwargs)
+    def __init__(self, client, call: Call, fname="unknown", targets=None, owner=False, single=False, **kwargs):
+        self._bulk_init(client, call, fname, targets, single, owner, **kwargs)
+
+
+class ReducedAsyncResult(_Survivors, _Traced, GroupedDisplay, AsyncResult):
+    """A reduction's AsyncResult: ipyparallel's, over the one future of the
+    combined value."""
+
+    @property
+    def _broadcast_id(self):
+        return getattr(self._children[0], "broadcast_id", None)
 
 
 class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncMapResult):

@@ -23,7 +23,7 @@ from .history import History, save_ids
 from .modes import AUTO, AUTO_STREAM_BYTES, REPLY_SIZES_KEPT, Batch, reply_key, reply_mode
 from .modes import maybe_get as _maybe_get
 from .paths import DIRECT, TREE
-from .results import TreeAsyncResult
+from .results import ReducedAsyncResult, TreeAsyncResult
 
 
 class BroadcastView(Collectives, DirectView):
@@ -142,7 +142,7 @@ class BroadcastView(Collectives, DirectView):
             trace=self.trace,
         )
         if reduce:  # one future: the combined value
-            return TreeAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
+            return ReducedAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
         if self.coalescing == AUTO:
             self._sizing[key] = sent
             sent.future.add_done_callback(lambda _: self._learn_size(key, sent))
