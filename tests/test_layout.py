@@ -142,11 +142,59 @@ def test_every_upstream_private_we_rely_on_still_exists():
 
     from ipyparallel_broadcast.compat import ipp
 
+    def names_in_code(cls) -> set:  # attribute names its own methods store or read
+        return {
+            name
+            for klass in cls.__mro__
+            for f in vars(klass).values()
+            if hasattr(f, "__code__")
+            for name in f.__code__.co_names
+        }
+
     missing = []
     for where in ipp.OVERRIDDEN:
         module, _, dotted = where.partition(":")
         cls_name, _, member = dotted.partition(".")
         cls = getattr(importlib.import_module(module), cls_name)
-        if not (hasattr(cls, member) or member in cls.__init__.__code__.co_names):
+        if not (hasattr(cls, member) or member in names_in_code(cls)):
             missing.append(where)
     assert missing == []
+
+
+def test_every_upstream_private_we_use_is_listed_with_why():
+    """A private name of IPython Parallel's client, views, results, engine,
+    hub or record store, used anywhere in the package and not defined by it,
+    is in ``compat.ipp.OVERRIDDEN`` (with why)."""
+    import re
+
+    from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
+    from ipyparallel.client.client import Client
+    from ipyparallel.client.futures import MessageFuture
+    from ipyparallel.client.view import DirectView
+    from ipyparallel.controller.dictdb import DictDB
+    from ipyparallel.controller.hub import Hub
+    from ipyparallel.engine.app import IPEngine
+
+    from ipyparallel_broadcast.compat import ipp
+
+    upstream = set()
+    for cls in (Client, DirectView, AsyncResult, AsyncMapResult, MessageFuture, IPEngine, Hub, DictDB):
+        upstream |= {n for n in dir(cls) if n.startswith("_") and not n.startswith("__")}
+        for klass in cls.__mro__:
+            for f in vars(klass).values():
+                upstream |= {n for n in getattr(getattr(f, "__code__", None), "co_names", ()) if n.startswith("_")}
+    upstream = {n for n in upstream if not n.startswith("__")}
+    ours, used = set(), {}
+    top = os.path.join(ROOT, "ipyparallel_broadcast")
+    for folder, _, files in os.walk(top):
+        for name in files:
+            if name.endswith(".py") and not folder.endswith("compat"):
+                with open(os.path.join(folder, name)) as f:
+                    text = f.read()
+                for m in re.finditer(r"def (_\w+)|(?:self|cls)\.(_\w+)\s*=(?!=)|^\s+(_\w+)\s*[:=]", text, re.M):
+                    ours.add(next(g for g in m.groups() if g))
+                for m in re.finditer(r"(?:self|client|rc|hub|db|app|kernel)\.(_[a-z]\w*)", text):
+                    used.setdefault(m.group(1), set()).add(os.path.relpath(os.path.join(folder, name), top))
+    listed = {where.rsplit(".", 1)[1] for where in ipp.OVERRIDDEN}
+    unlisted = {n: sorted(fs) for n, fs in used.items() if n in upstream and n not in ours and n not in listed}
+    assert unlisted == {}

@@ -27,6 +27,7 @@ from ipyparallel.util import disambiguate_url
 from tornado.ioloop import PeriodicCallback
 from traitlets import Type, Unicode, Union, default
 
+from ..compat import ipp
 from ..host.link import HOST_KEY, host_label
 from ..host.shm import sweep
 from ..relay.shell import run_node
@@ -103,7 +104,7 @@ class BroadcastController(TreeSettings, IPController):
         hub = self.hub
         if requested_id is None:
             live = list(hub.engines) + [ec.id for ec in hub.incoming_registrations.values()]
-            requested_id = balanced_id(hub._idcounter, live, self.shape.n_leaves)
+            requested_id = balanced_id(ipp.hub_next_id(hub), live, self.shape.n_leaves)
         return type(hub).new_engine_id(hub, requested_id)
 
     def save_connection_dict(self, fname, cdict):
