@@ -230,3 +230,36 @@ def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one():
     assert results[0] == 1.5 and results[2] == "x" and results[3] == ("error", "ValueError")
     np.testing.assert_array_equal(results[1], values[1])
     assert all(a is b for a, b in zip(client._results(call), results))  # unpacked once
+
+
+def test_an_engines_metadata_is_made_once_whichever_threads_read_it_first():
+    """The I/O thread (an output arriving) and the user's (``ar.stdout``,
+    ``wait_for_output``) may read a call's metadata first at the same time:
+    both must get the one object the output goes into (made twice, an
+    engine's stdout was lost)."""
+    import sys
+    import threading
+
+    from ipyparallel_broadcast.client.results import outcome_metadata
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        for trial in range(200):
+            call = Call(f"ipb-t{trial}_1", HEADER, list(range(8)), [f"u{i}" for i in range(8)])
+            start = threading.Barrier(4)
+            seen = [None] * 4
+
+            def read(k, call=call, start=start, seen=seen):
+                start.wait()
+                seen[k] = [id(outcome_metadata(None, call, i)) for i in range(8)]
+
+            threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(s == seen[0] for s in seen), f"trial {trial}: metadata made more than once"
+            assert seen[0] == [id(md) for md in call.mds]
+    finally:
+        sys.setswitchinterval(before)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import pickle
 from concurrent.futures import Future
-from threading import Event
+from threading import Event, Lock
 
 from ipyparallel import error
 from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
@@ -163,24 +163,47 @@ class CallResults:
         return outcome_result(self, call, i)
 
 
+# Metadata are made on first read by any thread: the I/O thread (an output
+# arriving, a reply filed) and the user's (``ar.stdout``, ``wait_for_output``).
+# Made twice, one engine's output went into an object the other thread then
+# replaced: its stdout was lost (the chaos soak's executes with empty stdout).
+_MADE = Lock()
+
+
 def outcome_metadata(client, call: Call, i: int) -> Metadata:
-    """Engine ``i``'s Metadata, made on first read and filled once its outcome is in."""
-    if call.mds is None:
-        call.mds = [None] * len(call.uuids)
-    md = call.mds[i]
-    if md is None:
-        md = call.mds[i] = Metadata(
-            msg_id=call.vids[i], submitted=call.header.get("date"), engine_uuid=call.uuids[i], engine_id=call.eids[i]
-        )
-        fill_metadata(client, call, i)
+    """Engine ``i``'s Metadata, made once on first read (by any thread) and
+    filled once its outcome is in."""
+    mds = call.mds
+    md = mds[i] if mds is not None else None
+    if md is not None:
+        return md
+    with _MADE:
+        if call.mds is None:
+            call.mds = [None] * len(call.uuids)
+        md = call.mds[i]
+        if md is None:
+            md = Metadata(
+                msg_id=call.vids[i],
+                submitted=call.header.get("date"),
+                engine_uuid=call.uuids[i],
+                engine_id=call.eids[i],
+            )
+            _fill(client, call, i, md)
+            call.mds[i] = md
     return md
 
 
 def fill_metadata(client, call: Call, i: int):
     """Copy engine ``i``'s outcome into its Metadata, if both exist (once)."""
-    md = call.mds[i] if call.mds is not None else None
+    if call.mds is None or call.mds[i] is None:
+        return
+    with _MADE:
+        _fill(client, call, i, call.mds[i])
+
+
+def _fill(client, call: Call, i: int, md):
     o = call.outcomes[i]
-    if md is None or o is None or md.get("received") is not None:
+    if o is None or md.get("received") is not None:
         return
     md["received"] = call.received[i]
     if o[0] == FAILED:
