@@ -263,3 +263,16 @@ def test_an_engines_metadata_is_made_once_whichever_threads_read_it_first():
             assert seen[0] == [id(md) for md in call.mds]
     finally:
         sys.setswitchinterval(before)
+
+
+def test_an_output_finds_its_engine_by_uuid_or_by_the_engine_id_in_its_topic():
+    """A simulated engine's output names no engine in its metadata; the client
+    then reads the id in its IOPub topic, from the call's own targets, not
+    from the client's engine table (which forgets an engine that died after
+    it answered: its stdout was then dropped while its idle status, which
+    names the engine, ended the output: an empty stdout, no trace)."""
+    call = Call(MSG_ID, HEADER, [10, 11, 12, 13], UUIDS)
+    assert call.engine_index(UUIDS[2], None) == 2
+    assert call.engine_index(None, 13) == 3
+    assert call.engine_index(None, 99) is None and call.engine_index("nobody", None) is None
+    assert call.engine_index("nobody", 11) == 1

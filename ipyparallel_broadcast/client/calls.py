@@ -54,6 +54,7 @@ class Call:
         "tracker",
         "results",
         "_vids",
+        "_by_eid",
     )
 
     def __init__(self, msg_id: str, header: dict, eids: Sequence[int], uuids: Sequence[str]):
@@ -71,6 +72,7 @@ class Call:
         self.future = self.output = self.tracker = None  # the client's: result, outputs, sent
         self.results: list | None = None  # per-engine results, once complete
         self._vids: list | None = None
+        self._by_eid: dict | None = None
 
     @property
     def vids(self) -> list[str]:
@@ -79,6 +81,18 @@ class Call:
             prefix = self.msg_id + "_"
             self._vids = [prefix + u for u in self.uuids]
         return self._vids
+
+    def engine_index(self, uuid: str | None, eid: int | None) -> int | None:
+        """A target's index, by its uuid or else by its engine id: an output
+        whose metadata does not name its engine (a simulated engine's; any
+        engine's IOPub topic) is still this call's after the client has
+        forgotten the engine (it died, or unregistered, meanwhile)."""
+        i = self.index.get(uuid) if uuid is not None else None
+        if i is None and eid is not None:
+            if self._by_eid is None:
+                self._by_eid = {e: k for k, e in enumerate(self.eids)}
+            i = self._by_eid.get(eid)
+        return i
 
     @property
     def done(self) -> bool:

@@ -86,7 +86,7 @@ class StreamReaders:
         msg_id = (parent or {}).get("msg_id")
         call = self._calls.get(msg_id)
         if call is not None:  # one engine's part of a broadcast
-            i = call.index.get(metadata.get("engine") or self._engines.get(engine_of_topic(idents)))
+            i = call.engine_index((metadata or {}).get("engine"), engine_of_topic(idents))
             if i is not None:
                 self._output_done(call, i)
             return
@@ -106,8 +106,9 @@ class StreamReaders:
         msg_id = parent.get("msg_id") if parent else None
         call = self._calls.get(msg_id) if msg_id else None
         if call is not None:
-            uuid = msg["metadata"].get("engine") or self._engines.get(engine_of_topic(idents))
-            i = call.index.get(uuid)
+            # by the call's own engines: the client may have forgotten this one
+            # (it died after it answered, and its unregistration came first)
+            i = call.engine_index(msg["metadata"].get("engine"), engine_of_topic(idents))
             if i is None:
                 return
             if msg["header"]["msg_type"] == "status":
