@@ -99,3 +99,33 @@ def test_simulated_hosts_each_run_a_host_relay():
             timeout=60,
             what="the host relays to exit once their engines are gone",
         )
+
+
+def test_an_output_reaches_its_call_after_the_client_forgot_its_engine():
+    """A simulated engine's output names no engine in its metadata (its IOPub
+    topic does). An engine that dies right after it answers may be forgotten
+    by the client (its unregistration handled first) before its output is
+    read: the output must still reach the call, not be dropped while the idle
+    status ends it with an empty stdout (the chaos soak found 180)."""
+    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
+        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
+        cluster.start_controller_sync()
+        rc = cluster.connect_client_sync()
+        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        sim = SimEngines(engine_file, 2, per_process=2, delay=0.5)  # answers come 0.5 s after the request
+        try:
+            sim.start(timeout=120)
+            rc.wait_for_engines(2, timeout=120)
+            eid = rc.ids[0]
+            for coalescing in (True, False):
+                ar = rc.broadcast_view([eid], coalescing=coalescing).execute("print('routed')", block=False)
+                uuid = rc._engines.pop(eid)  # the client forgets the engine before its output comes
+                try:
+                    assert ar.wait_for_output(30)
+                    assert "routed" in ar.stdout[0], (coalescing, ar.stdout, ar.stderr)
+                finally:
+                    rc._engines[eid] = uuid
+            rc.close()
+        finally:
+            sim.stop()
+            cluster.stop_cluster_sync()
