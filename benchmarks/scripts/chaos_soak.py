@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import command, commit, report  # noqa: E402
 
 from ipyparallel_broadcast.tools.chaos.nemesis import FAULTS  # noqa: E402
-from ipyparallel_broadcast.tools.chaos.soak import SoakBed, run  # noqa: E402
+from ipyparallel_broadcast.tools.chaos.soak import soak, soak_options  # noqa: E402
 
 
 def tables(result, args) -> list:
@@ -143,29 +143,12 @@ def plot(result, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", type=int, default=4)
-    ap.add_argument("--engines", type=int, default=4)
-    ap.add_argument("--sim-hosts", type=int, default=16)
-    ap.add_argument("--sim-engines", type=int, default=64)
-    ap.add_argument("--clients", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=600)
-    ap.add_argument("--bound", type=float, default=60)
-    ap.add_argument("--rate", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
+    soak_options(ap, hosts=4, engines=4, sim_hosts=16, sim_engines=64, seconds=600)
     ap.add_argument("--out")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
-    with SoakBed(args.hosts, args.engines, args.sim_hosts, args.sim_engines) as bed:
-        result = run(
-            bed,
-            args.clients,
-            args.seconds,
-            args.bound,
-            args.rate,
-            args.seed,
-            progress=lambda line: print(line, flush=True),
-        )
+    result = soak(args, progress=lambda line: print(line, flush=True))
     report("chaos_soak.py", argv, "Chaos soak", tables(result, args), args.out)
     if args.json:
         with open(args.json, "w") as f:

@@ -297,33 +297,45 @@ def serves_after(bed: SoakBed, bound: float, budget: float | None = None) -> dic
     return outcome
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", type=int, default=2)
-    ap.add_argument("--engines", type=int, default=2, help="real engines per host")
-    ap.add_argument("--sim-hosts", type=int, default=2)
-    ap.add_argument("--sim-engines", type=int, default=16, help="simulated engines per simulated host")
+def soak_options(ap, hosts=2, engines=2, sim_hosts=2, sim_engines=16, seconds=60.0):
+    """The bed's and the run's options, for this module's command and the long
+    soak's (``benchmarks/scripts/chaos_soak.py``), each with its own defaults."""
+    ap.add_argument("--hosts", type=int, default=hosts)
+    ap.add_argument("--engines", type=int, default=engines, help="real engines per host")
+    ap.add_argument("--sim-hosts", type=int, default=sim_hosts)
+    ap.add_argument("--sim-engines", type=int, default=sim_engines, help="simulated engines per simulated host")
     ap.add_argument("--clients", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--seconds", type=float, default=seconds)
     ap.add_argument("--bound", type=float, default=60, help="seconds within which every call must end")
     ap.add_argument("--rate", type=float, default=1.0, help="faults per second")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--faults", default=",".join(FAULTS), help="the nemesis's faults, comma-separated")
     ap.add_argument("--ops", default=",".join(workload.OPS), help="the clients' operations, comma-separated")
-    ap.add_argument("--json", help="write the whole run (records, faults, verdict) here")
-    args = ap.parse_args(argv)
+
+
+def soak(args, progress=print) -> dict:
+    """A bed as ``args`` say, a run on it (``run``), the bed taken down; the run's result."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the bed is taken down on the way out
     with SoakBed(args.hosts, args.engines, args.sim_hosts, args.sim_engines) as bed:
-        result = run(
+        return run(
             bed,
             args.clients,
             args.seconds,
             args.bound,
             args.rate,
             args.seed,
+            progress=progress,
             faults=args.faults.split(","),
             ops=args.ops.split(","),
         )
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    soak_options(ap)
+    ap.add_argument("--json", help="write the whole run (records, faults, verdict) here")
+    args = ap.parse_args(argv)
+    result = soak(args)
     verdict = result["verdict"]
     print(json.dumps(dict(verdict.summary(), after=result["after"]), indent=1))
     if args.json:
