@@ -212,7 +212,7 @@ def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one():
 
     class Client(CallResults):  # with what outcome_result asks of the client, for errors
         unpacked = 0
-        _unwrap_exception = staticmethod(lambda content: ("error", content["ename"]))
+        _remote_error = staticmethod(lambda content: ("error", content["ename"]))
 
         def _unpack_result(self, buffers):
             self.unpacked += 1

@@ -43,8 +43,8 @@ class DeliveredDuringInit(ipb.Client):
         self.iopub_seen, self.tree_reply_seen = threading.Event(), threading.Event()
         super().__init__(*args, **kwargs)
 
-    def _setup_streams(self):
-        super()._setup_streams()
+    def _open_streams(self):
+        super()._open_streams()
         msg = self.session.msg(P.STATS, content={})
         msg["content"]["msg_id"] = msg["header"]["msg_id"]
         self._broadcast_socket.send_multipart(self.session.serialize(msg))
@@ -54,9 +54,9 @@ class DeliveredDuringInit(ipb.Client):
         assert self.iopub_seen.wait(WAIT), "no IOPub message reached the new client"
         assert self.tree_reply_seen.wait(WAIT), "no reply from the tree reached the new client"
 
-    def _dispatch_iopub(self, frames):
+    def _read_iopub(self, frames):
         self.iopub_seen.set()
-        return super()._dispatch_iopub(frames)
+        return super()._read_iopub(frames)
 
     def _dispatch_broadcast(self, frames):
         self.tree_reply_seen.set()
@@ -109,12 +109,12 @@ class RaisesOnce(ipb.Client):
             self.raised.set()
             raise RuntimeError(f"injected failure handling a {kind}")
 
-    def _dispatch_iopub(self, frames):
+    def _read_iopub(self, frames):
         body = P.split_idents(frames)[1]  # a peek: deserialize would use up the signature
         header, content = (self.session.unpack(P.as_bytes(body[i])) for i in (1, 4))
         if header["msg_type"] == "status" and content["execution_state"] == "idle":
             self._boom("iopub-status")
-        return super()._dispatch_iopub(frames)
+        return super()._read_iopub(frames)
 
     def _engine_result(self, call, i):  # an engine's reply, one by one
         self._boom("engine-reply")

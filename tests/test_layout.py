@@ -137,7 +137,7 @@ def test_a_host_relay_process_loads_neither_ipyparallel_nor_numpy():
 
 
 def test_every_upstream_private_we_rely_on_still_exists():
-    """``compat.ipp.OVERRIDDEN``: when IPython Parallel renames one, this says which."""
+    """``compat.ipp.uses()``: when IPython Parallel renames one, this says which."""
     import importlib
 
     from ipyparallel_broadcast.compat import ipp
@@ -152,21 +152,40 @@ def test_every_upstream_private_we_rely_on_still_exists():
         }
 
     missing = []
-    for where in ipp.OVERRIDDEN:
+    for where in ipp.uses():
         module, _, dotted = where.partition(":")
-        cls_name, _, member = dotted.partition(".")
-        cls = getattr(importlib.import_module(module), cls_name)
-        if not (hasattr(cls, member) or member in names_in_code(cls)):
+        owner, _, member = dotted.rpartition(".")
+        found = importlib.import_module(module)
+        if owner:
+            found = getattr(found, owner)
+            if not (hasattr(found, member) or member in names_in_code(found)):
+                missing.append(where)
+        elif not hasattr(found, member):
             missing.append(where)
     assert missing == []
+    for seam in ipp.BASES:  # and each seam class builds on this IPython Parallel
+        assert getattr(ipp, seam).__mro__[1].__name__ == ipp.BASES[seam].rsplit(":", 1)[1]
 
 
-def test_every_upstream_private_we_use_is_listed_with_why():
-    """A private name of IPython Parallel's client, views, results, engine,
-    hub or record store, used anywhere in the package and not defined by it,
-    is in ``compat.ipp.OVERRIDDEN`` (with why)."""
+def _private_names_of(*classes) -> set:
+    names = set()
+    for cls in classes:
+        names |= {n for n in dir(cls) if n.startswith("_") and not n.startswith("__")}
+        for klass in cls.__mro__:
+            for f in vars(klass).values():
+                names |= {n for n in getattr(getattr(f, "__code__", None), "co_names", ()) if n.startswith("_")}
+    return {n for n in names if not n.startswith("__")}
+
+
+def test_upstream_privates_appear_only_in_their_seam():
+    """No module but ``compat/ipp.py`` names a private member of IPython
+    Parallel's client, views, results, engine, hub, record store or util, and
+    none but ``compat/ipykernel.py`` and ``compat/pyzmq.py`` one of ipykernel's
+    kernel or pyzmq's stream (names the package defines itself aside)."""
     import re
 
+    import ipyparallel.util
+    from ipykernel.ipkernel import IPythonKernel
     from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
     from ipyparallel.client.client import Client
     from ipyparallel.client.futures import MessageFuture
@@ -174,27 +193,38 @@ def test_every_upstream_private_we_use_is_listed_with_why():
     from ipyparallel.controller.dictdb import DictDB
     from ipyparallel.controller.hub import Hub
     from ipyparallel.engine.app import IPEngine
+    from traitlets.config import Application
+    from zmq.eventloop.zmqstream import ZMQStream
 
-    from ipyparallel_broadcast.compat import ipp
-
-    upstream = set()
-    for cls in (Client, DirectView, AsyncResult, AsyncMapResult, MessageFuture, IPEngine, Hub, DictDB):
-        upstream |= {n for n in dir(cls) if n.startswith("_") and not n.startswith("__")}
-        for klass in cls.__mro__:
-            for f in vars(klass).values():
-                upstream |= {n for n in getattr(getattr(f, "__code__", None), "co_names", ()) if n.startswith("_")}
-    upstream = {n for n in upstream if not n.startswith("__")}
+    traitlets = _private_names_of(Application) | set(vars(Application()))  # theirs, through HasTraits
+    upstream = {
+        "ipp": _private_names_of(Client, DirectView, AsyncResult, AsyncMapResult, MessageFuture, IPEngine, Hub, DictDB)
+        - traitlets
+        | {n for n in vars(ipyparallel.util) if n.startswith("_") and not n.startswith("__")},
+        "ipykernel": _private_names_of(IPythonKernel) - traitlets,
+        "pyzmq": _private_names_of(ZMQStream),
+    }
     ours, used = set(), {}
     top = os.path.join(ROOT, "ipyparallel_broadcast")
     for folder, _, files in os.walk(top):
         for name in files:
-            if name.endswith(".py") and not folder.endswith("compat"):
-                with open(os.path.join(folder, name)) as f:
-                    text = f.read()
-                for m in re.finditer(r"def (_\w+)|(?:self|cls)\.(_\w+)\s*=(?!=)|^\s+(_\w+)\s*[:=]", text, re.M):
+            if not name.endswith(".py"):
+                continue
+            where = os.path.relpath(os.path.join(folder, name), top)
+            with open(os.path.join(folder, name)) as f:
+                text = f.read()
+            if not where.startswith("compat"):
+                defined = r"def (_\w+)|(?:self|cls)\.(_\w+)\s*=(?!=)|^\s+(_\w+)\s*[:=]|^(_\w+)\s*="
+                for m in re.finditer(defined, text, re.M):
                     ours.add(next(g for g in m.groups() if g))
-                for m in re.finditer(r"(?:self|client|rc|hub|db|app|kernel)\.(_[a-z]\w*)", text):
-                    used.setdefault(m.group(1), set()).add(os.path.relpath(os.path.join(folder, name), top))
-    listed = {where.rsplit(".", 1)[1] for where in ipp.OVERRIDDEN}
-    unlisted = {n: sorted(fs) for n, fs in used.items() if n in upstream and n not in ours and n not in listed}
-    assert unlisted == {}
+            for m in re.finditer(r"\.(_[a-z]\w*)", text):
+                used.setdefault(m.group(1), set()).add(where)
+    misplaced = {}
+    for seam, names in upstream.items():
+        for n in names & set(used):
+            if n in ours:
+                continue
+            outside = sorted(w for w in used[n] if w != f"compat/{seam}.py")
+            if outside:
+                misplaced[n] = outside
+    assert misplaced == {}

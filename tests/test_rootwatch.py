@@ -5,7 +5,7 @@ from cluster_util import Clock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.client.rootwatch import LOST, RootWatch
+from ipyparallel_broadcast.client.replies import LOST, RootWatch
 
 pytestmark = pytest.mark.pure
 

@@ -32,6 +32,15 @@ def vid_parts(vid: str):
     return msg_id, uuid
 
 
+def reply_mode(coalescing) -> tuple:
+    """``(reply, batch)`` on the wire for a fixed ``coalescing`` setting."""
+    if coalescing is True:
+        return P.COALESCE, None
+    if coalescing is False:
+        return P.STREAM, None
+    return P.STREAM, [coalescing.count, coalescing.interval]
+
+
 class Call:
     """One broadcast: targets in order, and their outcomes as they come."""
 

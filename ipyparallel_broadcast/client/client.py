@@ -95,7 +95,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         self._surveys: dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)
-        self._outstanding_dict = OutstandingByEngine(self._calls)
+        self._outstanding_by_engine = OutstandingByEngine(self._calls)
         self._paths = PathChooser()  # shared by this client's views
         super().__init__(*args, **kwargs)
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
@@ -108,7 +108,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
     # ----------------------------------------------------------------- views
     @property
     def tree_shape(self) -> TreeShape:
-        info = self._config.get(TREE_KEY)
+        info = self._connection_info.get(TREE_KEY)
         if not info:
             raise NotABroadcastController(
                 "This controller does not run the ipyparallel_broadcast relay tree "
@@ -133,11 +133,11 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         if targets is None:
             targets = "all"
         if not isinstance(targets, str):  # as direct_view: an int stays one engine
-            eids = self._build_targets(targets)[1]
+            eids = self._targets_of(targets)[1]
             targets = eids[0] if isinstance(targets, int) else eids
         return BroadcastView(
             client=self,
-            socket=self._broadcast_stream,
+            socket=self._root_stream,
             targets=targets,
             coalescing=coalescing,
             **kwargs,
@@ -146,8 +146,8 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
     # ------------------------------------------------------------------ send
     def resolve_targets(self, targets):
         """``(uuids, engine ids)`` of ``targets`` (an int, a list, a slice, "all")."""
-        eids = self._build_targets(targets)[1]
-        engines = self._engines
+        eids = self._targets_of(targets)[1]
+        engines = self._engine_table
         return [engines[e] for e in eids], eids
 
     def send_broadcast(
@@ -174,7 +174,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         in target order); with ``reduce`` (an op of ``reduction.OPS``), the one
         future of the combined value.
         """
-        if self._closed:
+        if self._is_closed:
             raise RuntimeError("Client cannot be used after its sockets have been closed")
         if len(set(eids)) != len(eids):
             raise ValueError(f"targets name an engine more than once: {eids}")
@@ -215,10 +215,10 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
             self._tracking[id(to_send)] = (to_send, tracker, as_list)
         # through the ZMQStream: a send behind its back can eat the socket's
         # edge-triggered read event, and replies would wait unread
-        send = self._broadcast_stream.send_multipart
+        send = self._root_stream.send_multipart
         if trace:
             send = partial(self._send_traced, msg_id, send)
-        self._io_loop.add_callback(self._to_root, msg_id, send, to_send, copy=copy, track=track)
+        self._loop.add_callback(self._to_root, msg_id, send, to_send, copy=copy, track=track)
         return sent
 
     def _send_traced(self, msg_id, send, *args, **kwargs):
@@ -238,7 +238,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         call.future, call.output = EngineFuture(msg_id, header), EngineFuture(msg_id, header)
         call.future.output, call.output.metadata = call.output, Metadata(msg_id=msg_id)
         call.tracker = Future() if track else _SENT_ALL
-        self._futures[msg_id] = call.future  # Client.wait() finds one future per call
+        self._reply_futures[msg_id] = call.future  # Client.wait() finds one future per call
         self.outstanding.add(msg_id)
         self.outstanding.update(call.vids)  # and each engine's part, as DirectView's
         self.history.add_call(msg_id, call.uuids)
@@ -250,7 +250,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         future = EngineFuture(msg_id, header, track=track)
         future.output = EngineFuture(msg_id, header)
         future.output.metadata = self.metadata[msg_id]
-        self._reductions[msg_id] = self._futures[msg_id] = future
+        self._reductions[msg_id] = self._reply_futures[msg_id] = future
         self.outstanding.add(msg_id)
         self.history.append(msg_id)
 
@@ -259,7 +259,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
             if msg_id in self._traces:
                 self._traces.add(msg_id, "done", time.time())
             self.outstanding.discard(msg_id)
-            self._futures.pop(msg_id, None)
+            self._reply_futures.pop(msg_id, None)
             self.metadata.pop(msg_id, None)
             future.output.set_result(None)
 

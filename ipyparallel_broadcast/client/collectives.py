@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from ipyparallel import util
 from ipyparallel.client.map import Map, dists
 from ipyparallel.client.remotefunction import (
     ParallelFunction,
@@ -19,12 +18,14 @@ from ipyparallel.client.remotefunction import (
 from ipyparallel.client.view import DirectView, sync_results
 from ipyparallel.serialize import PrePickled
 
+from ..compat import ipp
 from ..wire.reduction import OPS, engine_value
+from .calls import reply_mode
 from .history import save_ids
-from .modes import AUTO, reply_mode
-from .modes import maybe_get as _maybe_get
+from .modes import AUTO
 from .paths import DIRECT, TREE
 from .results import TreeAsyncMapResult
+from .results import maybe_get as _maybe_get
 
 
 class Collectives:
@@ -63,7 +64,7 @@ class Collectives:
 
     def _direct(self, eids) -> DirectView:
         """DirectView's path to the same engines (one message each, via the hub's mux)."""
-        return DirectView(client=self.client, socket=self.client._mux_stream, targets=list(eids))
+        return DirectView(client=self.client, socket=self.client._direct_stream, targets=list(eids))
 
     @sync_results
     @save_ids
@@ -92,9 +93,9 @@ class Collectives:
                 eids,
                 nbytes,
                 path,
-                lambda: self._apply(util._push, eids, each=each, track=track, block=block, fname="scatter"),
+                lambda: self._apply(ipp.engine_push(), eids, each=each, track=track, block=block, fname="scatter"),
             )
-            ar._scatter_lengths = [len(p) for p in parts]
+            ar._part_lengths = [len(p) for p in parts]
         if block:
             ar.wait()
         else:
@@ -115,7 +116,7 @@ class Collectives:
         else:
 
             def send():
-                tree_ar = self._apply(util._pull, eids, (key,), block=block, fname="gather")
+                tree_ar = self._apply(ipp.engine_pull(), eids, (key,), block=block, fname="gather")
                 tree_ar.owner = False
                 return TreeAsyncMapResult(self.client, tree_ar._call, dists[dist](), fname="gather")
 
@@ -187,7 +188,7 @@ class Collectives:
         from ..engine.compose import configure
 
         requests = mode == "counting" if requests is None else requests
-        return self._really_apply(configure, (mode,), dict(requests=requests, **settings), targets=targets, block=True)
+        return self._apply_call(configure, (mode,), dict(requests=requests, **settings), targets=targets, block=True)
 
 
 class TreeParallelFunction(ParallelFunction):

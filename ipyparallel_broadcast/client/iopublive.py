@@ -23,11 +23,11 @@ import threading
 import time
 from functools import partial
 
-import ipyparallel as ipp
 import zmq
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float
 
+from ..compat.ipp import ClientSeam
 from ..wire.naming import IOPUB_HELLO_PREFIX as HELLO_PREFIX
 from ..wire.naming import TREE_KEY
 from .guard import guarded_callback
@@ -36,7 +36,7 @@ from .results import outcome_metadata
 log = logging.getLogger(__name__)
 
 
-class IOPubLiveness(ipp.Client):
+class IOPubLiveness(ClientSeam):
     """Mixin of our Client: the wait for a live IOPub subscription at connect."""
 
     iopub_timeout = Float(
@@ -59,10 +59,10 @@ class IOPubLiveness(ipp.Client):
         self.iopub_wait = None  # seconds the connect waited for it
         super().__init__(*args, **kwargs)
         tic = time.perf_counter()
-        if not self._iopub_live.is_set() and TREE_KEY not in self._config:
+        if not self._iopub_live.is_set() and TREE_KEY not in self._connection_info:
             self._probe_iopub()
         waited = self.iopub_timeout > 0 and self._iopub_live.wait(self.iopub_timeout)
-        if self.iopub_timeout > 0 and not waited and (TREE_KEY in self._config or self.ids):
+        if self.iopub_timeout > 0 and not waited and (TREE_KEY in self._connection_info or self.ids):
             log.warning(
                 "No sign within %.0f s that this client's IOPub subscription is live: "
                 "outputs of its first requests may be lost",
@@ -80,8 +80,8 @@ class IOPubLiveness(ipp.Client):
             for i, o in enumerate(call.outcomes):
                 if o is not None and o[0] == "reply" and o[2]:
                     yield (call.msg_id, i), partial(self._close_broadcast_output, call, i)
-        futures = self._futures
-        for msg_id, output in list(self._output_futures.items()):
+        futures = self._reply_futures
+        for msg_id, output in list(self._iopub_futures.items()):
             reply = futures.get(msg_id)
             if not output.done() and reply is not None and reply.done() and not self._calls.of_vid(msg_id)[0]:
                 yield (msg_id, None), partial(self._close_output, msg_id, output)
@@ -110,7 +110,7 @@ class IOPubLiveness(ipp.Client):
 
     def _close_output(self, msg_id, output, why):
         md = self.metadata[msg_id]
-        result = self._futures[msg_id].result()
+        result = self._reply_futures[msg_id].result()
         if getattr(result, "ename", None) == "EngineError":
             why = "its engine died before its output ended"
         self._note_missing(md, md.get("engine_id"), msg_id, why)
@@ -120,25 +120,25 @@ class IOPubLiveness(ipp.Client):
     def _hello_topic(self) -> bytes:
         return HELLO_PREFIX + self.session.session.encode()
 
-    def _setup_streams(self):
+    def _open_streams(self):
         """I/O thread: after ``b""``, the hello topic (the relay answers it once
         it has both, see ``iopubrelay``)."""
-        super()._setup_streams()
-        self._iopub_socket.setsockopt(zmq.SUBSCRIBE, self._hello_topic)
+        super()._open_streams()
+        self._iopub_sock.setsockopt(zmq.SUBSCRIBE, self._hello_topic)
         checks = PeriodicCallback(
             guarded_callback(self._check_outputs, "output check"), min(1.0, self.output_timeout / 4) * 1e3
         )
-        self._io_loop.add_callback(checks.start)
+        self._loop.add_callback(checks.start)
 
-    def _dispatch_iopub(self, frames):
+    def _read_iopub(self, frames):
         """Any IOPub message, even one that cannot be read, proves the subscription live."""
         if not self._iopub_live.is_set():
             self._iopub_live.set()
-        return super()._dispatch_iopub(frames)
+        return super()._read_iopub(frames)
 
     def _probe_iopub(self):
         """A stock controller says no hello: one engine's ``status`` will do."""
-        engines = list(self._engines.values())
+        engines = list(self._engine_table.values())
         if not engines:
             return  # nothing to ask; a cluster with no engine has no output to lose yet
-        self._send(self._control_socket, "kernel_info_request", ident=engines[0].encode())
+        self._send_message(self._control_sock, "kernel_info_request", ident=engines[0].encode())

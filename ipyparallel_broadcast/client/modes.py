@@ -1,14 +1,12 @@
-"""Reply modes and blocking: how a BroadcastView's call replies (coalesced,
-streamed, in batches, or chosen per call in ``'auto'`` mode) and whether the
-caller waits for it. Shared by ``view`` and ``collectives``."""
+"""Reply-mode settings: partial coalescing (``Batch``), and ``'auto'`` mode's
+choice per call (by the size of a function's earlier replies). Shared by
+``view`` and ``collectives``; the wire form of a mode is ``calls.reply_mode``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ipyparallel.client.remotefunction import getname
-
-from ..wire import protocol as P
 
 AUTO = "auto"
 AUTO_STREAM_BYTES = 4 * 2**20  # auto mode streams calls expected to return more
@@ -38,21 +36,3 @@ class Batch:
             raise ValueError(f"Batch count must be a positive int, not {self.count!r}")
         if self.interval is not None and not self.interval >= 0:
             raise ValueError(f"Batch interval must be >= 0 seconds, not {self.interval!r}")
-
-
-def reply_mode(coalescing) -> tuple:
-    """``(reply, batch)`` on the wire for a fixed ``coalescing`` setting."""
-    if coalescing is True:
-        return P.COALESCE, None
-    if coalescing is False:
-        return P.STREAM, None
-    return P.STREAM, [coalescing.count, coalescing.interval]
-
-
-def maybe_get(ar, block):
-    if block and hasattr(ar, "get"):  # (an empty map's result is [] already)
-        try:
-            return ar.get()
-        except KeyboardInterrupt:
-            pass
-    return ar

@@ -1,15 +1,33 @@
 """Replies coming back to the client: a bundle's outcomes filed in its call,
 a call settled once every engine's outcome is in, a reduction's value, and
 requests the root lost failing by name. Part of ``Client`` (``client``); runs
-on the client's I/O thread."""
+on the client's I/O thread.
+
+The watch on the root (``RootWatch``): which requests can no longer come back.
+
+The root is the client's only peer on the broadcast socket. While requests
+are in flight, the client pings it every ``interval`` seconds, listing the
+requests it has waited on for at least that long; the root answers with those
+it does not hold (``protocol``: ``ipb_ping`` / ``ipb_pong``). The socket is
+first in, first out both ways, so a request listed was in the root's hands
+before the ping, and a reply the root sent before its pong is handled before
+it: a request the root does not know was lost (the root died and restarted,
+or dropped it). A root that answers nothing for ``timeout`` seconds loses
+everything in flight.
+
+No socket monitor: a monitor whose reader is gone blocks its context's I/O
+thread on the next event, and with it every socket of that context.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ipyparallel import util
 
+from ..compat import ipp
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction
@@ -51,11 +69,11 @@ class Replies:
         with self._children_lock:  # per-engine futures made from now on are not registered
             self._calls.finish(call)
             made = call.children is not None
-        self._futures.pop(call.msg_id, None)
+        self._reply_futures.pop(call.msg_id, None)
         if made:
             for vid in call.vids:
-                self._futures.pop(vid, None)
-                self._output_futures.pop(vid, None)
+                self._reply_futures.pop(vid, None)
+                self._iopub_futures.pop(vid, None)
         call.output.set_result(None)
 
     def _output_done(self, call: Call, i: int):
@@ -74,7 +92,7 @@ class Replies:
         """Ping the root about requests waited on; fail what it lost."""
         ids, lost = self._root_watch.tick()
         if ids:
-            self._broadcast_stream.send_multipart(self._codec.pack(P.PING, dict(ids=ids)))
+            self._root_stream.send_multipart(self._codec.pack(P.PING, dict(ids=ids)))
         self._root_lost(lost)
 
     def _root_lost(self, lost):
@@ -93,7 +111,7 @@ class Replies:
                 )
             future = self._reductions.pop(msg_id, None)
             if future is not None:
-                failed = [[e, self._engines.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
+                failed = [[e, self._engine_table.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
                 resolve_reduction(self._codec, future, Reduction(future.op), [], failed)
             survey = self._surveys.get(msg_id)
             if survey is not None and not survey.done():
@@ -115,7 +133,7 @@ class Replies:
                     survey.set_result(msg["content"].get("nodes", []))
                 return
             if kind != P.BUNDLE:
-                return self._dispatch_reply(frames)  # a stock broadcast reply
+                return ipp.stock_reply(self, frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")
             if msg_id in self._traces:
                 self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
@@ -142,3 +160,47 @@ class Replies:
             log.error("Dropped an invalid reduction reply: %s", e)
             return
         resolve_reduction(self._codec, future, reduction, raised, failed)
+
+
+LOST = "Relay node root lost the request (it restarted, or dropped the request)"
+
+
+class RootWatch:
+    def __init__(
+        self, interval: float = 0.5, timeout: float = 10.0, clock: Callable[[], float] = time.monotonic, most: int = 256
+    ):
+        self.interval, self.timeout, self.clock, self.most = interval, timeout, clock, most
+        self.in_flight: dict[str, float] = {}  # msg_id -> when it was handed to the socket
+        self.unanswered: float | None = None  # when the oldest unanswered ping went out
+
+    def sent(self, msg_id: str):
+        self.in_flight[msg_id] = self.clock()
+
+    def done(self, msg_id: str):
+        self.in_flight.pop(msg_id, None)
+
+    def tick(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """``(ids to ping about, [(msg_id, why)] lost)``."""
+        now = self.clock()
+        if not self.in_flight:
+            self.unanswered = None
+            return [], []
+        if self.unanswered is not None and now - self.unanswered > self.timeout:
+            why = f"Relay node root has not answered for {self.timeout:g} s"
+            lost = [(m, why) for m, t in list(self.in_flight.items()) if t <= self.unanswered]
+            for m, _ in lost:
+                del self.in_flight[m]
+            self.unanswered = None
+            return [], lost
+        ids = [m for m, t in list(self.in_flight.items()) if now - t >= self.interval][: self.most]
+        if ids and self.unanswered is None:
+            self.unanswered = now
+        return ids, []
+
+    def pong(self, unknown) -> list[tuple[str, str]]:
+        """The root answered: the listed requests it does not hold are lost."""
+        self.unanswered = None
+        lost = [(m, LOST) for m in unknown if isinstance(m, str) and m in self.in_flight]
+        for m, _ in lost:
+            del self.in_flight[m]
+        return lost

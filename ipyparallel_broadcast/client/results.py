@@ -20,12 +20,12 @@ from concurrent.futures import Future
 from threading import Event, Lock
 
 from ipyparallel import error
-from ipyparallel.client.asyncresult import AsyncMapResult, AsyncResult
 from ipyparallel.client.client import ExecuteReply, Metadata
 from ipyparallel.serialize import deserialize_object
 from ipyparallel.serialize.canning import uncan, uncan_sequence
 from ipyparallel.serialize.serialize import MAX_ITEMS
 
+from ..compat.ipp import MapResultSeam, ResultSeam
 from ..wire import protocol as P
 from ..wire.bundles import Entry
 from ..wire.naming import parse_date
@@ -34,6 +34,16 @@ from .display.grouping import GroupedCompositeError, GroupedDisplay
 
 log = logging.getLogger(__name__)
 _UNSET = object()  # a result not unpacked yet
+
+
+def maybe_get(ar, block):
+    """``ar``, or its value if the caller blocks (as DirectView's calls return)."""
+    if block and hasattr(ar, "get"):  # (an empty map's result is [] already)
+        try:
+            return ar.get()
+        except KeyboardInterrupt:
+            pass
+    return ar
 
 
 def engine_error(eid, uuid, message, method) -> dict:
@@ -103,7 +113,7 @@ def outcome_result(client, call: Call, i: int):
     o = call.outcomes[i]
     if o[0] == FAILED:
         method = call.header["msg_type"].split("_")[0]  # apply or execute
-        return client._unwrap_exception(engine_error(o[1], o[2], o[3], method))
+        return client._remote_error(engine_error(o[1], o[2], o[3], method))
     buffers = ok_buffers(call, o)
     if buffers is not None:  # the usual case: no JSON read
         return unpack_result(buffers)
@@ -116,7 +126,7 @@ def outcome_result(client, call: Call, i: int):
         return unpack_result(reply["buffers"])
     if status == "aborted":
         return error.TaskAborted(call.vids[i])
-    return client._unwrap_exception(content)
+    return client._remote_error(content)
 
 
 class CallResults:
@@ -210,7 +220,7 @@ def _fill(client, call: Call, i: int, md):
         return
     reply = o[1]
     meta, content = reply["metadata"], reply["content"]
-    # as ipyparallel's Client._extract_metadata (dict.update: its extra keys too)
+    # as ipyparallel's client extracts reply metadata (dict.update: its extra keys too)
     dict.update(
         md,
         status=content.get("status"),
@@ -229,7 +239,7 @@ def _fill(client, call: Call, i: int, md):
                 md[name] = (md[name] or "") + outputs[name]
         md["outputs"].extend(outputs.get("outputs") or ())
     if content.get("status") == "error" and md["error"] is None:
-        md["error"] = client._unwrap_exception(content)
+        md["error"] = client._remote_error(content)
 
 
 class _Bulk:
@@ -237,46 +247,44 @@ class _Bulk:
 
     def _bulk_init(self, client, call: Call, fname, targets, single, owner, return_exceptions=False, chunk_sizes=None):
         Future.__init__(self)
-        self._call, self._client, self._fname = call, client, fname
-        self._targets, self.owner = targets, owner
-        self._single_result, self._return_exceptions = single, return_exceptions
-        self._chunk_sizes = chunk_sizes or {}
+        self._call, self._rc, self._function_name = call, client, fname
+        self._target_ids, self.owner = targets, owner
+        self._single, self._keep_exceptions = single, return_exceptions
+        self._map_chunk_sizes = chunk_sizes or {}
         self.msg_ids = call.vids
-        self._ready, self._ready_event = False, Event()
-        self._output_ready, self._output_event = False, Event()
-        self._sent_event, self._success = Event(), None
-        call.tracker.add_done_callback(self._handle_sent)
-        call.future.add_done_callback(self._resolve_result)
-        call.output.add_done_callback(self._resolve_output)
-        self.add_done_callback(self._finalize_result)
+        self._is_ready, self._ready_flag = False, Event()
+        self._is_output_ready, self._output_flag = False, Event()
+        self._sent_flag, self._succeeded = Event(), None
+        call.tracker.add_done_callback(self._on_sent)
+        call.future.add_done_callback(self._on_result)
+        call.output.add_done_callback(self._on_output)
+        self.add_done_callback(self._on_ready)
 
-    @property
-    def _children(self) -> list:
+    def _engine_futures(self) -> list:
         """Per-engine futures, made on first use (iteration in flight, ``split``, ...)."""
-        return self._client._children_of(self._call)
+        return self._rc._children_of(self._call)
 
-    @property
-    def _metadata(self) -> list:
-        return [outcome_metadata(self._client, self._call, i) for i in range(len(self._call.uuids))]
+    def _engine_metadata(self) -> list:
+        return [outcome_metadata(self._rc, self._call, i) for i in range(len(self._call.uuids))]
 
     @property
     def _broadcast_id(self) -> str:
         return self._call.msg_id
 
-    def _resolve_output(self, f=None):
-        self._output_ready = True
-        self._output_event.set()
+    def _on_output(self, f=None):
+        self._is_output_ready = True
+        self._output_flag.set()
 
-    def _finalize_result(self, f):
-        self._ready = True
-        self._ready_event.set()
+    def _on_ready(self, f):
+        self._is_ready = True
+        self._ready_flag.set()
 
     @property
     def progress(self) -> int:
         call = self._call
-        if not self._chunk_sizes:
+        if not self._map_chunk_sizes:
             return len(call.uuids) - call.left
-        return sum(self._chunk_sizes.get(v, 1) for v, o in zip(call.vids, call.outcomes) if o is not None)
+        return sum(self._map_chunk_sizes.get(v, 1) for v, o in zip(call.vids, call.outcomes) if o is not None)
 
 
 class _Survivors:
@@ -284,9 +292,9 @@ class _Survivors:
     ``.results``: the survivors' results, with the errors in place. Its
     message and tracebacks show each distinct error once (``grouping``)."""
 
-    def _collect_exceptions(self, results):
+    def _raise_errors(self, results):
         try:
-            return super()._collect_exceptions(results)
+            return super()._raise_errors(results)
         except error.CompositeError as e:
             grouped_error = GroupedCompositeError.of(e)
             grouped_error.results = list(results)
@@ -300,30 +308,30 @@ class _Traced:
         (a view with ``trace=True``; see ``ipyparallel_broadcast.client.display.trace``).
         Waits for the call to finish."""
         self.wait()
-        return self._client.broadcast_trace(self._broadcast_id)
+        return self._rc.broadcast_trace(self._broadcast_id)
 
 
-class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncResult):
+class TreeAsyncResult(_Survivors, _Traced, GroupedDisplay, _Bulk, ResultSeam):
     """DirectView's AsyncResult for a broadcast: over its ``Call``."""
 
     def __init__(self, client, call: Call, fname="unknown", targets=None, owner=False, single=False, **kwargs):
         self._bulk_init(client, call, fname, targets, single, owner, **kwargs)
 
 
-class ReducedAsyncResult(_Survivors, _Traced, GroupedDisplay, AsyncResult):
+class ReducedAsyncResult(_Survivors, _Traced, GroupedDisplay, ResultSeam):
     """A reduction's AsyncResult: ipyparallel's, over the one future of the
     combined value."""
 
     @property
     def _broadcast_id(self):
-        return getattr(self._children[0], "broadcast_id", None)
+        return getattr(self._engine_futures()[0], "broadcast_id", None)
 
 
-class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, AsyncMapResult):
+class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, MapResultSeam):
     """AsyncMapResult over a call: chunks joined by ``mapObject``."""
 
     def __init__(
         self, client, call: Call, mapObject, fname="", ordered=True, return_exceptions=False, chunk_sizes=None
     ):
-        self._mapObject, self.ordered = mapObject, ordered
+        self._map_object, self.ordered = mapObject, ordered
         self._bulk_init(client, call, fname, None, False, False, return_exceptions, chunk_sizes)

@@ -11,46 +11,39 @@ from __future__ import annotations
 
 import logging
 
-import ipyparallel as ipp
 from tornado.ioloop import PeriodicCallback
 
+from ..compat import ipp
 from ..wire import protocol as P
 from ..wire.naming import engine_of_topic, is_broadcast_id
 from .guard import contained, guarded_callback
+from .replies import RootWatch
 from .results import outcome_metadata
-from .rootwatch import RootWatch
 
 log = logging.getLogger(__name__)
-# ipyparallel's IOPub handling of a parsed message, taken once: a rebound
-# ``ipyparallel.Client`` (a user's subclass, a mock) must not change it
-_UPSTREAM_IOPUB = ipp.Client._dispatch_iopub.__wrapped__
 
 
 class StreamReaders:
     """The reading side of ``Upstream``: set up on the I/O thread, before its loop runs."""
 
-    def _setup_streams(self):
+    def _open_streams(self):
         """IO thread, before its loop runs: the parent's streams, each read by
         a ``contained`` handler (an exception is logged, never stops a stream)."""
         self._codec = P.Codec(self.session)
         self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
-        super()._setup_streams()
-        handlers = [
-            (self._query_stream, self._dispatch_single_reply, "query", None),
-            (self._control_stream, self._dispatch_single_reply, "control", self._reply_failed),
-            (self._mux_stream, self._dispatch_reply, "mux", self._reply_failed),
-            (self._task_stream, self._dispatch_reply, "task", self._reply_failed),
-            (self._iopub_stream, self._dispatch_iopub, "IOPub", self._iopub_failed),
-            (self._notification_stream, self._dispatch_notification, "notification", None),
-            (self._broadcast_stream, self._dispatch_broadcast, "broadcast", None),
-        ]
-        for stream, handler, what, on_error in handlers:
-            stream.on_recv(contained(handler, self.session, what, on_error), copy=False)
-        self._broadcast_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
+        super()._open_streams()
+        streams = ipp.client_streams(self)  # {what: (stream, ipyparallel's handler)}
+        streams["IOPub"] = (streams["IOPub"][0], self._read_iopub)
+        streams["broadcast"] = (self._root_stream, self._dispatch_broadcast)
+        on_error = dict(control=self._reply_failed, mux=self._reply_failed, task=self._reply_failed)
+        on_error["IOPub"] = self._iopub_failed
+        for what, (stream, handler) in streams.items():
+            stream.on_recv(contained(handler, self.session, what, on_error.get(what)), copy=False)
+        self._root_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
         pings = PeriodicCallback(
             guarded_callback(self._watch_root, "root watch"), self.root_ping_interval * 1e3, jitter=0.1
         )
-        self._io_loop.add_callback(pings.start)  # on this loop, once it runs
+        self._loop.add_callback(pings.start)  # on this loop, once it runs
 
     def _parent_id(self, frames):
         """The msg_id a raw message answers, or None if it cannot be read."""
@@ -63,13 +56,13 @@ class StreamReaders:
     def _reply_failed(self, frames, exc):
         """A reply that could not be handled fails its own request, at once."""
         msg_id = self._parent_id(frames)
-        future = self._futures.get(msg_id)
+        future = self._reply_futures.get(msg_id)
         if future is not None and not future.done():  # an error result, as ipyparallel's
             failure = RuntimeError(f"the client could not handle the reply: {exc!r}")
             self.results[msg_id] = failure
             self.outstanding.discard(msg_id)
             future.set_result(failure)
-        output = self._output_futures.get(msg_id)
+        output = self._iopub_futures.get(msg_id)
         if output is not None and not output.done():
             output.set_result(None)
 
@@ -90,11 +83,11 @@ class StreamReaders:
             if i is not None:
                 self._output_done(call, i)
             return
-        output = self._output_futures.get(msg_id)
+        output = self._iopub_futures.get(msg_id)
         if output is not None and not output.done():
             output.set_result(None)
 
-    def _dispatch_iopub(self, frames):
+    def _read_iopub(self, frames):
         """Route an engine's output for a broadcast to that engine's part."""
         try:
             idents, body = self.session.feed_identities(frames, copy=False)
@@ -123,4 +116,4 @@ class StreamReaders:
             and not msg["header"]["msg_type"].startswith("comm_")
         ):
             return  # output of a finished broadcast (e.g. a thread printing late)
-        return _UPSTREAM_IOPUB(self, msg)
+        return ipp.upstream_iopub(self, msg)

@@ -68,9 +68,7 @@ class TreeSurveys:
         msg = self.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
         msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
         self._surveys[msg_id] = survey = Future()
-        self._io_loop.add_callback(
-            self._to_root, msg_id, self._broadcast_stream.send_multipart, self.session.serialize(msg)
-        )
+        self._loop.add_callback(self._to_root, msg_id, self._root_stream.send_multipart, self.session.serialize(msg))
         try:
             return NodeStats(sorted(survey.result(timeout), key=lambda n: str(n.get("node"))))
         finally:

@@ -24,6 +24,7 @@ from ipyparallel import error
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
+from ..compat import ipp as seam
 from ..wire.naming import parse_date
 from .calls import FAILED, Call
 from .guard import guarded_callback
@@ -43,7 +44,7 @@ class EngineFuture(MessageFuture):
         self.msg_id = msg_id
         self.header = header
         self.track = track
-        self._tracker = None
+        seam.future_without_tracker(self)
         self.tracker = Future() if track else _SENT
         self.iopub_callbacks = []
         self.output = None
@@ -75,7 +76,7 @@ class CallMetadata(defaultdict):
 
 
 class EngineOutstanding(set):
-    """One engine's set in ``Client._outstanding_dict``: its broadcasts'
+    """One engine's set in ``Client._outstanding_by_engine``: its broadcasts'
     per-engine ids are *in* it, without being added, until its outcome is in."""
 
     def __init__(self, calls, uuid):
@@ -95,7 +96,7 @@ class EngineOutstanding(set):
 
 
 class OutstandingByEngine(defaultdict):
-    """``Client._outstanding_dict``: engine uuid -> its ``EngineOutstanding``."""
+    """``Client._outstanding_by_engine``: engine uuid -> its ``EngineOutstanding``."""
 
     def __init__(self, calls):
         super().__init__()
@@ -106,23 +107,23 @@ class OutstandingByEngine(defaultdict):
         return value
 
 
-class Upstream(StreamReaders, ipp.Client):
+class Upstream(StreamReaders, seam.ClientSeam):
     """ipyparallel's Client, adapted to calls that reach many engines at once."""
 
-    def _build_targets(self, targets):
+    def _targets_of(self, targets):
         """ipyparallel's, with a clear error for an engine that is not registered
         (it died or never came) instead of a bare ``KeyError``, and the engine
         table read once (ipyparallel reads its traitlet once per target)."""
         try:
-            if (targets is None or isinstance(targets, str) and targets.lower() == "all") and self._ids:
-                targets = self._ids
+            if (targets is None or isinstance(targets, str) and targets.lower() == "all") and self._engine_ids:
+                targets = self._engine_ids
             if isinstance(targets, (tuple, list, range)):
-                engines, lookup = self._engines, dict.get  # (ReverseDict's own lookup is Python)
+                engines, lookup = self._engine_table, dict.get  # (ReverseDict's own lookup is Python)
                 uuids = [lookup(engines, t) for t in targets]
                 if None in uuids:  # a reverse lookup, or the KeyError below
                     uuids = [engines[t] for t in targets]
                 return [u.encode("utf8") for u in uuids], list(targets)
-            return super()._build_targets(targets)
+            return super()._targets_of(targets)
         except KeyError as e:
             raise IndexError(
                 f"Engine {e.args[0]!r} is not registered: it died or never registered (registered engines: {self.ids})"
@@ -143,14 +144,14 @@ class Upstream(StreamReaders, ipp.Client):
                 child.broadcast_id = call.msg_id
                 children.append(child)
                 if live:
-                    self._futures.setdefault(vid, child)
-                    self._output_futures.setdefault(vid, child.output)
+                    self._reply_futures.setdefault(vid, child)
+                    self._iopub_futures.setdefault(vid, child.output)
             call.children = children
             ready = [i for i, o in enumerate(call.outcomes) if o is not None]
-        if call.future.done() or current_thread() is self._io_thread:  # results unpacked already
+        if call.future.done() or current_thread() is self._loop_thread:  # results unpacked already
             self._settle_children(call, ready)
         else:  # results are unpacked on the I/O thread only: once each
-            self._io_loop.add_callback(self._settle_children, call, ready)
+            self._loop.add_callback(self._settle_children, call, ready)
         return children
 
     def _settle_children(self, call: Call, indices):
@@ -194,7 +195,7 @@ class Upstream(StreamReaders, ipp.Client):
             call = self._calls.of_vid(job)[0]
         return call.future if call is not None else job
 
-    def _asyncresult_from_jobs(self, jobs=None, owner=False):
+    def _result_of_jobs(self, jobs=None, owner=False):
         many = isinstance(jobs, (list, tuple, set))
         for job in jobs if many else [jobs]:
             job = self.history[job] if isinstance(job, int) else job
@@ -205,7 +206,7 @@ class Upstream(StreamReaders, ipp.Client):
                 self.results[job] = self._result(call, i)
             else:  # in flight: that engine's future
                 self._children_of(call)
-        return super()._asyncresult_from_jobs(jobs, owner=owner)
+        return super()._result_of_jobs(jobs, owner=owner)
 
     def abort(self, jobs=None, targets=None, block=None):
         """ipyparallel's abort; a broadcast's per-engine ids are translated to
@@ -221,7 +222,7 @@ class Upstream(StreamReaders, ipp.Client):
                 msg_ids.append(call.msg_id if call is not None else i)
         return super().abort(list(dict.fromkeys(msg_ids)), targets=targets, block=block)
 
-    def _send(self, socket, msg_type, *args, ident=None, track_outstanding=False, **kwargs):
+    def _send_message(self, socket, msg_type, *args, ident=None, track_outstanding=False, **kwargs):
         """ipyparallel's, and a request to one engine that is gone by the time it
         is sent fails as its engine's death does, instead of waiting forever:
         ipyparallel files a request under its engine only if the engine is
@@ -232,16 +233,18 @@ class Upstream(StreamReaders, ipp.Client):
         uuid = None
         if track_outstanding and ident:
             uuid = (ident[-1] if isinstance(ident, list) else ident).decode("utf-8")
-            eid = self._engines.get(uuid)
-        future = super()._send(socket, msg_type, *args, ident=ident, track_outstanding=track_outstanding, **kwargs)
+            eid = self._engine_table.get(uuid)
+        future = super()._send_message(
+            socket, msg_type, *args, ident=ident, track_outstanding=track_outstanding, **kwargs
+        )
         if uuid is not None and future is not None:
-            self._io_loop.add_callback(
+            self._loop.add_callback(
                 guarded_callback(partial(self._fail_if_engine_gone, future.msg_id, uuid, eid), "engine check")
             )
         return future
 
     def _fail_if_engine_gone(self, msg_id, uuid, eid):
-        if self._engines.get(uuid) is not None or msg_id not in self.outstanding or msg_id in self.results:
+        if self._engine_table.get(uuid) is not None or msg_id not in self.outstanding or msg_id in self.results:
             return  # still registered: its unregistration will fail what it holds
         try:
             raise error.EngineError(
@@ -253,12 +256,12 @@ class Upstream(StreamReaders, ipp.Client):
         msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
         msg["parent_header"]["msg_id"] = msg_id
         msg["metadata"]["engine"] = uuid
-        self._handle_apply_reply(msg)
+        self._file_apply_reply(msg)
 
-    def _extract_metadata(self, msg):
+    def _metadata_of(self, msg):
         """ipyparallel's, with the engine's start time parsed by the fast C parser."""
         started = msg["metadata"].pop("started", None)
-        md = super()._extract_metadata(msg)
+        md = super()._metadata_of(msg)
         if started is not None:
             msg["metadata"]["started"] = started
             md["started"] = parse_date(started)

@@ -13,20 +13,22 @@ from __future__ import annotations
 import threading
 
 from ipyparallel.client.remotefunction import getname
-from ipyparallel.client.view import DirectView, sync_results
+from ipyparallel.client.view import sync_results
 from ipyparallel.serialize import PrePickled, pack_apply_message
 from traitlets import Any, Bool, List, TraitError, validate
 
+from ..compat.ipp import ViewSeam
 from ..wire import protocol as P
+from .calls import reply_mode
 from .collectives import Collectives
 from .history import History, save_ids
-from .modes import AUTO, AUTO_STREAM_BYTES, REPLY_SIZES_KEPT, Batch, reply_key, reply_mode
-from .modes import maybe_get as _maybe_get
+from .modes import AUTO, AUTO_STREAM_BYTES, REPLY_SIZES_KEPT, Batch, reply_key
 from .paths import DIRECT, TREE
 from .results import ReducedAsyncResult, TreeAsyncResult
+from .results import maybe_get as _maybe_get
 
 
-class BroadcastView(Collectives, DirectView):
+class BroadcastView(Collectives, ViewSeam):
     """Reach many engines with one message per call, through the relay tree.
 
     ``coalescing``: ``True`` (default), the tree merges all replies into one
@@ -199,7 +201,7 @@ class BroadcastView(Collectives, DirectView):
 
     @sync_results
     @save_ids
-    def _really_apply(self, f, args=None, kwargs=None, targets=None, block=None, track=None, label=None):
+    def _apply_call(self, f, args=None, kwargs=None, targets=None, block=None, track=None, label=None):
         block = self.block if block is None else block
         track = self.track if track is None else track
         args = [PrePickled(a) for a in args or ()]

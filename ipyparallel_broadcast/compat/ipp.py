@@ -1,16 +1,26 @@
-"""The seam to IPython Parallel's private members used below the process
-roles (by ``wire``): each is imported here, when first used, with why.
+"""The seam to IPython Parallel: every private member of it that this package
+uses is named here, once, with why. Nowhere else in the package does a name
+of ipyparallel's that begins with ``_`` appear (``tests/test_layout.py``).
 
-Importing ``ipyparallel`` runs its package ``__init__`` (IPython, tornado,
-NumPy, the cluster API: about 140 ms and 25 MB), which a relay process does
-not need: these imports wait until a function here is called. This module
-imports nothing of this package, so every layer may use it.
+Each seam class is ipyparallel's class with its private members under names
+of ours, in two kinds:
 
-The private members that our subclasses override or read (the client's in
-``client/upstream.py`` and ``client/streams.py``, the engine's in
-``engine/app.py``, the hub's in ``controller/``) are listed in ``OVERRIDDEN``,
-and ``tests/test_layout.py`` checks that each still exists upstream, and
-that every private name of ipyparallel's the package uses is listed here.
+- **state** we read or replace (``STATE``): a property of ours over
+  ipyparallel's attribute (``client._engine_table`` is ``client._engines``);
+- **hooks** ipyparallel calls on itself and we override (``HOOKS``): ours
+  is ipyparallel's method until a subclass overrides it, and then, as the
+  subclass is made, ipyparallel's name is bound to the override too
+  (ipyparallel calls ``_setup_streams``, which is our Client's
+  ``_open_streams``; that ends with ``super()._open_streams()``, which is
+  ipyparallel's). No call goes through this module at run time. Methods of
+  ipyparallel's that we only call are aliases (``CALLS``).
+
+When IPython Parallel renames one, this module changes and nothing else;
+``tests/test_layout.py`` checks that each still exists upstream. The seam
+classes are made when first imported (``ClientSeam``, ``ViewSeam``,
+``ResultSeam``, ``MapResultSeam``, ``EngineSeam``, ``RecordsSeam``), so a
+client does not import the engine's or the hub's modules, and a relay, which
+imports none of them, no ipyparallel at all.
 
 Checked against IPython Parallel 9.2.0 (the suite) and 9.1.0 (the oldest that
 ``pyproject.toml`` allows: ``.ci/wheel`` runs the smoke test on it).
@@ -18,29 +28,203 @@ Checked against IPython Parallel 9.2.0 (the suite) and 9.1.0 (the oldest that
 
 from __future__ import annotations
 
+import importlib
 
-def parse_date(text: str):
-    """``ipyparallel.util._parse_date``: the dateutil parse of a header date,
-    for the formats ``datetime.fromisoformat`` refuses (``wire.naming``)."""
-    from ipyparallel.util import _parse_date
+# where each seam's upstream class lives
+BASES = {
+    "ClientSeam": "ipyparallel.client.client:Client",
+    "ViewSeam": "ipyparallel.client.view:DirectView",
+    "ResultSeam": "ipyparallel.client.asyncresult:AsyncResult",
+    "MapResultSeam": "ipyparallel.client.asyncresult:AsyncMapResult",
+    "EngineSeam": "ipyparallel.engine.app:IPEngine",
+    "RecordsSeam": "ipyparallel.controller.dictdb:DictDB",
+}
 
-    return _parse_date(text)
+# seam: {ipyparallel's attribute: (ours, why)}
+STATE = {
+    "ClientSeam": {
+        "_engines": ("_engine_table", "engine ids to uuids (a ReverseDict), to route outputs and fail requests"),
+        "_ids": ("_engine_ids", "all targets, as ipyparallel resolves 'all'"),
+        "_futures": ("_reply_futures", "one future per call, which Client.wait() finds"),
+        "_output_futures": ("_iopub_futures", "per-engine output futures made on demand"),
+        "_outstanding_dict": ("_outstanding_by_engine", "per-engine outstanding sets read from the calls"),
+        "_config": ("_connection_info", "the connection file's broadcast tree, read once"),
+        "_closed": ("_is_closed", "no broadcast sent by a closed client"),
+        "_io_loop": ("_loop", "work handed to the client's I/O thread"),
+        "_io_thread": ("_loop_thread", "results unpacked in place when already on the I/O thread"),
+        "_iopub_socket": ("_iopub_sock", "the IOPub hello subscription"),
+        "_control_socket": ("_control_sock", "a kernel_info probe when the controller is stock"),
+        "_broadcast_stream": ("_root_stream", "the broadcast socket: bundles in, one request out"),
+        "_mux_stream": ("_direct_stream", "DirectView's socket, for per-engine pushes"),
+    },
+    "ResultSeam": {
+        "_client": ("_rc", "set as ipyparallel's __init__ does, over one call"),
+        "_fname": ("_function_name", "the same"),
+        "_targets": ("_target_ids", "the same; read by the chaos checker"),
+        "_single_result": ("_single", "the same; read by grouped displays"),
+        "_return_exceptions": ("_keep_exceptions", "the same"),
+        "_ready": ("_is_ready", "the same"),
+        "_ready_event": ("_ready_flag", "the same"),
+        "_output_ready": ("_is_output_ready", "the same"),
+        "_output_event": ("_output_flag", "the same"),
+        "_sent_event": ("_sent_flag", "the same"),
+        "_success": ("_succeeded", "the same"),
+        "_scatter_lengths": ("_part_lengths", "a tree scatter's parts, which gather reads back"),
+        "_chunk_sizes": ("_map_chunk_sizes", "a map's chunks, for len() and progress"),
+    },
+    "MapResultSeam": {
+        "_mapObject": ("_map_object", "chunks joined as ipyparallel joins them"),
+    },
+    "EngineSeam": {
+        "_hb_listener": ("_heart_stream", "heartbeat pings drained per period, not woken per ping"),
+        "_hb_last_pinged": ("_heart_last_ping", "the same"),
+    },
+    "RecordsSeam": {
+        "_records": ("_store", "the in-memory store culled by size and count together"),
+        "_culled_ids": ("_culled", "culled ids remembered for a bounded while, not for good"),
+    },
+}
+
+# seam: {ipyparallel's method, which it calls on itself: (ours, why we override it)}
+HOOKS = {
+    "ClientSeam": {
+        "_build_targets": ("_targets_of", "broadcast targets resolve without a per-engine list"),
+        "_send": ("_send_message", "a request to an engine gone meanwhile fails, not hangs"),
+        "_extract_metadata": ("_metadata_of", "engine start times parsed by the fast parser"),
+        "_setup_streams": ("_open_streams", "every stream read by a contained handler"),
+        "_asyncresult_from_jobs": ("_result_of_jobs", "a broadcast's per-engine ids found by call"),
+    },
+    "ViewSeam": {
+        "_really_apply": ("_apply_call", "an apply becomes one broadcast"),
+    },
+    "ResultSeam": {
+        "_handle_sent": ("_on_sent", "the call's tracker, not one per engine"),
+        "_resolve_result": ("_on_result", "the call's future, not two per engine"),
+        "_resolve_output": ("_on_output", "the call's output future"),
+        "_finalize_result": ("_on_ready", "ready once the call is"),
+        "_collect_exceptions": ("_raise_errors", "errors that keep the survivors' results"),
+    },
+    "EngineSeam": {
+        "_signal_stop": ("_on_stop_signal", "an engine stopped by SIGTERM exits 0"),
+        "_hb_monitor": ("_check_heart", "heartbeat pings drained per period, not woken per ping"),
+    },
+    "RecordsSeam": {
+        "_add_bytes": ("_count_bytes", "buffer bytes counted without traitlets per record"),
+        "_drop_bytes": ("_uncount_bytes", "the same, as records go"),
+        "_maybe_cull": ("_cull_if_over", "oldest first by insertion, not a sort by date per cull"),
+        "_cull_oldest": ("_cull_first", "never more than record_limit records"),
+    },
+}
+
+# seam: {ipyparallel's method we call (never override): (ours, why)}
+CALLS = {
+    "ClientSeam": {
+        "_unwrap_exception": ("_remote_error", "an engine's error made as ipyparallel makes it"),
+        "_handle_apply_reply": ("_file_apply_reply", "a vanished engine's request failed as its death is"),
+    },
+    "ResultSeam": {
+        "_display_stream": ("_show_stream", "grouped outputs shown as ipyparallel shows one"),
+        "_republish_displaypub": ("_show_rich", "the same, for rich outputs"),
+    },
+}
+
+# attributes another of ipyparallel's classes sets on the seam's
+SET_BY = {"_scatter_lengths": "ipyparallel.client.view:DirectView"}
+
+# per-engine parts that ipyparallel's AsyncResult keeps as lists, which ours
+# makes when read (properties over ``_engine_futures`` / ``_engine_metadata``)
+MADE_WHEN_READ = {
+    "_children": ("_engine_futures", "per-engine futures made on first use"),
+    "_metadata": ("_engine_metadata", "per-engine metadata made when read"),
+}
 
 
-def restore_buffers(canned, buffers):
-    """``ipyparallel.serialize.serialize._restore_buffers``: a CannedArray's
-    data frames put back in place, so a reduce value is read without
-    unpickling anything but the CannedArray (``wire.reduction``)."""
-    from ipyparallel.serialize.serialize import _restore_buffers
-
-    _restore_buffers(canned, buffers)
+def _upstream(where: str):
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def canned_array_class():
-    """``ipyparallel.serialize.canning.CannedArray`` (public; imported late, as above)."""
-    from ipyparallel.serialize.canning import CannedArray
+def _state(upstream: str, doc: str) -> property:
+    def get(self):
+        return getattr(self, upstream)
 
-    return CannedArray
+    def put(self, value):
+        setattr(self, upstream, value)
+
+    return property(get, put, doc=doc)
+
+
+def _made_when_read(upstream: str, ours: str, doc: str) -> tuple:
+    """A property that asks ``ours()``, and ``ours`` that, unless overridden,
+    reads what ipyparallel's own ``__init__`` stored (a reduction's result)."""
+
+    def put(self, value):
+        self.__dict__[upstream] = value
+
+    return property(lambda self: getattr(self, ours)(), put, doc=doc), lambda self: self.__dict__[upstream]
+
+
+def _seam(name: str) -> type:
+    base = _upstream(BASES[name])
+    like = "ResultSeam" if name == "MapResultSeam" else name  # AsyncMapResult is an AsyncResult
+    members: dict = {"__module__": __name__, "__doc__": f"``{BASES[name]}``, its private members by our names."}
+    for upstream, (ours, why) in {**STATE.get(like, {}), **STATE.get(name, {})}.items():
+        members[ours] = _state(upstream, why)
+    hooks = HOOKS.get(like, {})
+    for upstream, (ours, _) in hooks.items():
+        members[ours] = getattr(base, upstream)
+    for upstream, (ours, _) in CALLS.get(like, {}).items():
+        members[ours] = getattr(base, upstream)
+    if like == "ResultSeam":
+        for upstream, (ours, why) in MADE_WHEN_READ.items():
+            members[upstream], members[ours] = _made_when_read(upstream, ours, why)
+
+    def __init_subclass__(cls, **kwargs):
+        """ipyparallel's name for each hook is the subclass's override of ours
+        (unless the subclass overrides ipyparallel's name itself)."""
+        super(seam, cls).__init_subclass__(**kwargs)
+        for upstream, (ours, _) in hooks.items():
+            if upstream not in cls.__dict__:
+                setattr(cls, upstream, getattr(cls, ours))
+
+    members["__init_subclass__"] = classmethod(__init_subclass__)
+    seam = type(name, (base,), members)
+    return seam
+
+
+def __getattr__(name: str):  # PEP 562: each seam class made on first import
+    if name not in BASES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    seam = globals()[name] = _seam(name)
+    return seam
+
+
+# --------------------------------------------------------------- functions
+def upstream_iopub(client, msg: dict):
+    """``Client._dispatch_iopub`` below its ``@unpack_message``: ipyparallel's
+    filing of a parsed IOPub message (stdout, display data, status) into the
+    per-engine metadata; ours parses and routes first."""
+    seam = globals().get("ClientSeam") or __getattr__("ClientSeam")
+    return seam.__mro__[1]._dispatch_iopub.__wrapped__(client, msg)  # the class ours was made on
+
+
+def client_streams(client) -> dict:
+    """ipyparallel's client streams by what they carry: ``{what: (stream,
+    ipyparallel's handler of its raw frames)}``, for ours to read them."""
+    return {
+        "query": (client._query_stream, client._dispatch_single_reply),
+        "control": (client._control_stream, client._dispatch_single_reply),
+        "mux": (client._mux_stream, client._dispatch_reply),
+        "task": (client._task_stream, client._dispatch_reply),
+        "IOPub": (client._iopub_stream, client._dispatch_iopub),
+        "notification": (client._notification_stream, client._dispatch_notification),
+    }
+
+
+def stock_reply(client, frames):
+    """``Client._dispatch_reply``: a reply ipyparallel files itself (a stock
+    controller's broadcast reply, DirectView's replies)."""
+    return client._dispatch_reply(frames)
 
 
 def hub_next_id(hub) -> int:
@@ -49,71 +233,65 @@ def hub_next_id(hub) -> int:
     return hub._idcounter
 
 
-# private members this package overrides or reads, and why
-OVERRIDDEN = {
-    "ipyparallel.client.client:Client._build_targets": "broadcast targets resolve without a per-engine list",
-    "ipyparallel.client.client:Client._send": "a request to an engine gone meanwhile fails, not hangs",
-    "ipyparallel.client.client:Client._extract_metadata": "engine start times parsed by the fast parser",
-    "ipyparallel.client.client:Client._setup_streams": "every stream read by a contained handler",
-    "ipyparallel.client.client:Client._dispatch_iopub": "a broadcast's outputs routed to each engine's part",
+def ar_engine_futures(ar) -> list:
+    """``AsyncResult._children``: an AsyncResult's per-engine futures (tools)."""
+    return ar._children
+
+
+def ar_targets(ar):
+    """``AsyncResult._targets``, or None (tools)."""
+    return getattr(ar, "_targets", None)
+
+
+def engine_push():
+    """``ipyparallel.util._push``: the function DirectView's ``push`` runs on
+    engines (a tree scatter runs it too, so gather and pull read the same)."""
+    from ipyparallel import util
+
+    return util._push
+
+
+def engine_pull():
+    """``ipyparallel.util._pull``: the function DirectView's ``pull`` runs."""
+    from ipyparallel import util
+
+    return util._pull
+
+
+def engine_uuids(client) -> dict:
+    """``Client._engines``: engine id -> uuid, as a plain dict (tools)."""
+    return dict(client._engines)
+
+
+def future_without_tracker(future) -> None:
+    """``MessageFuture._tracker``: an engine future that needs none."""
+    future._tracker = None
+
+
+# where upstream's private members are used in this module (not through the
+# tables above), with why: the layout test checks they still exist
+DIRECT = {
+    "ipyparallel.client.client:Client._dispatch_iopub": "ours parses and routes, then files as ipyparallel does",
     "ipyparallel.client.client:Client._dispatch_reply": "mux and task replies, read by a contained handler",
     "ipyparallel.client.client:Client._dispatch_single_reply": "query and control replies, read by a contained handler",
     "ipyparallel.client.client:Client._dispatch_notification": "registrations, read by a contained handler",
-    "ipyparallel.client.client:Client._handle_apply_reply": "a vanished engine's request failed as its death is",
-    "ipyparallel.client.client:Client._asyncresult_from_jobs": "a broadcast's per-engine ids found by call",
-    "ipyparallel.client.client:Client._unwrap_exception": "an engine's error made as ipyparallel makes it",
-    "ipyparallel.client.client:Client._futures": "per-engine futures made on demand",
-    "ipyparallel.client.client:Client._output_futures": "per-engine output futures made on demand",
-    "ipyparallel.client.client:Client._outstanding_dict": "per-engine outstanding sets read from the calls",
-    "ipyparallel.client.client:Client._engines": "engine ids to uuids, to route outputs",
-    "ipyparallel.client.client:Client._ids": "all targets, as ipyparallel resolves 'all'",
-    "ipyparallel.client.client:Client._config": "the connection file's broadcast tree, read once",
-    "ipyparallel.client.client:Client._closed": "no broadcast sent by a closed client",
-    "ipyparallel.client.client:Client._io_loop": "work handed to the client's I/O thread",
-    "ipyparallel.client.client:Client._io_thread": "results unpacked in place when already on the I/O thread",
-    "ipyparallel.client.client:Client._iopub_socket": "the IOPub hello subscription",
-    "ipyparallel.client.client:Client._control_socket": "a kernel_info probe when the controller is stock",
-    "ipyparallel.client.client:Client._query_stream": "read by a contained handler",
-    "ipyparallel.client.client:Client._control_stream": "read by a contained handler",
-    "ipyparallel.client.client:Client._mux_stream": "read by a contained handler",
-    "ipyparallel.client.client:Client._task_stream": "read by a contained handler",
-    "ipyparallel.client.client:Client._iopub_stream": "read by a contained handler",
-    "ipyparallel.client.client:Client._notification_stream": "read by a contained handler",
-    "ipyparallel.client.client:Client._broadcast_stream": "the broadcast socket: bundles in, one request out",
-    "ipyparallel.client.view:DirectView._really_apply": "compose switches run as a plain apply",
-    "ipyparallel.client.asyncresult:AsyncResult._children": "per-engine futures made on first use",
-    "ipyparallel.client.asyncresult:AsyncResult._metadata": "per-engine metadata made when read",
-    "ipyparallel.client.asyncresult:AsyncResult._client": "set as ipyparallel's __init__ does, over one call",
-    "ipyparallel.client.asyncresult:AsyncResult._fname": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._targets": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._single_result": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._return_exceptions": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._ready": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._ready_event": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._output_ready": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._output_event": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._sent_event": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._success": "the same",
-    "ipyparallel.client.asyncresult:AsyncResult._handle_sent": "the call's tracker, not one per engine",
-    "ipyparallel.client.asyncresult:AsyncResult._resolve_result": "the call's future, not two per engine",
-    "ipyparallel.client.asyncresult:AsyncResult._resolve_output": "the call's output future",
-    "ipyparallel.client.asyncresult:AsyncResult._finalize_result": "ready once the call is",
-    "ipyparallel.client.asyncresult:AsyncResult._collect_exceptions": "errors that keep the survivors' results",
-    "ipyparallel.client.asyncresult:AsyncMapResult._mapObject": "chunks joined as ipyparallel joins them",
-    "ipyparallel.client.asyncresult:AsyncResult._display_stream": "grouped outputs shown as ipyparallel shows one",
-    "ipyparallel.client.asyncresult:AsyncResult._republish_displaypub": "the same, for rich outputs",
     "ipyparallel.client.futures:MessageFuture._tracker": "an engine future without a tracker it does not need",
-    "ipyparallel.engine.app:IPEngine._hb_monitor": "heartbeat pings drained per period, not woken per ping",
-    "ipyparallel.engine.app:IPEngine._hb_listener": "the same",
-    "ipyparallel.engine.app:IPEngine._hb_last_pinged": "the same",
-    "ipyparallel.engine.app:IPEngine._signal_stop": "an engine stopped by SIGTERM exits 0",
-    # controller/records.py: ipyparallel.controller.dictdb.DictDB
-    "ipyparallel.controller.dictdb:DictDB._records": "the in-memory store culled by size and count together",
-    "ipyparallel.controller.dictdb:DictDB._culled_ids": "culled ids remembered for a bounded while, not for good",
-    "ipyparallel.controller.dictdb:DictDB._add_bytes": "buffer bytes counted without traitlets per record",
-    "ipyparallel.controller.dictdb:DictDB._drop_bytes": "the same, as records go",
-    "ipyparallel.controller.dictdb:DictDB._maybe_cull": "oldest first by insertion, not a sort by date per cull",
-    "ipyparallel.controller.dictdb:DictDB._cull_oldest": "never more than record_limit records",
-    # controller/app.py: ipyparallel.controller.hub.Hub (read through hub_next_id)
     "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves",
+    "ipyparallel.util:_push": "a tree scatter runs on engines what DirectView's push does",
+    "ipyparallel.util:_pull": "a tree gather runs on engines what DirectView's pull does",
 }
+
+
+def uses() -> dict[str, str]:
+    """Every private member of ipyparallel this package uses: where -> why."""
+    found = dict(DIRECT)
+    for table in (STATE, HOOKS, CALLS):
+        for seam, members in table.items():
+            for upstream, (_, why) in members.items():
+                found[f"{SET_BY.get(upstream, BASES[seam])}.{upstream}"] = why
+    for upstream, (_, why) in MADE_WHEN_READ.items():
+        found[f"{BASES['ResultSeam']}.{upstream}"] = why
+    for stream in ("_query_stream", "_control_stream", "_mux_stream", "_task_stream", "_iopub_stream"):
+        found.setdefault(f"{BASES['ClientSeam']}.{stream}", "read by a contained handler")
+    found.setdefault(f"{BASES['ClientSeam']}._notification_stream", "read by a contained handler")
+    return found

@@ -35,9 +35,9 @@ from functools import partial, wraps
 from itertools import islice
 
 from ipyparallel import error, util
-from ipyparallel.controller.dictdb import DictDB
 from ipyparallel.controller.hub import init_record
 
+from ..compat.ipp import RecordsSeam
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.naming import engine_of_topic, engine_vid, is_broadcast_id, parse_date
@@ -65,7 +65,7 @@ class _RecentSet:
         return len(self._items)
 
 
-class BroadcastDictDB(DictDB):
+class BroadcastDictDB(RecordsSeam):
     """ipyparallel's in-memory DictDB, for a hub that files a record per engine
     of each broadcast (the controller's default).
 
@@ -81,7 +81,7 @@ class BroadcastDictDB(DictDB):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._culled_ids = _RecentSet(10 * max(self.record_limit, 1))
+        self._culled = _RecentSet(10 * max(self.record_limit, 1))
         # plain attributes: DictDB keeps its byte count in a trait, and every
         # record's += and limit check went through traitlets' machinery
         self._bytes = 0
@@ -91,39 +91,39 @@ class BroadcastDictDB(DictDB):
     def _nbytes(rec) -> int:
         return sum(len(buf) for key in ("buffers", "result_buffers") for buf in rec.get(key) or ())
 
-    def _add_bytes(self, rec):
+    def _count_bytes(self, rec):
         self._bytes += self._nbytes(rec)
-        self._maybe_cull()
+        self._cull_if_over()
 
-    def _drop_bytes(self, rec):
+    def _uncount_bytes(self, rec):
         self._bytes -= self._nbytes(rec)
 
-    def _maybe_cull(self):
+    def _cull_if_over(self):
         count, size, fraction = self._limits
-        if len(self._records) > count:
-            self._cull_oldest(int(fraction * count))
+        if len(self._store) > count:
+            self._cull_first(int(fraction * count))
         if self._bytes > size:
-            before, n = self._bytes, len(self._records)
-            while self._bytes > size * (1 - fraction) and self._records:
-                self._cull_oldest(1)
+            before, n = self._bytes, len(self._store)
+            while self._bytes > size * (1 - fraction) and self._store:
+                self._cull_first(1)
             self.log.info(
                 "%i records with %i buffer bytes exceed the limit of %i: culled the oldest %i",
                 n,
                 before,
                 size,
-                n - len(self._records),
+                n - len(self._store),
             )
 
-    def _cull_oldest(self, n=1):
-        n = max(n, len(self._records) - self._limits[0])  # DictDB culls 0 when limit*fraction < 1
-        for msg_id in list(islice(self._records, n)):
-            self._culled_ids.add(msg_id)
+    def _cull_first(self, n=1):
+        n = max(n, len(self._store) - self._limits[0])  # DictDB culls 0 when limit*fraction < 1
+        for msg_id in list(islice(self._store, n)):
+            self._culled.add(msg_id)
             self.drop_record(msg_id)
 
     def add_or_fill(self, msg_id, rec):
         """Add a record, or fill the empty fields of one already there (its
         engine's output may come before the request), without copying it."""
-        existing = self._records.get(msg_id)
+        existing = self._store.get(msg_id)
         if existing is None:
             self.add_record(msg_id, rec)
         else:

@@ -16,10 +16,10 @@ import time
 
 import zmq
 from ipyparallel.engine import app as ipp_engine_app
-from ipyparallel.engine.app import IPEngine
 from ipyparallel.engine.app import aliases as engine_aliases
 from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
 
+from ..compat.ipp import EngineSeam
 from ..host.link import HOST_KEY, HostLink, host_label
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
@@ -32,7 +32,7 @@ ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]
 aliases = dict(engine_aliases, compose="BroadcastEngine.compose")
 
 
-class BroadcastEngine(IPEngine):
+class BroadcastEngine(EngineSeam):
     compose = Enum(
         compose.MODES,
         "static",
@@ -91,9 +91,9 @@ class BroadcastEngine(IPEngine):
 
     _stopped_by_signal = False
 
-    def _signal_stop(self, sig, frame):
+    def _on_stop_signal(self, sig, frame):
         self._stopped_by_signal = True
-        super()._signal_stop(sig, frame)
+        super()._on_stop_signal(sig, frame)
 
     def start(self):
         """ipyparallel's, but stopped by SIGTERM (how launchers stop an engine;
@@ -109,18 +109,18 @@ class BroadcastEngine(IPEngine):
 
     def start_heartbeat(self, *args, **kwargs):
         """ipyparallel's heart, but the main thread no longer wakes for each
-        ping: ``_hb_monitor`` (every period + 0.5 s) drains the pings that came
+        ping: ``_check_heart`` (every period + 0.5 s) drains the pings that came
         (a Python wake-up per ping in every engine cost idle clusters CPU)."""
         super().start_heartbeat(*args, **kwargs)
-        stream = self._hb_listener
+        stream = self._heart_stream
         if stream is not None:
             stream.stop_on_recv()
             stream.io_loop.remove_handler(stream.socket)  # its fd no longer wakes the loop
 
-    def _hb_monitor(self):
-        if self._hb_listener is not None and _drain(self._hb_listener.socket):
-            self._hb_last_pinged = time.time()
-        super()._hb_monitor()
+    def _check_heart(self):
+        if self._heart_stream is not None and _drain(self._heart_stream.socket):
+            self._heart_last_ping = time.time()
+        super()._check_heart()
 
     def _use_host_relay(self) -> bool:
         info = self.connection_info

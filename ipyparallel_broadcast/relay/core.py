@@ -83,7 +83,10 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
-        self.inflight.on_done = [self.sharing.release, self.bulk.release]  # a request left this node
+        # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
+        # request without one never calls into them
+        self.big_from = min(t for t in (self.bulk.threshold, self.sharing.threshold) if t is not None)
+        self.inflight.on_big_done = [self.sharing.release, self.bulk.release]  # a big request left
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         # a restarted root must not reuse the keys of requests engines may still answer
@@ -218,7 +221,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
     def on_tick(self) -> list[Send]:
         """Time passed: send up batches whose interval is over; ping children."""
         now = self.clock()
-        sends = self.inflight.due(now) + self._stalled(now)
+        sends = self.inflight.due(now) + (self._stalled(now) if self.bulk.incoming or self.bulk.early_since else [])
         if self.children.next_ping is not None and self.children.next_ping <= now:
             sends += self._ping(now)
         if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
@@ -236,10 +239,14 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         silence = None if self.parent_heard is None else self.parent_heard + self.parent_silence
         times = [
             t
-            for t in (self.inflight.next_deadline(), self.children.next_ping, self.bulk.next_deadline(), silence)
+            for t in (self.inflight.next_deadline(), self.children.next_ping, self._bulk_deadline(), silence)
             if t is not None
         ]
         return min(times, default=None)
+
+    def _bulk_deadline(self) -> float | None:
+        bulk = self.bulk
+        return bulk.next_deadline() if bulk.incoming or bulk.early_since else None
 
     def hello(self) -> list[Send]:
         """Tell the parent this node is alive, and which life of it this is."""

@@ -55,6 +55,11 @@ class DownPath:
         )
         targets = content["targets"]
         p.n = len(targets)
+        p.big = (
+            content.get("shm") is not None
+            or content.get("bulk") is not None
+            or any(P.nbytes(b) >= self.big_from for b in p.inner[5:])
+        )
         if content.get("shm") is not None and not self.is_root:  # big buffers in this host's memory
             try:
                 self.sharing.take(p, content["shm"])
@@ -62,7 +67,7 @@ class DownPath:
                 return self._fail(
                     p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}"
                 ) + self.inflight.finish_if_done(p)
-        elif not self.is_leaf and not mode:
+        elif not self.is_leaf and not mode and p.big:
             self.sharing.pass_down(p)
         if self.is_root:  # everything is under the root, but for engines whose route went
             strays = [e for e in targets if e in self.routes.departed] if self.routes.departed else []
@@ -86,7 +91,7 @@ class DownPath:
         direct = groups.pop(None, None)
         sends = self._to_engines(p, direct) if direct else []
         hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
-        out = self.bulk.start(p, hosts, self.boot) if hosts and not mode else None
+        out = self.bulk.start(p, hosts, self.boot) if hosts and not mode and p.big else None
         for child, sub in groups.items():
             p.state.expect(child, sub)
             same_host = isinstance(child, int)  # a relay of this tree, not a host relay
@@ -144,7 +149,8 @@ class DownPath:
     def _to_engines(self, p: Pending, targets) -> list[Send]:
         sends, unknown = [], []
         key = p.key.encode()
-        self.sharing.prepare(p, targets, self.engines)
+        if p.big:
+            self.sharing.prepare(p, targets, self.engines)
         for eid in targets:
             uuid = self.engines.get(eid)
             if uuid is None:
@@ -152,7 +158,7 @@ class DownPath:
                 continue
             p.state.expect(uuid, (eid,))
             own = p.own.pop(eid) if p.own is not None else []
-            frames = self.sharing.frames_for(p, uuid, key)
+            frames = self.sharing.frames_for(p, uuid, key) if p.shared is not None else None
             if frames is None:
                 inner = p.rename(uuid) if p.rename else p.inner
                 frames = P.to_engine(uuid, key, inner + own if own else inner)

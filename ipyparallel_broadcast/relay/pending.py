@@ -45,6 +45,7 @@ class Pending:
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
     trace: list | None = None  # traced request: [event, wall time, detail] at this node
     shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
+    big: bool = False  # has buffers for shared memory or chunks: ``sharing`` and ``bulk`` see it
 
     def request_for(self, sub: list[int], mode, shared=None) -> tuple:
         """Content and frames of this request for a child serving ``sub``;
@@ -114,6 +115,7 @@ class InFlight:
         self.parked: set[str] = set()  # leaf: keys of requests with parked targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
         self.on_done: list[Callable[[Pending], None]] = []  # each called as a request leaves this node
+        self.on_big_done: list[Callable[[Pending], None]] = []  # ... a request with big buffers
 
     def stamp(self, p: Pending, event: str, detail=None):
         if p.trace is not None:
@@ -156,6 +158,8 @@ class InFlight:
             return []
         p.state.finish()
         del self.requests[p.key]
+        for done in self.on_big_done if p.big else ():  # its segment and chunk transfers go
+            done(p)
         for done in self.on_done:
             done(p)
         self.parked.discard(p.key)

@@ -57,10 +57,9 @@ class Sharing:
         self.greeted: set[str] = set()  # greeted, answer awaited (or never coming: stock)
         self.unreached: set[str] = set()  # a greeting that could not be delivered
         self.bytes_shared = self.bytes_saved = self.segments = 0
-
-    @property
-    def on(self) -> bool:
-        return self.store is not None and bool(getattr(self.store, "ident", ""))
+        # an attribute, not a property: read on every reply (no call into this module)
+        self.on = store is not None and bool(getattr(store, "ident", ""))
+        self.threshold = store.threshold if self.on else None  # a buffer this big is shared
 
     # -------------------------------------------------------------- greetings
     def greet(self, uuids) -> list[Send]:

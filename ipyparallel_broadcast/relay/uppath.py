@@ -23,7 +23,9 @@ class UpPath:
     """Replies' way up: filed in their request, packed when complete."""
 
     def _engine_reply(self, reply: E.EngineReply) -> list[Send]:
-        greetings = self.sharing.on_reply(reply.uuid, reply.key, reply.body) if self.sharing.on else []
+        sharing = self.sharing  # a greeting's answer, or a reply from an engine greeted in vain
+        greeted = sharing.on and (reply.key == HELLO_KEY or reply.uuid in sharing.unreached)
+        greetings = sharing.on_reply(reply.uuid, reply.key, reply.body) if greeted else []
         if reply.key == HELLO_KEY:
             return greetings
         p = self.pending.get(reply.key)
@@ -48,12 +50,13 @@ class UpPath:
 
     def _child_message(self, m: E.ChildMessage) -> list[Send]:
         """From a child node or host relay: a bundle, pong, survey reply or route."""
-        child = self.children.key_of(m.ident)
+        children = self.children  # (its tables read in place: this runs for every bundle)
+        child = children.keys.get(m.ident)
         if child is None:
             if not (self.is_leaf and m.ident.startswith(HOST_PREFIX) and m.kind in (P.PONG, P.HOST)):
                 raise P.ProtocolError(f"message from unknown peer {m.ident!r}")
-            child = self.children.add_host(m.ident)
-        self.children.spoke(child)
+            child = children.add_host(m.ident)
+        children.heard[child] = self.clock()  # it spoke
         if m.kind == P.PONG:
             content = m.content(self.codec)
             boot, bulk = content.get("boot"), content.get("bulk")

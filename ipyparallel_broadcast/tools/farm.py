@@ -28,6 +28,7 @@ import ipyparallel as ipp
 import psutil
 
 from ..client.view import Batch
+from ..compat import ipp as seam
 from ..launch.launcher import Cluster
 from . import bench
 from .sim import SimEngines
@@ -131,8 +132,9 @@ def t_echo(view) -> float:
     tic = time.perf_counter()
     ar = view.apply_async(bench.echo, bench.ECHO)
     if not ar.wait(CALL_TIMEOUT):
-        missing = sum(1 for f in ar._children if not f.done())
-        raise TimeoutError(f"{missing} of {len(ar._children)} replies missing after {CALL_TIMEOUT} s")
+        children = seam.ar_engine_futures(ar)
+        missing = sum(1 for f in children if not f.done())
+        raise TimeoutError(f"{missing} of {len(children)} replies missing after {CALL_TIMEOUT} s")
     ar.get()
     return time.perf_counter() - tic
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from ..compat import ipp
 from .protocol import as_bytes
 
 TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
@@ -15,11 +14,13 @@ TREE_KEY = "broadcast_tree"  # in ipcontroller-client.json: the tree's shape
 
 def parse_date(s):
     """ISO 8601 string to aware datetime, by the fast ``datetime.fromisoformat``
-    when it can (ipyparallel's ``dateutil`` parse otherwise)."""
+    when it can (``jupyter_client``'s ``dateutil`` parse otherwise, as ipyparallel's)."""
     try:
         dt = datetime.fromisoformat(s)
     except (TypeError, ValueError):
-        return ipp.parse_date(s)
+        from jupyter_client.jsonutil import parse_date as slow_parse
+
+        return slow_parse(s)
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 

@@ -48,7 +48,7 @@ Jupyter message whose buffers follow):
     buffers as a signed ``shm.Reference`` ident instead (see ``shm``, ``schedulers.sharing``).
 ``ipb_ping``  client -> root, content ``{ids}``: requests the client waits on;
     ``ipb_pong`` back, ``{node, boot, unknown}``: those the root does not hold
-    (lost: see ``rootwatch``).
+    (lost: see ``client.replies``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def split_idents(frames: Sequence) -> tuple[list, list]:
 
 def _no_date_parsing():
     """Header dates stay strings: parsing them is wasted work (what
-    ``ipyparallel.util._disable_session_extract_dates`` does, without importing
+    ipyparallel's client does to its sessions, without importing
     ipyparallel into a relay process)."""
     from jupyter_client import session
 

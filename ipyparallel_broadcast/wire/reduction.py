@@ -18,7 +18,6 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from ..compat import ipp
 from . import bundles as B
 from . import protocol as P
 
@@ -62,9 +61,15 @@ def engine_value(f, *args, **kwargs):
     raise TypeError(f"reduce combines numbers and NumPy arrays, not {type(value).__name__}")
 
 
+def _canned_array_class():
+    from ipyparallel.serialize.canning import CannedArray  # where the values are: not in relays
+
+    return CannedArray
+
+
 class _OnlyCannedArrays(pickle.Unpickler):
     def find_class(self, module, name):
-        canned = ipp.canned_array_class()
+        canned = _canned_array_class()
         if (module, name) == (canned.__module__, "CannedArray"):
             return canned
         raise pickle.UnpicklingError(f"refused to load {module}.{name}")
@@ -96,9 +101,10 @@ def decode_engine(buffers: Sequence) -> Any:
             raise ValueError(f"unknown kind {kind!r}")
         if data is None:
             return _array(dtype, shape, scalar, b"")
-        if not (isinstance(data, ipp.canned_array_class()) and not data.pickled and data.dtype == "|u1"):
+        if not (isinstance(data, _canned_array_class()) and not data.pickled and data.dtype == "|u1"):
             raise ValueError("the data is not one raw byte buffer")
-        ipp.restore_buffers(data, bufs)
+        if data.buffers[0] is None:  # extracted when canned: the next frame (as ipyparallel restores it)
+            data.buffers[0] = bufs.pop(0)
         return _array(dtype, shape, scalar, _buffer(data.buffers[0]))
     except Exception as e:
         raise ValueError(f"not a reduce value ({e})") from None

@@ -168,7 +168,7 @@ class GroupedDisplay:
 
     def _texts(self, kind):
         texts = self[kind]
-        return texts if self._single_result else Outputs(texts, self["engine_id"], kind)
+        return texts if self._single else Outputs(texts, self["engine_id"], kind)
 
     @contextmanager
     def stream_output(self):
@@ -176,7 +176,7 @@ class GroupedDisplay:
         engines. Above, live output could only come one engine at a time: the
         outputs are shown grouped once the call is done, and its errors as one
         traceback per distinct error (``%px`` then reports them as displayed)."""
-        if self._single_result or not grouped(len(self.msg_ids)):
+        if self._single or not grouped(len(self.msg_ids)):
             with super().stream_output():
                 yield
             return
@@ -201,7 +201,7 @@ class GroupedDisplay:
     def display_outputs(self, groupby="type", result_only=False, expand=False):
         """ipyparallel's, grouped by equality; ``expand=True``: one block per engine."""
         self.wait_for_output()
-        if self._single_result or not grouped(len(self.msg_ids), expand):
+        if self._single or not grouped(len(self.msg_ids), expand):
             return super().display_outputs(groupby, result_only)
         if groupby not in ("type", "order", "engine"):
             raise ValueError(f"groupby must be one of 'type', 'engine', 'order', not {groupby!r}")
@@ -234,14 +234,14 @@ class GroupedDisplay:
     def _show_stream(self, kind, text, eids):
         import sys
 
-        self._display_stream(text, label(kind, eids) + " ", file=sys.stderr if kind == "stderr" else None)
+        self._show_stream(text, label(kind, eids) + " ", file=sys.stderr if kind == "stderr" else None)
 
     def _show_outputs(self, i, eids, outs):
         from ipyparallel.client.asyncresult import _raw_text
 
         _raw_text(label("output", eids))
         for output in outs[i]:
-            self._republish_displaypub(output, eids[0])
+            self._show_rich(output, eids[0])
 
     def _show_result(self, i, eids, values):
         from IPython.display import display

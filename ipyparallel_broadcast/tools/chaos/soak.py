@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 
+from ...compat import ipp
 from ..bedcluster import BedCluster
 from ..netbed import Managed, NetBed
 from ..sim import SimEngines
@@ -122,7 +123,8 @@ class SoakBed(Managed):
 
     def engine_uuids(self) -> list[str]:
         sims = set(self.sims.ids)
-        return [u for e, u in dict(self.rc._engines).items() if e not in sims] or list(self.rc._engines.values())
+        engines = ipp.engine_uuids(self.rc)
+        return [u for e, u in engines.items() if e not in sims] or list(engines.values())
 
     def urls(self) -> list[str]:
         """Every ROUTER the controller binds, for clients and for engines."""

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ...compat import ipp
 from ..sim import SIM_UUID_PREFIX
 from . import engine_side as E
 
@@ -77,7 +78,7 @@ class Client:
     def is_sim(self, eid) -> bool:
         """A simulated engine: in the bed's list as last read, or by its uuid
         (a simulated host added since the list was written)."""
-        return eid in self.sim_ids() or str(self.rc._engines.get(eid, "")).startswith(SIM_UUID_PREFIX)
+        return eid in self.sim_ids() or str(ipp.engine_uuids(self.rc).get(eid, "")).startswith(SIM_UUID_PREFIX)
 
     def pick(self, op: str) -> list[int] | None:
         ids = list(self.rc.ids)
@@ -120,7 +121,7 @@ class Client:
         owed = [m for m in ar.msg_ids if m in rc.outstanding]
         engines = {m: rc.metadata[m].get("engine_id") if m in rc.metadata else None for m in owed}
         call = getattr(ar, "_call", None)
-        targets = getattr(ar, "_targets", None) or []
+        targets = ipp.ar_targets(ar) or []
         owed_targets = (
             [t for m, t in zip(ar.msg_ids, targets) if m in rc.outstanding] if len(targets) == len(ar.msg_ids) else None
         )
