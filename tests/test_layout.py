@@ -204,7 +204,7 @@ def test_upstream_privates_appear_only_in_their_seam():
         "ipykernel": _private_names_of(IPythonKernel) - traitlets,
         "pyzmq": _private_names_of(ZMQStream),
     }
-    ours, used = set(), {}
+    ours, used, imported = set(), {}, {}
     top = os.path.join(ROOT, "ipyparallel_broadcast")
     for folder, _, files in os.walk(top):
         for name in files:
@@ -219,6 +219,10 @@ def test_upstream_privates_appear_only_in_their_seam():
                     ours.add(next(g for g in m.groups() if g))
             for m in re.finditer(r"\.(_[a-z]\w*)", text):
                 used.setdefault(m.group(1), set()).add(where)
+            for m in re.finditer(r"^\s*from (ipyparallel|ipykernel|zmq)\S* import (.+)$", text, re.M):
+                for name in re.findall(r"\b(_[a-z]\w*)", m.group(2)):
+                    seam = {"ipyparallel": "ipp", "ipykernel": "ipykernel", "zmq": "pyzmq"}[m.group(1)]
+                    imported.setdefault(name, set()).add((seam, where))
     misplaced = {}
     for seam, names in upstream.items():
         for n in names & set(used):
@@ -227,4 +231,8 @@ def test_upstream_privates_appear_only_in_their_seam():
             outside = sorted(w for w in used[n] if w != f"compat/{seam}.py")
             if outside:
                 misplaced[n] = outside
+    for name, places in imported.items():  # ``from ipyparallel.x import _private``
+        outside = sorted(w for seam, w in places if w != f"compat/{seam}.py")
+        if outside:
+            misplaced[name] = outside
     assert misplaced == {}

@@ -1,3 +1,4 @@
 """Seams to the upstreams: one module per upstream holds every use of its
-private members (``pyzmq``, ``ipykernel``), each with a line that says why.
-Imports ``wire``."""
+private members (``ipp``: IPython Parallel, ``ipykernel``, ``pyzmq``), each
+with a line that says why; no other module names one (``tests/test_layout.py``).
+Imports ``wire`` (``ipp``: nothing of ours)."""

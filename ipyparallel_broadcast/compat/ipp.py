@@ -123,7 +123,7 @@ CALLS = {
         "_handle_apply_reply": ("_file_apply_reply", "a vanished engine's request failed as its death is"),
     },
     "ResultSeam": {
-        "_display_stream": ("_show_stream", "grouped outputs shown as ipyparallel shows one"),
+        "_display_stream": ("_print_stream", "grouped outputs shown as ipyparallel shows one"),
         "_republish_displaypub": ("_show_rich", "the same, for rich outputs"),
     },
 }
@@ -227,6 +227,14 @@ def stock_reply(client, frames):
     return client._dispatch_reply(frames)
 
 
+def raw_text(text: str) -> None:
+    """``ipyparallel.client.asyncresult._raw_text``: a label shown as plain
+    text above rich outputs, as ipyparallel labels each engine's."""
+    from ipyparallel.client.asyncresult import _raw_text
+
+    _raw_text(text)
+
+
 def hub_next_id(hub) -> int:
     """``Hub._idcounter``: the id the hub gives the next engine, from which the
     controller picks one that balances the leaves (``controller.app``)."""
@@ -277,6 +285,7 @@ DIRECT = {
     "ipyparallel.client.client:Client._dispatch_notification": "registrations, read by a contained handler",
     "ipyparallel.client.futures:MessageFuture._tracker": "an engine future without a tracker it does not need",
     "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves",
+    "ipyparallel.client.asyncresult:_raw_text": "grouped outputs labelled as ipyparallel labels one engine's",
     "ipyparallel.util:_push": "a tree scatter runs on engines what DirectView's push does",
     "ipyparallel.util:_pull": "a tree gather runs on engines what DirectView's pull does",
 }

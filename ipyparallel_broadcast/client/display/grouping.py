@@ -19,6 +19,8 @@ from contextlib import contextmanager
 
 from ipyparallel import error
 
+from ...compat import ipp
+
 GROUP_ABOVE = 16  # more engines than this: outputs and errors are grouped
 
 
@@ -234,12 +236,10 @@ class GroupedDisplay:
     def _show_stream(self, kind, text, eids):
         import sys
 
-        self._show_stream(text, label(kind, eids) + " ", file=sys.stderr if kind == "stderr" else None)
+        self._print_stream(text, label(kind, eids) + " ", file=sys.stderr if kind == "stderr" else None)
 
     def _show_outputs(self, i, eids, outs):
-        from ipyparallel.client.asyncresult import _raw_text
-
-        _raw_text(label("output", eids))
+        ipp.raw_text(label("output", eids))
         for output in outs[i]:
             self._show_rich(output, eids[0])
 
@@ -247,9 +247,7 @@ class GroupedDisplay:
         from IPython.display import display
 
         if len(eids) > 1:
-            from ipyparallel.client.asyncresult import _raw_text
-
-            _raw_text(label("output", eids))
+            ipp.raw_text(label("output", eids))
         display(values[i])
 
     def _show_group(self, i, eids, shown, values, result_only, ipython):
