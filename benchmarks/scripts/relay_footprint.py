@@ -42,6 +42,7 @@ CASES = {
     "`import ipyparallel`": "import ipyparallel",
     "`import numpy`": "import numpy",
     "`jupyter_client.session`": "import jupyter_client.session",
+    "`tornado.ioloop` (what `jupyter_client.session` loads of tornado)": "import tornado.ioloop",
 }
 
 
