@@ -10,6 +10,7 @@ waiting for output forever.
 import glob
 import os
 import threading
+import time
 
 import pytest
 from cluster_util import running_cluster
@@ -181,5 +182,27 @@ def test_iopub_handling_does_not_look_up_ipyparallel_client_at_call_time(rc, mon
     client = ipb.Client(connection_file(rc))
     try:
         later_calls_complete(client)
+    finally:
+        client.close()
+
+
+def test_the_client_trims_its_heap_only_while_replies_come(rc):
+    client = ipb.Client(connection_file(rc), heap_trim_interval=0.05)
+    try:
+
+        def after(checks):  # the I/O thread has looked this many more times
+            start = client._trim_checks
+            deadline = time.monotonic() + WAIT
+            while client._trim_checks < start + checks:
+                assert time.monotonic() < deadline, "the trim check stopped running"
+                time.sleep(0.01)
+
+        after(3)
+        assert client._trimmer.trims == 0  # no reply yet: nothing to hand back
+        client.broadcast_view().apply_sync(lambda: 1)
+        after(2)
+        assert client._trimmer.trims == 1
+        after(3)
+        assert client._trimmer.trims == 1  # no replies since
     finally:
         client.close()

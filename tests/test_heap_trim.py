@@ -2,7 +2,7 @@
 
 import pytest
 
-from ipyparallel_broadcast.relay.trim import HeapTrimmer
+from ipyparallel_broadcast.host.trim import HeapTrimmer
 
 pytestmark = pytest.mark.pure
 

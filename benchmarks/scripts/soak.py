@@ -141,6 +141,12 @@ def main(argv=None) -> int:
         default=None,
         help="BroadcastController.heap_trim_interval in seconds (0: never; default: the controller's)",
     )
+    parser.add_argument(
+        "--client-heap-trim",
+        type=float,
+        default=None,
+        help="the client's Client.heap_trim_interval in seconds (0: never; default: the client's)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="PNG of RSS over calls")
     args = parser.parse_args(argv)
@@ -157,6 +163,8 @@ def main(argv=None) -> int:
     if controller_args:
         options["controller_args"] = controller_args
     with our_cluster(args.engines, args.depth, args.fanout, **options) as (rc, cluster):
+        if args.client_heap_trim is not None:  # a client of its own, so set (the first stays idle)
+            rc = cluster.connect_client_sync(heap_trim_interval=args.client_heap_trim)
         procs = processes(rc, cluster)
         sample(rc, procs, samples, blocks)
         while calls[-1] < args.calls:
@@ -175,6 +183,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
         stats = {n["node"]: n for n in rc.broadcast_stats()}
+        trim_interval, trims, longest = rc.heap_trim_interval, rc._trimmer.trims, rc._trimmer.longest
     title = (
         f"{args.calls:,} broadcasts, {args.engines} engines, depth {args.depth}: "
         "RSS of the controller's processes and the client"
@@ -214,6 +223,9 @@ def main(argv=None) -> int:
         "",
         "Signatures held against replays at the end (bounded by `Session.digest_history_size`): "
         + ", ".join(f"node {k}: {v.get('signatures'):,}" for k, v in sorted(stats.items())),
+        "",
+        f"The client's heap trims (`Client.heap_trim_interval` {trim_interval:g} s): {trims}, "
+        f"the longest {1e3 * longest:.1f} ms.",
         "",
         "Every sample (MB):",
         "",

@@ -75,6 +75,13 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         "restarted has lost them: they fail). No pings while nothing is in flight.",
     )
     root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
+    heap_trim_interval = Float(
+        10.0,
+        config=True,
+        help="Seconds between the client's returns of freed heap to the OS (glibc's malloc_trim, "
+        "on the I/O thread, only while replies come): replies are allocated by one thread and "
+        "freed by another, and glibc otherwise keeps their pages. 0: never.",
+    )
     broadcast_path = Enum(
         ["auto", "tree", "direct"],
         "auto",
@@ -92,6 +99,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         self._tracking: dict[int, tuple] = {}  # id(frames) -> (frames, future, as list) until sent
         self._reductions: dict[str, MessageFuture] = {}  # msg_id -> future, until done
         self._replies_received = 0  # messages from the tree (tests count them)
+        self._replies_at_trim = self._trim_checks = 0  # ... when the heap was last trimmed; checks made
         self._surveys: dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)

@@ -10,10 +10,12 @@ I/O thread.
 from __future__ import annotations
 
 import logging
+import time
 
 from tornado.ioloop import PeriodicCallback
 
 from ..compat import ipp
+from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.naming import engine_of_topic, is_broadcast_id
 from .guard import contained, guarded_callback
@@ -44,6 +46,20 @@ class StreamReaders:
             guarded_callback(self._watch_root, "root watch"), self.root_ping_interval * 1e3, jitter=0.1
         )
         self._loop.add_callback(pings.start)  # on this loop, once it runs
+        self._trimmer = HeapTrimmer(self.heap_trim_interval)
+        if self._trimmer.trim is not None and self.heap_trim_interval > 0:
+            trims = PeriodicCallback(guarded_callback(self._trim_heap, "heap trim"), self.heap_trim_interval * 1e3)
+            self._loop.add_callback(trims.start)
+
+    def _trim_heap(self):
+        """Freed heap back to the OS, if replies came since the last time."""
+        self._trim_checks += 1
+        if self._replies_received != self._replies_at_trim:
+            self._replies_at_trim = self._replies_received
+            tic = time.perf_counter()
+            self._trimmer.trim(0)
+            self._trimmer.trims += 1
+            self._trimmer.longest = max(self._trimmer.longest, time.perf_counter() - tic)
 
     def _parent_id(self, frames):
         """The msg_id a raw message answers, or None if it cannot be read."""

@@ -6,7 +6,8 @@ heap stays flat, but glibc keeps the freed pages, scattered, and the RSS
 creeps up (the memory soak: +0.65 MB per 10,000 calls at the root).
 ``malloc_trim(0)`` returns them; it costs well under a millisecond on a relay's
 heap, and runs at most every ``every`` seconds, only while messages flow.
-Elsewhere than glibc it does nothing.
+The client does the same on its I/O thread (``Client.heap_trim_interval``),
+whose replies the user's thread frees. Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class HeapTrimmer:
         on = self.trim is not None and every
         self.due = time.monotonic() + every if on else float("inf")  # the shell checks it each loop turn
         self.trims = 0
+        self.longest = 0.0  # seconds, the longest trim so far (the client notes it)
 
     def maybe(self) -> None:
         if self.trim is None or not self.every:

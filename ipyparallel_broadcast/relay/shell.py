@@ -23,13 +23,13 @@ import zmq
 from jupyter_client.session import Session
 
 from ..host.shm import THRESHOLD, ShmStore, sweep
+from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
 from .bulk import BULK
 from .core import RelayNode
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
-from .trim import HeapTrimmer
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
