@@ -187,8 +187,10 @@ def test_iopub_handling_does_not_look_up_ipyparallel_client_at_call_time(rc, mon
 
 
 def test_the_client_trims_its_heap_only_while_replies_come(rc):
-    client = ipb.Client(connection_file(rc), heap_trim_interval=0.05)
+    client = ipb.Client(connection_file(rc))
     try:
+        assert client.heap_trim_interval == 0 and client._trim_checks == 0  # off unless asked
+        client.heap_trim_interval = 0.05
 
         def after(checks):  # the I/O thread has looked this many more times
             start = client._trim_checks

@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         "--client-heap-trim",
         type=float,
         default=None,
-        help="the client's Client.heap_trim_interval in seconds (0: never; default: the client's)",
+        help="the client's Client.heap_trim_interval in seconds (default: the client's, 0: never)",
     )
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="PNG of RSS over calls")
@@ -163,8 +163,8 @@ def main(argv=None) -> int:
     if controller_args:
         options["controller_args"] = controller_args
     with our_cluster(args.engines, args.depth, args.fanout, **options) as (rc, cluster):
-        if args.client_heap_trim is not None:  # a client of its own, so set (the first stays idle)
-            rc = cluster.connect_client_sync(heap_trim_interval=args.client_heap_trim)
+        if args.client_heap_trim is not None:
+            rc.heap_trim_interval = args.client_heap_trim
         procs = processes(rc, cluster)
         sample(rc, procs, samples, blocks)
         while calls[-1] < args.calls:

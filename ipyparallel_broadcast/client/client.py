@@ -21,6 +21,7 @@ from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 from traitlets import Enum, Float, Integer, observe
 
+from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.naming import BROADCAST_ID_PREFIX, TREE_KEY
 from ..wire.topology import TreeShape
@@ -76,12 +77,20 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
     )
     root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
     heap_trim_interval = Float(
-        10.0,
+        0.0,
         config=True,
         help="Seconds between the client's returns of freed heap to the OS (glibc's malloc_trim, "
         "on the I/O thread, only while replies come): replies are allocated by one thread and "
-        "freed by another, and glibc otherwise keeps their pages. 0: never.",
+        "freed by another, and glibc keeps their pages, so a client's RSS creeps up over "
+        "hundreds of thousands of calls. A trim stalls the client's threads while it runs "
+        "(tens to a couple of hundred milliseconds on a large heap): 0, the default, never trims.",
     )
+
+    @observe("heap_trim_interval")
+    def _heap_trim_interval_changed(self, change):
+        if getattr(self, "_trimmer", None) is not None and self._loop is not None:
+            self._loop.add_callback(self._schedule_trims)
+
     broadcast_path = Enum(
         ["auto", "tree", "direct"],
         "auto",
@@ -100,6 +109,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         self._reductions: dict[str, MessageFuture] = {}  # msg_id -> future, until done
         self._replies_received = 0  # messages from the tree (tests count them)
         self._replies_at_trim = self._trim_checks = 0  # ... when the heap was last trimmed; checks made
+        self._trimmer, self._trims = HeapTrimmer(), None  # the periodic trim: see heap_trim_interval
         self._surveys: dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)

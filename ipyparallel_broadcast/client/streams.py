@@ -15,7 +15,6 @@ import time
 from tornado.ioloop import PeriodicCallback
 
 from ..compat import ipp
-from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.naming import engine_of_topic, is_broadcast_id
 from .guard import contained, guarded_callback
@@ -46,10 +45,17 @@ class StreamReaders:
             guarded_callback(self._watch_root, "root watch"), self.root_ping_interval * 1e3, jitter=0.1
         )
         self._loop.add_callback(pings.start)  # on this loop, once it runs
-        self._trimmer = HeapTrimmer(self.heap_trim_interval)
-        if self._trimmer.trim is not None and self.heap_trim_interval > 0:
-            trims = PeriodicCallback(guarded_callback(self._trim_heap, "heap trim"), self.heap_trim_interval * 1e3)
-            self._loop.add_callback(trims.start)
+        self._loop.add_callback(self._schedule_trims)  # on this loop, once it runs
+
+    def _schedule_trims(self):
+        """I/O thread: heap trims every ``heap_trim_interval`` seconds (again when it changes)."""
+        if self._trims is not None:
+            self._trims.stop()
+            self._trims = None
+        interval = self.heap_trim_interval
+        if self._trimmer.trim is not None and interval > 0:
+            self._trims = PeriodicCallback(guarded_callback(self._trim_heap, "heap trim"), interval * 1e3)
+            self._trims.start()
 
     def _trim_heap(self):
         """Freed heap back to the OS, if replies came since the last time."""
