@@ -10,6 +10,8 @@ Three systems, each on a local cluster of ``--engines`` engines:
 - **ours**: our Client on our controller (it waits for its hello first);
 - **ours, no wait**: the same with ``iopub_timeout = 0`` (the wait skipped:
   what the hello prevents);
+- **ours, host relay**: our Client; the engines behind a host relay
+  (``BroadcastEngine.host_relay = "always"``), their outputs through it;
 - **stock**: IPython Parallel's Client on its own controller (DirectView only,
   twice per client, so the counts compare).
 """
@@ -79,6 +81,15 @@ def main(argv=None):
         (url_file,) = glob.glob(os.path.join(cluster.profile_dir, "security", "*-client.json"))
         rows["ours"] = run_clients(url_file, args.clients, ipb.Client, ["direct", "broadcast"])
         rows["ours, no wait"] = run_clients(url_file, args.clients, ours_no_wait, ["direct", "broadcast"])
+    from traitlets.config import Config
+
+    behind = Config()
+    behind.BroadcastEngine.host_relay = "always"
+    with our_cluster(args.engines, 1, 2, config=behind) as (rc, cluster):
+        assert rc.broadcast_stats() and any(n.get("hosts") for n in rc.broadcast_stats()), "no host relay"
+        rc[:].apply_sync(chatter)
+        (url_file,) = glob.glob(os.path.join(cluster.profile_dir, "security", "*-client.json"))
+        rows["ours, host relay"] = run_clients(url_file, args.clients, ipb.Client, ["direct", "broadcast"])
     with tempfile.TemporaryDirectory() as profile_dir:
         stock = ipp.Cluster(n=args.engines, profile_dir=profile_dir, log_level=40)
         src = stock.start_and_connect_sync()
