@@ -10,7 +10,6 @@ I/O thread.
 from __future__ import annotations
 
 import logging
-import time
 
 from tornado.ioloop import PeriodicCallback
 
@@ -62,10 +61,7 @@ class StreamReaders:
         self._trim_checks += 1
         if self._replies_received != self._replies_at_trim:
             self._replies_at_trim = self._replies_received
-            tic = time.perf_counter()
-            self._trimmer.trim(0)
-            self._trimmer.trims += 1
-            self._trimmer.longest = max(self._trimmer.longest, time.perf_counter() - tic)
+            self._trimmer.run()
 
     def _parent_id(self, frames):
         """The msg_id a raw message answers, or None if it cannot be read."""

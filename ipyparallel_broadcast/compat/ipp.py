@@ -283,6 +283,10 @@ DIRECT = {
     "ipyparallel.client.client:Client._dispatch_reply": "mux and task replies, read by a contained handler",
     "ipyparallel.client.client:Client._dispatch_single_reply": "query and control replies, read by a contained handler",
     "ipyparallel.client.client:Client._dispatch_notification": "registrations, read by a contained handler",
+    **{  # the streams ``client_streams`` hands to our contained handlers
+        f"ipyparallel.client.client:Client._{kind}_stream": "read by a contained handler"
+        for kind in ("query", "control", "task", "iopub", "notification")
+    },
     "ipyparallel.client.futures:MessageFuture._tracker": "an engine future without a tracker it does not need",
     "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves",
     "ipyparallel.client.asyncresult:_raw_text": "grouped outputs labelled as ipyparallel labels one engine's",
@@ -300,7 +304,4 @@ def uses() -> dict[str, str]:
                 found[f"{SET_BY.get(upstream, BASES[seam])}.{upstream}"] = why
     for upstream, (_, why) in MADE_WHEN_READ.items():
         found[f"{BASES['ResultSeam']}.{upstream}"] = why
-    for stream in ("_query_stream", "_control_stream", "_mux_stream", "_task_stream", "_iopub_stream"):
-        found.setdefault(f"{BASES['ClientSeam']}.{stream}", "read by a contained handler")
-    found.setdefault(f"{BASES['ClientSeam']}._notification_stream", "read by a contained handler")
     return found

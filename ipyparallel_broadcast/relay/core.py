@@ -221,7 +221,8 @@ class RelayNode(Heartbeats, DownPath, UpPath):
     def on_tick(self) -> list[Send]:
         """Time passed: send up batches whose interval is over; ping children."""
         now = self.clock()
-        sends = self.inflight.due(now) + (self._stalled(now) if self.bulk.incoming or self.bulk.early_since else [])
+        stall = self._bulk_deadline()  # (no call into bulk while no chunk is in flight)
+        sends = self.inflight.due(now) + (self._stalled(now) if stall is not None and stall <= now else [])
         if self.children.next_ping is not None and self.children.next_ping <= now:
             sends += self._ping(now)
         if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
