@@ -139,6 +139,22 @@ def test_records_keep_metadata_not_big_buffers_and_resubmit_says_so(rc):
     assert again.get(timeout=60) == [len(small)]  # one record, rerun as a task
 
 
+def test_a_result_shared_with_its_caller_is_filed_as_not_kept(rc):
+    """Big reply buffers went to the caller by shared memory: the hub says so."""
+    from ipyparallel import RemoteError
+
+    ar = rc.broadcast_view().apply_async(bytes, 1 << 20)
+    assert ar.get(timeout=60) == [bytes(1 << 20)] * N
+    filed = records(rc, ar.msg_ids)
+    assert all(r["result_content"]["ename"] == "ResultNotKept" for r in filed.values())
+    rc2 = other_client(rc)
+    try:
+        with pytest.raises(RemoteError, match="shared memory"):
+            rc2.get_result(ar.msg_ids[:1]).get(timeout=60)
+    finally:
+        rc2.close()
+
+
 def test_hub_records_can_be_turned_off():
     config = quiet_config()
     config.BroadcastController.hub_records = False

@@ -95,6 +95,51 @@ def test_values_below_the_threshold_take_the_usual_path(rc):
 
 
 @interactive
+def blocks(rank):
+    import numpy as np
+
+    return dict(rank=rank, block=np.full((64, 1024), rank, dtype=np.float64), small=[rank])
+
+
+@pytest.mark.parametrize("coalescing", [True, False, "batch"])
+def test_big_replies_come_back_through_shared_memory_and_leave_no_name(rc, coalescing):
+    """Engines of the client's host put big reply buffers (512 KiB here) in one
+    segment each; the relays carry names; the client maps and unlinks them."""
+    from ipyparallel_broadcast import Batch
+
+    view = rc.broadcast_view(block=True, coalescing=Batch(2) if coalescing == "batch" else coalescing)
+    before = rc._shared.mapped
+    got = view.apply(blocks, 3)
+    assert [(r["rank"], r["block"].shape, float(r["block"].sum()), r["small"]) for r in got] == [
+        (3, (64, 1024), 3.0 * 64 * 1024, [3])
+    ] * 4
+    assert rc._shared.mapped - before == 4  # every engine's block came by shared memory
+    got[0]["block"][0, 0] = -1  # the client's own copy (copy-on-write)
+    view.scatter("part", np.arange(4 * 64 * 1024, dtype=np.float64).reshape(4 * 64, 1024))
+    gathered = view.gather("part")
+    assert gathered.shape == (256, 1024) and float(gathered[-1, -1]) == 4 * 64 * 1024 - 1.0
+    assert rc._shared.mapped - before == 8
+    assert _names() == []
+
+
+def test_a_client_on_another_host_or_with_sharing_off_gets_the_bytes(rc):
+    view = rc.broadcast_view(block=True)
+    before, here = rc._shared.mapped, rc._shared.here
+    try:
+        rc._shared.here = "another host"  # as a client elsewhere says
+        assert [float(r["block"].sum()) for r in view.apply(blocks, 1)] == [64.0 * 1024] * 4
+        rc._shared.here = here
+        rc.shared_reply_threshold = 0
+        assert [float(r["block"].sum()) for r in view.apply(blocks, 2)] == [2.0 * 64 * 1024] * 4
+    finally:
+        rc._shared.here, rc.shared_reply_threshold = here, shm.REPLY_THRESHOLD
+    assert rc._shared.mapped == before
+    assert [float(r["block"].sum()) for r in view.apply(blocks, 1)] == [64.0 * 1024] * 4
+    assert rc._shared.mapped == before + 4
+    assert _names() == []
+
+
+@interactive
 def mapped():
     with open("/proc/self/maps") as f:
         return sum("ipb-shm-" in line for line in f)

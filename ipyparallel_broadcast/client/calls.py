@@ -164,16 +164,21 @@ class Calls:
         self.live[call.msg_id] = call
         return call
 
-    def bundle(self, call: Call, outcomes: Iterable[tuple], when, unpack, log) -> list[int]:
+    def bundle(self, call: Call, outcomes: Iterable[tuple], when, unpack, log, shared=None) -> list[int]:
         """File a bundle's outcomes (``protocol.iter_bundle``); the indices
-        settled. ``unpack`` reads a raw reply; an outcome that cannot be read
-        is logged and skipped (the root watch fails that engine later)."""
+        settled. ``unpack`` reads a raw reply; ``shared`` fills a table's
+        buffers from shared memory (``shared.SharedReplies.fill``). An outcome
+        that cannot be read is logged and skipped (the root watch fails that
+        engine later)."""
         settled, by_eid = [], None
         index, outs, received, header = call.index, call.outcomes, call.received, call.header
         for what, item in outcomes:  # the hot loop: one pass, nothing per engine but filing
             try:
                 if what == "table":  # a host's replies: filed from its table, parsed when read
-                    settled += self._table(call, item, when)
+                    lost = shared(item) if item.shm and shared is not None else None
+                    settled += self._table(call, item, when, lost)
+                    if lost:
+                        settled += self._lost(call, item, lost, when)
                     continue
                 if what == "reply":
                     item, what = unpack(item), "parsed"
@@ -208,19 +213,33 @@ class Calls:
         return settled
 
     @staticmethod
-    def _table(call: Call, table, when) -> list[int]:
+    def _table(call: Call, table, when, lost=None) -> list[int]:
         settled, index, outs, received, idle = [], call.index, call.outcomes, call.received, call.idle
         iopub, left, streaming = table.iopub, call.left, call.iopub
         for k, uuid in enumerate(table.engines):
             i = index.get(uuid)
-            if i is None or outs[i] is not None:
-                continue  # not owed: an unknown engine, or one settled already
+            if i is None or outs[i] is not None or (lost and k in lost):
+                continue  # not owed (an unknown engine, or one settled already), or failing
             streams = k in iopub and i not in idle
             outs[i], received[i] = ("reply", Entry(table, k), streams), when
             left -= 1
             streaming += streams
             settled.append(i)
         call.left, call.iopub = left, streaming
+        return settled
+
+    @staticmethod
+    def _lost(call: Call, table, lost: dict, when) -> list[int]:
+        """A table's engines whose shared buffers could not be read: each fails, saying why."""
+        settled = []
+        for k, why in lost.items():
+            uuid = table.engines[k]
+            i = call.index.get(uuid)
+            if (
+                i is not None
+                and call.settle(uuid, (FAILED, call.eids[i], uuid, f"Engine {call.eids[i]}: {why}"), when) is not None
+            ):
+                settled.append(i)
         return settled
 
     def fail(self, call: Call, uuids: Iterable[str], message: Callable[[int], str], when=None) -> list[int]:

@@ -19,7 +19,6 @@ from functools import partial
 import zmq
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
-from traitlets import Enum, Float, Integer, observe
 
 from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
@@ -31,9 +30,11 @@ from .iopublive import IOPubLiveness
 from .paths import PathChooser
 from .replies import Replies
 from .results import CallResults
+from .settings import Settings
+from .shared import SharedReplies
 from .traces import Traces
 from .treeinfo import TreeSurveys
-from .upstream import CallMetadata, EngineFuture, OutstandingByEngine, Upstream
+from .upstream import CallMetadata, EngineFuture, OutstandingByEngine
 
 log = logging.getLogger(__name__)
 _SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
@@ -44,61 +45,10 @@ class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
+class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
-
-    history_limit = Integer(
-        10_000,
-        config=True,
-        help="The client's and each BroadcastView's history keep this many entries (a broadcast "
-        "is one, a DirectView call one per engine) and forget the oldest: a client that calls for "
-        "days stays the same size. Indices do not move; a forgotten one raises IndexError. 0 keeps all.",
-    )
-
-    broadcast_results_kept = Integer(
-        16,
-        config=True,
-        help="How many recent broadcast calls' results get_result() and %pxresult can recall.",
-    )
-    broadcast_outcomes_kept = Integer(
-        4096,
-        config=True,
-        help="At most this many engines' results, in all, are kept for the recent calls "
-        "(the last call always is): kept objects cost every garbage collection.",
-    )
-
-    root_ping_interval = Float(
-        0.5,
-        config=True,
-        help="Seconds between pings to the root about requests in flight (a root that "
-        "restarted has lost them: they fail). No pings while nothing is in flight.",
-    )
-    root_timeout = Float(10.0, config=True, help="A root silent this long loses what is in flight.")
-    heap_trim_interval = Float(
-        0.0,
-        config=True,
-        help="Seconds between the client's returns of freed heap to the OS (glibc's malloc_trim, "
-        "on the I/O thread, only while replies come): replies are allocated by one thread and "
-        "freed by another, and glibc keeps their pages, so a client's RSS creeps up over "
-        "hundreds of thousands of calls. A trim stalls the client's threads while it runs "
-        "(tens to a couple of hundred milliseconds on a large heap): 0, the default, never trims.",
-    )
-
-    @observe("heap_trim_interval")
-    def _heap_trim_interval_changed(self, change):
-        if getattr(self, "_trimmer", None) is not None and self._loop is not None:
-            self._loop.add_callback(self._schedule_trims)
-
-    broadcast_path = Enum(
-        ["auto", "tree", "direct"],
-        "auto",
-        config=True,
-        help="The way views' scatter, gather and map go: 'tree', 'direct' (DirectView's, "
-        "one message per engine through the hub's mux) or 'auto': the one measured faster "
-        "for calls of that kind and size (see ipyparallel_broadcast.client.paths).",
-    )
 
     def __init__(self, *args, **kwargs):
         # our state first: the parent connects and starts the I/O thread, and
@@ -115,13 +65,15 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         self.metadata = CallMetadata(self)
         self._outstanding_by_engine = OutstandingByEngine(self._calls)
         self._paths = PathChooser()  # shared by this client's views
+        self._shared = SharedReplies(self.shared_reply_threshold)  # big reply buffers by shared memory
         super().__init__(*args, **kwargs)
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
         self.history.limit = self.history_limit
 
-    @observe("history_limit")
-    def _history_limit_changed(self, change):
-        self.history.limit = change["new"]
+    def close(self, linger=None):
+        """ipyparallel's; then reply segments in shared memory that no call read go."""
+        super().close(linger)
+        self._shared.close()
 
     # ----------------------------------------------------------------- views
     @property
@@ -199,6 +151,9 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Upstream):
         if not eids:  # ipyparallel's AsyncResult needs at least one engine
             raise ValueError("a broadcast needs at least one target engine")
         md = dict(metadata or {}, is_broadcast=True)
+        shared = self._shared.spec() if reduce is None and self._codec.json else None
+        if shared is not None:  # (reductions' values are combined by the relays: they need the bytes)
+            md[P.SHM_REPLY_KEY] = shared
         if trace:
             md[P.TRACE_KEY] = True
         header = self.session.msg_header(msg_type)

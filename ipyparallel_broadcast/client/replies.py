@@ -140,11 +140,14 @@ class Replies:
             if msg_id in self._reductions:
                 return self._reduced(self._reductions.pop(msg_id), msg)
             call = self._calls.get(msg_id)
+            outcomes = B.iter_bundle(self._codec, msg, tables=True)
             if call is None:
                 log.debug("bundle for unknown broadcast %s", msg_id)
+                for what, item in outcomes:  # no one will read its shared buffers
+                    if what == "table" and item.shm:
+                        self._shared.drop(item)
                 return
-            outcomes = B.iter_bundle(self._codec, msg, tables=True)
-            settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log)
+            settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log, self._shared.fill)
         except P.ProtocolError as e:
             log.error("Dropped an invalid broadcast reply: %s", e)
             return

@@ -10,6 +10,8 @@ A request's buffers of ``protocol.RECORD_LIMIT`` bytes or more are left out
 of its copy (``protocol.strip_big``): the hub keeps the request's metadata, not
 a second copy of the user's data in the controller's memory. Only
 ``rc.resubmit`` would read them back; it refuses such records with a clear error.
+Likewise a reply whose big buffers went to a client of the engines' host by
+shared memory is filed as an error saying so (``not_kept``).
 ``BroadcastRecords`` takes those topics over from ipyparallel's own handlers
 (which keep one record per call) and files them under each engine's id
 ``f"{msg_id}_{uuid}"``, the id the client's AsyncResult uses, so that
@@ -128,6 +130,18 @@ class BroadcastDictDB(RecordsSeam):
             self.add_record(msg_id, rec)
         else:
             self.update_record(msg_id, {k: v for k, v in rec.items() if not existing.get(k)})
+
+
+def not_kept(md, eid) -> dict:
+    """A record's result whose big buffers went to its caller by shared memory
+    (``host.shm.share_reply``): the hub never had them, and says so when asked."""
+    return dict(
+        status="error",
+        ename="ResultNotKept",
+        evalue="its big buffers went to the calling client by shared memory, not through the hub; call again",
+        traceback=[],
+        engine_info=dict(engine_uuid=md.get("engine"), engine_id=eid, method="apply"),
+    )
 
 
 class BroadcastRecords:
@@ -276,7 +290,7 @@ class BroadcastRecords:
         result = dict(
             result_header=header,
             result_metadata=md,
-            result_content=msg["content"],
+            result_content=msg["content"] if P.SHM_KEY not in md else not_kept(md, eid),
             result_buffers=msg["buffers"],
             started=parse_date(md.get("started")),
             completed=util.ensure_timezone(header["date"]),

@@ -20,7 +20,15 @@ Nothing leaks:
   that are no longer alive (``sweep``), so a SIGKILLed relay's segment goes
   when it is restarted or the cluster stops.
 
-Used by relays (``ShmStore``) and engines (``map_reference``); imports no NumPy.
+The way back, for a client on the engines' host (``share_reply``): an engine
+writes its reply's big buffers once into a segment named for the client (its
+uid, pid and a token of its own), and the client maps it and unlinks the name
+(the last reader of one); relays carry the name, not the bytes. A name the
+client never gets (its call failed, the client died) goes when the client
+closes, or, the client's pid gone, at the next sweep.
+
+Used by relays (``ShmStore``), engines (``map_reference``, ``share_reply``) and
+clients (``map_reference``, ``drop_prefix``); imports no NumPy.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import secrets
 import struct
 from collections.abc import Sequence
@@ -70,6 +79,25 @@ def identity() -> str:
 
 def _prefix(pid: int) -> str:
     return f"ipb-shm-{os.getuid()}-{pid}-"
+
+
+REPLY_THRESHOLD = 1 << 18  # a client's default: reply buffers of 256 KiB or more (Client.shared_reply_threshold)
+_REPLY_PREFIX = re.compile(r"ipb-shm-[0-9]+-[0-9]+-[0-9a-f]{8}-\Z")
+
+
+def reply_identity() -> str:
+    """``identity()`` and the pid namespace: an engine writes a client's reply
+    segments only where the pid in their names means that client ("" if unknown)."""
+    base = identity()
+    try:
+        return base and f"{base}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def reply_prefix() -> str:
+    """A new client's prefix for the names of its reply segments."""
+    return _prefix(os.getpid()) + secrets.token_hex(4) + "-"
 
 
 class ShmError(OSError):
@@ -129,12 +157,13 @@ class ShmStore:
         self.ident = identity()
         self.failed_once = False
 
-    def put(self, buffers: Sequence, readers: int = HELD) -> Reference | None:
+    def put(self, buffers: Sequence, readers: int = HELD, prefix: str | None = None) -> Reference | None:
         """Write ``buffers`` (index, bytes-like) in one new segment that
         ``readers`` engines will map (the last unlinks it); by default, as many
         as the relays below want, and only this relay unlinks it (``drop``).
-        None (and a log line, once) if shared memory cannot take it."""
-        made = self._create([(index, memoryview(buf).nbytes) for index, buf in buffers], readers)
+        ``prefix``: its name's, if not this process's. None (and a log line,
+        once) if shared memory cannot take it."""
+        made = self._create([(index, memoryview(buf).nbytes) for index, buf in buffers], readers, prefix)
         if made is None:
             return None
         ref, fd, path = made
@@ -167,10 +196,10 @@ class ShmStore:
             os.close(fd)
         return ref, views
 
-    def _create(self, sizes, readers: int):
+    def _create(self, sizes, readers: int, prefix: str | None = None):
         """(reference, open descriptor, path) of a new segment laid out for
         ``sizes``, its space reserved and its count written."""
-        name = _prefix(os.getpid()) + secrets.token_hex(8)
+        name = (prefix or _prefix(os.getpid())) + secrets.token_hex(8)
         path = os.path.join(self.root, name)
         layout, offset = [], PAGE  # the first page holds the count
         for index, n in sizes:
@@ -243,6 +272,18 @@ def sweep(root: str | None = None) -> list[str]:
             _unlink(os.path.join(root, name))
             gone.append(name)
     return gone
+
+
+def drop_prefix(prefix: str, root: str | None = None) -> list[str]:
+    """Remove every segment whose name starts with ``prefix`` (a closing client's); their names."""
+    root = root or directory()
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(prefix)]
+    except OSError:
+        return []
+    for name in names:
+        _unlink(os.path.join(root, name))
+    return names
 
 
 def pid_alive(pid) -> bool:
@@ -329,3 +370,40 @@ def expand(frames: list, at: int, sign) -> list:
     for index, view in map_reference(ref):
         rest[first + index] = view  # after the signature and the four JSON frames
     return rest
+
+
+_replies: list[ShmStore] = []  # an engine's store of its replies' segments, made at first use
+_here: list[str] = []  # its reply_identity(), read at first use
+
+
+def share_reply(buffers: list, spec, md: dict, here: str | None = None) -> list:
+    """An engine's reply buffers for a client that asked for big ones in shared
+    memory (``spec``: its ``[reply_identity(), reply_prefix(), threshold]``):
+    when the client is on this host (``here``, by default this process's
+    ``reply_identity()``), those of ``threshold`` bytes or more are written once
+    into a segment named with the client's prefix, for one reader (the client),
+    and travel as empty frames; the reply's metadata ``md`` names the segment
+    (``SHM_KEY``). The buffers to send."""
+    if here is None:
+        if not _here:
+            _here.append(reply_identity())
+        here = _here[0]
+    try:
+        where, prefix, threshold = spec
+    except (TypeError, ValueError):
+        return buffers
+    if not here or where != here or not isinstance(prefix, str) or not _REPLY_PREFIX.match(prefix):
+        return buffers
+    if type(threshold) is not int or threshold <= 0:
+        return buffers
+    big = [(i, b) for i, b in enumerate(buffers) if memoryview(b).nbytes >= threshold]
+    if big and (not _replies or _replies[0].root != directory()):
+        _replies[:] = [ShmStore()]
+    ref = _replies[0].put(big, readers=1, prefix=prefix) if big else None
+    if ref is None:
+        return buffers
+    out = list(buffers)
+    for i, _ in big:
+        out[i] = b""
+    md[P.SHM_KEY] = ref.content()
+    return out

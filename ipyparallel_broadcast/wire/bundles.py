@@ -12,7 +12,9 @@ text in the first frame (``texts`` gives each one's size), bound to the signed
 content by its ``digest`` and parsed only when read (``ReplyTable``): the
 center reads one short document per host, not one per engine. Buffers under
 ``PACK_BELOW`` bytes travel joined in one frame (``packed``); the parts are
-each engine's buffers.
+each engine's buffers. ``shm`` (``[[k, reference], ...]``) names the engines
+whose big buffers wait in shared memory for a client of their host (their
+frames are empty; ``host.shm.share_reply``).
 ``kind == "engines"``: each part is a raw engine reply ``[sig, header, ...]``
 (a stock client needs the replies as the engines signed them).
 ``kind == "bundles"``: each part is a child's bundle, nested as received.
@@ -32,7 +34,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
-from .protocol import BUNDLE, OUTPUTS_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
+from .protocol import BUNDLE, OUTPUTS_KEY, SHM_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
 
 log = logging.getLogger(__name__)
 PACK_BELOW = 64 * 1024  # reply buffers smaller than this are joined into one frame
@@ -57,7 +59,7 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
     """Frames (no DELIM) of a ``replies`` bundle of checked raw engine replies
     (see the module's docstring). A reply whose metadata or content is not
     readable is left out and logged: the client's root watch fails that engine."""
-    engines, texts, odd, iopub, kept = [], [], [], [], []
+    engines, texts, odd, iopub, kept, shared = [], [], [], [], [], []
     for body in bodies:
         metadata, content = as_bytes(body[3]), as_bytes(body[4])
         try:
@@ -70,6 +72,8 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
             log.error("Left out an unreadable engine reply to %s: %r", msg_id, e)
             continue
         k = len(engines)
+        if SHM_KEY in md:
+            shared.append([k, md[SHM_KEY]])
         engines.append(uuid)
         if status != "ok":
             odd.append([k, status])
@@ -86,6 +90,8 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
         iopub=iopub,
         texts=[len(t) for t in texts],
     )
+    if shared:
+        head["shm"] = shared
     if codec.key:
         head["digest"] = hashlib.sha256(text).hexdigest()
     buffers = [frame for b in kept for frame in b[5:]]
@@ -123,7 +129,7 @@ class ReplyTable:
     """A ``replies`` bundle, read: each engine's uuid, status, IOPub flag and
     buffers at once; its header, metadata and content when first asked."""
 
-    __slots__ = ("codec", "engines", "parts", "odd", "iopub", "text", "offsets", "parsed")
+    __slots__ = ("codec", "engines", "parts", "odd", "iopub", "text", "offsets", "parsed", "shm", "lost")
 
     def __init__(self, codec: Codec, content: dict, buffers: list):
         engines, sizes, odd, iopub = (content.get(k) for k in ("engines", "texts", "odd", "iopub"))
@@ -154,6 +160,13 @@ class ReplyTable:
         except (TypeError, ValueError) as e:
             raise ProtocolError(f"replies bundle has an invalid table: {e}") from e
         self.codec, self.engines, self.parsed = codec, engines, {}
+        shm = content.get("shm") or []
+        if not isinstance(shm, list) or not all(
+            isinstance(s, list) and len(s) == 2 and type(s[0]) is int and 0 <= s[0] < len(engines) for s in shm
+        ):
+            raise ProtocolError("replies bundle has an invalid shared-memory table")
+        self.shm = shm  # [[k, reference content]]: filled in by the client (``client.shared``)
+        self.lost: dict[int, str] = {}  # k -> why its shared buffers could not be read
 
     def status(self, k: int):
         return self.odd.get(k, "ok")

@@ -88,6 +88,11 @@ PROTOCOL_VERSION = 1
 OUTPUTS_KEY = "ipb_outputs"
 OUTPUTS_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'  # in a request's raw metadata JSON
 TRACE_KEY = "ipb_trace"  # request metadata: the engine stamps its reply ("ipb_received")
+# request metadata {SHM_REPLY_KEY: [host, name prefix, threshold]}: an engine of the
+# client's host puts its reply's big buffers in shared memory (``host.shm.share_reply``)
+# and names the segment in its reply's metadata under SHM_KEY
+SHM_REPLY_KEY = "ipb_shm_reply"
+SHM_KEY = "ipb_shm"
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
 
 Frames = list[Any]  # bytes, memoryview or zmq.Frame
