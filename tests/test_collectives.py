@@ -119,6 +119,32 @@ def test_gather_in_target_order(rc, coalescing):
     assert ar.engine_id == targets
 
 
+def test_a_gather_joins_on_the_reading_thread_and_is_let_go_with_its_result(rc):
+    """The join (a copy of every part) is put off until the result is read, not
+    run on the client's I/O thread; a user callback reads the joined value; and
+    the client's recent calls do not keep a dropped AsyncResult (nor its value) alive."""
+    import gc
+    import weakref
+    from concurrent.futures import Future
+
+    from ipyparallel_broadcast.client.results import Unjoined
+
+    view = rc.broadcast_view(block=True)
+    view.scatter("a", np.arange(10 * len(rc)))
+    ar = view.gather("a", block=False)
+    ar.wait(10)
+    stored = Future.result(ar)
+    assert type(stored) is Unjoined and stored.join is not None  # not joined as the call completed...
+    seen = []
+    ar.add_done_callback(lambda f: seen.append(f.result()))  # (a done future: called here, now)
+    np.testing.assert_array_equal(seen[0], np.arange(10 * len(rc)))
+    assert stored.join is None and ar.get() is seen[0] is ar.get()  # ...but once, when first read
+    gone = weakref.ref(ar)
+    del ar, stored
+    gc.collect()
+    assert gone() is None
+
+
 def square(x):
     return x * x
 

@@ -6,6 +6,7 @@ messages, chosen per call from measured times: ``paths``). Part of
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from functools import partial
 
 from ipyparallel.client.map import Map, dists
@@ -24,7 +25,7 @@ from .calls import reply_mode
 from .history import save_ids
 from .modes import AUTO
 from .paths import DIRECT, TREE
-from .results import TreeAsyncMapResult
+from .results import TreeAsyncMapResult, Unjoined
 from .results import maybe_get as _maybe_get
 
 
@@ -121,7 +122,7 @@ class Collectives:
                 return TreeAsyncMapResult(self.client, tree_ar._call, dists[dist](), fname="gather")
 
             ar = self._timed("gather", eids, nbytes, path, send)
-        ar.add_done_callback(lambda f: _succeeded(f) and self.client._paths.remember_size(key, _nbytes(f.result())))
+        ar.add_done_callback(lambda f: _succeeded(f) and self.client._paths.remember_size(key, _size_of(f)))
         return _maybe_get(ar, block)
 
     @sync_results
@@ -241,6 +242,12 @@ class TreeParallelFunction(ParallelFunction):
 
 def _succeeded(future) -> bool:
     return not future.cancelled() and future.exception() is None
+
+
+def _size_of(future) -> int:
+    """A gather's size, its parts not joined for it (on the I/O thread: see ``results.Unjoined``)."""
+    value = Future.result(future)  # as stored: a tree's parts are still apart
+    return value.size(_nbytes) if type(value) is Unjoined else _nbytes(value)
 
 
 def _nbytes(obj) -> int:

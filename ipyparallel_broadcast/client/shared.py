@@ -37,7 +37,7 @@ class SharedReplies:
                 buffers = table.parts[k]
                 if any(not 0 <= index < len(buffers) or nbytes(buffers[index]) for index, _, _ in ref.bufs):
                     raise shm.ShmError(errno.EINVAL, f"segment {ref.name} names a buffer the reply lacks")
-                for index, view in shm.map_reference(ref):
+                for index, view in shm.take_reply(ref):
                     buffers[index] = view
                 self.mapped += 1
             except shm.ShmError as e:

@@ -104,6 +104,9 @@ HOOKS = {
         "_finalize_result": ("_on_ready", "ready once the call is"),
         "_collect_exceptions": ("_raise_errors", "errors that keep the survivors' results"),
     },
+    "MapResultSeam": {
+        "_reconstruct_result": ("_joined", "the join (a copy of every part) runs on the thread that reads the result"),
+    },
     "EngineSeam": {
         "_signal_stop": ("_on_stop_signal", "an engine stopped by SIGTERM exits 0"),
         "_hb_monitor": ("_check_heart", "heartbeat pings drained per period, not woken per ping"),
@@ -170,7 +173,7 @@ def _seam(name: str) -> type:
     members: dict = {"__module__": __name__, "__doc__": f"``{BASES[name]}``, its private members by our names."}
     for upstream, (ours, why) in {**STATE.get(like, {}), **STATE.get(name, {})}.items():
         members[ours] = _state(upstream, why)
-    hooks = HOOKS.get(like, {})
+    hooks = {**HOOKS.get(like, {}), **HOOKS.get(name, {})}
     for upstream, (ours, _) in hooks.items():
         members[ours] = getattr(base, upstream)
     for upstream, (ours, _) in CALLS.get(like, {}).items():

@@ -28,7 +28,7 @@ client never gets (its call failed, the client died) goes when the client
 closes, or, the client's pid gone, at the next sweep.
 
 Used by relays (``ShmStore``), engines (``map_reference``, ``share_reply``) and
-clients (``map_reference``, ``drop_prefix``); imports no NumPy.
+clients (``take_reply``, ``drop_prefix``); imports no NumPy.
 """
 
 from __future__ import annotations
@@ -303,6 +303,25 @@ def map_reference(ref: Reference, root: str | None = None, engine: bool = True) 
     The last engine to map the segment unlinks its name. Not ``engine`` (a
     relay): read-only, and not counted."""
     path = os.path.join(root or directory(), ref.name)
+    if engine:
+        views = _mapped(ref, path, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        _count_down(path)
+        return views
+    return _mapped(ref, path, mmap.MAP_SHARED, mmap.PROT_READ)
+
+
+def take_reply(ref: Reference, root: str | None = None) -> list[tuple[int, memoryview]]:
+    """A client's: map each buffer of a reply segment (``share_reply``)
+    copy-on-write, its pages read in at once (one call, not a fault per page
+    as the result is read), and unlink its name (the client is its one reader)."""
+    path = os.path.join(root or directory(), ref.name)
+    try:
+        return _mapped(ref, path, mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0), mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        _unlink(path)
+
+
+def _mapped(ref: Reference, path: str, flags: int, prot: int) -> list[tuple[int, memoryview]]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     except OSError as e:
@@ -316,18 +335,10 @@ def map_reference(ref: Reference, root: str | None = None, engine: bool = True) 
             if n == 0:
                 views.append((index, memoryview(bytearray())))
                 continue
-            mm = mmap.mmap(
-                fd,
-                n,
-                flags=mmap.MAP_PRIVATE if engine else mmap.MAP_SHARED,
-                prot=mmap.PROT_READ | mmap.PROT_WRITE if engine else mmap.PROT_READ,
-                offset=offset,
-            )
+            mm = mmap.mmap(fd, n, flags=flags, prot=prot, offset=offset)
             views.append((index, memoryview(mm)))  # the view keeps the mapping alive
     finally:
-        os.close(fd)  # each mapping keeps a duplicate: the count is locked through another
-    if engine:
-        _count_down(path)
+        os.close(fd)  # each mapping keeps a duplicate (an engine's count is locked through another)
     return views
 
 
