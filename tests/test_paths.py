@@ -48,6 +48,16 @@ def test_a_first_slow_call_does_not_condemn_a_path():
     assert chooser.choose("scatter", 8, 2**23) == TREE
 
 
+def test_one_slow_call_does_not_flip_the_choice():
+    chooser = PathChooser()
+    _run(chooser, {TREE: 0.02, DIRECT: 0.04}, 10)
+    chooser.record("gather", 8, 2**23, TREE, 0.5)  # a collection, a burst of page faults
+    assert chooser.choose("gather", 8, 2**23) == TREE
+    for _ in range(3):  # the tree really got slower: followed once most recent calls say so
+        chooser.record("gather", 8, 2**23, TREE, 0.5)
+    assert chooser.choose("gather", 8, 2**23) == DIRECT
+
+
 def test_many_engines_always_take_the_tree_and_classes_are_apart():
     chooser = PathChooser(max_direct=64)
     assert _run(chooser, {TREE: 1.0, DIRECT: 0.1}, 10, engines=1024) == [TREE] * 10

@@ -43,7 +43,7 @@ def engine_reply(codec, uuid, buffers, md_extra=None):
 def shared_reply(client, codec, uuid, buffers):
     """What our engine sends a client of its host: big buffers shared, their frames empty."""
     md = {}
-    out = shm.share_reply(list(buffers), client.spec(), md, client.here)
+    out = shm.share_reply(list(buffers), client.spec, md, client.here)
     return engine_reply(codec, uuid, out, md), md.get(P.SHM_KEY)
 
 
@@ -69,7 +69,7 @@ def test_an_engine_of_the_clients_host_writes_big_buffers_once_and_the_client_ma
 
 def test_an_engine_of_another_host_or_a_bad_spec_sends_the_bytes(client, codec, tmp_path):
     here = shm.reply_identity()
-    spec = client.spec()
+    spec = client.spec
     md = {}
     for bad in (["elsewhere", spec[1], spec[2]], [here, "../../etc/x", spec[2]], [here, spec[1], 0], [here], None, 7):
         assert shm.share_reply([BIG], bad, md, here) == [BIG]
@@ -81,10 +81,9 @@ def test_an_engine_of_another_host_or_a_bad_spec_sends_the_bytes(client, codec, 
 
 def test_a_client_that_asks_nothing_is_asked_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("IPB_SHM_DIR", str(tmp_path))
-    assert SharedReplies(threshold=0).spec() is None
-    off = SharedReplies(threshold=1)
-    off.here = ""  # shared memory with the engines cannot be proven
-    assert off.spec() is None
+    assert SharedReplies(threshold=0).spec is None
+    assert SharedReplies(threshold=1, here="").spec is None  # shared memory with the engines cannot be proven
+    assert SharedReplies(threshold=1).spec is not None
 
 
 def test_a_foreign_or_vanished_segment_fails_only_that_engine_and_is_left_alone(client, codec, tmp_path):
@@ -137,6 +136,7 @@ def test_unread_segments_go_when_the_client_closes_or_when_its_process_is_gone(c
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     orphan = SharedReplies(threshold=1)
     orphan.prefix = f"ipb-shm-{os.getuid()}-{dead.stdout.strip()}-0badc0de-"
+    orphan.ask(1, orphan.here)
     _, ref = shared_reply(orphan, codec, "u0", [BIG])
     assert shm.sweep() == [ref["name"]]  # as relays do when they start, and the controller when they stop
     assert os.listdir(tmp_path) == ["unrelated"]

@@ -126,13 +126,13 @@ def test_a_client_on_another_host_or_with_sharing_off_gets_the_bytes(rc):
     view = rc.broadcast_view(block=True)
     before, here = rc._shared.mapped, rc._shared.here
     try:
-        rc._shared.here = "another host"  # as a client elsewhere says
+        rc._shared.ask(shm.REPLY_THRESHOLD, "another host")  # as a client elsewhere says
         assert [float(r["block"].sum()) for r in view.apply(blocks, 1)] == [64.0 * 1024] * 4
-        rc._shared.here = here
+        rc._shared.ask(shm.REPLY_THRESHOLD, here)
         rc.shared_reply_threshold = 0
         assert [float(r["block"].sum()) for r in view.apply(blocks, 2)] == [2.0 * 64 * 1024] * 4
     finally:
-        rc._shared.here, rc.shared_reply_threshold = here, shm.REPLY_THRESHOLD
+        rc.shared_reply_threshold = shm.REPLY_THRESHOLD
     assert rc._shared.mapped == before
     assert [float(r["block"].sum()) for r in view.apply(blocks, 1)] == [64.0 * 1024] * 4
     assert rc._shared.mapped == before + 4

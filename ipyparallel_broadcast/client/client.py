@@ -151,7 +151,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         if not eids:  # ipyparallel's AsyncResult needs at least one engine
             raise ValueError("a broadcast needs at least one target engine")
         md = dict(metadata or {}, is_broadcast=True)
-        shared = self._shared.spec() if reduce is None and self._codec.json else None
+        shared = self._shared.spec if reduce is None and self._codec.json else None
         if shared is not None:  # (reductions' values are combined by the relays: they need the bytes)
             md[P.SHM_REPLY_KEY] = shared
         if trace:

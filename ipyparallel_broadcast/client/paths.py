@@ -7,15 +7,19 @@ engines and many bytes (the thesis's section 7.1; the crossover depends on
 the machine, the tree's depth and the load). ``PathChooser`` learns it per
 operation and size class (engines and bytes, in powers of two): the first
 two calls of a class go by the tree, the next two directly (the first of
-each warms it up, and its time is replaced by the second's), then each call
-takes the path that has been faster, the other being tried again now and then
-(after more calls the slower it was), so a change in the cluster is followed.
+each warms it up, and its time is dropped), then each call takes the path
+whose median time over its last ``KEPT`` calls is lower (one slow call, a
+collection or a burst of page faults, does not flip the choice), the other
+being tried again now and then (after more calls the slower it was), so a
+change in the cluster is followed.
 Sans I/O: the view asks, times its calls and tells.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 TREE, DIRECT = "tree", "direct"
 PATHS = (TREE, DIRECT)
@@ -31,12 +35,13 @@ class PathChooser:
     since the slower one was last tried."""
 
     MAX_SLOWER = 8  # a slower path is tried again within retry_every x 8 calls at most
+    KEPT = 5  # each path's last times, whose median is its time
 
-    def __init__(self, retry_every: int = 16, weight: float = 0.3, max_direct: int = 64):
+    def __init__(self, retry_every: int = 16, max_direct: int = 64):
         self.retry_every = retry_every  # calls between tries of the slower path (x how much slower)
-        self.weight = weight  # of a new time in the smoothed one
         self.max_direct = max_direct  # engines beyond which the direct path is never tried
-        self.times: dict[tuple, float] = {}
+        self.times: dict[tuple, float] = {}  # (op, class, path) -> its median recent time
+        self.recent: dict[tuple, deque] = {}
         self.counts: dict[tuple, int] = {}
         self.since: dict[tuple, int] = {}
         self.sizes: dict[str, int] = {}  # bytes a gather of each key last brought back
@@ -70,8 +75,9 @@ class PathChooser:
             raise ValueError(f"bad record: path {path!r}, {seconds!r} s")
         key = (op, *size_class(engines, nbytes), path)
         count = self.counts[key] = self.counts.get(key, 0) + 1
-        old = self.times.get(key)
-        if count <= 2:  # the second time replaces the first (which warmed up)
+        if count == 1:  # a first call also pays for warming up: not kept
             self.times[key] = seconds
-        else:
-            self.times[key] = old + self.weight * (seconds - old)
+            return
+        recent = self.recent.setdefault(key, deque(maxlen=self.KEPT))
+        recent.append(seconds)
+        self.times[key] = statistics.median(recent)

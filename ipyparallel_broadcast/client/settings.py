@@ -65,7 +65,7 @@ class Settings(Upstream):
 
     @observe("shared_reply_threshold")
     def _shared_reply_threshold_changed(self, change):
-        self._shared.threshold = change["new"]
+        self._shared.ask(change["new"], self._shared.here)
 
     broadcast_path = Enum(
         ["auto", "tree", "direct"],

@@ -16,15 +16,17 @@ from ..wire.protocol import nbytes
 class SharedReplies:
     """What this client asks of engines, and the segments it gets back."""
 
-    def __init__(self, threshold: int):
-        self.here = shm.reply_identity()  # "" where nothing shared can be proven: never asked
+    def __init__(self, threshold: int, here: str | None = None):
         self.prefix = shm.reply_prefix()
-        self.threshold = threshold
         self.mapped = 0  # segments read so far
+        self.ask(threshold, shm.reply_identity() if here is None else here)
 
-    def spec(self) -> list | None:
-        """The request metadata's ``SHM_REPLY_KEY``; None: replies as usual."""
-        return [self.here, self.prefix, self.threshold] if self.here and self.threshold > 0 else None
+    def ask(self, threshold: int, here: str):
+        """Set ``spec``, the request metadata's ``SHM_REPLY_KEY`` (None: replies
+        as usual): buffers of ``threshold`` bytes or more, from engines ``here``
+        ("" where nothing shared can be proven: never asked)."""
+        self.threshold, self.here = threshold, here
+        self.spec = [here, self.prefix, threshold] if here and threshold > 0 else None
 
     def fill(self, table: ReplyTable) -> dict[int, str]:
         """Map each shared engine reply's buffers in place; ``{k: why}`` for
