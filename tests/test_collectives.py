@@ -145,6 +145,33 @@ def test_a_gather_joins_on_the_reading_thread_and_is_let_go_with_its_result(rc):
     assert gone() is None
 
 
+def test_calls_leave_no_reference_cycles(rc):
+    """A finished call's objects are freed by their reference counts, not
+    later by a collection: big results (mapped segments) go when dropped."""
+    import gc
+
+    from ipyparallel_broadcast.client.calls import Call
+    from ipyparallel_broadcast.wire.bundles import ReplyTable
+
+    ours = {"Call", "ReplyTable", "Entry", "EngineFuture", "TreeAsyncResult", "TreeAsyncMapResult"}
+    assert {Call.__name__, ReplyTable.__name__} <= ours
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for mode in (True, "auto", False):
+            view = rc.broadcast_view(block=True, coalescing=mode)
+            view.scatter("a", np.arange(10 * len(rc)))
+            for _ in range(3):
+                view.gather("a")
+                view.apply(square, 3)  # (a reduction's AsyncResult is ipyparallel's own, cycles and all)
+        gc.collect()
+        left = sorted({type(o).__name__ for o in gc.garbage} & ours)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
+
+
 def square(x):
     return x * x
 

@@ -64,6 +64,7 @@ class Call:
         "results",
         "_vids",
         "_by_eid",
+        "__weakref__",  # a callback on its own future refers to it weakly (no cycle)
     )
 
     def __init__(self, msg_id: str, header: dict, eids: Sequence[int], uuids: Sequence[str]):

@@ -227,14 +227,14 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         self.outstanding.add(msg_id)
         self.history.append(msg_id)
 
-        def done(_):
+        def done(f):  # (f, not the future closed over: that would be a cycle, freed late)
             self._root_watch.done(msg_id)
             if msg_id in self._traces:
                 self._traces.add(msg_id, "done", time.time())
             self.outstanding.discard(msg_id)
             self._reply_futures.pop(msg_id, None)
             self.metadata.pop(msg_id, None)
-            future.output.set_result(None)
+            f.output.set_result(None)
 
         future.add_done_callback(done)
         return future

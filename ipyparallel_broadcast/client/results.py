@@ -274,7 +274,7 @@ class _Bulk:
         call.tracker.add_done_callback(_weakly(self._on_sent))
         call.future.add_done_callback(_weakly(self._on_result))
         call.output.add_done_callback(_weakly(self._on_output))
-        self.add_done_callback(self._on_ready)
+        self.add_done_callback(_weakly(self._on_ready))  # (a strong one: a cycle, freed only by a collection)
 
     def _engine_futures(self) -> list:
         """Per-engine futures, made on first use (iteration in flight, ``split``, ...)."""

@@ -11,6 +11,7 @@ per-engine metadata and outputs, ``CompositeError`` on remote exceptions.
 from __future__ import annotations
 
 import threading
+import weakref
 
 from ipyparallel.client.remotefunction import getname
 from ipyparallel.client.view import sync_results
@@ -147,7 +148,8 @@ class BroadcastView(Collectives, ViewSeam):
             return ReducedAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
         if self.coalescing == AUTO:
             self._sizing[key] = sent
-            sent.future.add_done_callback(lambda _: self._learn_size(key, sent))
+            call = weakref.ref(sent)  # (the call's own future must not hold it: a cycle, freed late)
+            sent.future.add_done_callback(lambda _: call() is not None and self._learn_size(key, call()))
         return TreeAsyncResult(
             self.client, sent, fname=fname, targets=eids, owner=True, single=isinstance(targets, int)
         )
