@@ -41,11 +41,14 @@ CALL_TIMEOUT = 600  # seconds
 
 
 @contextmanager
-def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: int = 512, hosts: int = 0):
+def farm_cluster(
+    kind: str, n: int, depth: int, fanout: int = 2, per_process: int = 512, hosts: int = 0, reply_bytes=REPLY_BYTES
+):
     """A controller (``ours`` or ``stock``) with ``n`` simulated engines; yields
     (client, farm, controller process). ``hosts``: the engines run as that
     many simulated hosts of ``n / hosts`` engines, each (with ours) behind its
-    own host relay; a stock controller gets the same processes, relay-less."""
+    own host relay; a stock controller gets the same processes, relay-less.
+    ``reply_bytes``: the size of every engine's apply result."""
     if hosts:
         per_process = -(-n // hosts)
     with tempfile.TemporaryDirectory(prefix=f"ipb-farm-{kind}-") as profile_dir:
@@ -61,7 +64,7 @@ def farm_cluster(kind: str, n: int, depth: int, fanout: int = 2, per_process: in
             rc = cluster.connect_client_sync()
             (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
             farm = SimEngines(
-                engine_file, n, per_process=per_process, reply_bytes=REPLY_BYTES, hosts=bool(hosts) and kind == "ours"
+                engine_file, n, per_process=per_process, reply_bytes=reply_bytes, hosts=bool(hosts) and kind == "ours"
             )
             try:
                 farm.start(timeout=max(120, n / 10))
