@@ -179,3 +179,28 @@ def test_an_engine_stopped_by_its_launcher_exits_cleanly(tmp_path):
         engine.kill()
         rc.close()
         cluster.stop_cluster_sync()
+
+
+def test_the_controller_picks_its_ports_below_the_ephemeral_range():
+    """A port picked at random and bound later must not be one an outgoing
+    connection can take meanwhile (the kernel gives those from the ephemeral
+    range): a heart monitor that lost its port left engines unregistered."""
+    import json
+
+    from ipyparallel_broadcast.controller.ports import ephemeral_range, quiet_port
+
+    span = ephemeral_range()
+    if span is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range here")
+    picked = [quiet_port() for _ in range(50)]
+    assert len(set(picked)) == 50 and all(p is not None and p < span[0] for p in picked)
+    with running_cluster(2, 1, 2) as rc:
+        security = os.path.join(rc.test_profile_dir, "security")
+        ports = []
+        for name in os.listdir(security):
+            with open(os.path.join(security, name)) as f:
+                info = json.load(f)
+            ports += [v for k, v in info.items() if k.endswith("_port") or k in ("registration", "mux", "task")]
+            ports += [p for v in info.values() if isinstance(v, list) for p in v if isinstance(p, int)]
+        ports = [p for p in ports if isinstance(p, int) and p > 0]
+        assert ports and all(p < span[0] for p in ports), sorted(ports)

@@ -36,6 +36,7 @@ from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from ..wire.topology import balanced_id, node_name
 from .iopubrelay import run_iopub_relay
+from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .restarts import RestartBudget
@@ -97,6 +98,18 @@ class BroadcastController(TreeSettings, IPController):
             self.internal_urls = {path: f"ipc://@{tag}-{node_name(path)}" for path in inner}
         else:
             self.internal_urls = {path: f"tcp://127.0.0.1:{self.next_port()}" for path in inner}
+
+    def next_port(self, pool_name="common"):
+        """ipyparallel's: a configured pool's next port; a port it would pick at
+        random comes from below the OS's ephemeral range instead (``ports``)."""
+        pools = {
+            "client": (self.client_ports, self.client_port_index),
+            "engine": (self.engine_ports, self.engine_port_index),
+        }
+        pool, used = pools.get(pool_name, ((), 0))
+        if len(pool) > used or len(self.ports) > self.port_index:
+            return super().next_port(pool_name)
+        return quiet_port() or super().next_port(pool_name)
 
     def new_engine_id(self, requested_id=None) -> int:
         """The hub's numbering, placing each new engine on a least-loaded leaf
