@@ -187,11 +187,11 @@ def test_the_controller_picks_its_ports_below_the_ephemeral_range():
     range): a heart monitor that lost its port left engines unregistered."""
     import json
 
-    from ipyparallel_broadcast.controller.ports import ephemeral_range, quiet_port
+    from ipyparallel_broadcast.controller.ports import LOWEST, ephemeral_range, quiet_port
 
     span = ephemeral_range()
-    if span is None:
-        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range here")
+    if span is None or span[0] - LOWEST < 1000:
+        pytest.skip(f"no room below this host's ephemeral range {span}: IPython Parallel's pick is used")
     picked = [quiet_port() for _ in range(50)]
     assert len(set(picked)) == 50 and all(p is not None and p < span[0] for p in picked)
     with running_cluster(2, 1, 2) as rc:
