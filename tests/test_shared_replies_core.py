@@ -140,3 +140,12 @@ def test_unread_segments_go_when_the_client_closes_or_when_its_process_is_gone(c
     _, ref = shared_reply(orphan, codec, "u0", [BIG])
     assert shm.sweep() == [ref["name"]]  # as relays do when they start, and the controller when they stop
     assert os.listdir(tmp_path) == ["unrelated"]
+
+
+def test_a_table_no_call_will_read_drops_only_this_clients_segments(client, codec, tmp_path):
+    mine, _ = shared_reply(client, codec, "u0", [BIG])
+    other = SharedReplies(threshold=1 << 16)
+    foreign, foreign_ref = shared_reply(other, codec, "u1", [BIG])
+    client.drop(table_of(codec, [mine, foreign]))
+    assert os.listdir(tmp_path) == [foreign_ref["name"]]
+    other.close()

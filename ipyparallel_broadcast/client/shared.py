@@ -54,7 +54,7 @@ class SharedReplies:
             except shm.ShmError:
                 continue
             if ref.name.startswith(self.prefix):
-                shm.drop_prefix(ref.name)
+                shm.remove(ref.name)
 
     def close(self) -> list[str]:
         """The client closes: segments still named for it go (replies never read)."""

@@ -359,7 +359,7 @@ class BroadcastKernel(IPythonParallelKernel):
             md["status"] = "aborted"
         md[OUTPUTS_KEY] = outputs
         if buffers and P.SHM_REPLY_KEY in parent["metadata"]:  # a client of this host: big buffers shared
-            buffers = shm.share_reply(list(buffers), parent["metadata"][P.SHM_REPLY_KEY], md)
+            buffers = shm.share_reply(buffers, parent["metadata"][P.SHM_REPLY_KEY], md)
         frames = self.codec.serialize("apply_reply", content, parent["raw_header"], md)
         # at once on the socket, by this (the loop's) thread: one event-loop turn less
         Direct(stream).send_multipart(list(ident) + frames + list(buffers), copy=False)

@@ -274,6 +274,11 @@ def sweep(root: str | None = None) -> list[str]:
     return gone
 
 
+def remove(name: str, root: str | None = None):
+    """Remove one segment's name, if it is still there."""
+    _unlink(os.path.join(root or directory(), name))
+
+
 def drop_prefix(prefix: str, root: str | None = None) -> list[str]:
     """Remove every segment whose name starts with ``prefix`` (a closing client's); their names."""
     root = root or directory()
@@ -403,14 +408,14 @@ def share_reply(buffers: list, spec, md: dict, here: str | None = None) -> list:
         where, prefix, threshold = spec
     except (TypeError, ValueError):
         return buffers
-    if not here or where != here or not isinstance(prefix, str) or not _REPLY_PREFIX.match(prefix):
-        return buffers
-    if type(threshold) is not int or threshold <= 0:
+    if not here or where != here or type(threshold) is not int or threshold <= 0:
         return buffers
     big = [(i, b) for i, b in enumerate(buffers) if memoryview(b).nbytes >= threshold]
-    if big and (not _replies or _replies[0].root != directory()):
+    if not big or not isinstance(prefix, str) or not _REPLY_PREFIX.match(prefix):  # (most replies: no big buffer)
+        return buffers
+    if not _replies or _replies[0].root != directory():
         _replies[:] = [ShmStore()]
-    ref = _replies[0].put(big, readers=1, prefix=prefix) if big else None
+    ref = _replies[0].put(big, readers=1, prefix=prefix)
     if ref is None:
         return buffers
     out = list(buffers)
