@@ -149,3 +149,54 @@ def test_a_table_no_call_will_read_drops_only_this_clients_segments(client, code
     client.drop(table_of(codec, [mine, foreign]))
     assert os.listdir(tmp_path) == [foreign_ref["name"]]
     other.close()
+
+
+def test_warm_buffers_are_reused_only_once_nothing_holds_them():
+    import numpy as np
+
+    from ipyparallel_broadcast.client.shared import WarmBuffers
+
+    warm = WarmBuffers(limit=1 << 20)
+    a = warm.take(5000)  # two pages
+    assert a.nbytes == 5000 and not a.readonly and warm.kept == 8192
+    b = warm.take(5000)  # a is held: a new one
+    a_array = np.frombuffer(a, np.uint8)  # a result over it
+    del a
+    c = warm.take(5000)
+    assert warm.reused == 0 and len(warm.by_size[8192]) == 3  # a's array still holds it; b is held
+    del a_array, c
+    d = warm.take(4097)
+    assert warm.reused == 1 and d.nbytes == 4097 and warm.kept == 3 * 8192
+    del b, d
+    big = warm.take(1 << 20)  # fits only once the unheld small ones go
+    assert warm.kept == 1 << 20 and list(warm.by_size) == [1 << 20]
+    huge = warm.take(2 << 20)  # past the limit: fresh, not kept
+    assert warm.kept == 1 << 20 and huge.nbytes == 2 << 20
+    del big
+    warm.clear()
+    assert warm.kept == 0 and warm.by_size == {}
+    assert WarmBuffers(limit=0).take(100).nbytes == 100  # nothing kept, still a buffer
+
+
+def test_reading_a_reply_reuses_warm_buffers_and_never_one_a_result_holds(client, codec, tmp_path):
+    from ipyparallel_broadcast.client.shared import WarmBuffers
+
+    client.buffers = WarmBuffers(limit=1 << 22)
+    first = table_of(codec, [shared_reply(client, codec, "u0", [BIG])[0]])
+    assert client.fill(first) == {}
+    held = first.parts[0][0]
+    second = table_of(codec, [shared_reply(client, codec, "u0", [bytes(reversed(BIG))])[0]])
+    assert client.fill(second) == {} and client.buffers.reused == 0
+    assert bytes(held) == BIG and bytes(second.parts[0][0]) == bytes(reversed(BIG))
+    del first, held
+    third = table_of(codec, [shared_reply(client, codec, "u0", [BIG])[0]])
+    assert client.fill(third) == {} and client.buffers.reused == 1
+    assert bytes(third.parts[0][0]) == BIG and os.listdir(tmp_path) == []
+
+
+def test_a_segment_shorter_than_its_reference_fails_that_engine_not_the_client(client, codec, tmp_path):
+    body, ref = shared_reply(client, codec, "u0", [BIG])
+    os.truncate(tmp_path / ref["name"], shm.PAGE + 100)  # as a full disk or a rogue process leaves it
+    lost = client.fill(table_of(codec, [body]))
+    assert "lies outside" in lost[0]
+    assert os.listdir(tmp_path) == []

@@ -122,6 +122,25 @@ def test_big_replies_come_back_through_shared_memory_and_leave_no_name(rc, coale
     assert _names() == []
 
 
+def test_big_replies_are_read_into_warm_buffers_and_never_into_one_a_result_holds(rc):
+    """A result the user keeps is never overwritten; once it and the recent
+    calls let a buffer go, the next big reply is read into it."""
+    view = rc.broadcast_view(block=True)
+    kept_calls = rc._calls.kept
+    rc._calls.kept = 1  # (the recent calls hold their results too)
+    try:
+        mine = view.apply(blocks, 5)
+        reused = rc._shared.buffers.reused
+        for rank in (6, 7, 8):
+            got = view.apply(blocks, rank)
+            assert [float(r["block"].sum()) for r in got] == [rank * 64.0 * 1024] * 4
+        assert rc._shared.buffers.reused - reused >= 4  # rank 8's blocks went into rank 6's buffers
+        assert [float(r["block"].sum()) for r in mine] == [5 * 64.0 * 1024] * 4  # untouched
+    finally:
+        rc._calls.kept = kept_calls
+    assert _names() == []
+
+
 def test_a_client_on_another_host_or_with_sharing_off_gets_the_bytes(rc):
     view = rc.broadcast_view(block=True)
     before, here = rc._shared.mapped, rc._shared.here

@@ -65,7 +65,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         self.metadata = CallMetadata(self)
         self._outstanding_by_engine = OutstandingByEngine(self._calls)
         self._paths = PathChooser()  # shared by this client's views
-        self._shared = SharedReplies(self.shared_reply_threshold)  # big reply buffers by shared memory
+        self._shared = SharedReplies(self.shared_reply_threshold, kept=self.shared_reply_kept)  # big replies by shm
         super().__init__(*args, **kwargs)
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
         self.history.limit = self.history_limit

@@ -60,12 +60,28 @@ class Settings(Upstream):
         config=True,
         help="Engines on the client's host put reply buffers of this many bytes or more "
         "(a pulled or gathered array) in shared memory, once: the relays carry the "
-        "segment's name, and the client maps it (no copy through the tree). 0: never.",
+        "segment's name, and the client reads it once (no copy through the tree). 0: never.",
     )
 
     @observe("shared_reply_threshold")
     def _shared_reply_threshold_changed(self, change):
         self._shared.ask(change["new"], self._shared.here)
+
+    shared_reply_kept = Integer(
+        256 << 20,
+        config=True,
+        help="Bytes of memory the client keeps for big replies read from shared memory "
+        "(see shared_reply_threshold) once no result holds them: the next ones are read "
+        "into pages already in place, not fresh ones faulted in a page at a time (a gather "
+        "of 8 x 1 MiB: 9.0 to 6.9 ms of the client's CPU). It covers the recent calls' "
+        "results (broadcast_results_kept) and a call more. 0: none kept.",
+    )
+
+    @observe("shared_reply_kept")
+    def _shared_reply_kept_changed(self, change):
+        self._shared.buffers.limit = change["new"]
+        if change["new"] < self._shared.buffers.kept:
+            self._shared.buffers.clear()
 
     broadcast_path = Enum(
         ["auto", "tree", "direct"],

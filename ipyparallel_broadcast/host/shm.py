@@ -22,13 +22,13 @@ Nothing leaks:
 
 The way back, for a client on the engines' host (``share_reply``): an engine
 writes its reply's big buffers once into a segment named for the client (its
-uid, pid and a token of its own), and the client maps it and unlinks the name
+uid, pid and a token of its own), and the client reads it once and unlinks the name
 (the last reader of one); relays carry the name, not the bytes. A name the
 client never gets (its call failed, the client died) goes when the client
 closes, or, the client's pid gone, at the next sweep.
 
 Used by relays (``ShmStore``), engines (``map_reference``, ``share_reply``) and
-clients (``take_reply``, ``drop_prefix``); imports no NumPy.
+clients (``read_reply``, ``drop_prefix``); imports no NumPy.
 """
 
 from __future__ import annotations
@@ -315,15 +315,39 @@ def map_reference(ref: Reference, root: str | None = None, engine: bool = True) 
     return _mapped(ref, path, mmap.MAP_SHARED, mmap.PROT_READ)
 
 
-def take_reply(ref: Reference, root: str | None = None) -> list[tuple[int, memoryview]]:
-    """A client's: map each buffer of a reply segment (``share_reply``)
-    copy-on-write, its pages read in at once (one call, not a fault per page
-    as the result is read), and unlink its name (the client is its one reader)."""
+def read_reply(ref: Reference, take, root: str | None = None) -> list[tuple[int, memoryview]]:
+    """A client's: read each buffer of a reply segment (``share_reply``) into
+    ``take(nbytes)``, a writable buffer of that size (one copy, into memory
+    whose pages are already there, with the GIL released; mapping the segment
+    faults in a page at a time, holding it), and unlink its name (the client is
+    its one reader). ``[(index, view)]``. Raises ``ShmError``."""
     path = os.path.join(root or directory(), ref.name)
     try:
-        return _mapped(ref, path, mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0), mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} is gone: {e.strerror}") from e
+    try:
         _unlink(path)
+        size = os.fstat(fd).st_size
+        views = []
+        for index, offset, n in ref.bufs:
+            if offset % PAGE or offset < PAGE or n < 0 or offset + n > size:
+                raise ShmError(errno.EINVAL, f"buffer {index} lies outside segment {ref.name}")
+            view = take(n)
+            done = 0
+            while done < n:
+                got = os.preadv(fd, [view[done : done + _MAX_WRITE]], offset + done)
+                if got <= 0:
+                    raise ShmError(errno.EIO, f"segment {ref.name} ended inside buffer {index}")
+                done += got
+            views.append((index, view))
+    except ShmError:
+        raise
+    except OSError as e:
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} cannot be read: {e.strerror}") from e
+    finally:
+        os.close(fd)
+    return views
 
 
 def _mapped(ref: Reference, path: str, flags: int, prot: int) -> list[tuple[int, memoryview]]:
