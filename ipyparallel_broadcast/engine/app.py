@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import time
 
 import zmq
@@ -135,6 +136,8 @@ class BroadcastEngine(EngineSeam):
         await super().complete_registration(msg, connect, maybe_tunnel)
         if self.kernel is not None:
             compose.runtime().attach(self.kernel)
+        gc.collect()
+        gc.freeze()  # start-up's objects (IPython, modules): a full collection took 13-20 ms, a stalled reply
 
     async def _join_host_relay(self, msg, connect):
         """Join this host's relay (started if need be); return a ``connect``
