@@ -200,3 +200,32 @@ def test_a_segment_shorter_than_its_reference_fails_that_engine_not_the_client(c
     lost = client.fill(table_of(codec, [body]))
     assert "lies outside" in lost[0]
     assert os.listdir(tmp_path) == []
+
+
+def test_a_gathers_big_arrays_are_joined_into_a_warm_buffer_and_anything_else_is_left_to_ipyparallel():
+    import numpy as np
+
+    from ipyparallel_broadcast.client.shared import WarmBuffers
+
+    warm = WarmBuffers(limit=1 << 22)
+    parts = [np.full((64, 128), k, dtype=np.float64) for k in range(4)]  # 64 KiB each
+    joined = warm.concatenate(parts, least=1 << 16)
+    assert joined.shape == (256, 128) and joined.flags.writeable and joined.flags.c_contiguous
+    assert (joined == np.concatenate(parts)).all() and warm.kept == 1 << 18
+    del joined
+    again = warm.concatenate([p + 1 for p in parts], least=1 << 16)
+    assert warm.reused == 1 and float(again[-1, -1]) == 4.0
+    assert warm.concatenate(parts, least=1 << 20) is None  # small: NumPy's own allocation
+    assert warm.concatenate(parts, least=0) is None  # sharing off
+    assert WarmBuffers(limit=0).concatenate(parts, least=1) is None  # nothing kept
+    for odd in (
+        [parts[0], parts[1].astype(np.float32)],  # two dtypes
+        [parts[0], parts[1][:, :64]],  # shapes past the first axis differ
+        [np.array([None] * 10, dtype=object)],
+        [np.float64(1.0)],
+        [np.array(5.0)],
+        [parts[0].view(np.matrix)],
+        [[1, 2], [3]],
+        [],
+    ):
+        assert warm.concatenate(odd, least=1) is None

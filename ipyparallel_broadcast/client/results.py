@@ -22,6 +22,7 @@ from threading import Event, Lock
 
 from ipyparallel import error
 from ipyparallel.client.client import ExecuteReply, Metadata
+from ipyparallel.client.map import Map
 from ipyparallel.serialize import deserialize_object
 from ipyparallel.serialize.canning import uncan, uncan_sequence
 from ipyparallel.serialize.serialize import MAX_ITEMS
@@ -356,7 +357,17 @@ class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, MapResultSe
     def _joined(self, parts):
         """ipyparallel's join; while the call completes (on the client's I/O
         thread), put off until the result is read."""
-        return super()._joined(parts) if self.done() else Unjoined(parts, super()._joined)
+        return self._join(parts) if self.done() else Unjoined(parts, self._join)
+
+    def _join(self, parts):
+        """Big arrays joined into the client's warm buffers (``shared.WarmBuffers``),
+        anything else by ipyparallel's ``mapObject``."""
+        mapper, shared = type(self._map_object), getattr(self._client, "_shared", None)
+        if shared is not None and mapper.joinPartitions is Map.joinPartitions and mapper.concatenate is Map.concatenate:
+            joined = shared.buffers.concatenate(parts, shared.threshold)
+            if joined is not None:
+                return joined
+        return super()._joined(parts)
 
     def result(self, timeout=None):
         value = super().result(timeout)
