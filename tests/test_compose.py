@@ -213,6 +213,18 @@ def test_engines_killed_together_leave_no_host_directory(fork):
     assert not os.path.exists(path)
 
 
+def test_a_host_directory_no_engine_is_in_goes_when_engines_start():
+    """Engines stopped past their exit handlers (``rc.shutdown``) under a
+    launcher that does not clean up leave their directory: the next engines
+    of this user on the host remove it."""
+    stale = host.host_path("left-by-a-cluster-long-gone")
+    os.makedirs(stale, exist_ok=True)
+    open(os.path.join(stale, "alive"), "w").close()
+    with running_cluster(2, 1, 2, compose="counting") as rc:
+        assert os.path.isdir(host.host_path(cluster_key(rc.session.key)))
+        assert not os.path.exists(stale)
+
+
 def test_the_view_switches_modes_and_regions_wrap_requests():
     with running_cluster(2, 1, 2) as rc:
         view = rc.broadcast_view()

@@ -104,6 +104,19 @@ def test_the_last_engine_out_removes_the_directory(root, holders):
     assert c.rank == 0 and os.path.isdir(c.path)
 
 
+def test_a_sweep_removes_only_the_directories_no_engine_is_in(root, holders):
+    live = H.HostDir("live", root)
+    holders(key="held")  # another process's engine
+    p, _, _ = holders(key="killed")
+    kill(p)
+    os.makedirs(os.path.join(root, "ipb-compose-not-a-uid-x"))  # not this user's pattern: untouched
+    assert H.sweep_unused(root) == ["killed"]
+    assert sorted(os.listdir(root)) == sorted(
+        [os.path.basename(live.path), os.path.basename(H.host_path("held", root)), "ipb-compose-not-a-uid-x"]
+    )
+    assert H.HostDir("killed", root).rank == 0  # a newcomer makes it again
+
+
 def test_busy_marks_nest(root, holders):
     d = H.HostDir("k", root)
     p, _, _ = holders()

@@ -85,6 +85,7 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
         self.engine_args = args + ([f"--BroadcastEngine.compose={mode}"] if mode else [])
         self.check_compose_mode()
         self._compose_key = self.compose_key()
+        self.on_stop(lambda _data: self.remove_compose_dir())  # once every engine has exited
         if self.fork or getattr(self.parent, "fork_engines", False):
             return self.start_forked(n)
         return super().start(n)
@@ -99,7 +100,7 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
 
     async def stop(self):
         await super().stop()
-        self.remove_compose_dir()
+        self.remove_compose_dir()  # if every engine was gone already (else when the last exits)
 
     def compose_key(self):
         """The engines' compose key, as they derive it (``compose.runtime``); None if unknown."""

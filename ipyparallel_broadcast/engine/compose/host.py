@@ -141,6 +141,19 @@ def remove_if_unused(key: str, root: str | None = None) -> bool:
         os.close(fd)
 
 
+def sweep_unused(root: str | None = None) -> list[str]:
+    """Remove every host directory of this user that no engine is in: engines
+    killed, or stopped past their exit handlers (``rc.shutdown``), under a
+    launcher that does not clean up after them, leave theirs. Their keys."""
+    root = root or default_root()
+    head = f"ipb-compose-{os.getuid()}-"
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return [n[len(head) :] for n in names if n.startswith(head) and remove_if_unused(n[len(head) :], root)]
+
+
 def survey(key: str, root: str | None = None) -> dict:
     """A look from outside (claiming nothing): engines alive and busy, tokens held."""
     path = host_path(key, root)

@@ -75,6 +75,7 @@ class Runtime:
             tbbmode.enable(self.cores)
         hint = H.launcher_hint()
         if mode != "default" and self.host is None:
+            H.sweep_unused(root)  # what engines gone without their exit handlers left
             self.host = H.HostDir(_key(key), root, rank if rank is not None else hint and hint[1])
             atexit.register(self.close)
         self.mode, self.factor, self.pin = mode, float(factor), bool(pin)
