@@ -116,8 +116,10 @@ def test_big_replies_come_back_through_shared_memory_and_leave_no_name(rc, coale
     assert rc._shared.mapped - before == 4  # every engine's block came by shared memory
     got[0]["block"][0, 0] = -1  # the client's own copy (copy-on-write)
     view.scatter("part", np.arange(4 * 64 * 1024, dtype=np.float64).reshape(4 * 64, 1024))
+    joined = rc._shared.buffers.joined
     gathered = view.gather("part")
     assert gathered.shape == (256, 1024) and float(gathered[-1, -1]) == 4 * 64 * 1024 - 1.0
+    assert rc._shared.buffers.joined == joined + 1  # into the client's warm buffers
     assert rc._shared.mapped - before == 8
     assert _names() == []
 

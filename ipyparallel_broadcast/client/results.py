@@ -362,7 +362,7 @@ class TreeAsyncMapResult(_Survivors, _Traced, GroupedDisplay, _Bulk, MapResultSe
     def _join(self, parts):
         """Big arrays joined into the client's warm buffers (``shared.WarmBuffers``),
         anything else by ipyparallel's ``mapObject``."""
-        mapper, shared = type(self._map_object), getattr(self._client, "_shared", None)
+        mapper, shared = type(self._map_object), getattr(self._rc, "_shared", None)
         if shared is not None and mapper.joinPartitions is Map.joinPartitions and mapper.concatenate is Map.concatenate:
             joined = shared.buffers.concatenate(parts, shared.threshold)
             if joined is not None:

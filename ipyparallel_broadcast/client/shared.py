@@ -80,7 +80,7 @@ class WarmBuffers:
     replies into them, the thread that reads a gather joins its parts into one."""
 
     def __init__(self, limit: int):
-        self.limit, self.kept, self.reused = limit, 0, 0
+        self.limit, self.kept, self.reused, self.joined = limit, 0, 0, 0
         self.by_size: dict[int, list[mmap.mmap]] = {}
         self.lock = Lock()
 
@@ -110,7 +110,9 @@ class WarmBuffers:
         if count * dtype.itemsize < least:
             return None
         out = np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype, count=count).reshape((rows, *rest))
-        return np.concatenate(parts, out=out)
+        np.concatenate(parts, out=out)
+        self.joined += 1
+        return out
 
     def _take(self, nbytes: int) -> memoryview:
         size = max(-(-nbytes // mmap.PAGESIZE), 1) * mmap.PAGESIZE
