@@ -116,10 +116,22 @@ def test_replies_buffers_come_back_whole_joined_or_not(sizes):
     assert got == buffer_sets
 
 
-@pytest.mark.parametrize("packed", [[3, 4], [3, -1], [2, "x"], "3", [4]])
+@pytest.mark.parametrize("packed", [[3, 4], [3, -1], [2, "x"], "3", [4], [True, 5], [2.0, 4], [-2, 6], []])
 def test_a_buffer_table_that_does_not_match_is_refused(packed):
     with pytest.raises(P.ProtocolError):
         B.packed_buffers(packed, [b"abcdef"])
+
+
+def test_a_buffer_table_with_a_frame_too_many_is_refused():
+    assert [bytes(b) for b in B.packed_buffers([2, 4], [b"abcdef"])] == [b"ab", b"cdef"]
+    with pytest.raises(P.ProtocolError):
+        B.packed_buffers([2, 4], [b"abcdef", b"one alone too many"])
+
+
+@pytest.mark.parametrize("counts", [[1, 1, 1], [1, True], [1, 1.0], [2, 1, 0, -1], [1], "1", [1, 1, 1, 1]])
+def test_part_counts_that_do_not_match_their_buffers_are_refused(counts):
+    with pytest.raises(P.ProtocolError):
+        B._parts(counts, [b"a", b"b"], 2 if isinstance(counts, list) and len(counts) == 2 else None)
 
 
 # ----------------------------------------------------------- replies as a table

@@ -110,19 +110,27 @@ def packed_buffers(packed, frames) -> list:
     """A bundle's buffers, from its joined frame (first) and the frames of its
     large buffers: ``packed`` gives each buffer's size, or -1 for one sent alone.
     Slices of the joined frame are memoryviews: no copy."""
-    if not isinstance(packed, list) or not frames or not all(type(n) is int for n in packed):
+    if not isinstance(packed, list) or not frames or not set(map(type, packed)) <= _INT:
         raise ProtocolError("bundle has an invalid buffer table")
-    joined, alone = memoryview(frames[0]), iter(frames[1:])
-    if sum(n for n in packed if n >= 0) != joined.nbytes or sum(1 for n in packed if n < 0) != len(frames) - 1:
+    joined, alone = memoryview(frames[0]), len(frames) - 1
+    if packed and min(packed) >= 0:  # (the usual table: every buffer small, a slice each)
+        ends = list(accumulate(packed))
+        if alone or ends[-1] != joined.nbytes:
+            raise ProtocolError("bundle buffer table does not match its frames")
+        return [joined[a:b] for a, b in zip([0, *ends], ends)]
+    if sum(n for n in packed if n >= 0) != joined.nbytes or sum(1 for n in packed if n < 0) != alone:
         raise ProtocolError("bundle buffer table does not match its frames")
-    out, offset = [], 0
+    out, offset, rest = [], 0, iter(frames[1:])
     for n in packed:
         if n >= 0:
             out.append(joined[offset : offset + n])
             offset += n
         else:
-            out.append(next(alone))
+            out.append(next(rest))
     return out
+
+
+_INT = frozenset((int,))
 
 
 class ReplyTable:
@@ -212,12 +220,11 @@ class Entry:
 
 
 def _parts(counts, buffers, n=None) -> list:
-    if (
-        not isinstance(counts, list)
-        or not all(type(c) is int and c >= 0 for c in counts)
-        or sum(counts) != len(buffers)
-        or (n is not None and len(counts) != n)
-    ):
+    if not isinstance(counts, list) or (n is not None and len(counts) != n):
+        raise ProtocolError("bundle part counts do not match its frames")
+    if len(counts) == len(buffers) and counts.count(1) == len(counts) and set(map(type, counts)) <= _INT:
+        return [[b] for b in buffers]  # (the usual: a buffer each)
+    if not all(type(c) is int and c >= 0 for c in counts) or sum(counts) != len(buffers):
         raise ProtocolError("bundle part counts do not match its frames")
     parts, offset = [], 0
     for c in counts:
