@@ -201,6 +201,12 @@ class BroadcastView(Collectives, ViewSeam):
             key=reply_key(f) if self.coalescing == AUTO else None,
         )
 
+    def _settle_outstanding(self):
+        """ipyparallel's ``_sync_results``: what the client no longer waits for
+        leaves the view's ``outstanding``, in place (its three set operations
+        each copied a broadcast's per-engine ids)."""
+        self.outstanding.intersection_update(self.client.outstanding)
+
     @sync_results
     @save_ids
     def _apply_call(self, f, args=None, kwargs=None, targets=None, block=None, track=None, label=None):

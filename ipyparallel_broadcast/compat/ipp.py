@@ -96,6 +96,7 @@ HOOKS = {
     },
     "ViewSeam": {
         "_really_apply": ("_apply_call", "an apply becomes one broadcast"),
+        "_sync_results": ("_settle_outstanding", "one pass over a call's per-engine ids, not three set copies"),
     },
     "ResultSeam": {
         "_handle_sent": ("_on_sent", "the call's tracker, not one per engine"),
