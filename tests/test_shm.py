@@ -108,19 +108,19 @@ def test_big_replies_come_back_through_shared_memory_and_leave_no_name(rc, coale
     from ipyparallel_broadcast import Batch
 
     view = rc.broadcast_view(block=True, coalescing=Batch(2) if coalescing == "batch" else coalescing)
-    before = rc._shared.mapped
+    before = rc._shared.segments_read
     got = view.apply(blocks, 3)
     assert [(r["rank"], r["block"].shape, float(r["block"].sum()), r["small"]) for r in got] == [
         (3, (64, 1024), 3.0 * 64 * 1024, [3])
     ] * 4
-    assert rc._shared.mapped - before == 4  # every engine's block came by shared memory
+    assert rc._shared.segments_read - before == 4  # every engine's block came by shared memory
     got[0]["block"][0, 0] = -1  # the client's own copy (copy-on-write)
     view.scatter("part", np.arange(4 * 64 * 1024, dtype=np.float64).reshape(4 * 64, 1024))
     joined = rc._shared.buffers.joined
     gathered = view.gather("part")
     assert gathered.shape == (256, 1024) and float(gathered[-1, -1]) == 4 * 64 * 1024 - 1.0
     assert rc._shared.buffers.joined == joined + 1  # into the client's warm buffers
-    assert rc._shared.mapped - before == 8
+    assert rc._shared.segments_read - before == 8
     assert _names() == []
 
 
@@ -145,7 +145,7 @@ def test_big_replies_are_read_into_warm_buffers_and_never_into_one_a_result_hold
 
 def test_a_client_on_another_host_or_with_sharing_off_gets_the_bytes(rc):
     view = rc.broadcast_view(block=True)
-    before, here = rc._shared.mapped, rc._shared.here
+    before, here = rc._shared.segments_read, rc._shared.here
     try:
         rc._shared.ask(shm.REPLY_THRESHOLD, "another host")  # as a client elsewhere says
         assert [float(r["block"].sum()) for r in view.apply(blocks, 1)] == [64.0 * 1024] * 4
@@ -154,9 +154,9 @@ def test_a_client_on_another_host_or_with_sharing_off_gets_the_bytes(rc):
         assert [float(r["block"].sum()) for r in view.apply(blocks, 2)] == [2.0 * 64 * 1024] * 4
     finally:
         rc.shared_reply_threshold = shm.REPLY_THRESHOLD
-    assert rc._shared.mapped == before
+    assert rc._shared.segments_read == before
     assert [float(r["block"].sum()) for r in view.apply(blocks, 1)] == [64.0 * 1024] * 4
-    assert rc._shared.mapped == before + 4
+    assert rc._shared.segments_read == before + 4
     assert _names() == []
 
 

@@ -22,7 +22,7 @@ class SharedReplies:
 
     def __init__(self, threshold: int, here: str | None = None, kept: int = 0):
         self.prefix = shm.reply_prefix()
-        self.mapped = 0  # segments read so far
+        self.segments_read = 0
         self.buffers = WarmBuffers(kept)
         self.ask(threshold, shm.reply_identity() if here is None else here)
 
@@ -46,7 +46,7 @@ class SharedReplies:
                     raise shm.ShmError(errno.EINVAL, f"segment {ref.name} names a buffer the reply lacks")
                 for index, view in shm.read_reply(ref, self.buffers.take):
                     buffers[index] = view
-                self.mapped += 1
+                self.segments_read += 1
             except shm.ShmError as e:
                 table.lost[k] = f"its reply's buffers in shared memory cannot be read ({e})"
         return table.lost
@@ -92,9 +92,9 @@ class WarmBuffers:
     def concatenate(self, parts: list, least: int):
         """``numpy.concatenate(parts)`` in a buffer of ``take``, if the parts
         are plain arrays of one dtype and shape past the first axis, of ``least``
-        bytes or more in all (``least`` 0, or nothing kept: never); else None. (NumPy asks for huge pages for a big new
-        array: measured, 15-20 ms of faults and compaction for 8 MiB, once other
-        allocations had left memory fragmented.)"""
+        bytes or more in all (never if ``least`` is 0 or nothing is kept); else
+        None. NumPy asks for huge pages for a big new array: measured, 15-20 ms
+        of faults and compaction for 8 MiB once memory was fragmented."""
         np = sys.modules.get("numpy")
         first = parts[0] if parts else None
         if least <= 0 or self.limit <= 0 or np is None or type(first) is not np.ndarray:

@@ -54,7 +54,7 @@ MARK = b"ipb-shm "  # an ident frame that starts so is a Reference
 PAGE = mmap.PAGESIZE
 _COUNT = struct.Struct("<q")  # the header: engines yet to map the segment
 HELD = 1 << 62  # the count of a segment that only its writer unlinks (see ShmStore.put)
-_MAX_WRITE = 1 << 30  # one pwrite at most (Linux writes at most ~2 GiB at once)
+_MAX_IO = 1 << 30  # one pwrite or preadv at most (Linux moves at most ~2 GiB at once)
 
 
 def directory() -> str:
@@ -242,7 +242,7 @@ class ShmStore:
 def _write_all(fd: int, view: memoryview, offset: int):
     done = 0
     while done < view.nbytes:
-        done += os.pwrite(fd, view[done : done + _MAX_WRITE], offset + done)
+        done += os.pwrite(fd, view[done : done + _MAX_IO], offset + done)
 
 
 def _unlink(path: str):
@@ -336,7 +336,7 @@ def read_reply(ref: Reference, take, root: str | None = None) -> list[tuple[int,
             view = take(n)
             done = 0
             while done < n:
-                got = os.preadv(fd, [view[done : done + _MAX_WRITE]], offset + done)
+                got = os.preadv(fd, [view[done : done + _MAX_IO]], offset + done)
                 if got <= 0:
                     raise ShmError(errno.EIO, f"segment {ref.name} ended inside buffer {index}")
                 done += got
