@@ -186,8 +186,8 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         copy = biggest < self.session.copy_threshold
         if track:
             self._tracking[id(to_send)] = (to_send, tracker, as_list)
-        # through the ZMQStream: a send behind its back can eat the socket's
-        # edge-triggered read event, and replies would wait unread
+        # on the I/O thread, through the RootSocket: a send behind its back can
+        # eat the socket's edge-triggered read event, and replies would wait unread
         send = self._root_stream.send_multipart
         if trace:
             send = partial(self._send_traced, msg_id, send)
@@ -199,7 +199,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         send(*args, **kwargs)
 
     def _broadcast_sent(self, msg, status):
-        """ZMQStream send callback: hand the zmq MessageTracker to the call."""
+        """The broadcast socket's send callback: hand the zmq MessageTracker to the call."""
         _, tracker, as_list = self._tracking.pop(id(msg), (None, None, False))
         if tracker is not None and not tracker.done():
             status = status if isinstance(status, zmq.MessageTracker) else None

@@ -3,6 +3,8 @@
 stream), a reply or output that cannot be handled failing only its own
 request, and each engine's output of a broadcast routed to that engine's part.
 
+The broadcast socket is read by ``rootsocket.RootSocket`` (every message
+waiting per wakeup, sends at once), the others by ipyparallel's streams.
 A mixin of ``upstream.Upstream`` (an ``ipyparallel.Client``), on the client's
 I/O thread.
 """
@@ -19,6 +21,7 @@ from ..wire.naming import engine_of_topic, is_broadcast_id
 from .guard import contained, guarded_callback
 from .replies import RootWatch
 from .results import outcome_metadata
+from .rootsocket import RootSocket
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +30,15 @@ class StreamReaders:
     """The reading side of ``Upstream``: set up on the I/O thread, before its loop runs."""
 
     def _open_streams(self):
-        """IO thread, before its loop runs: the parent's streams, each read by
-        a ``contained`` handler (an exception is logged, never stops a stream)."""
+        """IO thread, before its loop runs: the parent's streams and our
+        broadcast socket, each read by a ``contained`` handler (an exception is
+        logged, never stops a stream)."""
         self._codec = P.Codec(self.session)
         self._root_watch = RootWatch(self.root_ping_interval, self.root_timeout)
         super()._open_streams()
+        stock = self._root_stream  # ipyparallel's ZMQStream: off the loop, its socket read by ours
+        self._loop.remove_handler(stock.socket)
+        self._root_stream = RootSocket(stock.socket, self._loop)
         streams = ipp.client_streams(self)  # {what: (stream, ipyparallel's handler)}
         streams["IOPub"] = (streams["IOPub"][0], self._read_iopub)
         streams["broadcast"] = (self._root_stream, self._dispatch_broadcast)

@@ -54,7 +54,7 @@ STATE = {
         "_io_thread": ("_loop_thread", "results unpacked in place when already on the I/O thread"),
         "_iopub_socket": ("_iopub_sock", "the IOPub hello subscription"),
         "_control_socket": ("_control_sock", "a kernel_info probe when the controller is stock"),
-        "_broadcast_stream": ("_root_stream", "the broadcast socket: bundles in, one request out"),
+        "_broadcast_stream": ("_root_stream", "the broadcast socket (our RootSocket): bundles in, one request out"),
         "_mux_stream": ("_direct_stream", "DirectView's socket, for per-engine pushes"),
     },
     "ResultSeam": {
