@@ -10,8 +10,9 @@ With ``--peers``, a local Dask cluster of N workers joins the rounds
 (``Client.run`` and ``submit`` pinned per worker), and an MPI job of N+1
 ranks (mpi4py ``bcast`` + ``gather``, timed inside the job) adds a row.
 
-``--cpu CALLS`` adds where the CPU goes: after the rounds, each view makes
-CALLS 1 kB echo calls alone, and psutil reads the CPU time (user + system) of
+``--cpu CALLS`` adds where the CPU goes: after the rounds, each system is
+started alone (the others stopped), each of its views makes CALLS 1 kB echo
+calls, and psutil reads the CPU time (user + system) of
 the client process, the controller's processes (hub, schedulers, relay nodes)
 and the engines (with their nannies; Dask's workers and nannies), each less
 its idle rate (measured over 5 s at rest); shown per engine per apply, with
@@ -77,8 +78,8 @@ def our_cluster(n: int, depth: int, fanout: int = 2, **cluster_options):
             cluster.stop_cluster_sync()
 
 
-def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
-    """(our client, stock client) for two clusters of n engines each."""
+def _clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2) -> dict:
+    """``{"ours": Cluster, "stock": ipp.Cluster}`` of n engines each, not started."""
     wait = max(60, 4 * n)  # seconds for the engines to register: ~0.8 s each on 2 busy cores
     ours = Cluster(
         n=n,
@@ -95,29 +96,45 @@ def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
         profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
         controller_args=[f"--IPController.broadcast_scheduler_depth={max(depth, 0)}"],
     )
+    return dict(ours=ours, stock=stock)
+
+
+def _start(stack: ExitStack, clusters: dict, n: int) -> dict:
+    """``{side: client}`` of the clusters started, in order, all engines registered."""
     clients = {}
-    for cluster in (stock, ours):  # the stock one first: with ours up, its 64 engines did not all register
+    for side, cluster in clusters.items():
         rc = cluster.start_and_connect_sync()
         stack.callback(cluster.stop_cluster_sync)
         stack.callback(rc.close)
-        clients[cluster] = rc
+        clients[side] = rc
     for rc in clients.values():
-        rc.wait_for_engines(n, timeout=wait)
-    return clients[ours], clients[stock]
+        rc.wait_for_engines(n, timeout=max(60, 4 * n))
+    return clients
+
+
+def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
+    """(our client, stock client) for two clusters of n engines each."""
+    clusters = _clusters(stack, n, depth, fanout)
+    # the stock one first: with ours up, its 64 engines did not all register
+    clients = _start(stack, dict(stock=clusters["stock"], ours=clusters["ours"]), n)
+    return clients["ours"], clients["stock"]
 
 
 def views(ours, stock, suite="calls") -> dict[str, object]:
-    vs = {
-        "DirectView": stock[:],
-        "ipp BroadcastView coalescing": stock.broadcast_view(is_coalescing=True),
-        "ipp BroadcastView non-coalescing": stock.broadcast_view(is_coalescing=False),
-        "ours coalescing": ours.broadcast_view(coalescing=True),
-        "ours streaming": ours.broadcast_view(coalescing=False),
-        "ours auto": ours.broadcast_view(coalescing="auto"),
-    }
-    if suite in ("collectives", "workloads"):
-        del vs["ipp BroadcastView non-coalescing"]  # same code path as coalescing here
-        vs["ours partial (Batch 8)"] = ours.broadcast_view(coalescing=Batch(8))
+    """The views a table compares, by name: the stock cluster's, then ours
+    (either client None: that side's views left out)."""
+    vs = {}
+    if stock is not None:
+        vs["DirectView"] = stock[:]
+        vs["ipp BroadcastView coalescing"] = stock.broadcast_view(is_coalescing=True)
+        if suite not in ("collectives", "workloads"):  # (the same code path as coalescing there)
+            vs["ipp BroadcastView non-coalescing"] = stock.broadcast_view(is_coalescing=False)
+    if ours is not None:
+        vs["ours coalescing"] = ours.broadcast_view(coalescing=True)
+        vs["ours streaming"] = ours.broadcast_view(coalescing=False)
+        vs["ours auto"] = ours.broadcast_view(coalescing="auto")
+        if suite in ("collectives", "workloads"):
+            vs["ours partial (Batch 8)"] = ours.broadcast_view(coalescing=Batch(8))
     return vs
 
 
@@ -323,7 +340,31 @@ def cpu_per_apply(
     return rows
 
 
-def cpu_table(n: int, rows, idle_client: float = None) -> str:
+def cpu_alone(n: int, depth: int, fanout: int, calls: int, with_peers: bool) -> tuple[dict, dict]:
+    """The CPU table's rows and each system's idle rates, each system measured
+    with only itself up, as a user tries it (ours, the stock cluster, Dask):
+    with the others up too, their idle work and memory slowed the one measured,
+    unevenly (see ``client-cpu-n16.md``)."""
+    rows, idle = {}, {}
+    for side in ("stock", "ours") + (("dask",) if with_peers else ()):
+        with ExitStack() as stack:
+            if side == "dask":
+                vs = {}
+                add_peers(stack, vs, n)
+                groups = {side: dask_groups(vs["Dask run"].client)}
+            else:
+                rc = _start(stack, {side: _clusters(stack, n, depth, fanout)[side]}, n)[side]
+                vs = views(rc, None) if side == "ours" else views(None, rc)
+                groups = {side: process_groups(rc, rc.cluster)}
+            for view in vs.values():  # warm: functions cached, buffers grown
+                for _ in range(20):
+                    t_echo(view)
+            idle.update(idle_rates(groups))
+            rows.update(cpu_per_apply(vs, groups, calls, idle))
+    return rows, idle
+
+
+def cpu_table(n: int, rows, idle_client: float = None, alone: bool = False) -> str:
     width = max(len(x) for x in rows) + 2
     net = idle_client is not None
     head = f"N={n}: CPU ms per engine per apply (1 kB echo)" + (", net of each system's idle CPU" if net else "")
@@ -339,6 +380,8 @@ def cpu_table(n: int, rows, idle_client: float = None) -> str:
             f"(idle %core: the system's controller and engines at rest; this process, "
             f"home of every client and of Dask's scheduler, idles at {100 * idle_client:.1f}%)"
         )
+    if alone:
+        lines.append("(each system measured with only itself up: started, measured, stopped, in turn)")
     return "\n".join(lines)
 
 
@@ -382,13 +425,9 @@ def run(
             if with_peers:
                 add_peers(stack, vs, n)
             results[n] = medians = measure(vs, reps, suite)
-            if cpu_calls:
-                groups = {side: process_groups(rc, rc.cluster) for side, rc in (("ours", ours), ("stock", stock))}
-                if with_peers:
-                    groups["dask"] = dask_groups(vs["Dask run"].client)
-                idle = idle_rates(groups)
-                rows = cpu_per_apply(vs, groups, cpu_calls, idle)
-                out(cpu_table(n, rows, idle_client=idle["ours"][0]) + "\n")
+        if cpu_calls:
+            rows, idle = cpu_alone(n, depth, fanout, cpu_calls, with_peers)
+            out(cpu_table(n, rows, idle_client=idle["ours"][0], alone=True) + "\n")
         if with_peers:
             add_mpi(medians, n, reps, out)
         out(table(n, depth, medians) + "\n")
