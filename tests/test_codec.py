@@ -209,3 +209,14 @@ def test_a_record_copy_leaves_out_big_buffers_and_stays_signed(session):
     assert P.is_stripped(copy[-1]) and not P.is_stripped(small)
     assert session.deserialize(copy[1:])["buffers"][0] == small  # the signature still holds
     assert P.strip_big(frames, 1, limit=5)[:-1] == frames[:-1]  # only the last n_buffers are looked at
+
+
+@pytest.mark.parametrize("targets", [[True], [0, -1], [1.0], ["0"], [0, None], "0,1", None])
+def test_a_request_naming_no_engine_ids_is_refused(targets):
+    with pytest.raises(P.ProtocolError, match="targets must be a list of engine ids"):
+        P.validate_request(P.request_content("b.1", [0], P.COALESCE) | dict(targets=targets))
+
+
+def test_a_request_for_engine_ids_is_valid():
+    for targets in ([0], [3, 1, 2], list(range(1024))):
+        assert P.validate_request(P.request_content("b.1", targets, P.COALESCE))["targets"] == targets

@@ -165,3 +165,18 @@ def test_serves_is_membership_of_the_leaf_in_the_subtree(depth, fanout, data):
     eid = data.draw(st.integers(0, 10_000))
     leaf = shape.leaf_path(shape.leaf_of(eid))
     assert shape.serves(path, eid) == (leaf[: len(path)] == path)
+
+
+@given(shapes, engine_lists, st.data())
+def test_split_with_overrides_is_the_rule_with_each_override_applied(shape, eids, data):
+    """A node's learned routes (engines announced under another child than the
+    modulo rule's) are applied per engine, in target order."""
+    for path in shape.nodes():
+        if shape.is_leaf(path):
+            continue
+        digits = st.integers(0, shape.fanout - 1)
+        overrides = data.draw(st.dictionaries(st.sampled_from(eids) if eids else st.nothing(), digits))
+        expected = {}
+        for e in eids:
+            expected.setdefault(overrides.get(e, shape.child_digit(path, e)), []).append(e)
+        assert shape.split(path, eids, overrides) == expected

@@ -71,14 +71,7 @@ class Routes:
             for eid in targets:
                 groups.setdefault(via.get(eid), []).append(eid)
             return groups
-        overrides = self.overrides
-        if not overrides or not any(e in overrides for e in targets):
-            return self.shape.split(self.path, targets)
-        out: dict[object, list[int]] = {}
-        for eid in targets:  # rebuilt in target order
-            digit = self.overrides.get(eid)
-            out.setdefault(self.shape.child_digit(self.path, eid) if digit is None else digit, []).append(eid)
-        return out
+        return self.shape.split(self.path, targets, self.overrides)
 
     # ---------------------------------------------------------------- updates
     def host_engines(self, host: bytes, eids: Iterable[int]) -> tuple[list[int], list[int]]:

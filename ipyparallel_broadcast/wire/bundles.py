@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
-from .protocol import BUNDLE, OUTPUTS_KEY, SHM_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
+from .protocol import BUNDLE, INTS, OUTPUTS_KEY, SHM_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
 
 log = logging.getLogger(__name__)
 PACK_BELOW = 64 * 1024  # reply buffers smaller than this are joined into one frame
@@ -110,7 +110,7 @@ def packed_buffers(packed, frames) -> list:
     """A bundle's buffers, from its joined frame (first) and the frames of its
     large buffers: ``packed`` gives each buffer's size, or -1 for one sent alone.
     Slices of the joined frame are memoryviews: no copy."""
-    if not isinstance(packed, list) or not frames or not set(map(type, packed)) <= _INT:
+    if not isinstance(packed, list) or not frames or not set(map(type, packed)) <= INTS:
         raise ProtocolError("bundle has an invalid buffer table")
     joined, alone = memoryview(frames[0]), len(frames) - 1
     if packed and min(packed) >= 0:  # (the usual table: every buffer small, a slice each)
@@ -128,9 +128,6 @@ def packed_buffers(packed, frames) -> list:
         else:
             out.append(next(rest))
     return out
-
-
-_INT = frozenset((int,))
 
 
 class ReplyTable:
@@ -222,7 +219,7 @@ class Entry:
 def _parts(counts, buffers, n=None) -> list:
     if not isinstance(counts, list) or (n is not None and len(counts) != n):
         raise ProtocolError("bundle part counts do not match its frames")
-    if len(counts) == len(buffers) and counts.count(1) == len(counts) and set(map(type, counts)) <= _INT:
+    if len(counts) == len(buffers) and counts.count(1) == len(counts) and set(map(type, counts)) <= INTS:
         return [[b] for b in buffers]  # (the usual: a buffer each)
     if not all(type(c) is int and c >= 0 for c in counts) or sum(counts) != len(buffers):
         raise ProtocolError("bundle part counts do not match its frames")

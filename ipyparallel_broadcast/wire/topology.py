@@ -78,16 +78,23 @@ class TreeShape:
         below = self.depth - len(path) - 1
         return (self.leaf_of(engine_id) // self.fanout**below) % self.fanout
 
-    def split(self, path: Path, engine_ids: Iterable[int]) -> dict[int, list[int]]:
-        """Split engine ids among the children of ``path``, keeping their order.
+    def split(self, path: Path, engine_ids: Iterable[int], overrides: dict | None = None) -> dict[int, list[int]]:
+        """Split engine ids among the children of ``path``, keeping their order;
+        ``overrides``: engine id to child digit, where it differs from the rule.
 
         Children with no targets are absent from the result.
         """
         parts: dict[int, list[int]] = {}
         below = self.fanout ** (self.depth - len(path) - 1)
         n_leaves, fanout = self.n_leaves, self.fanout
+        if not overrides:
+            for eid in engine_ids:
+                parts.setdefault((eid % n_leaves // below) % fanout, []).append(eid)
+            return parts
+        moved = overrides.get
         for eid in engine_ids:
-            parts.setdefault((eid % n_leaves // below) % fanout, []).append(eid)
+            digit = moved(eid)
+            parts.setdefault((eid % n_leaves // below) % fanout if digit is None else digit, []).append(eid)
         return parts
 
     def layout(self, engine_ids: Iterable[int]) -> dict[Path, list[int]]:
