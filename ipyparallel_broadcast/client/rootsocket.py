@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import zmq
 
-from ..wire.frames import recv_waiting
+from ..wire.frames import recv_frames
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class RootSocket:
 
     zmq's descriptor is edge-triggered: it fires when the socket's state
     changes, and a send may consume the change a message's arrival made. So
-    each wakeup reads until zmq says there is nothing (``EVENTS``), and each
+    each wakeup reads until zmq says there is nothing (``Again``), and each
     send looks again and reads on the next turn if something is waiting."""
 
     def __init__(self, socket: zmq.Socket, io_loop):
@@ -103,13 +103,13 @@ class RootSocket:
         self.wakeups += 1
         for _ in range(DRAIN):
             try:
-                frames = recv_waiting(sock)
-            except zmq.ZMQError as e:  # closed under us, or the context terminated
-                log.warning("broadcast socket: reading stopped: %s", e)
-                return
-            if frames is None:
+                frames = recv_frames(sock)
+            except zmq.Again:  # (one per wakeup: asking EVENTS per message cost more when many came)
                 if self._waiting:
                     self._look_again()  # the read may have let them go
+                return
+            except zmq.ZMQError as e:  # closed under us, or the context terminated
+                log.warning("broadcast socket: reading stopped: %s", e)
                 return
             self.received += 1
             try:

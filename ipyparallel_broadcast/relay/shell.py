@@ -25,7 +25,7 @@ from jupyter_client.session import Session
 from ..host.shm import THRESHOLD, ShmStore, sweep
 from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
-from ..wire.frames import recv_waiting, send_frames
+from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
 from .bulk import BULK
 from .core import RelayNode
@@ -253,8 +253,9 @@ class NodeShell:
             for sock, _ in self.poller.poll(timeout):
                 handler = self.handlers[sock]
                 for _ in range(BATCH):
-                    frames = recv_waiting(sock)
-                    if frames is None:
+                    try:
+                        frames = recv_frames(sock)
+                    except zmq.Again:
                         break
                     tic = time.perf_counter()
                     try:
