@@ -153,6 +153,17 @@ def until(predicate, timeout=60, what="a condition"):
         time.sleep(0.05)
 
 
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie not yet reaped). Asked
+    in one step: between "it exists" and "its status", its parent may reap it."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def at_gate(path):
     """Engine side: hold until the file ``path`` exists; return the pid."""
     import os

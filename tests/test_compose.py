@@ -11,9 +11,8 @@ import subprocess
 import sys
 import tempfile
 
-import psutil
 import pytest
-from cluster_util import at_gate, quiet_config, running_cluster, until
+from cluster_util import at_gate, process_gone, quiet_config, running_cluster, until
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.engine import compose
@@ -206,7 +205,7 @@ def test_engines_killed_together_leave_no_host_directory(fork):
             os.kill(pid, signal.SIGKILL)
         for pid in pids:
             until(
-                lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                lambda pid=pid: process_gone(pid),
                 what=f"engine process {pid} to die",
             )
         assert os.path.isdir(path)  # nobody cleaned up

@@ -7,7 +7,7 @@ import signal
 
 import psutil
 import pytest
-from cluster_util import arrive_and_hold, arrived, quiet_config, running_cluster, until
+from cluster_util import arrive_and_hold, arrived, process_gone, quiet_config, running_cluster, until
 from ipyparallel import error
 
 from ipyparallel_broadcast.engine import compose
@@ -72,7 +72,7 @@ def test_the_launcher_setting_forks_and_stop_leaves_no_process():
         pids = rc.broadcast_view().apply_sync(os.getpid)
         family = [psutil.Process(pids[0]).ppid()] + pids + [k.pid for p in pids for k in psutil.Process(p).children()]
     until(
-        lambda: not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
+        lambda: all(process_gone(p) for p in family),
         timeout=30,
         what="the template, engines and nannies to exit",
     )
