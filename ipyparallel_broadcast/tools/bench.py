@@ -78,45 +78,46 @@ def our_cluster(n: int, depth: int, fanout: int = 2, **cluster_options):
             cluster.stop_cluster_sync()
 
 
-def _clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2) -> dict:
-    """``{"ours": Cluster, "stock": ipp.Cluster}`` of n engines each, not started."""
-    wait = max(60, 4 * n)  # seconds for the engines to register: ~0.8 s each on 2 busy cores
-    ours = Cluster(
+def _register_wait(n: int) -> float:
+    """Seconds for n engines to register: ~0.8 s each on 2 busy cores."""
+    return max(60, 4 * n)
+
+
+def _cluster(stack: ExitStack, side: str, n: int, depth: int, fanout: int = 2):
+    """A cluster of n engines, not started: ours (``side`` "ours") or a stock
+    one whose broadcast scheduler has the same depth ("stock")."""
+    profile_dir = stack.enter_context(tempfile.TemporaryDirectory())
+    if side == "ours":
+        return Cluster(
+            n=n, depth=depth, fanout=fanout, log_level=40, engine_timeout=_register_wait(n), profile_dir=profile_dir
+        )
+    return ipp.Cluster(
         n=n,
-        depth=depth,
-        fanout=fanout,
         log_level=40,
-        engine_timeout=wait,
-        profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
-    )
-    stock = ipp.Cluster(
-        n=n,
-        log_level=40,
-        engine_timeout=wait,
-        profile_dir=stack.enter_context(tempfile.TemporaryDirectory()),
+        engine_timeout=_register_wait(n),
+        profile_dir=profile_dir,
         controller_args=[f"--IPController.broadcast_scheduler_depth={max(depth, 0)}"],
     )
-    return dict(ours=ours, stock=stock)
 
 
-def _start(stack: ExitStack, clusters: dict, n: int) -> dict:
-    """``{side: client}`` of the clusters started, in order, all engines registered."""
+def _start(stack: ExitStack, sides, n: int, depth: int, fanout: int = 2) -> dict:
+    """``{side: client}`` of a cluster per side, started in order, all engines registered."""
     clients = {}
-    for side, cluster in clusters.items():
+    for side in sides:
+        cluster = _cluster(stack, side, n, depth, fanout)
         rc = cluster.start_and_connect_sync()
         stack.callback(cluster.stop_cluster_sync)
         stack.callback(rc.close)
         clients[side] = rc
     for rc in clients.values():
-        rc.wait_for_engines(n, timeout=max(60, 4 * n))
+        rc.wait_for_engines(n, timeout=_register_wait(n))
     return clients
 
 
 def start_clusters(stack: ExitStack, n: int, depth: int, fanout: int = 2):
     """(our client, stock client) for two clusters of n engines each."""
-    clusters = _clusters(stack, n, depth, fanout)
     # the stock one first: with ours up, its 64 engines did not all register
-    clients = _start(stack, dict(stock=clusters["stock"], ours=clusters["ours"]), n)
+    clients = _start(stack, ("stock", "ours"), n, depth, fanout)
     return clients["ours"], clients["stock"]
 
 
@@ -353,7 +354,7 @@ def cpu_alone(n: int, depth: int, fanout: int, calls: int, with_peers: bool) -> 
                 add_peers(stack, vs, n)
                 groups = {side: dask_groups(vs["Dask run"].client)}
             else:
-                rc = _start(stack, {side: _clusters(stack, n, depth, fanout)[side]}, n)[side]
+                rc = _start(stack, (side,), n, depth, fanout)[side]
                 vs = views(rc, None) if side == "ours" else views(None, rc)
                 groups = {side: process_groups(rc, rc.cluster)}
             for view in vs.values():  # warm: functions cached, buffers grown
