@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ipyparallel.serialize import pack_apply_message, unpack_apply_message
+from ipyparallel.serialize import pack_apply_message, serialize_object, unpack_apply_message
+from ipyparallel.serialize.serialize import deserialize_object
 
-from ipyparallel_broadcast.engine.applycall import Functions, reusable, run_apply, unpack_call
+from ipyparallel_broadcast.engine.applycall import Functions, reusable, run_apply, serialize_result, unpack_call
 
 pytestmark = pytest.mark.pure
 
@@ -120,3 +121,33 @@ def test_errors_become_content_and_results_buffers():
     assert content == {"status": "ok"} and len(result) == 2  # the pickle, and the array's data
     content, _ = run_apply(bufs[:1], {}, functions, 1024, 64, lambda e: dict(status="error", ename=type(e).__name__))
     assert content["ename"] == "ValueError"
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=3000),
+        st.integers(),
+        st.text(max_size=50),
+        st.lists(st.binary(max_size=1500), max_size=4),
+        st.dictionaries(st.sampled_from("abc"), st.binary(max_size=1500), max_size=3),
+    )
+)
+def test_results_read_back_as_ipyparallel_reads_them(value):
+    """Any ipyparallel client's ``deserialize_object`` reads our result buffers
+    as it reads ``serialize_object``'s: same value, same type, same number of
+    frames (a large buffer still goes as a frame of its own)."""
+    ours, theirs = serialize_result(value, 1024, 64), serialize_object(value, 1024, 64)
+    assert len(ours) == len(theirs)
+    back = deserialize_object([memoryview(b) for b in ours])[0]
+    assert back == deserialize_object(theirs)[0] == value and type(back) is type(value)
+
+
+def test_small_bytes_results_are_pickled_as_bytes_not_canned():
+    """The point of ``serialize_result``: a small ``bytes`` unpickles as
+    ``bytes`` (no ``CannedBytes`` instance to make); up to the threshold, as
+    ipyparallel's extraction counts it (``> threshold`` goes alone)."""
+    import pickle
+
+    assert pickle.loads(serialize_result(b"x" * 1024, 1024, 64)[0]) == b"x" * 1024
+    assert type(pickle.loads(serialize_object(b"x" * 1024, 1024, 64)[0])).__name__ == "CannedBytes"
+    assert len(serialize_result(b"x" * 1025, 1024, 64)) == 2

