@@ -161,6 +161,20 @@ def test_a_replies_table_reads_status_and_iopub_without_parsing_replies():
     assert list(table.parsed) == [1]  # only what was read
 
 
+def test_a_usual_table_holds_no_object_per_engine():
+    """One small buffer per engine (the usual): the table keeps the joined
+    frame and reads each engine's buffer as a slice when asked."""
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    buffers = [[bytes([i]) * (i + 1)] for i in range(5)]
+    table = table_of(codec, B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, buffers), []))
+    assert isinstance(table.parts, B.OneSliceEach) and len(table.parts) == 5
+    assert [[bytes(b) for b in table.parts[k]] for k in range(5)] == buffers
+    for k in (-1, 5):
+        with pytest.raises(IndexError):
+            table.parts[k]
+
+
 def test_a_replies_table_with_tampered_texts_is_refused():
     session = Session(key=b"a key")
     codec = P.Codec(session)
@@ -184,7 +198,20 @@ def test_an_unreadable_reply_is_left_out_of_the_table():
 
 
 @pytest.mark.parametrize(
-    "change", [{"texts": ["x", 1]}, {"texts": [-1, 100]}, {"parts": ["1", 1]}, {"engines": "u0"}, {"odd": [1]}]
+    "change",
+    [
+        {"texts": ["x", 1]},
+        {"texts": [-1, 100]},
+        {"parts": ["1", 1]},
+        {"engines": "u0"},
+        {"odd": [1]},
+        {"packed": [1, 5]},
+        {"packed": [1, True]},
+        {"packed": [1.0, 1]},
+        {"packed": [-1, 2]},
+        {"packed": [2]},
+        {"parts": [1, True]},
+    ],
 )
 def test_a_signed_but_malformed_table_is_a_protocol_error(change):
     """A table with bad fields, even signed, is refused as a ProtocolError

@@ -67,6 +67,15 @@ def test_an_engine_of_the_clients_host_writes_big_buffers_once_and_the_client_ma
     assert bytes(table.parts[0][1][:1]) == b"\x07"
 
 
+def test_engines_with_one_shared_buffer_each_are_filled_in_place(client, codec):
+    """A table of one buffer per engine (its frames empty: joined, the usual
+    shape, read as slices) still holds lists the client fills in place."""
+    bodies = [shared_reply(client, codec, f"u{k}", [BIG[k:]])[0] for k in range(2)]
+    table = table_of(codec, bodies)
+    assert client.fill(table) == {}
+    assert [bytes(table.parts[k][0]) for k in range(2)] == [BIG, BIG[1:]]
+
+
 def test_an_engine_of_another_host_or_a_bad_spec_sends_the_bytes(client, codec, tmp_path):
     here = shm.reply_identity()
     spec = client.spec

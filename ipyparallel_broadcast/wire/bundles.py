@@ -130,6 +130,49 @@ def packed_buffers(packed, frames) -> list:
     return out
 
 
+class OneSliceEach:
+    """Each engine's buffers when each has one, all joined in one frame (the
+    usual table): ``[slice]``, made when read. A table of 1,024 replies then
+    holds no object per engine (a list and a memoryview each, every one
+    tracked by the collector: five young-generation collections per call)."""
+
+    __slots__ = ("joined", "ends")
+
+    def __init__(self, joined: memoryview, ends: list):
+        self.joined, self.ends = joined, ends  # buffer k: joined[ends[k]:ends[k + 1]]
+
+    def __len__(self) -> int:
+        return len(self.ends) - 1
+
+    def __getitem__(self, k: int) -> list:
+        if not 0 <= k < len(self.ends) - 1:
+            raise IndexError("no such engine in the table")
+        return [self.joined[self.ends[k] : self.ends[k + 1]]]
+
+
+def _table_parts(content: dict, buffers: list, n: int):
+    """A replies table's parts: each engine's list of buffers."""
+    packed, counts = content.get("packed"), content.get("parts")
+    if (  # the usual table: one small buffer each, read as slices when asked
+        isinstance(packed, list)
+        and isinstance(counts, list)
+        and len(buffers) == 1
+        and len(packed) == len(counts) == n
+        and counts.count(1) == n
+        and set(map(type, packed)) <= INTS
+        and set(map(type, counts)) <= INTS
+        and (not packed or min(packed) >= 0)
+    ):
+        ends = [0, *accumulate(packed)]
+        joined = memoryview(buffers[0])
+        if ends[-1] != joined.nbytes:
+            raise ProtocolError("bundle buffer table does not match its frames")
+        return OneSliceEach(joined, ends)
+    if packed is not None:
+        buffers = packed_buffers(packed, buffers)
+    return _parts(counts, buffers, n)
+
+
 class ReplyTable:
     """A ``replies`` bundle, read: each engine's uuid, status, IOPub flag and
     buffers at once; its header, metadata and content when first asked."""
@@ -156,10 +199,7 @@ class ReplyTable:
             raise ProtocolError("replies bundle texts do not match their sizes")
         if codec.key and not hmac.compare_digest(str(content.get("digest")), hashlib.sha256(self.text).hexdigest()):
             raise ProtocolError("replies bundle texts do not match their digest")
-        buffers = buffers[1:]
-        if "packed" in content:
-            buffers = packed_buffers(content["packed"], buffers)
-        self.parts = _parts(content.get("parts"), buffers, len(engines))
+        self.parts = _table_parts(content, buffers[1:], len(engines))
         try:
             self.odd, self.iopub = dict(odd), frozenset(iopub)
         except (TypeError, ValueError) as e:
@@ -170,6 +210,8 @@ class ReplyTable:
             isinstance(s, list) and len(s) == 2 and type(s[0]) is int and 0 <= s[0] < len(engines) for s in shm
         ):
             raise ProtocolError("replies bundle has an invalid shared-memory table")
+        if shm and isinstance(self.parts, OneSliceEach):
+            self.parts = list(self.parts)  # lists the client fills in place (``client.shared``)
         self.shm = shm  # [[k, reference content]]: filled in by the client (``client.shared``)
         self.lost: dict[int, str] = {}  # k -> why its shared buffers could not be read
 
