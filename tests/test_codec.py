@@ -161,14 +161,15 @@ def test_a_replies_table_reads_status_and_iopub_without_parsing_replies():
     assert list(table.parsed) == [1]  # only what was read
 
 
-def test_a_usual_table_holds_no_object_per_engine():
-    """One small buffer per engine (the usual): the table keeps the joined
-    frame and reads each engine's buffer as a slice when asked."""
+@pytest.mark.parametrize("per", [1, 3])
+def test_a_usual_table_holds_no_object_per_engine(per):
+    """As many small buffers per engine (the usual): the table keeps the
+    joined frame and reads each engine's buffers as slices when asked."""
     session = Session(key=b"a key")
     codec = P.Codec(session)
-    buffers = [[bytes([i]) * (i + 1)] for i in range(5)]
+    buffers = [[bytes([i, j]) * (i + j) for j in range(per)] for i in range(5)]
     table = table_of(codec, B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, buffers), []))
-    assert isinstance(table.parts, B.OneSliceEach) and len(table.parts) == 5
+    assert isinstance(table.parts, B.SlicesEach) and len(table.parts) == 5
     assert [[bytes(b) for b in table.parts[k]] for k in range(5)] == buffers
     for k in (-1, 5):
         with pytest.raises(IndexError):

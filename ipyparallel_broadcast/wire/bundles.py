@@ -130,44 +130,50 @@ def packed_buffers(packed, frames) -> list:
     return out
 
 
-class OneSliceEach:
-    """Each engine's buffers when each has one, all joined in one frame (the
-    usual table): ``[slice]``, made when read. A table of 1,024 replies then
-    holds no object per engine (a list and a memoryview each, every one
-    tracked by the collector: five young-generation collections per call)."""
+class SlicesEach:
+    """Each engine's buffers when each has as many, all joined in one frame
+    (the usual table: a result's pickle, and its small arrays or bytes), made
+    as slices when read. A table of 1,024 replies then holds no object per
+    engine (a list and a memoryview per buffer, each tracked by the garbage
+    collector: at 1,024 engines four young collections per call)."""
 
-    __slots__ = ("joined", "ends")
+    __slots__ = ("joined", "ends", "per")
 
-    def __init__(self, joined: memoryview, ends: list):
-        self.joined, self.ends = joined, ends  # buffer k: joined[ends[k]:ends[k + 1]]
+    def __init__(self, joined: memoryview, ends: list, per: int):
+        self.joined, self.ends, self.per = joined, ends, per  # buffer i: joined[ends[i]:ends[i + 1]]
 
     def __len__(self) -> int:
-        return len(self.ends) - 1
+        return (len(self.ends) - 1) // self.per
 
     def __getitem__(self, k: int) -> list:
-        if not 0 <= k < len(self.ends) - 1:
+        if not 0 <= k < len(self):
             raise IndexError("no such engine in the table")
-        return [self.joined[self.ends[k] : self.ends[k + 1]]]
+        joined, ends, per = self.joined, self.ends, self.per
+        if per == 1:
+            return [joined[ends[k] : ends[k + 1]]]
+        return [joined[ends[i] : ends[i + 1]] for i in range(k * per, (k + 1) * per)]
 
 
 def _table_parts(content: dict, buffers: list, n: int):
     """A replies table's parts: each engine's list of buffers."""
     packed, counts = content.get("packed"), content.get("parts")
-    if (  # the usual table: one small buffer each, read as slices when asked
-        isinstance(packed, list)
-        and isinstance(counts, list)
+    per = counts[0] if isinstance(counts, list) and counts and type(counts[0]) is int else 0
+    if (  # the usual table: as many small buffers each, read as slices when asked
+        per > 0
+        and isinstance(packed, list)
         and len(buffers) == 1
-        and len(packed) == len(counts) == n
-        and counts.count(1) == n
+        and len(counts) == n
+        and len(packed) == per * n
+        and counts.count(per) == n
         and set(map(type, packed)) <= INTS
         and set(map(type, counts)) <= INTS
-        and (not packed or min(packed) >= 0)
+        and min(packed) >= 0
     ):
         ends = [0, *accumulate(packed)]
         joined = memoryview(buffers[0])
         if ends[-1] != joined.nbytes:
             raise ProtocolError("bundle buffer table does not match its frames")
-        return OneSliceEach(joined, ends)
+        return SlicesEach(joined, ends, per)
     if packed is not None:
         buffers = packed_buffers(packed, buffers)
     return _parts(counts, buffers, n)
@@ -210,7 +216,7 @@ class ReplyTable:
             isinstance(s, list) and len(s) == 2 and type(s[0]) is int and 0 <= s[0] < len(engines) for s in shm
         ):
             raise ProtocolError("replies bundle has an invalid shared-memory table")
-        if shm and isinstance(self.parts, OneSliceEach):
+        if shm and isinstance(self.parts, SlicesEach):
             self.parts = list(self.parts)  # lists the client fills in place (``client.shared``)
         self.shm = shm  # [[k, reference content]]: filled in by the client (``client.shared``)
         self.lost: dict[int, str] = {}  # k -> why its shared buffers could not be read
