@@ -232,6 +232,26 @@ def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one():
     assert all(a is b for a, b in zip(client._results(call), results))  # unpacked once
 
 
+def test_failed_engines_and_table_replies_unpack_together():
+    """A failure is a 4-tuple too, ``(FAILED, eid, uuid, message)``: only
+    replies in a table are read from it (the rest of the table unpacks)."""
+    from ipyparallel_broadcast.client.calls import in_table, reply_of
+    from ipyparallel_broadcast.client.results import CallResults
+
+    class Client(CallResults):
+        _remote_error = staticmethod(lambda content: ("error", content["ename"]))
+
+    calls, call = new_call()
+    calls.fail(call, [UUIDS[1]], lambda eid: f"Engine {eid} died")
+    outcomes = table_bundle([1, 2, 3, 4], ["ok"] * 4)
+    assert calls.bundle(call, outcomes, "t", None, log) == [0, 2, 3] and call.done
+    assert [in_table(o) for o in call.outcomes] == [True, False, True, True]
+    assert reply_of(call.outcomes[2])["content"] == {"status": "ok"}
+    results = Client()._results(call)
+    assert results[0] == 1 and results[2:] == [3, 4]
+    assert results[1] == ("error", "EngineError")
+
+
 def test_an_engines_metadata_is_made_once_whichever_threads_read_it_first():
     """The I/O thread (an output arriving) and the user's (``ar.stdout``,
     ``wait_for_output``) may read a call's metadata first at the same time:

@@ -19,11 +19,23 @@ from ..wire import protocol as P
 from ..wire.bundles import Entry
 from ..wire.naming import is_broadcast_id
 
-# An engine's outcome: ``("reply", parsed reply, streams)`` (a dict, or a
-# ``bundles.Entry`` of a host's table, parsed only when read) (``streams``: its
-# outputs still come on IOPub, until its idle status), or ``(FAILED, eid, uuid,
-# message)``: the engine cannot answer.
+# An engine's outcome: ``("reply", parsed reply, streams)`` (``streams``: its
+# outputs still come on IOPub, until its idle status); ``("reply", table,
+# streams, k)``, reply ``k`` of a host's ``bundles.ReplyTable``, parsed only
+# when read (``reply_of``: one tuple per engine, where an ``Entry`` object each
+# tripled the cost of filing a table); or ``(FAILED, eid, uuid, message)``: the
+# engine cannot answer.
 FAILED = "failed"
+
+
+def in_table(outcome: tuple) -> bool:
+    """Is this outcome a reply in a host's table (``("reply", table, streams, k)``)?"""
+    return len(outcome) == 4 and outcome[0] == "reply"
+
+
+def reply_of(outcome: tuple):
+    """A ``reply`` outcome's message: a dict, or an ``Entry`` that reads like one."""
+    return Entry(outcome[1], outcome[3]) if in_table(outcome) else outcome[1]
 
 
 def vid_parts(vid: str):
@@ -222,7 +234,7 @@ class Calls:
             if i is None or outs[i] is not None or (lost and k in lost):
                 continue  # not owed (an unknown engine, or one settled already), or failing
             streams = k in iopub and i not in idle
-            outs[i], received[i] = ("reply", Entry(table, k), streams), when
+            outs[i], received[i] = ("reply", table, streams, k), when
             left -= 1
             streaming += streams
             settled.append(i)
@@ -260,7 +272,7 @@ class Calls:
             call.idle.add(i)
             return False
         if o[0] == "reply" and o[2]:
-            call.outcomes[i] = ("reply", o[1], False)
+            call.outcomes[i] = ("reply", o[1], False, *o[3:])
             call.iopub -= 1
             return True
         return False

@@ -31,7 +31,7 @@ from ..compat import ipp
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction
-from .calls import Call
+from .calls import Call, reply_of
 from .results import fill_metadata, resolve_reduction
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Replies:
         if call.msg_id in self._traces:
             for i in indices:
                 if call.outcomes[i][0] == "reply":
-                    self._traces.add_engine(call.msg_id, call.eids[i], call.outcomes[i][1])
+                    self._traces.add_engine(call.msg_id, call.eids[i], reply_of(call.outcomes[i]))
         with self._children_lock:
             made = call.children is not None
         if made:  # (a thread that made them meanwhile also scheduled these on this thread)

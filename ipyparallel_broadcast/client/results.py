@@ -29,9 +29,8 @@ from ipyparallel.serialize.serialize import MAX_ITEMS
 
 from ..compat.ipp import MapResultSeam, ResultSeam
 from ..wire import protocol as P
-from ..wire.bundles import Entry
 from ..wire.naming import parse_date
-from .calls import FAILED, Call
+from .calls import FAILED, Call, in_table, reply_of
 from .display.grouping import GroupedCompositeError, GroupedDisplay
 
 log = logging.getLogger(__name__)
@@ -103,9 +102,8 @@ def uncanned(canned):
 def ok_buffers(call: Call, outcome):
     """The result buffers of an ``ok`` apply reply in a host's table (read
     without parsing its JSON), or None."""
-    entry = outcome[1]
-    if type(entry) is Entry and entry.k not in entry.table.odd and call.header["msg_type"] == "apply_request":
-        return entry.table.parts[entry.k]
+    if in_table(outcome) and outcome[3] not in outcome[1].odd and call.header["msg_type"] == "apply_request":
+        return outcome[1].parts[outcome[3]]
     return None
 
 
@@ -119,7 +117,7 @@ def outcome_result(client, call: Call, i: int):
     buffers = ok_buffers(call, o)
     if buffers is not None:  # the usual case: no JSON read
         return unpack_result(buffers)
-    reply = o[1]
+    reply = reply_of(o)
     content = reply["content"]
     status = content.get("status")
     if status == "ok":
@@ -155,13 +153,13 @@ class CallResults:
         if call.results is None:
             call.results = results = [_UNSET] * len(call.uuids)
             unpack = self._unpack_result
-            for i, o in enumerate(call.outcomes):
-                buffers = ok_buffers(call, o)
-                if buffers is not None:
-                    try:
-                        results[i] = unpack(buffers)
-                    except Exception as e:
-                        results[i] = self._unhandled(call, i, e)
+            if call.header["msg_type"] == "apply_request":  # (``ok_buffers``, inlined)
+                for i, o in enumerate(call.outcomes):
+                    if len(o) == 4 and o[0] == "reply" and o[3] not in o[1].odd:  # (``in_table``)
+                        try:
+                            results[i] = unpack(o[1].parts[o[3]])
+                        except Exception as e:
+                            results[i] = self._unhandled(call, i, e)
         for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
             self._result(call, i)
         return list(call.results)
@@ -220,7 +218,7 @@ def _fill(client, call: Call, i: int, md):
     md["received"] = call.received[i]
     if o[0] == FAILED:
         return
-    reply = o[1]
+    reply = reply_of(o)
     meta, content = reply["metadata"], reply["content"]
     # as ipyparallel's client extracts reply metadata (dict.update: its extra keys too)
     dict.update(

@@ -20,7 +20,7 @@ from traitlets import Any, Bool, List, TraitError, validate
 
 from ..compat.ipp import ViewSeam
 from ..wire import protocol as P
-from .calls import reply_mode
+from .calls import reply_mode, reply_of
 from .collectives import Collectives
 from .history import History, save_ids
 from .modes import AUTO, AUTO_STREAM_BYTES, REPLY_SIZES_KEPT, Batch, reply_key
@@ -156,7 +156,7 @@ class BroadcastView(Collectives, ViewSeam):
 
     def _learn_size(self, key, call):
         known = [
-            sum(memoryview(b).nbytes for b in o[1]["buffers"])
+            sum(memoryview(b).nbytes for b in reply_of(o)["buffers"])
             for o in call.outcomes
             if o is not None and o[0] == "reply"
         ]

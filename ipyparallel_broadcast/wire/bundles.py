@@ -137,16 +137,17 @@ class SlicesEach:
     engine (a list and a memoryview per buffer, each tracked by the garbage
     collector: at 1,024 engines four young collections per call)."""
 
-    __slots__ = ("joined", "ends", "per")
+    __slots__ = ("joined", "ends", "per", "n")
 
     def __init__(self, joined: memoryview, ends: list, per: int):
         self.joined, self.ends, self.per = joined, ends, per  # buffer i: joined[ends[i]:ends[i + 1]]
+        self.n = (len(ends) - 1) // per
 
     def __len__(self) -> int:
-        return (len(self.ends) - 1) // self.per
+        return self.n
 
     def __getitem__(self, k: int) -> list:
-        if not 0 <= k < len(self):
+        if not 0 <= k < self.n:
             raise IndexError("no such engine in the table")
         joined, ends, per = self.joined, self.ends, self.per
         if per == 1:
