@@ -277,3 +277,18 @@ def test_bad_reduce_requests_are_dropped(bad):
     sim = TreeSim(1, 2, [0, 1])
     sim.request([0, 1], **bad)
     assert sim.nodes[()].dropped == 1 and not sim.client_inbox
+
+
+@pytest.mark.parametrize("packer", ["json", "orjson"])
+def test_python_numbers_travel_exactly_whichever_json_packer(packer):
+    """orjson (jupyter_client's default packer when installed) reads an int
+    past 64 bits as a float: a combined value's header must not hold one."""
+    from jupyter_client.session import Session
+
+    from ipyparallel_broadcast.wire.reduction import decode, encode
+
+    session = Session(packer=packer, unpacker=packer)
+    for value in (2**70, -(2**63) - 1, 10**20, 7, True, 1.5, -0.0):
+        header, frames = encode(value)
+        back = decode(session.unpack(session.pack(header)), frames)
+        assert back == value and type(back) is type(value)

@@ -113,7 +113,9 @@ def decode_engine(buffers: Sequence) -> Any:
 def encode(value) -> tuple:
     """``(header, frames)`` of a combined value, to send up."""
     if type(value) in _PY:
-        v = value.hex() if type(value) is float else value
+        # floats in hex and ints as text: exact through any JSON parser (orjson,
+        # jupyter_client's default when installed, reads an int past 64 bits as a float)
+        v = value.hex() if type(value) is float else str(value) if type(value) is int else value
         return dict(t="py", k=type(value).__name__, v=v), []
     import numpy as np
 
@@ -127,6 +129,8 @@ def decode(header: dict, frames: Sequence) -> Any:
         kind, v = header.get("k"), header.get("v")
         if kind == "float" and isinstance(v, str):
             return float.fromhex(v)
+        if kind == "int" and type(v) is str:
+            return int(v)
         if kind in ("int", "bool") and type(v) in (int, bool):
             return v if kind == "int" else bool(v)
         raise ValueError(f"bad number {header!r}")
