@@ -94,6 +94,9 @@ TRACE_KEY = "ipb_trace"  # request metadata: the engine stamps its reply ("ipb_r
 SHM_REPLY_KEY = "ipb_shm_reply"
 SHM_KEY = "ipb_shm"
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
+JSON_PACKERS = frozenset(
+    ("json", "orjson")
+)  # Session packers whose messages are JSON text (orjson: when installed, the default)
 
 Frames = list[Any]  # bytes, memoryview or zmq.Frame
 
@@ -168,7 +171,7 @@ class Codec:
         self._count = itertools.count()
         self._seen: set = set()  # signatures of unpacked messages (replays are refused)
         self._seen_order: deque = deque()
-        self.json = session.packer == "json" and session.unpacker == "json"  # see splices_json
+        self.json = session.packer in JSON_PACKERS and session.unpacker in JSON_PACKERS  # see splices_json
 
     def sign(self, parts: Sequence[bytes]) -> bytes:
         """The HMAC of ``[header, parent, metadata, content]`` (b"" without a key)."""
