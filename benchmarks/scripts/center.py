@@ -40,9 +40,9 @@ from ipyparallel_broadcast.tools.farm import REPLY_BYTES, farm_cluster, farm_pro
 
 
 @contextmanager
-def cluster(kind: str, n: int, hosts: int, depth: int, fanout: int):
+def cluster(kind: str, n: int, hosts: int, depth: int, fanout: int, controller_args=()):
     """Yields (client, controller process, farm processes)."""
-    with farm_cluster(kind, n, depth, fanout, hosts=hosts) as (rc, farm, controller):
+    with farm_cluster(kind, n, depth, fanout, hosts=hosts, controller_args=controller_args) as (rc, farm, controller):
         yield rc, controller, farm_processes(farm)
 
 
@@ -114,7 +114,8 @@ def client_profile(rc, view, calls: int, top: int = 12) -> str:
 
 
 def measure_ours(n, args, lines):
-    with cluster("ours", n, args.hosts, args.depth, args.fanout) as (rc, controller, farm):
+    extra = [] if args.hub_records else ["--BroadcastController.hub_records=False"]
+    with cluster("ours", n, args.hosts, args.depth, args.fanout, extra) as (rc, controller, farm):
         groups = dict(client=[psutil.Process()], **controller_groups(rc, controller, True), farm=farm)
         meter = Meter(groups)
         coalesced, streamed = rc.broadcast_view(coalescing=True), rc.broadcast_view(coalescing=False)
@@ -161,14 +162,21 @@ def main(argv=None):
     parser.add_argument("--stock-calls", type=int, default=5)
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle measured first")
     parser.add_argument("--no-stock", dest="stock", action="store_false")
+    parser.add_argument(
+        "--no-hub-records",
+        dest="hub_records",
+        action="store_false",
+        help="our controller without the hub's per-engine records (BroadcastController.hub_records=False)",
+    )
     parser.add_argument("--profile", action="store_true", help="add a cProfile of the client's reply handling")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     lines = [
         __doc__.split("\n\n")[2].strip().replace("\n", " "),
         "",
-        f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}; "
-        f"ms per call: round trip (median), then CPU net of idle.",
+        f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}"
+        + ("" if args.hub_records else "; our controller without the hub's per-engine records")
+        + "; ms per call: round trip (median), then CPU net of idle.",
         "",
     ]
     table = [

@@ -42,22 +42,31 @@ CALL_TIMEOUT = 600  # seconds
 
 @contextmanager
 def farm_cluster(
-    kind: str, n: int, depth: int, fanout: int = 2, per_process: int = 512, hosts: int = 0, reply_bytes=REPLY_BYTES
+    kind: str,
+    n: int,
+    depth: int,
+    fanout: int = 2,
+    per_process: int = 512,
+    hosts: int = 0,
+    reply_bytes=REPLY_BYTES,
+    controller_args=(),
 ):
     """A controller (``ours`` or ``stock``) with ``n`` simulated engines; yields
     (client, farm, controller process). ``hosts``: the engines run as that
     many simulated hosts of ``n / hosts`` engines, each (with ours) behind its
     own host relay; a stock controller gets the same processes, relay-less.
-    ``reply_bytes``: the size of every engine's apply result."""
+    ``reply_bytes``: the size of every engine's apply result; ``controller_args``:
+    more command-line options for the controller."""
     if hosts:
         per_process = -(-n // hosts)
     with tempfile.TemporaryDirectory(prefix=f"ipb-farm-{kind}-") as profile_dir:
         common = dict(n=0, profile_dir=profile_dir, log_level=40)
         if kind == "ours":
-            cluster = Cluster(depth=depth, fanout=fanout, controller_args=HEARTBEATS, **common)
+            cluster = Cluster(depth=depth, fanout=fanout, controller_args=HEARTBEATS + list(controller_args), **common)
         else:
             cluster = ipp.Cluster(
-                controller_args=HEARTBEATS + [f"--IPController.broadcast_scheduler_depth={depth}"], **common
+                controller_args=HEARTBEATS + [f"--IPController.broadcast_scheduler_depth={depth}", *controller_args],
+                **common,
             )
         cluster.start_controller_sync()
         try:
