@@ -116,9 +116,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
     # ------------------------------------------------------------------ send
     def resolve_targets(self, targets):
         """``(uuids, engine ids)`` of ``targets`` (an int, a list, a slice, "all")."""
-        eids = self._targets_of(targets)[1]
-        engines = self._engine_table
-        return [engines[e] for e in eids], eids
+        return self._uuids_of(targets)
 
     def send_broadcast(
         self,

@@ -111,7 +111,13 @@ class Upstream(StreamReaders, seam.ClientSeam):
     """ipyparallel's Client, adapted to calls that reach many engines at once."""
 
     def _targets_of(self, targets):
-        """ipyparallel's, with a clear error for an engine that is not registered
+        """ipyparallel's: ``(uuids as bytes, engine ids)``; see ``_uuids_of``."""
+        uuids, eids = self._uuids_of(targets)
+        return [u.encode("utf8") for u in uuids], eids
+
+    def _uuids_of(self, targets):
+        """``(uuids, engine ids)`` of ``targets``, as ipyparallel's ``_targets_of``
+        resolves them, with a clear error for an engine that is not registered
         (it died or never came) instead of a bare ``KeyError``, and the engine
         table read once (ipyparallel reads its traitlet once per target)."""
         try:
@@ -122,8 +128,9 @@ class Upstream(StreamReaders, seam.ClientSeam):
                 uuids = [lookup(engines, t) for t in targets]
                 if None in uuids:  # a reverse lookup, or the KeyError below
                     uuids = [engines[t] for t in targets]
-                return [u.encode("utf8") for u in uuids], list(targets)
-            return super()._targets_of(targets)
+                return uuids, list(targets)
+            idents, eids = super()._targets_of(targets)
+            return [i.decode("utf8") for i in idents], eids
         except KeyError as e:
             raise IndexError(
                 f"Engine {e.args[0]!r} is not registered: it died or never registered (registered engines: {self.ids})"
