@@ -153,13 +153,13 @@ class CallResults:
         if call.results is None:
             call.results = results = [_UNSET] * len(call.uuids)
             unpack = self._unpack_result
-            if call.header["msg_type"] == "apply_request":  # (``ok_buffers``, inlined)
-                for i, o in enumerate(call.outcomes):
-                    if len(o) == 4 and o[0] == "reply" and o[3] not in o[1].odd:  # (``in_table``)
-                        try:
-                            results[i] = unpack(o[1].parts[o[3]])
-                        except Exception as e:
-                            results[i] = self._unhandled(call, i, e)
+            for i, o in enumerate(call.outcomes):
+                buffers = ok_buffers(call, o)
+                if buffers is not None:
+                    try:
+                        results[i] = unpack(buffers)
+                    except Exception as e:
+                        results[i] = self._unhandled(call, i, e)
         for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
             self._result(call, i)
         return list(call.results)
