@@ -8,8 +8,8 @@ controller (depth 1, fan-out 2). Per call, net of each process's idle rate:
 the client, the root relay node, the other relay nodes, the host relays, the
 rest of the controller (hub, mux, heartbeats) and the simulated engines (a
 stand-in that costs far less than a real engine: see ``client-cpu-n16.md``
-for real engines). The client's and the relay nodes' CPU are read on ns
-clocks, the others' on psutil's 10 ms ticks (over all the calls). Calls: a
+for real engines). Each process's CPU is read on its own clock, in ns
+(``bench.cpu_seconds``). Calls: a
 1 kB echo coalesced and streamed, a 1 MiB push (coalesced), and a gather of
 ``--gather-bytes`` from every engine (a farm whose engines all answer that
 much). The file starts with its command and commit.
@@ -58,24 +58,6 @@ def timed(call):
     return run
 
 
-class Budget(Meter):
-    """``Meter``, with this process's CPU and the relay nodes' read on ns
-    clocks (``time.process_time``, the nodes' own in their stats): psutil's
-    10 ms ticks are too coarse for a few ms per call."""
-
-    def __init__(self, groups, rc):
-        super().__init__(groups)
-        self.rc, self.tree = rc, {p.pid for p in groups["root relay"] + groups["other relays"]}
-
-    def read(self):
-        values, now = super().read()
-        nodes = {s["node"]: s["cpu"] for s in self.rc.broadcast_stats() if s.get("pid") in self.tree}
-        values["client"] = time.process_time()
-        values["root relay"] = nodes.pop("root")
-        values["other relays"] = sum(nodes.values())
-        return values, now
-
-
 def measure(n: int, args, reply_bytes: int, ops: dict) -> dict:
     hosts = min(args.hosts, n)
     with farm_cluster("ours", n, 1, 2, hosts=hosts, reply_bytes=reply_bytes) as (rc, farm, controller):
@@ -84,7 +66,7 @@ def measure(n: int, args, reply_bytes: int, ops: dict) -> dict:
         runs = {name: op(views) for name, op in ops.items()}
         for run in runs.values():  # warm up
             run(), run()
-        meter = Budget(groups(rc, controller, farm), rc)
+        meter = Meter(groups(rc, controller, farm))
         meter.idle(args.idle)
         return {name: meter.per_call(run, args.calls) for name, run in runs.items()}
 

@@ -78,7 +78,7 @@ def measure(layout, args) -> dict:
                     ("center", "hosts", "client"), cpu, (cpu_seconds(center), cpu_seconds(hosts), time.process_time())
                 ):
                     out[name][key].append(now - was)
-        # CPU: a mean over the rounds (the kernel counts it in 10 ms ticks); times: medians
+        # CPU: a mean over the rounds; times: medians
         return {
             name: {
                 k: (statistics.mean if k in ("center", "hosts", "client") else statistics.median)(v)
