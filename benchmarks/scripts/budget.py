@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from center import Meter  # noqa: E402
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.tools.farm import farm_cluster, t_echo  # noqa: E402
+from ipyparallel_broadcast.tools.farm import IDLE_WINDOW_S, farm_cluster, t_echo  # noqa: E402
 
 PUSH = np.ones(1 << 17)  # 1 MiB
 COLS = ["client", "root relay", "other relays", "host relays", "rest of controller", "engines (sim)"]
@@ -83,7 +83,7 @@ def main(argv=None):
     parser.add_argument("--engines", type=int, nargs="+", default=[16, 256, 1024, 4096])
     parser.add_argument("--hosts", type=int, default=16)
     parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle measured first")
+    parser.add_argument("--idle", type=float, default=IDLE_WINDOW_S, help="seconds of idle measured first")
     parser.add_argument("--gather-bytes", type=int, default=16 * 1024)
     parser.add_argument("--out")
     args = parser.parse_args(argv)

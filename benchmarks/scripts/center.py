@@ -12,7 +12,8 @@ center's share apart from the farm's (the simulated engines and host relays).
 "center" = this client process + the controller and all its processes (hub,
 relay nodes, ipyparallel's schedulers and heart monitor). Each CPU figure is
 given net of the process's idle rate, measured over ``--idle`` seconds before
-the calls (heartbeats of N engines cost the center with or without calls), and
+the calls (heartbeats of N engines cost the center with or without calls; by
+default 15 s, whole heartbeat periods), and
 the idle rate itself in its own column. The file is written with its command and commit.
 """
 
@@ -36,7 +37,7 @@ from report import report  # noqa: E402
 
 from ipyparallel_broadcast.client.guard import contained  # noqa: E402
 from ipyparallel_broadcast.tools import bench  # noqa: E402
-from ipyparallel_broadcast.tools.farm import REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
+from ipyparallel_broadcast.tools.farm import IDLE_WINDOW_S, REPLY_BYTES, farm_cluster, farm_processes, t_echo  # noqa: E402
 
 
 @contextmanager
@@ -160,7 +161,7 @@ def main(argv=None):
     parser.add_argument("--fanout", type=int, default=2)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--stock-calls", type=int, default=5)
-    parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle measured first")
+    parser.add_argument("--idle", type=float, default=IDLE_WINDOW_S, help="seconds of idle measured first")
     parser.add_argument("--no-stock", dest="stock", action="store_false")
     parser.add_argument(
         "--no-hub-records",

@@ -35,7 +35,11 @@ from .sim import SimEngines
 
 # a farm's heartbeats share 2 cores with thousands of replies: ipyparallel's
 # lenient defaults, for both controllers, so no simulated engine is dropped
-HEARTBEATS = ["--HeartMonitor.period=3000", "--HeartMonitor.max_heartmonitor_misses=10"]
+HEART_PERIOD_MS = 3000
+HEARTBEATS = [f"--HeartMonitor.period={HEART_PERIOD_MS}", "--HeartMonitor.max_heartmonitor_misses=10"]
+# an idle rate is read over whole heartbeat periods: each is a burst of CPU at the
+# hub and the relays, and a 5 s window saw one or two (a hub's idle rate off by half)
+IDLE_WINDOW_S = 5 * HEART_PERIOD_MS / 1000
 REPLY_BYTES = 1024
 CALL_TIMEOUT = 600  # seconds
 
