@@ -14,7 +14,10 @@ relay nodes, ipyparallel's schedulers and heart monitor). Each CPU figure is
 given net of the process's idle rate, measured over ``--idle`` seconds before
 the calls (heartbeats of N engines cost the center with or without calls; by
 default 15 s, whole heartbeat periods), and
-the idle rate itself in its own column. The file is written with its command and commit.
+the idle rate itself in its own column. Idle work can stop during calls (a farm
+that holds both cores answers its heartbeats late, and the hub handles fewer):
+a process whose net figure comes out below zero counts as 0 in the center's sum.
+The file is written with its command and commit.
 """
 
 from __future__ import annotations
@@ -177,7 +180,8 @@ def main(argv=None):
         "",
         f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}"
         + ("" if args.hub_records else "; our controller without the hub's per-engine records")
-        + "; ms per call: round trip (median), then CPU net of idle.",
+        + "; ms per call: round trip (median), then CPU net of idle (the center's sum counts a"
+        + " process below zero, its idle work stopped meanwhile, as 0).",
         "",
     ]
     table = [
@@ -194,7 +198,8 @@ def main(argv=None):
             results.update(stock)
             idle.append(f"| {n} | stock | " + " | ".join(f"{100 * stock_rates[c]:.1f}%" for c in COLS[1:]) + " |")
         for view, r in results.items():
-            center = sum(r[c] for c in ("client", "hub", "relay nodes", "other controller"))
+            # a process's net below zero (its idle work stopped meanwhile) counts as 0
+            center = sum(max(0.0, r[c]) for c in ("client", "hub", "relay nodes", "other controller"))
             centers[n, view] = center
             table.append(
                 f"| {n} | {view} | "
