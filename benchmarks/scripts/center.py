@@ -13,11 +13,11 @@ center's share apart from the farm's (the simulated engines and host relays).
 relay nodes, ipyparallel's schedulers and heart monitor). Each CPU figure is
 given net of the process's idle rate, measured over ``--idle`` seconds before
 the calls (heartbeats of N engines cost the center with or without calls; by
-default 15 s, whole heartbeat periods), and
-the idle rate itself in its own column. Idle work can stop during calls (a farm
-that holds both cores answers its heartbeats late, and the hub handles fewer):
-a process whose net figure comes out below zero counts as 0 in the center's sum.
-The file is written with its command and commit.
+default 15 s, whole heartbeat periods), and the idle rate itself in its own
+column. Idle work can stop during calls (a farm that holds both cores answers
+its heartbeats late, and the hub handles fewer): a process whose net figure
+comes out below zero counts as 0 in the center's sum. The file is written with
+its command and commit.
 """
 
 from __future__ import annotations
