@@ -292,3 +292,77 @@ def test_python_numbers_travel_exactly_whichever_json_packer(packer):
         header, frames = encode(value)
         back = decode(session.unpack(session.pack(header)), frames)
         assert back == value and type(back) is type(value)
+
+
+# ------------------------------------------------------------ combine order
+def _float_sum_in_arrival_order(shape, targets, values, order, hosts=None):
+    sim = TreeSim(*shape, ENGINES, hosts=hosts)
+    sim.answer_with = value_answer(values)
+    sim.hold.update(targets)
+    sim.request(targets, reduce="sum")
+    for eid in order:
+        sim.release(eid)
+    r, raised, failed = reduce_outcome(sim)
+    assert not raised and not failed and sim.pending_total() == 0
+    return r.result()
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, targets_st, st.randoms(use_true_random=False), st.data())
+def test_a_float_sum_is_bitwise_the_same_whatever_order_replies_come_in(shape, targets, rng, data):
+    # magnitudes far apart: a different combine order gives a different float
+    floats = st.floats(-1e16, 1e16, allow_nan=False) | st.sampled_from([1.0, 1e-3, 3.3e15])
+    values = {e: np.array([data.draw(floats) for _ in range(3)]) for e in targets}
+    first, second = list(targets), list(targets)
+    rng.shuffle(first)
+    rng.shuffle(second)
+    a = _float_sum_in_arrival_order(shape, targets, values, first)
+    b = _float_sum_in_arrival_order(shape, targets, values, second)
+    assert a.tobytes() == b.tobytes()
+
+
+def test_host_relays_combine_in_the_same_fixed_order():
+    values = {e: np.array([[1e16, 1.0, -1e16, 3.0, 2.5e-7, 7e15][e % 6]]) for e in range(8)}
+    hosts = {"a": (0, [2, 4, 6]), "b": (1, [3, 5])}
+    orders = [list(range(8)), list(range(7, -1, -1)), [5, 0, 6, 3, 1, 7, 2, 4]]
+    results = {_float_sum_in_arrival_order((1, 2), list(range(8)), values, o, hosts).tobytes() for o in orders}
+    assert len(results) == 1
+
+
+def test_values_in_their_turn_are_combined_at_once_and_others_wait():
+    """A node holds only the values that came before their turn."""
+    sim = TreeSim(0, 2, [0, 1, 2, 3])
+    sim.answer_with = value_answer({e: np.full(4, float(e)) for e in range(4)})
+    sim.hold.update(range(4))
+    sim.request([0, 1, 2, 3], reduce="sum")
+    (p,) = sim.nodes[()].pending.values()
+    sim.release(0)
+    sim.release(1)
+    assert p.reduction.waiting == 0
+    sim.release(3)
+    assert p.reduction.waiting == 1  # engine 3 waits for engine 2
+    sim.release(2)
+    r, _, _ = reduce_outcome(sim)
+    np.testing.assert_array_equal(r.result(), np.full(4, 6.0))
+
+
+def test_a_raised_engine_does_not_hold_back_the_values_after_it():
+    def answer(eid, request):
+        if eid == 1:
+            return {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": []}, []
+        return {"status": "ok"}, serialize_object(engine_value(lambda: np.ones(2)))
+
+    sim = TreeSim(0, 2, [0, 1, 2, 3])
+    sim.answer_with = answer
+    sim.hold.update(range(4))
+    sim.request([0, 1, 2, 3], reduce="sum")
+    (p,) = sim.nodes[()].pending.values()
+    sim.release(2)
+    sim.release(0)
+    assert p.reduction.waiting == 1  # engine 2 waits for engine 1
+    sim.release(1)  # raised: its turn passes
+    assert p.reduction.waiting == 0
+    sim.release(3)
+    r, raised, _ = reduce_outcome(sim)
+    np.testing.assert_array_equal(r.result(), np.full(2, 3.0))
+    assert len(raised) == 1

@@ -5,10 +5,11 @@ waiting for its chunks (``bulk``). Part of ``RelayNode`` (``core``); sans I/O.""
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from ..wire import bundles as B
 from ..wire import protocol as P
-from ..wire.reduction import Reduction
+from ..wire.reduction import Reduction, assign_request
 from .bulk import Incoming
 from .compat import CompatRequest, renamer
 from .events import DOWN, HUB, Send
@@ -51,10 +52,13 @@ class DownPath:
             own=own,
             batch=tuple(content["batch"]) if content.get("batch") else None,
             reduction=Reduction(op) if op else None,
+            quiet=content.get("quiet") is True,
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
         p.n = len(targets)
+        if self.is_root and content.get("allreduce") is not None:
+            p.then = partial(self._assign, content["allreduce"])
         p.big = (
             content.get("shm") is not None
             or content.get("bulk") is not None
@@ -81,6 +85,22 @@ class DownPath:
             return sends + self._expect_bulk(p, content["bulk"], targets)
         return sends + self._dispatch(p, targets, mode)
 
+    def _assign(self, name: str, p: Pending) -> list[Send]:
+        """The root, an allreduce's value combined: unless some engine raised,
+        failed or gave a value that does not combine (then the client gets that,
+        and no engine a new value), the value goes down to the same engines as
+        a push does, bound to ``name``; the client gets how many bound it."""
+        r = p.reduction
+        value = r.partial()  # (combines what was held: every part is in)
+        if value is None or p.raised or p.failed:
+            p.then = None
+            return self.inflight.deliver(p, p.parts, p.failed, None)
+        inner = assign_request(self.codec, p.msg_id, name, value)
+        content = P.request_content(p.msg_id, list(r.eids), P.COALESCE, reduce="sum", quiet=True)
+        if p.trace is not None:
+            content["trace"] = True
+        return self._start(p.route, content, inner)
+
     def _serves(self, eid: int) -> bool:
         """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""
         return eid in self.engines if self.host else self.routes.serves(eid)
@@ -89,6 +109,8 @@ class DownPath:
         """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
+        if p.reduction is not None:  # values combine in a fixed order: see Reduction
+            p.reduction.expect({c: min(sub) for c, sub in groups.items()}, direct or ())
         sends = self._to_engines(p, direct) if direct else []
         hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
         out = self.bulk.start(p, hosts, self.boot) if hosts and not mode and p.big else None

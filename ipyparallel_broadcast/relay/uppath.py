@@ -36,7 +36,7 @@ class UpPath:
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
         copy = (
             [Send(MON, P.record_copy(P.OUTBCAST, reply.ident, body))]
-            if self.records and p.reduction is not None
+            if self.records and p.reduction is not None and not p.quiet
             else []
         )
         if p.reduction is not None:
@@ -87,7 +87,7 @@ class UpPath:
         if p.trace is not None:
             self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
         if p.reduction is not None:
-            raised, failed = fold_bundle(p.reduction, m.msg, self.codec)
+            raised, failed = fold_bundle(p.reduction, m.msg, self.codec, child)
             p.state.answer(child)
             p.raised.extend(raised)
             p.failed.extend(failed)

@@ -61,6 +61,30 @@ def engine_value(f, *args, **kwargs):
     raise TypeError(f"reduce combines numbers and NumPy arrays, not {type(value).__name__}")
 
 
+def assign(name: str, value):
+    """Run on each engine by an allreduce's second half: bind the combined
+    value to ``name`` in the engine's namespace (as ``push`` does), and count 1."""
+    from IPython import get_ipython
+
+    get_ipython().user_global_ns[name] = value
+    return ("py", 1)
+
+
+def assign_request(codec, msg_id: str, name: str, value) -> list:
+    """The signed ``apply_request`` frames of ``assign(name, value)``: what the
+    root sends the engines once an allreduce's value is combined. Its big
+    buffers (an array's bytes, zero-copy) travel as a push's do."""
+    from ipyparallel.serialize import pack_apply_message  # where the root makes one: not at import
+
+    session = codec.session
+    buffers = pack_apply_message(
+        assign, (name, value), {}, buffer_threshold=session.buffer_threshold, item_threshold=session.item_threshold
+    )
+    header = dict(codec.header("apply_request"), msg_id=msg_id)
+    metadata = {P.OUTPUTS_KEY: "reply", "is_broadcast": True}
+    return codec.serialize("apply_request", {}, None, metadata, header)[1:] + buffers
+
+
 def _canned_array_class():
     from ipyparallel.serialize.canning import CannedArray  # where the values are: not in relays
 
@@ -156,7 +180,13 @@ def _describe(sig) -> str:
 
 class Reduction:
     """What one node has combined so far: a value, the engines it covers, and
-    the first incompatibility found (then nothing more is combined)."""
+    the first incompatibility found (then nothing more is combined).
+
+    Values are combined in a fixed order, whatever order they arrive in: by
+    the first engine id each covers (``at``). A node that knows what it waits
+    for (``expect``) combines each value as soon as every value before it is
+    in; anything else waits until the result is read. So for the same targets
+    and tree a float sum is bitwise the same on every run."""
 
     def __init__(self, op: str):
         if op not in OPS:
@@ -167,8 +197,65 @@ class Reduction:
         self.eids: list[int] = []
         self.error: str | None = None
         self._owned = False  # whether self.value may be updated in place
+        self._held: dict[int, list] = {}  # order key -> parts that came before their turn
+        self._order: list[int] = []  # the keys expected, in order; combined up to ``_next``
+        self._next = 0
+        self.first: dict = {}  # a source (child) -> its order key, as ``expect`` was told
 
-    def add(self, eids: list[int], value) -> None:
+    def expect(self, first: dict, engines=()) -> None:
+        """The parts still to come: each child and its order key (the first
+        engine id it serves), and engines (each its own id)."""
+        self.first.update(first)
+        self._order = sorted(set(self._order[self._next :]).union(first.values(), engines))
+        self._next = 0
+        self._advance()
+
+    @property
+    def waiting(self) -> int:
+        """Values held until the values before them come."""
+        return sum(len(parts) for parts in self._held.values())
+
+    def skip(self, at: int) -> None:
+        """The part ``at`` brings no value here (its engine raised: its reply goes up raw)."""
+        self._held.setdefault(at, [])
+        self._advance()
+
+    def add(self, eids: list[int], value, at: int | None = None) -> None:
+        """An engine's (or a subtree's) value, combined in its turn: ``at``
+        (default: its first engine id)."""
+        self._hold(at, eids, (eids, value))
+
+    def add_error(self, eids: list[int], message: str, at: int | None = None) -> None:
+        self._hold(at, eids, (eids, ReduceError(message)))
+
+    def _hold(self, at, eids, part) -> None:
+        key = (min(eids) if eids else -1) if at is None else at
+        self._held.setdefault(key, []).append(part)
+        self._advance()
+
+    def _advance(self) -> None:
+        order, held = self._order, self._held
+        while self._next < len(order) and order[self._next] in held:
+            for part in held.pop(order[self._next]):
+                self._combine(*part)
+            self._next += 1
+
+    def _settle(self) -> None:
+        """Combine everything still held, in key order (the result is read)."""
+        for key in sorted(self._held):
+            for part in self._held.pop(key):
+                self._combine(*part)
+        self._order, self._next = [], 0
+
+    def _combine(self, eids: list[int], value) -> None:
+        if value is None:  # a subtree that combined nothing (its engines raised or failed)
+            self.eids.extend(eids)
+            return
+        if isinstance(value, ReduceError):
+            self.eids.extend(eids)
+            if self.error is None:
+                self.error = str(value)
+            return
         sig = _signature(value)
         if self.error is None and self.sig is not None and sig != self.sig:
             self.error = (
@@ -193,25 +280,19 @@ class Reduction:
             self.value = np.asarray(ufunc(self.op)(self.value, value))
             self._owned = True
 
-    def add_error(self, eids: list[int], message: str) -> None:
-        self.eids.extend(eids)
-        if self.error is None:
-            self.error = message
-
-    def add_partial(self, partial: dict, frames: Sequence) -> None:
-        """Combine a child's ``state()``."""
+    def add_partial(self, partial: dict, frames: Sequence, at: int | None = None) -> None:
+        """Combine a child's ``state()`` in its turn ``at`` (see ``add``)."""
         eids = partial.get("eids")
         if not isinstance(eids, list) or not all(type(e) is int for e in eids):
             raise ValueError("reduce state without engine ids")
         if partial.get("error"):
-            return self.add_error(eids, str(partial["error"]))
-        if partial.get("value") is not None:
-            self.add(eids, decode(partial["value"], frames))
-        else:
-            self.eids.extend(eids)
+            return self.add_error(eids, str(partial["error"]), at)
+        value = partial.get("value")
+        self._hold(at, eids, (eids, None if value is None else decode(value, frames)))
 
     def state(self) -> tuple:
         """``(dict, value frames)`` to send up; see ``add_partial``."""
+        self._settle()
         header, frames = None, []
         if self.error is None and self.sig is not None:
             header, frames = encode(self._final())
@@ -219,6 +300,7 @@ class Reduction:
 
     def result(self):
         """The final value at the client (``ReduceError`` if incompatible)."""
+        self._settle()
         if self.error is not None:
             raise ReduceError(self.error)
         if self.sig is None:
@@ -227,6 +309,7 @@ class Reduction:
 
     def partial(self):
         """What was combined so far, or ``None`` if nothing or incompatible."""
+        self._settle()
         return self._final() if self.error is None and self.sig is not None else None
 
     def _final(self):
@@ -242,6 +325,7 @@ def fold_reply(reduction: Reduction, eids, body, codec) -> bool:
     except Exception:
         status = None
     if status != "ok":
+        reduction.skip(eids[0])
         return False
     try:
         reduction.add(eids, decode_engine(body[5:]))
@@ -250,15 +334,15 @@ def fold_reply(reduction: Reduction, eids, body, codec) -> bool:
     return True
 
 
-def fold_bundle(reduction: Reduction, msg: dict, codec) -> tuple:
-    """Fold a child's ``reduced`` bundle (content unparsed) into ``reduction``;
-    return the raw replies of its engines that raised and its failures."""
+def fold_bundle(reduction: Reduction, msg: dict, codec, child=None) -> tuple:
+    """Fold ``child``'s ``reduced`` bundle (content unparsed) into ``reduction``,
+    in its turn; return the raw replies of its engines that raised and its failures."""
     if msg["metadata"].get("kind") != "reduced":
         raise P.ProtocolError("expected a reduced bundle")
     try:
         msg["content"] = codec.unpack_json(P.as_bytes(msg["content"]))
         state, value, raised, failed = B.reduced_parts(msg)
-        reduction.add_partial(state, value)
+        reduction.add_partial(state, value, reduction.first.get(child))
     except (ValueError, TypeError, AttributeError) as e:
         raise P.ProtocolError(f"bad reduced bundle: {e}") from e
     return raised, failed
