@@ -273,6 +273,76 @@ def test_reduce_errors_name_the_engines(rc):
     assert view.apply(lambda: 1) == [1] * len(rc)  # nothing is stuck
 
 
+def test_a_float_reduce_is_bitwise_the_same_every_time(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    # magnitudes far apart: the sum depends on the order values are combined in
+    f = ipp.interactive(lambda: np.array([1e16, 1.0, -1e16, 3.3e-3, 7e15])[rank % 5] * np.ones(64))  # noqa: F821
+    sums = {view.reduce(f, op="sum").tobytes() for _ in range(6)}
+    assert len(sums) == 1
+
+
+# ------------------------------------------------------------------ allreduce
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_allreduce_binds_the_value_in_every_engine_with_one_message_each_way(rc, op):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    before = rc._replies_received
+    with Sends(rc) as sends:
+        result = view.allreduce(ipp.interactive(lambda: np.full(4, rank + 1.0)), op=op, name="total")  # noqa: F821
+    assert result is None and (sends.tree, rc._replies_received - before) == (1, 1)
+    expected = functools.reduce(ufunc(op), [np.full(4, e + 1.0) for e in rc.ids])
+    for got in view.pull("total"):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_allreduce_of_a_big_array_lands_in_every_engine_writable_and_its_own(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    n = 1 << 19  # 4 MiB of float64: shared memory's path, as a push's
+    f = ipp.interactive(lambda: np.full(1 << 19, rank, dtype=float))  # noqa: F821
+
+    def segments():
+        return sum(node.get("shm_segments") or 0 for node in rc.broadcast_stats())
+
+    before = segments()
+    ar = view.allreduce(f, op="sum", name="big", block=False)
+    assert ar.get(timeout=60) is None
+    assert segments() - before == 1  # one copy in this host's memory, mapped by every engine
+    view.execute("big[0] += rank")  # each engine's writes are its own
+    firsts = view.apply(ipp.interactive(lambda: (float(big[0]), float(big[-1]), big.shape)))  # noqa: F821
+    total = float(sum(rc.ids))
+    assert firsts == [(total + e, total, (n,)) for e in rc.ids]
+
+
+def test_allreduce_python_numbers_and_a_subset_of_engines(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    view.execute("count = None")
+    some = rc.ids[1:3]
+    rc.broadcast_view(some, block=True).allreduce(RANK, op="sum", name="count")
+    assert view.pull("count") == [sum(some) if e in some else None for e in rc.ids]
+    view.allreduce(lambda: 2**70, op="prod", name="count")  # exact: Python ints
+    assert view.pull("count") == [2 ** (70 * len(rc))] * len(rc)
+
+
+def test_a_failed_allreduce_leaves_every_engine_its_old_value(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+    view.execute("kept = 'old'")
+    with pytest.raises(error.CompositeError) as info:
+        view.allreduce(ipp.interactive(lambda: 1 // (rank - 1)), op="sum", name="kept")  # noqa: F821
+    assert [e[0] for e in info.value.elist] == ["ZeroDivisionError"]
+    with pytest.raises(ipb.ReduceError, match="shape"):
+        view.allreduce(ipp.interactive(lambda: np.zeros(3 if rank == 1 else 2)), op="sum", name="kept")  # noqa: F821
+    assert view.pull("kept") == ["old"] * len(rc)
+    for bad in ("", "1x", "a.b", None):
+        with pytest.raises(ValueError, match="name must be"):
+            view.allreduce(lambda: 1, name=bad)
+    with pytest.raises(ValueError, match="op must be one of"):
+        view.allreduce(lambda: 1, op="concat", name="x")
+
+
 # ------------------------------------------------------- partial coalescing
 def test_partial_coalescing_delivers_batch_by_batch(rc):
     """Engines past the first two wait for a gate file: the first batch must

@@ -366,3 +366,112 @@ def test_a_raised_engine_does_not_hold_back_the_values_after_it():
     r, raised, _ = reduce_outcome(sim)
     np.testing.assert_array_equal(r.result(), np.full(2, 3.0))
     assert len(raised) == 1
+
+
+# ------------------------------------------------------------ allreduce
+class Engines:
+    """Fake engines for an allreduce: each gives its value to the reduce, and
+    keeps what the root's second request binds (``bound``)."""
+
+    def __init__(self, values, raises=()):
+        self.values, self.raises, self.bound = values, set(raises), {}
+
+    def __call__(self, eid, request):
+        from ipyparallel.serialize import unpack_apply_message
+
+        f, args = None, ()
+        if len(request["buffers"]) >= 2:  # the root's request (the sim's own carries one buffer)
+            f, args, _ = unpack_apply_message(request["buffers"])
+        if getattr(f, "__name__", None) == "assign":
+            name, value = args
+            self.bound.setdefault(eid, []).append((name, value, request["header"]["msg_id"]))
+            return {"status": "ok"}, serialize_object(("py", 1))
+        if eid in self.raises:
+            return {"status": "error", "ename": "ValueError", "evalue": "no", "traceback": []}, []
+        return {"status": "ok"}, serialize_object(engine_value(lambda: self.values[eid]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes, targets_st, st.sampled_from(sorted(OPS)))
+def test_allreduce_binds_the_combined_value_in_every_engine_and_tells_the_client_how_many(shape, targets, op):
+    values = {e: np.arange(3.0) * (e + 1) for e in targets}
+    engines = Engines(values)
+    sim = TreeSim(*shape, ENGINES)
+    sim.answer_with = engines
+    msg_id = sim.request(targets, reduce=op, allreduce="total")
+    expected = functools.reduce(ufunc(op), [values[e] for e in sorted(targets)])
+    assert sorted(engines.bound) == sorted(targets)
+    for eid in targets:
+        ((name, value, parent),) = engines.bound[eid]  # once each
+        assert name == "total" and parent == msg_id
+        np.testing.assert_array_equal(value, expected)
+    r, raised, failed = reduce_outcome(sim)  # one message to the client: the count
+    assert r.result() == len(targets) and not raised and not failed
+    assert sim.pending_total() == 0
+
+
+def test_allreduce_with_an_engine_that_raised_binds_nothing():
+    engines = Engines({e: e for e in range(6)}, raises=[4])
+    sim = TreeSim(1, 2, list(range(6)))
+    sim.answer_with = engines
+    sim.request(list(range(6)), reduce="sum", allreduce="total")
+    r, raised, failed = reduce_outcome(sim)
+    assert not engines.bound and len(raised) == 1 and r.result() == 0 + 1 + 2 + 3 + 5
+    assert sim.pending_total() == 0
+
+
+def test_allreduce_of_values_that_do_not_combine_binds_nothing():
+    engines = Engines({0: np.zeros(2), 1: np.zeros(3)})
+    sim = TreeSim(0, 2, [0, 1])
+    sim.answer_with = engines
+    sim.request([0, 1], reduce="max", allreduce="m")
+    r, _, _ = reduce_outcome(sim)
+    assert not engines.bound
+    with pytest.raises(ReduceError, match="shape"):
+        r.result()
+
+
+def test_allreduce_with_an_engine_dead_before_it_answered_binds_nothing():
+    engines = Engines({e: e for e in range(4)})
+    sim = TreeSim(1, 2, [0, 1, 2, 3])
+    sim.answer_with = engines
+    sim.hold.add(2)
+    sim.request([0, 1, 2, 3], reduce="sum", allreduce="total")
+    sim.kill(2)
+    r, _, failed = reduce_outcome(sim)
+    assert not engines.bound and [f[0] for f in failed] == [2]
+    assert sim.pending_total() == 0
+
+
+def test_allreduce_with_an_engine_dead_before_it_bound_names_it_and_the_others_have_the_value():
+    engines = Engines({e: e + 1 for e in range(4)})
+    sim = TreeSim(1, 2, [0, 1, 2, 3])
+    sim.answer_with = engines
+    receive = sim._engine_receive
+
+    def second_request_to_3_waits(leaf_path, frames):
+        if P.as_bytes(frames[0]).decode() == sim.engines.get(3) and sim.engine_inbox[3]:
+            sim.hold.add(3)
+        receive(leaf_path, frames)
+
+    sim._engine_receive = second_request_to_3_waits
+    sim.request([0, 1, 2, 3], reduce="sum", allreduce="total")
+    assert len(sim.engine_inbox[3]) == 2 and not sim.client_inbox
+    sim.kill(3)
+    r, raised, failed = reduce_outcome(sim)
+    assert [f[0] for f in failed] == [3] and r.result() == 3 and not raised
+    assert sorted(engines.bound) == [0, 1, 2] and all(v[0][1] == 10 for v in engines.bound.values())
+    assert sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("name", ["", "1x", "a b", 7])
+def test_allreduce_requests_without_a_proper_name_are_dropped(name):
+    sim = TreeSim(1, 2, [0, 1])
+    sim.request([0, 1], reduce="sum", allreduce=name)
+    assert sim.nodes[()].dropped == 1 and not sim.client_inbox
+
+
+def test_allreduce_needs_a_reduce():
+    sim = TreeSim(1, 2, [0, 1])
+    sim.request([0, 1], allreduce="x")
+    assert sim.nodes[()].dropped == 1 and not sim.client_inbox

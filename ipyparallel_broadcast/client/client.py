@@ -132,6 +132,7 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         batch=None,
         reduce=None,
         trace=False,
+        allreduce=None,
     ):
         """Sign one request for ``eids`` and send it to the root of the tree.
 
@@ -140,7 +141,8 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
         ``trace``: record the call's path (``broadcast_trace``).
         Returns the ``calls.Call`` (its ``future`` gives every engine's result,
         in target order); with ``reduce`` (an op of ``reduction.OPS``), the one
-        future of the combined value.
+        future of the combined value; with ``allreduce`` too (a name), that value
+        is bound to the name in every target engine instead, and the future gives None.
         """
         if self._is_closed:
             raise RuntimeError("Client cannot be used after its sockets have been closed")
@@ -170,8 +172,11 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
             self._traces.start(msg_id)
         if reduce is not None:
             request["reduce"] = reduce
+            if allreduce is not None:
+                request["allreduce"] = allreduce
             sent = self._reduce_future(msg_id, inner["header"], track)
             sent.targets, sent.op, sent.broadcast_id = list(eids), reduce, msg_id
+            sent.allreduce = allreduce
             tracker, as_list = sent.tracker, False
         else:
             sent = self._start_call(msg_id, inner["header"], eids, uuids, track)

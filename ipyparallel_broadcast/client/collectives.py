@@ -1,5 +1,5 @@
-"""The collectives of a BroadcastView: scatter, gather, map, reduce and
-compose, and the path each takes (the tree, or DirectView's per-engine
+"""The collectives of a BroadcastView: scatter, gather, map, reduce,
+allreduce and compose, and the path each takes (the tree, or DirectView's per-engine
 messages, chosen per call from measured times: ``paths``). Part of
 ``BroadcastView`` (``view``)."""
 
@@ -30,7 +30,7 @@ from .results import maybe_get as _maybe_get
 
 
 class Collectives:
-    """scatter, gather, map, parallel, reduce and compose, and their paths."""
+    """scatter, gather, map, parallel, reduce, allreduce and compose, and their paths."""
 
     def _path_setting(self) -> str:
         return self.client.broadcast_path if self.path is None else self.path
@@ -176,6 +176,28 @@ class Collectives:
         if op not in OPS:
             raise ValueError(f"op must be one of {sorted(OPS) + ['concat']}, not {op!r}")
         ar = self._apply(partial(engine_value, f), targets, args, kwargs, block=block, fname="reduce", reduce=op)
+        return _maybe_get(ar, block)
+
+    @sync_results
+    @save_ids
+    def allreduce(self, f, *args, name, op="sum", targets=None, block=None, **kwargs):
+        """``f(*args, **kwargs)`` on every target, combined with ``op`` as by
+        ``reduce``, and the combined value bound to ``name`` in every target
+        engine (as ``push`` binds it: one copy per host). The value does not
+        come to the client: the result is None once every engine has it.
+
+        If any engine raises, fails or gives a value that does not combine,
+        no engine gets a new value (each keeps what ``name`` was before).
+        """
+        block = self.block if block is None else block
+        if op not in OPS:
+            raise ValueError(f"op must be one of {sorted(OPS)}, not {op!r}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"name must be a Python identifier, not {name!r}")
+        targets = self.targets if targets is None else targets
+        ar = self._apply(
+            partial(engine_value, f), targets, args, kwargs, block=block, fname="allreduce", reduce=op, allreduce=name
+        )
         return _maybe_get(ar, block)
 
     def compose(self, mode="counting", requests=None, targets=None, **settings) -> list:

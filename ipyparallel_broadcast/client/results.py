@@ -30,6 +30,7 @@ from ipyparallel.serialize.serialize import MAX_ITEMS
 from ..compat.ipp import MapResultSeam, ResultSeam
 from ..wire import protocol as P
 from ..wire.naming import parse_date
+from ..wire.reduction import ReduceError
 from .calls import FAILED, Call, in_table, reply_of
 from .display.grouping import GroupedCompositeError, GroupedDisplay
 
@@ -66,11 +67,16 @@ def resolve_reduction(codec, future, reduction, raised, failed):
     errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
     try:
         if errors:
-            error.collect_exceptions(errors, "reduce")
-        future.set_result(reduction.result())
+            error.collect_exceptions(errors, "allreduce" if getattr(future, "allreduce", None) else "reduce")
+        value = reduction.result()
+        if getattr(future, "allreduce", None) is not None:  # the value is in the engines: counted there
+            if value != len(future.targets):
+                raise ReduceError(f"allreduce: {value} of {len(future.targets)} engines bound the value")
+            value = None
+        future.set_result(value)
     except error.CompositeError as e:
         grouped_error = GroupedCompositeError.of(e)
-        grouped_error.partial = reduction.partial()
+        grouped_error.partial = None if getattr(future, "allreduce", None) is not None else reduction.partial()
         future.set_result(grouped_error)
     except Exception as e:
         future.set_result(e)

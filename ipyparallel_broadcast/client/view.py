@@ -124,6 +124,7 @@ class BroadcastView(Collectives, ViewSeam):
         each=None,
         reduce=None,
         key=None,
+        allreduce=None,
     ):
         """``key``: what 'auto' knows this call's replies by (default: ``fname``)."""
         targets = self.targets if targets is None else targets
@@ -143,6 +144,7 @@ class BroadcastView(Collectives, ViewSeam):
             batch=batch,
             reduce=reduce,
             trace=self.trace,
+            allreduce=allreduce,
         )
         if reduce:  # one future: the combined value
             return ReducedAsyncResult(self.client, sent, fname=fname, targets=eids, owner=True)
@@ -170,7 +172,18 @@ class BroadcastView(Collectives, ViewSeam):
                     del self._reply_sizes[next(iter(self._reply_sizes))]  # the oldest
 
     def _apply(
-        self, f, targets, args=(), kwargs=None, each=None, track=False, label=None, block=False, fname=None, reduce=None
+        self,
+        f,
+        targets,
+        args=(),
+        kwargs=None,
+        each=None,
+        track=False,
+        label=None,
+        block=False,
+        fname=None,
+        reduce=None,
+        allreduce=None,
     ):
         """One ``apply_request`` for all targets. ``f`` and the shared ``args`` /
         ``kwargs`` are serialized once; ``each`` gives every target (in order)
@@ -199,6 +212,7 @@ class BroadcastView(Collectives, ViewSeam):
             each=own,
             reduce=reduce,
             key=reply_key(f) if self.coalescing == AUTO else None,
+            allreduce=allreduce,
         )
 
     def _settle_outstanding(self):

@@ -43,6 +43,8 @@ class Pending:
     deadline: float | None = None  # leaf batch: when the held outcomes must go up
     reduction: Reduction | None = None  # reduce: what this node combined
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
+    then: Callable[[Pending], list] | None = None  # root: what follows once complete (an allreduce's second half)
+    quiet: bool = False  # no copies of its replies to the hub's records
     trace: list | None = None  # traced request: [event, wall time, detail] at this node
     shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
     big: bool = False  # has buffers for shared memory or chunks: ``sharing`` and ``bulk`` see it
@@ -63,6 +65,8 @@ class Pending:
             content["batch"] = list(self.batch)
         if self.reduction is not None:
             content["reduce"] = self.reduction.op
+        if self.quiet:
+            content["quiet"] = True
         if self.trace is not None:
             content["trace"] = True
         return content, frames
@@ -164,6 +168,8 @@ class InFlight:
             done(p)
         self.parked.discard(p.key)
         self.dirty.pop(p.key, None)
+        if p.then is not None:  # it goes on: what goes up is the next step's to say
+            return p.then(p)
         sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
         if p.trace is not None:
             self.traces[p.msg_id] = p.trace

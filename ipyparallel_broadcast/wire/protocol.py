@@ -16,6 +16,11 @@ Jupyter message whose buffers follow):
     ``batch: [count, interval]`` (streaming only): a leaf merges up to ``count``
     replies, or what arrived within ``interval`` seconds, into one bundle.
     ``reduce: op`` (coalescing only): nodes combine results; see ``reduction``.
+    ``allreduce: name`` (with ``reduce``, at the root): the combined value is
+    not sent to the client; the root sends it down to the same engines, which
+    bind it to ``name`` (``reduction.assign``), and the client gets how many did.
+    ``quiet: true``: no copies of the replies to the hub's records (the root's
+    own requests: an allreduce's second half).
     ``trace: true``: every node records when the request and the replies pass
     it (``ipb_stats`` fetches them); engines add ``ipb_received`` to replies.
 
@@ -352,6 +357,9 @@ def validate_request(content: Any) -> dict:
     op = content.get("reduce")
     if op is not None and (op not in REDUCE_OPS or content["reply"] != COALESCE):
         raise ProtocolError(f"reduce must be one of {REDUCE_OPS} on a coalescing request")
+    name = content.get("allreduce")
+    if name is not None and (op is None or not isinstance(name, str) or not name.isidentifier()):
+        raise ProtocolError(f"allreduce must name a variable of a reduce request, not {name!r}")
     return content
 
 
