@@ -273,6 +273,25 @@ def test_reduce_errors_name_the_engines(rc):
     assert view.apply(lambda: 1) == [1] * len(rc)  # nothing is stuck
 
 
+def test_big_reduce_values_come_through_shared_memory_and_leave_no_segment(rc):
+    view = rc.broadcast_view(block=True)
+    view.scatter("rank", rc.ids, flatten=True)
+
+    def taken():
+        return sum(node.get("shm_values") or 0 for node in rc.broadcast_stats())
+
+    def names():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("ipb-shm-")}
+
+    before, segments = taken(), names()
+    f = ipp.interactive(lambda: np.full(1 << 18, rank + 1.0))  # noqa: F821  (2 MiB each)
+    for op in sorted(OPS):
+        expected = functools.reduce(ufunc(op), [np.full(1 << 18, e + 1.0) for e in rc.ids])
+        np.testing.assert_array_equal(view.reduce(f, op=op), expected)
+    assert taken() - before == len(OPS) * len(rc)  # every engine's value, read from this host's memory
+    assert names() <= segments
+
+
 def test_a_float_reduce_is_bitwise_the_same_every_time(rc):
     view = rc.broadcast_view(block=True)
     view.scatter("rank", rc.ids, flatten=True)

@@ -123,3 +123,49 @@ def test_relays_of_one_host_pass_one_segment_down_and_its_writer_unlinks_it(stor
     with pytest.raises(shm.ShmError, match="is gone"):
         leaf.take(late, content["shm"])
     assert root.stats()["shm_bytes"] == big.nbytes and leaf.stats()["shm_saved"] == big.nbytes
+
+
+# ------------------------------------------------- reduce values, engine to relay
+def test_an_engines_reduce_value_is_taken_by_its_relay_writable_and_its_name_gone(store, tmp_path):
+    from ipyparallel_broadcast.wire.reduction import Reduction, decode_engine, engine_value, share_values_with
+    from ipyparallel.serialize import serialize_object
+
+    writer = shm.value_writer(shm.relay_prefix(), 1 << 16)
+    share_values_with(writer)
+    try:
+        big = engine_value(lambda: np.arange(1 << 14, dtype=float))  # 128 KiB: shared
+        small = engine_value(lambda: np.arange(4, dtype=float))  # under the threshold: bytes
+    finally:
+        share_values_with(None)
+    assert big[0] == "shm" and small[0] == "nd"
+    assert len(os.listdir(tmp_path)) == 1
+    value, owned = decode_engine(serialize_object(big), store.take)
+    assert owned and value.flags.writeable and os.listdir(tmp_path) == []
+    np.testing.assert_array_equal(value, np.arange(1 << 14, dtype=float))
+    r = Reduction("sum")
+    r.add([0], value, owned=True)
+    r.add([1], np.ones(1 << 14))
+    assert r.result() is value  # combined in place: no new array
+    np.testing.assert_array_equal(value, np.arange(1 << 14, dtype=float) + 1)
+
+
+def test_a_relay_takes_only_its_own_reduce_values(store, tmp_path):
+    other = shm.ShmStore().put([(0, b"x" * 8192)], prefix="ipb-shm-0-1-")  # not this relay's name
+    with pytest.raises(shm.ShmError, match="not a reduce value for this relay"):
+        store.take(other.content())
+    assert other.name in os.listdir(tmp_path)  # someone else's: left alone
+    mine = shm.ShmStore().put([(0, b"y" * 8192), (1, b"z")], prefix=shm.relay_prefix())
+    with pytest.raises(shm.ShmError):
+        store.take(mine.content())  # one buffer only
+    for bad in ({"name": "../etc/passwd", "bufs": [[0, 4096, 1]]}, {"name": 3}, [], {"bufs": []}):
+        with pytest.raises(shm.ShmError):
+            store.take(bad)
+    ref = shm.ShmStore().put([(0, b"w" * 100)], prefix=shm.relay_prefix())
+    with pytest.raises(shm.ShmError, match="outside"):
+        store.take(dict(name=ref.name, bufs=[[0, 4096, 1 << 20]]))  # past the segment's end
+    assert ref.name not in os.listdir(tmp_path)  # taken (and refused): its name goes all the same
+
+
+@pytest.mark.parametrize("prefix, threshold", [("ipb-shm-1-2-", 0), ("/tmp/x-", 4), ("ipb-shm-a-2-", 4), (None, 4)])
+def test_an_engine_ignores_a_malformed_greeting(prefix, threshold):
+    assert shm.value_writer(prefix, threshold) is None

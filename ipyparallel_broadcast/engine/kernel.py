@@ -32,6 +32,7 @@ from ..compat import ipykernel as ipk
 from ..compat.pyzmq import Direct, lean
 from ..host import shm
 from ..wire import protocol as P
+from ..wire import reduction
 from ..wire.protocol import OUTPUTS_KEY
 from .applycall import Functions, run_apply
 
@@ -114,6 +115,23 @@ class Captured:
         if self.data.used:
             out["iopub"] = True
         return out
+
+
+def answer_greeting(codec: P.Codec, msg, identity: str) -> tuple[list, list]:
+    """``(idents, frames)`` of an engine's answer to a relay's greeting: its
+    shared-memory identity. A relay of this host also said where this engine's
+    big reduce values go (``reduction.share_values_with``). Raises ``ProtocolError``."""
+    idents, body = P.split_idents(msg)
+    codec.check_signature(body[:5])
+    try:
+        hello = codec.unpack_json(P.as_bytes(body[4]))
+    except Exception:
+        hello = None
+    if isinstance(hello, dict) and identity and hello.get("shm") == identity:
+        writer = shm.value_writer(hello.get("prefix"), hello.get("threshold"))
+        if writer is not None:
+            reduction.share_values_with(writer)
+    return idents, codec.serialize(P.HELLO_REPLY, dict(shm=identity), P.as_bytes(body[1]))
 
 
 class BroadcastKernel(IPythonParallelKernel):
@@ -293,15 +311,13 @@ class BroadcastKernel(IPythonParallelKernel):
             return None
 
     def _greeted(self, msg):
+        if self._shm_identity is None:
+            self._shm_identity = shm.identity()
         try:
-            idents, body = P.split_idents(msg)
-            self.codec.check_signature(body[:5])
+            idents, frames = answer_greeting(self.codec, msg, self._shm_identity)
         except P.ProtocolError as e:
             self.log.error("Invalid greeting: %s", e)
             return
-        if self._shm_identity is None:
-            self._shm_identity = shm.identity()
-        frames = self.codec.serialize(P.HELLO_REPLY, dict(shm=self._shm_identity), P.as_bytes(body[1]))
         Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
 
     def _refuse(self, msg, e: Exception):

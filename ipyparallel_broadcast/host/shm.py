@@ -85,6 +85,33 @@ REPLY_THRESHOLD = 1 << 18  # a client's default: reply buffers of 256 KiB or mor
 _REPLY_PREFIX = re.compile(r"ipb-shm-[0-9]+-[0-9]+-[0-9a-f]{8}-\Z")
 
 
+_RELAY_PREFIX = re.compile(r"ipb-shm-[0-9]+-[0-9]+-\Z")
+
+
+def relay_prefix() -> str:
+    """This relay's prefix for the names of its segments (and of the reduce
+    values engines of its host leave for it: ``value_writer``)."""
+    return _prefix(os.getpid())
+
+
+def value_writer(prefix, threshold):
+    """An engine's, told by a relay of its host its ``prefix`` and
+    ``threshold``: a function that writes a reduce value's bytes of
+    ``threshold`` or more into a new segment named for that relay and returns
+    its reference (``take_value``), else None. None if either is malformed."""
+    if not isinstance(prefix, str) or not _RELAY_PREFIX.match(prefix) or type(threshold) is not int or threshold <= 0:
+        return None
+    store = ShmStore(threshold=threshold)
+
+    def write(data):
+        if memoryview(data).nbytes < threshold:
+            return None
+        ref = store.put([(0, data)], prefix=prefix)
+        return None if ref is None else ref.content()
+
+    return write
+
+
 def reply_identity() -> str:
     """``identity()`` and the pid namespace: an engine writes a client's reply
     segments only where the pid in their names means that client ("" if unknown)."""
@@ -157,6 +184,10 @@ class ShmStore:
         self.ident = identity()
         self.failed_once = False
 
+    @property
+    def prefix(self) -> str:
+        return relay_prefix()
+
     def put(self, buffers: Sequence, readers: int = HELD, prefix: str | None = None) -> Reference | None:
         """Write ``buffers`` (index, bytes-like) in one new segment that
         ``readers`` engines will map (the last unlinks it); by default, as many
@@ -222,6 +253,21 @@ class ShmStore:
         """A segment a parent relay of this host wrote, mapped read-only to
         send its buffers on from: ``[(index, view)]``. Raises ``ShmError``."""
         return map_reference(ref, self.root, engine=False)
+
+    def take(self, content) -> memoryview:
+        """A reduce value an engine of this host left for this relay
+        (``value_writer``): mapped shared and writable, its name unlinked (this
+        relay is its one reader). Only this relay's own names are taken.
+        Raises ``ShmError``."""
+        ref = Reference.from_content(content)
+        if not ref.name.startswith(relay_prefix()) or len(ref.bufs) != 1:
+            raise ShmError(errno.EINVAL, f"not a reduce value for this relay: {ref.name}")
+        path = os.path.join(self.root, ref.name)
+        try:
+            ((_, view),) = _mapped(ref, path, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            _unlink(path)
+        return view
 
     def drop(self, ref: Reference):
         """The request is done here: the name goes (mappings keep the memory)."""

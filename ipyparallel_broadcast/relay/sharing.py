@@ -57,6 +57,7 @@ class Sharing:
         self.greeted: set[str] = set()  # greeted, answer awaited (or never coming: stock)
         self.unreached: set[str] = set()  # a greeting that could not be delivered
         self.bytes_shared = self.bytes_saved = self.segments = 0
+        self.values_taken = 0  # reduce values engines of this host left in shared memory
         # an attribute, not a property: read on every reply (no call into this module)
         self.on = store is not None and bool(getattr(store, "ident", ""))
         self.threshold = store.threshold if self.on else None  # a buffer this big is shared
@@ -68,7 +69,9 @@ class Sharing:
             return []
         new = [u for u in uuids if u not in self.greeted]
         self.greeted.update(new)
-        hello = self.codec.pack(P.HELLO, {})
+        # who greets: an engine of this host leaves its reduce values of
+        # ``threshold`` or more in segments named for this relay (``take_value``)
+        hello = self.codec.pack(P.HELLO, dict(shm=self.store.ident, prefix=self.store.prefix, threshold=self.threshold))
         return [Send(DOWN, [u.encode(), P.HELLO_KEY] + hello) for u in new]
 
     def on_reply(self, uuid: str, key: str, body) -> list[Send]:
@@ -87,12 +90,22 @@ class Sharing:
         return []
 
     def joined(self, uuid: str, identity) -> list[Send]:
-        """An engine told its identity as it joined (a host relay's): no greeting."""
+        """An engine told its identity as it joined (a host relay's); one of
+        this host is greeted all the same, to learn where its values go."""
         self.forget(uuid)
-        self.greeted.add(uuid)
         if self.on and identity == self.store.ident:
             self.local.add(uuid)
+            return self.greet([uuid])
+        self.greeted.add(uuid)
         return []
+
+    def take_value(self, content):
+        """A reduce value an engine of this host left in shared memory, mapped here."""
+        if not self.on:
+            raise P.ProtocolError("a value in shared memory, but this relay shares none")
+        view = self.store.take(content)
+        self.values_taken += 1
+        return view
 
     def undelivered(self, uuid: str):
         """A greeting's send failed: the engine is not connected here (yet)."""
@@ -183,10 +196,12 @@ class Sharing:
     def stats(self) -> dict[str, int]:
         """``shm_bytes``: written to segments here; ``shm_saved``: the engine
         copies that mapping avoided here (a host saves the sum of its relays'
-        ``shm_saved`` less that of their ``shm_bytes``)."""
+        ``shm_saved`` less that of their ``shm_bytes``); ``shm_values``: reduce
+        values read from segments engines of this host left."""
         return dict(
             shm_local=len(self.local),
             shm_segments=self.segments,
             shm_bytes=self.bytes_shared,
             shm_saved=self.bytes_saved,
+            shm_values=self.values_taken,
         )

@@ -40,7 +40,7 @@ class UpPath:
             else []
         )
         if p.reduction is not None:
-            if not fold_reply(p.reduction, eids, body, self.codec):
+            if not fold_reply(p.reduction, eids, body, self.codec, self.sharing.take_value):
                 p.raised.append(body)
         elif p.stream:
             return greetings + copy + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)

@@ -41,6 +41,16 @@ class ReduceError(ValueError):
     """Engines gave values that cannot be combined (kind, shape or dtype)."""
 
 
+_writers: list = []  # an engine's, once its relay shares its memory: see ``share_values_with``
+
+
+def share_values_with(writer) -> None:
+    """An engine's: ``writer(data)`` puts a value's bytes where its relay reads
+    them (a shared-memory segment of its host) and returns their reference, or
+    None to send them as usual (too small, or no room)."""
+    _writers[:] = [writer] if writer is not None else []
+
+
 def engine_value(f, *args, **kwargs):
     """Run ``f`` on the engine and return its result in the form nodes read."""
     value = f(*args, **kwargs)
@@ -57,6 +67,9 @@ def engine_value(f, *args, **kwargs):
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")
         data = arr.reshape(-1).view(np.uint8) if arr.size else None
+        ref = _writers[0](data) if _writers and data is not None else None
+        if ref is not None:  # the relay reads it from this host's memory
+            return ("shm", arr.dtype.str, list(arr.shape), isinstance(value, np.generic), ref)
         return ("nd", arr.dtype.str, list(arr.shape), isinstance(value, np.generic), data)
     raise TypeError(f"reduce combines numbers and NumPy arrays, not {type(value).__name__}")
 
@@ -113,23 +126,32 @@ def _array(dtype, shape, scalar, raw):
     return arr[()] if scalar else arr
 
 
-def decode_engine(buffers: Sequence) -> Any:
-    """The value in an engine's ``engine_value`` reply buffers (no code runs)."""
+def decode_engine(buffers: Sequence, take=None) -> tuple[Any, bool]:
+    """The value in an engine's ``engine_value`` reply buffers (no code runs),
+    and whether it is this node's own to combine into: a value the engine left
+    in shared memory, which ``take(reference)`` maps here (writable, its name
+    gone: this node is its one reader)."""
     bufs = list(buffers)
     try:
         canned = _OnlyCannedArrays(io.BytesIO(bytes(_buffer(bufs.pop(0))))).load()
         if canned[0] == "py" and len(canned) == 2 and type(canned[1]) in _PY:
-            return canned[1]
+            return canned[1], False
         kind, dtype, shape, scalar, data = canned
+        if kind == "shm":
+            if take is None:
+                raise ValueError("a value in shared memory, but this node shares none with the engine")
+            if not isinstance(data, dict):
+                raise ValueError("a malformed shared-memory reference")
+            return _array(dtype, shape, scalar, take(data)), True
         if kind != "nd":
             raise ValueError(f"unknown kind {kind!r}")
         if data is None:
-            return _array(dtype, shape, scalar, b"")
+            return _array(dtype, shape, scalar, b""), False
         if not (isinstance(data, _canned_array_class()) and not data.pickled and data.dtype == "|u1"):
             raise ValueError("the data is not one raw byte buffer")
         if data.buffers[0] is None:  # extracted when canned: the next frame (as ipyparallel restores it)
             data.buffers[0] = bufs.pop(0)
-        return _array(dtype, shape, scalar, _buffer(data.buffers[0]))
+        return _array(dtype, shape, scalar, _buffer(data.buffers[0])), False
     except Exception as e:
         raise ValueError(f"not a reduce value ({e})") from None
 
@@ -220,10 +242,11 @@ class Reduction:
         self._held.setdefault(at, [])
         self._advance()
 
-    def add(self, eids: list[int], value, at: int | None = None) -> None:
+    def add(self, eids: list[int], value, at: int | None = None, owned: bool = False) -> None:
         """An engine's (or a subtree's) value, combined in its turn: ``at``
-        (default: its first engine id)."""
-        self._hold(at, eids, (eids, value))
+        (default: its first engine id). ``owned``: an array no one else reads,
+        which may become the combined value and be updated in place."""
+        self._hold(at, eids, (eids, value, owned))
 
     def add_error(self, eids: list[int], message: str, at: int | None = None) -> None:
         self._hold(at, eids, (eids, ReduceError(message)))
@@ -247,7 +270,7 @@ class Reduction:
                 self._combine(*part)
         self._order, self._next = [], 0
 
-    def _combine(self, eids: list[int], value) -> None:
+    def _combine(self, eids: list[int], value, owned: bool = False) -> None:
         if value is None:  # a subtree that combined nothing (its engines raised or failed)
             self.eids.extend(eids)
             return
@@ -271,7 +294,7 @@ class Reduction:
 
             value = np.asarray(value)
         if self.sig is None:
-            self.sig, self.value = sig, value
+            self.sig, self.value, self._owned = sig, value, owned and sig[0] == "nd" and value.flags.writeable
         elif sig[0] == "py":
             self.value = OPS[self.op][1](self.value, value)
         elif self._owned:
@@ -317,9 +340,10 @@ class Reduction:
 
 
 # ------------------------------------------------------------ at a relay node
-def fold_reply(reduction: Reduction, eids, body, codec) -> bool:
+def fold_reply(reduction: Reduction, eids, body, codec, take=None) -> bool:
     """Fold an engine's raw reply into ``reduction``. False if the engine's
-    function raised: its reply is then passed up raw, as it came."""
+    function raised: its reply is then passed up raw, as it came. ``take``:
+    how this node reads a value an engine of its host left in shared memory."""
     try:
         status = codec.unpack_json(P.as_bytes(body[4])).get("status")
     except Exception:
@@ -328,7 +352,8 @@ def fold_reply(reduction: Reduction, eids, body, codec) -> bool:
         reduction.skip(eids[0])
         return False
     try:
-        reduction.add(eids, decode_engine(body[5:]))
+        value, owned = decode_engine(body[5:], take)
+        reduction.add(eids, value, owned=owned)
     except ValueError as e:
         reduction.add_error(eids, f"reduce: engine {eids[0]} returned {e}")
     return True
