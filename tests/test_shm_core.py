@@ -127,8 +127,9 @@ def test_relays_of_one_host_pass_one_segment_down_and_its_writer_unlinks_it(stor
 
 # ------------------------------------------------- reduce values, engine to relay
 def test_an_engines_reduce_value_is_taken_by_its_relay_writable_and_its_name_gone(store, tmp_path):
-    from ipyparallel_broadcast.wire.reduction import Reduction, decode_engine, engine_value, share_values_with
     from ipyparallel.serialize import serialize_object
+
+    from ipyparallel_broadcast.wire.reduction import Reduction, decode_engine, engine_value, share_values_with
 
     writer = shm.value_writer(shm.relay_prefix(), 1 << 16)
     share_values_with(writer)
