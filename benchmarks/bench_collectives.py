@@ -1,7 +1,8 @@
-"""Our own suites: scatter, gather, map and reduce, each view its own way
-(DirectView and ipyparallel's BroadcastView: one message per engine, reduce
-pulls every array and sums on the client; ours: one message, reduce combined
-in the tree), and partial coalescing against the other reply modes."""
+"""Our own suites: scatter, gather, map, reduce and allreduce, each view its
+own way (DirectView and ipyparallel's BroadcastView: one message per engine,
+reduce pulls every array and sums on the client, allreduce pushes that sum
+back; ours: one message, reduce combined in the tree, allreduce's sum sent
+down from the root), and partial coalescing against the other reply modes."""
 
 import functools
 
@@ -47,6 +48,12 @@ class Collectives(common.EveryView):
             self.view.reduce(local_array, op="sum", block=True)
         else:
             functools.reduce(np.add, self.view.apply_sync(local_array))
+
+    def time_allreduce_sum(self, n, view):
+        if isinstance(self.view, ipb.BroadcastView):
+            self.view.allreduce(local_array, op="sum", name="S", block=True)
+        else:
+            self.view.push({"S": functools.reduce(np.add, self.view.apply_sync(local_array))}, block=True)
 
 
 class PartialCoalescing:

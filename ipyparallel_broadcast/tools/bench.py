@@ -194,6 +194,17 @@ def t_reduce(view) -> float:
     return time.perf_counter() - tic
 
 
+def t_allreduce(view) -> float:
+    """The sum of one 1 MB array per engine, in every engine as ``S``: ours
+    with ``allreduce``, else pulled, summed on the client and pushed back."""
+    tic = time.perf_counter()
+    if isinstance(view, BroadcastView):
+        view.allreduce(local_array, op="sum", name="S", block=True)
+    else:
+        view.push({"S": functools.reduce(np.add, view.apply_sync(local_array))}, block=True)
+    return time.perf_counter() - tic
+
+
 SUITES: dict[str, dict[str, tuple]] = {
     # suite: {name: (function, unit, scale, higher_is_better)}
     "calls": {
@@ -206,6 +217,7 @@ SUITES: dict[str, dict[str, tuple]] = {
         "gather N x 1MB": (t_gather, "ms", 1e3, False),
         f"map {MAP_ITEMS} items": (t_map, "ms", 1e3, False),
         "reduce(sum) 1MB": (t_reduce, "ms", 1e3, False),
+        "allreduce(sum) 1MB": (t_allreduce, "ms", 1e3, False),
     },
     "workloads": {  # IPython Parallel's examples, each the natural way (tools/workloads.py)
         name: (workloads.timed(fn), "ms", 1e3, False) for name, fn in workloads.WORKLOADS.items()

@@ -41,7 +41,9 @@ def show_collectives(rc):
     print(f"gather -> {view.gather('part')}")
     print(f"map(x + 1, range(10)) -> {view.map(bench.cheap, range(10))}")
     total = view.reduce(ipp.interactive(lambda: part.sum()), op="sum")  # noqa: F821
-    print(f"reduce(part.sum(), op='sum'), combined in the tree -> {total} (= {data.sum()})\n")
+    print(f"reduce(part.sum(), op='sum'), combined in the tree -> {total} (= {data.sum()})")
+    view.allreduce(ipp.interactive(lambda: part), op="max", name="peak")  # noqa: F821
+    print(f"allreduce(part, op='max', name='peak'): in every engine, not via the client -> {rc[0]['peak']}\n")
 
 
 def main(argv=None):

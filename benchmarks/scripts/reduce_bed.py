@@ -1,0 +1,181 @@
+"""Reduce and allreduce of big arrays across hosts at a capped link rate, on the NetBed.
+
+    python benchmarks/scripts/reduce_bed.py --hosts 8 --per-host 4 --rate 200mbit --sizes 16 \\
+        --out benchmarks/results/reduce-bed-8x4-200mbit.md
+
+The controller and the client share the bed's controller host (the client
+runs there, driven from this process through a pipe); every host's link is
+capped with ``tc tbf`` both ways. Every engine holds ``big``, a float64 array
+of M bytes of its own. For each view and size: the call's wall time (median of
+``--reps``) against the wire floor M/B (one array over one link), and the
+bytes that entered the controller host during the call, in M.
+
+- reduce: the element-wise sum reaches the client. Ours: ``view.reduce``
+  (at ``--depths``; 1 is the default tree); DirectView: pull (an apply
+  returning the array) and sum on the client.
+- allreduce: the sum lands in every engine as ``total``. Ours:
+  ``view.allreduce``; DirectView: pull, sum and push.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+from contextlib import ExitStack
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import report  # noqa: E402
+
+from ipyparallel_broadcast.tools.bedcluster import BedCluster  # noqa: E402
+from ipyparallel_broadcast.tools.netbed import NetBed, _rate_bits  # noqa: E402
+
+DRIVER = textwrap.dedent("""
+    import functools, json, sys, time
+    import numpy as np
+    import ipyparallel as ipp
+    from ipyparallel_broadcast.client.client import Client
+
+    path, n, views_wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+    rc = Client(path)
+    rc.wait_for_engines(n, timeout=900)
+    views = {"ours": rc.broadcast_view(block=True), "DirectView": rc[:]}
+    views["DirectView"].block = True
+    views = {k: v for k, v in views.items() if k in views_wanted}
+
+    @ipp.interactive
+    def value():
+        return big
+
+    @ipp.interactive
+    def check():
+        return float(total[0]) + float(total[-1])
+
+    for v in views.values():
+        v.apply_sync(lambda: 0)
+    print(json.dumps(list(views)), flush=True)
+    for line in sys.stdin:
+        name, what, size = json.loads(line)
+        view = views[name]
+        if what == "make":
+            view.execute(f"import numpy as np; big = np.random.default_rng().random({size // 8})")
+            out = 0
+        else:
+            tic = time.perf_counter()
+            if name == "ours" and what == "reduce":
+                view.reduce(value, op="sum")
+            elif name == "ours":
+                view.allreduce(value, op="sum", name="total")
+            else:
+                s = functools.reduce(np.add, view.apply_sync(value))
+                if what == "allreduce":
+                    view.push(dict(total=s))
+            out = time.perf_counter() - tic
+            if what == "allreduce":
+                assert len(set(view.apply_sync(check))) == 1
+        print(json.dumps(out), flush=True)
+""")
+
+
+class Driver:
+    """The client, in the controller's namespace, one step per call."""
+
+    def __init__(self, bed, address: str, n: int, views: str):
+        self.proc = bed.popen(
+            bed.controller,
+            [sys.executable, "-c", DRIVER, address, str(n), views],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.views = json.loads(self.proc.stdout.readline())
+
+    def __call__(self, name, what, size=0) -> float:
+        self.proc.stdin.write(json.dumps([name, what, size]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client driver exited during {what} on {name}")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def measure(args, depth: int, views: str) -> dict:
+    n = args.hosts * args.per_host
+    rows = {}
+    with ExitStack() as stack:
+        bed = stack.enter_context(NetBed(hosts=args.hosts))
+        for host in [bed.controller] + bed.hosts:
+            bed.limit(host, args.rate)
+        cluster = stack.enter_context(BedCluster(bed, depth=depth))
+        for host in bed.hosts:
+            cluster.start_engines(host, args.per_host)
+        drive = Driver(bed, cluster._file("client"), n, views)
+        try:
+            for mib in args.sizes:
+                size = mib << 20
+                drive(drive.views[0], "make", size)
+                for name in drive.views:
+                    label = f"ours, depth {depth}" if name == "ours" else name
+                    for what in ("reduce", "allreduce"):
+                        times, into = [], []
+                        for _ in range(args.reps):
+                            before = bed.link_bytes(bed.controller)[0]
+                            times.append(drive(name, what, size))
+                            into.append((bed.link_bytes(bed.controller)[0] - before) / size)
+                        rows[label, what, mib] = dict(
+                            seconds=statistics.median(times), each=times, into=statistics.median(into)
+                        )
+                        print(label, what, mib, rows[label, what, mib], file=sys.stderr, flush=True)
+        finally:
+            drive.close()
+    return rows
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--per-host", type=int, default=4)
+    parser.add_argument("--rate", default="200mbit")
+    parser.add_argument("--sizes", default="16", help="MiB per engine, comma-separated")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--depths", default="1,0", help="our tree's depths; DirectView runs on the first")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    why = NetBed.available()
+    if why:
+        parser.error(why)
+    rows = {}
+    for i, depth in enumerate(int(d) for d in args.depths.split(",")):
+        rows.update(measure(args, depth, "ours,DirectView" if i == 0 else "ours"))
+    rate = _rate_bits(args.rate) / 8
+    lines = [
+        f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
+        f"every link capped at {args.rate} each way (tbf); a relay per engine host. Medians of {args.reps} "
+        "calls; every engine holds a float64 array of M bytes.",
+        "Floor: M/B, one array over one link. In: bytes that entered the controller host during the call, in M.",
+        "",
+        "| view | call | M | time (s) | each (s) | x floor | in (x M) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (label, what, mib), r in rows.items():
+        floor = (mib << 20) / rate
+        lines.append(
+            f"| {label} | {what} | {mib} MiB | {r['seconds']:.2f} | "
+            f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['seconds'] / floor:.1f} | {r['into']:.2f} |"
+        )
+    report("reduce_bed.py", argv, f"Reduce and allreduce across {args.hosts} hosts at {args.rate}", lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
