@@ -286,6 +286,32 @@ def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_
     assert all(label in shown.split("chunks of the last", 1)[1] for label in relays(rc))
 
 
+@ipp.interactive
+def _own_value():
+    return np.arange(1 << 20, dtype=np.float64) * (1 + get_ipython().kernel.engine_id)  # noqa: F821
+
+
+def test_a_big_reduce_goes_host_to_host_and_enters_the_controller_about_once_per_leaf(bed):
+    rc = bed.rc
+    view = rc.broadcast_view(block=True)
+    view.execute("import numpy as np")
+    before = {s["node"]: s for s in rc.broadcast_stats()}
+    into = bed.bed.link_bytes(bed.bed.controller)[0]
+    result = view.reduce(_own_value, op="sum")  # 8 MiB from each engine: 16 chunks
+    into = bed.bed.link_bytes(bed.bed.controller)[0] - into
+    np.testing.assert_array_equal(result, np.arange(1 << 20, dtype=np.float64) * sum(1 + e for e in rc.ids))
+    after = {s["node"]: s for s in rc.broadcast_stats()}
+    leaves = {label for label, n in relays(rc).items()}
+    chained = [k for k in after if after[k].get("host") and after[k]["chain_sent"] > before[k].get("chain_sent", 0)]
+    # the hosts hang under both leaves here: a leaf with two or more chains them, and
+    # one value per leaf enters the controller host (without the chain: one per host)
+    assert chained and len(leaves) == 3
+    assert into < 2.3 * result.nbytes
+    view.allreduce(_own_value, op="max", name="peak")
+    expected = float((1 << 20) - 1) * max(1 + e for e in rc.ids)
+    assert view.apply(ipp.interactive(lambda: float(peak[-1]))) == [expected] * len(rc.ids)  # noqa: F821
+
+
 def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
     """A chain of three hosts at 50 Mbit/s; the first, which feeds the others,
     dies mid-push: its engine fails by name, the leaf feeds the other two

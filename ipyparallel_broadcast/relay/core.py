@@ -21,6 +21,7 @@ from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape, node_name
 from . import events as E
 from .bulk import Bulk
+from .chainpath import ChainPath
 from .downpath import DownPath
 from .events import DOWN, MON, UP, Send
 from .heartbeat import Heartbeats
@@ -29,12 +30,13 @@ from .pending import InFlight
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
+from .upchain import Chains
 from .uppath import UpPath
 
 log = logging.getLogger(__name__)
 
 
-class RelayNode(Heartbeats, DownPath, UpPath):
+class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
     """Routing, fan-out and coalescing for one node of the tree: its state and
     its entry points here; its heartbeats, a request's way down and replies'
     way up in ``heartbeat``, ``downpath`` and ``uppath``."""
@@ -81,6 +83,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
+        self.chains = Chains(codec, clock, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
@@ -213,7 +216,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         )
         sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
         if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
-            sends += self.bulk.orphaned(key)
+            sends += self.bulk.orphaned(key) + self._chain_lost(key, f"{child[0].lower()}{child[1:]} {why}")
         if isinstance(key, bytes) and key not in self.routes.via.values():
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
@@ -223,6 +226,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         now = self.clock()
         stall = self._bulk_deadline()  # (no call into bulk while no chunk is in flight)
         sends = self.inflight.due(now) + (self._stalled(now) if stall is not None and stall <= now else [])
+        sends += self._chain_tick(now)
         if self.children.next_ping is not None and self.children.next_ping <= now:
             sends += self._ping(now)
         if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
@@ -240,7 +244,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         silence = None if self.parent_heard is None else self.parent_heard + self.parent_silence
         times = [
             t
-            for t in (self.inflight.next_deadline(), self.children.next_ping, self._bulk_deadline(), silence)
+            for t in (self.inflight.next_deadline(), self.children.next_ping, self._data_deadline(), silence)
             if t is not None
         ]
         return min(times, default=None)
@@ -270,7 +274,7 @@ class RelayNode(Heartbeats, DownPath, UpPath):
         )
         if self.sharing.on:
             stats.update(self.sharing.stats())
-        stats.update(self.bulk.stats())
+        stats.update(self.bulk.stats(), chain_sent=self.chains.sent, chain_received=self.chains.received)
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:

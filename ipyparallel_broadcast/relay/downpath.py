@@ -10,6 +10,7 @@ from functools import partial
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction, assign_request
+from . import upchain
 from .bulk import Incoming
 from .compat import CompatRequest, renamer
 from .events import DOWN, HUB, Send
@@ -59,6 +60,9 @@ class DownPath:
         p.n = len(targets)
         if self.is_root and content.get("allreduce") is not None:
             p.then = partial(self._assign, content["allreduce"])
+        if self.host and content.get("chain") is not None and p.reduction is not None:
+            self.chains.join(key, op, content["chain"])  # its big value goes host to host
+            p.then = self._chain_own
         p.big = (
             content.get("shm") is not None
             or content.get("bulk") is not None
@@ -109,6 +113,7 @@ class DownPath:
         """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
+        chain = self._chain_plan(p, groups) if p.reduction is not None and self.is_leaf and not mode else {}
         if p.reduction is not None:  # values combine in a fixed order: see Reduction
             p.reduction.expect({c: min(sub) for c, sub in groups.items()}, direct or ())
         sends = self._to_engines(p, direct) if direct else []
@@ -120,6 +125,8 @@ class DownPath:
             content, frames = p.request_for(sub, mode, p.shared if same_host else None)
             if out is not None and child in out.urls:  # its big buffers come in chunks
                 content["bulk"], frames = self.bulk.envelope(out, child, frames)
+            if child in chain:
+                content["chain"] = chain[child]
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
         if out is not None:
             sends += self.bulk.sends_for(out, out.tree[None])
@@ -127,8 +134,14 @@ class DownPath:
         return sends + self.inflight.finish_if_done(p)
 
     def on_chunk(self, frames) -> list[Send]:
-        """A host relay: a chunk of a big request, from the host or leaf that feeds it (``bulk``)."""
+        """A host relay: a chunk of a big request, from the host or leaf that
+        feeds it (``bulk``), or of a reduce's value, from the host after it in
+        a chain (``upchain``)."""
         try:
+            _, body = P.split_idents(frames)
+            if len(body) > 1 and upchain.MARK in P.as_bytes(body[1]):
+                msg, data = upchain.check(self.codec, body)
+                return self.chains.on_message(msg, data)
             sends, inc = self.bulk.on_chunk(frames)
         except P.ProtocolError as e:
             return self._drop(f"chunk: {e}")

@@ -45,6 +45,7 @@ class Pending:
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
     then: Callable[[Pending], list] | None = None  # root: what follows once complete (an allreduce's second half)
     quiet: bool = False  # no copies of its replies to the hub's records
+    chain: Any | None = None  # leaf: its hosts' big reduce values, in a chain (upchain.Chain)
     trace: list | None = None  # traced request: [event, wall time, detail] at this node
     shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
     big: bool = False  # has buffers for shared memory or chunks: ``sharing`` and ``bulk`` see it

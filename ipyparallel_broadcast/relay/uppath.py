@@ -15,6 +15,7 @@ from .events import MON, Send
 from .pending import Pending
 from .routes import Key
 from .sharing import HELLO_KEY
+from .upchain import RCHUNK
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
@@ -74,6 +75,8 @@ class UpPath:
             return sends
         if m.kind == P.ROUTE and isinstance(child, int):
             return self.announce.from_child(child, m.content(self.codec))
+        if m.kind == RCHUNK and isinstance(child, bytes):
+            return self._chain_message(child, m)
         return self._child_bundle(child, m)
 
     def _child_bundle(self, child: Key, m: E.ChildMessage) -> list[Send]:
@@ -87,11 +90,12 @@ class UpPath:
         if p.trace is not None:
             self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
         if p.reduction is not None:
-            raised, failed = fold_bundle(p.reduction, m.msg, self.codec, child)
+            chained = (lambda eids, at: self._chained(p, eids, at)) if p.chain is not None else None
+            raised, failed = fold_bundle(p.reduction, m.msg, self.codec, child, chained)
             p.state.answer(child)
             p.raised.extend(raised)
             p.failed.extend(failed)
-            return self.inflight.finish_if_done(p)
+            return (self._chain_unneeded(p) if p.chain is not None else []) + self.inflight.finish_if_done(p)
         if p.stream:
             eids = meta.get("eids")
             if (

@@ -170,6 +170,20 @@ def encode(value) -> tuple:
     return dict(t="nd", dtype=arr.dtype.str, shape=list(arr.shape), scalar=isinstance(value, np.generic)), [data]
 
 
+def combine_bytes(op: str, dtype: str, first, second):
+    """``op(first, second)`` of two equal runs of ``dtype`` values given as
+    bytes (a chunk of two hosts' values in a chain): the result's bytes."""
+    import numpy as np
+
+    dtype = np.dtype(str(dtype))
+    if dtype.hasobject or dtype.fields is not None:
+        raise ValueError(f"dtype {dtype} is not allowed")
+    a, b = np.frombuffer(first, dtype=dtype), np.frombuffer(second, dtype=dtype)
+    if a.shape != b.shape:
+        raise ValueError("chunks of different sizes")
+    return memoryview(ufunc(op)(a, b)).cast("B")
+
+
 def decode(header: dict, frames: Sequence) -> Any:
     if header.get("t") == "py":
         kind, v = header.get("k"), header.get("v")
@@ -359,15 +373,21 @@ def fold_reply(reduction: Reduction, eids, body, codec, take=None) -> bool:
     return True
 
 
-def fold_bundle(reduction: Reduction, msg: dict, codec, child=None) -> tuple:
+def fold_bundle(reduction: Reduction, msg: dict, codec, child=None, chained=None) -> tuple:
     """Fold ``child``'s ``reduced`` bundle (content unparsed) into ``reduction``,
-    in its turn; return the raw replies of its engines that raised and its failures."""
+    in its turn; return the raw replies of its engines that raised and its failures.
+    A bundle whose value went another way (``chained`` in its state) is handed
+    to ``chained(eids, at)`` instead."""
     if msg["metadata"].get("kind") != "reduced":
         raise P.ProtocolError("expected a reduced bundle")
     try:
         msg["content"] = codec.unpack_json(P.as_bytes(msg["content"]))
         state, value, raised, failed = B.reduced_parts(msg)
-        reduction.add_partial(state, value, reduction.first.get(child))
+        at = reduction.first.get(child)
+        if state.get("chained") is True and chained is not None and not state.get("error"):
+            chained(list(state.get("eids") or ()), at)
+        else:
+            reduction.add_partial(state, value, at)
     except (ValueError, TypeError, AttributeError) as e:
         raise P.ProtocolError(f"bad reduced bundle: {e}") from e
     return raised, failed

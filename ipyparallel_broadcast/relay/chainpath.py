@@ -1,0 +1,157 @@
+"""A reduce's big values across hosts, at a relay node: the leaf plans the
+chain of its host relays and takes the value its head sends; a host relay
+sends its own value into the chain (``upchain``). Part of ``RelayNode``
+(``core``); sans I/O."""
+
+from __future__ import annotations
+
+import logging
+
+from ..wire import bundles as B
+from ..wire import protocol as P
+from ..wire import reduction as R
+from . import upchain
+from .events import UP, Send
+from .pending import Pending
+
+log = logging.getLogger("ipyparallel_broadcast.relay.core")
+
+CHAIN = ("chain",)  # the leaf's request state: the chain's value is owed
+
+
+class ChainPath:
+    """The leaf's and the host relays' parts of a reduce chain."""
+
+    # ------------------------------------------------------------ the leaf
+    def _chain_plan(self, p: Pending, groups: dict) -> dict:
+        """A reduce to two or more host relays with bulk links: their chain
+        (``p.chain``) and each one's part of it, by host."""
+        hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
+        if len(hosts) < 2 or self.bulk.threshold is None or p.stock:
+            return {}
+        order, contents = upchain.plan(hosts)
+        first = min(h[2] for h in hosts)
+        p.chain = upchain.Chain(order, first - 0.5, self.clock())
+        p.state.expect(CHAIN, ())
+        p.reduction.expect({CHAIN: p.chain.key})
+        return contents
+
+    def _chain_message(self, child, m) -> list[Send]:
+        """A chain message from the head of a chain, at the leaf."""
+        msg, data = upchain.check(self.codec, m.body)
+        p = self.pending.get(msg["content"]["key"])
+        if p is None:  # the request was done without it (no host chained a value)
+            return []
+        chain = p.chain
+        if chain is None or chain.outcome is not None or child != chain.hosts[0]:
+            raise P.ProtocolError(f"chain message for {msg['content']['key']!r} from {child!r}, not its head")
+        chain.last = self.clock()
+        if not upchain.take(chain, msg, data):
+            return []
+        return self._chain_settled(p)
+
+    def _chained(self, p: Pending, eids, at) -> None:
+        """A chained host's bundle came: its engines' value is in the chain."""
+        chain = p.chain
+        if chain is None:
+            raise P.ProtocolError("a chained bundle, but no chain")
+        chain.last = self.clock()
+        if chain.outcome == "value":
+            p.reduction.add(eids, None, at)
+        elif chain.outcome is not None:  # lost with the chain
+            self._fail(p, eids, P.UNREACHABLE, f"lost its value in the reduce chain ({chain.why})")
+        else:
+            chain.stashed.append((eids, at))
+
+    def _chain_settled(self, p: Pending) -> list[Send]:
+        """The chain's outcome is known: its value (or error) combines in its turn."""
+        chain, r = p.chain, p.reduction
+        if chain.outcome == "value":
+            value = R.decode({k: v for k, v in chain.header.items() if k not in ("nbytes", "chunk")}, [chain.buffer])
+            r.add([], value, chain.key, owned=True)
+            for eids, at in chain.stashed:
+                r.add(eids, None, at)
+        elif chain.outcome == "failed":
+            r.add_error([e for eids, _ in chain.stashed for e in eids], f"reduce: {chain.why}", chain.key)
+        else:  # no host had a big value: nothing to combine in its turn
+            r.skip(chain.key)
+            for eids, at in chain.stashed:
+                r.add(eids, None, at)
+        chain.stashed, chain.buffer = [], None
+        if p.state.owes(CHAIN):
+            p.state.answer(CHAIN)
+        return self.inflight.finish_if_done(p)
+
+    def _chain_unneeded(self, p: Pending) -> list[Send]:
+        """Every host's bundle is in and none chained its value: no need to wait."""
+        chain = p.chain
+        if chain is None or chain.outcome is not None or chain.stashed or p.state.destinations != [CHAIN]:
+            return []
+        chain.outcome = "none"
+        return self._chain_settled(p)
+
+    def _chain_lost(self, host: bytes, why: str) -> list[Send]:
+        """A host relay is lost: the chains through it bring nothing; their
+        engines' values fail, naming it."""
+        sends = []
+        for p in list(self.pending.values()):
+            chain = p.chain
+            if chain is not None and chain.outcome is None and host in chain.hosts:
+                sends += self._chain_failed(p, why)
+        return sends
+
+    def _chain_failed(self, p: Pending, why: str) -> list[Send]:
+        chain = p.chain
+        chain.outcome, chain.why = "lost", f"the chain of hosts {chain.label}: {why}"
+        sends = []
+        for eids, _ in chain.stashed:
+            sends += self._fail(p, eids, P.UNREACHABLE, f"lost its value in the reduce chain ({chain.why})")
+        chain.stashed, chain.buffer = [], None
+        p.reduction.skip(chain.key)
+        if p.state.owes(CHAIN):
+            p.state.answer(CHAIN)
+        return sends + self.inflight.finish_if_done(p)
+
+    def _chain_deadline(self) -> float | None:
+        """When a chain whose hosts all answered would have stalled (or a host's link, dropped)."""
+        times = [
+            p.chain.last + self.chains.stall
+            for p in self.pending.values()
+            if p.chain is not None and p.chain.outcome is None and p.state.destinations == [CHAIN]
+        ]
+        host = self.chains.next_deadline() if self.chains.links else None
+        return min(times + ([host] if host is not None else []), default=None)
+
+    def _data_deadline(self) -> float | None:
+        """When chunks of either plane (``bulk``, a chain) next need a look."""
+        times = [t for t in (self._bulk_deadline(), self._chain_deadline()) if t is not None]
+        return min(times, default=None)
+
+    def _chain_tick(self, now: float) -> list[Send]:
+        deadline = self._chain_deadline()
+        return self._chains_stalled(now) if deadline is not None and deadline <= now else []
+
+    def _chains_stalled(self, now: float) -> list[Send]:
+        for key in self.chains.stalled(now):
+            log.warning("%s: the reduce chain of %s stalled; dropped", self.name, key)
+        sends = []
+        for p in list(self.pending.values()):
+            chain = p.chain
+            if chain is not None and chain.outcome is None and p.state.destinations == [CHAIN]:
+                if now - chain.last > self.chains.stall:
+                    sends += self._chain_failed(p, f"nothing came for {self.chains.stall:g} s")
+        return sends
+
+    # --------------------------------------------------------- a host relay
+    def _chain_own(self, p: Pending) -> list[Send]:
+        """All this host's engines are in: its bundle goes to the leaf, its
+        big value (if any) into the chain instead."""
+        p.then = None
+        state, frames = p.reduction.state()
+        header = data = None
+        if state["value"] is not None and frames and P.nbytes(frames[0]) >= self.bulk.threshold:
+            header, data = state["value"], frames[0]
+            state, frames = dict(state, value=None, chained=True), []
+        body = B.pack_reduced(self.codec, p.key, p.msg_id, state, frames, p.raised, p.failed)
+        self.inflight.stamp(p, "reply out", p.n)
+        return [Send(UP, P.with_route(p.route, body))] + self.chains.own_value(p.key, header, data)

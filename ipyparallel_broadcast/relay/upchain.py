@@ -1,0 +1,265 @@
+"""Big reduce values across hosts: a pipelined chain of host relays.
+
+A leaf that sends a reduce to two or more host relays chains them, ordered by
+the first engine id each serves: the last host (the tail) sends its host's
+combined value in chunks to the one before it, which combines each chunk with
+its own and sends it on, and so on; the first host (the head) sends the
+chain's value to the leaf. Each link carries the value once, chunk after
+chunk, so a reduce over hosts costs about one value's time on one link, where
+every host sending its whole value to the leaf cost one per host on the
+leaf's link. The values combine in a fixed order: the first host's, then
+the second's, ... (``v1 + (v2 + (... + vk))``).
+
+Only big values take the chain (``threshold``, the data plane's): a host
+whose own value is small sends it in its bundle, as before, and passes on
+what comes to it. The bundles (engine ids, errors, failures) still go from
+every host to the leaf directly; a chained bundle says its value is in the
+chain. A chain message is signed, and its content carries the SHA-256 of its
+bytes: ``{key, i, n, v: value header}``; ``n = 0``: no value (``error``: the
+values did not combine). The leaf fails the chained engines by name when a
+host of the chain is lost, or when the chain stalls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..wire import protocol as P
+from ..wire import reduction as R
+from ..wire.topology import HOST_PREFIX, host_ident
+from .bulk import BULK, digest
+from .events import UP, Send
+
+log = logging.getLogger(__name__)
+
+RCHUNK = "ipb_rchunk"
+MARK = b'"' + RCHUNK.encode() + b'"'  # in a chain message's header frame
+MAX_VALUE = 1 << 40  # a chain value said to be bigger is refused (no buffer of that size is made)
+
+
+def _header(value_header: dict | None) -> tuple | None:
+    """What must match for two values to combine: dtype, shape, scalar."""
+    if value_header is None:
+        return None
+    return (value_header.get("dtype"), tuple(value_header.get("shape") or ()), bool(value_header.get("scalar")))
+
+
+@dataclass
+class Link:
+    """One request's place in a chain, at a host relay."""
+
+    key: str  # the request's key (the leaf's, shared by its hosts)
+    op: str
+    to: str | None  # the bulk socket of the host before this one; None: the leaf
+    fed: bool  # a host after this one sends to this one
+    last: float  # when it last moved
+    own: tuple | None = None  # (value header, bytes) of this host's own big value
+    own_done: bool = False
+    head: dict | None = None  # the incoming value's first content (n, v or error)
+    chunks: dict = field(default_factory=dict)  # incoming chunk index -> bytes, not yet sent on
+    sent: set = field(default_factory=set)
+    done: bool = False
+
+
+class Chains:
+    """A host relay's chain links in flight (pure: chain messages in, sends out)."""
+
+    def __init__(self, codec: P.Codec, clock: Callable[[], float], stall: float, chunk: int):
+        self.codec, self.clock, self.stall, self.chunk = codec, clock, stall, chunk
+        self.links: dict[str, Link] = {}
+        self.sent = self.received = 0  # chunks, for stats
+
+    def join(self, key: str, op: str, content) -> None:
+        """A reduce request came with its place in a chain."""
+        if not isinstance(content, dict):
+            raise P.ProtocolError("chain content is not a dict")
+        to, fed = content.get("to"), content.get("fed")
+        if not (to is None or isinstance(to, str)) or type(fed) is not bool:
+            raise P.ProtocolError("bad chain content")
+        if key in self.links:
+            raise P.ProtocolError(f"chain for {key!r} already here")
+        self.links[key] = Link(key, op, to, fed, self.clock())
+
+    def own_value(self, key: str, header: dict | None, data) -> list[Send]:
+        """This host's engines are all in: its own big value (or None: it has none)."""
+        link = self.links.get(key)
+        if link is None:
+            return []
+        link.own, link.own_done, link.last = (header, data) if header is not None else None, True, self.clock()
+        return self._advance(link)
+
+    def on_message(self, msg: dict, data) -> list[Send]:
+        """A chain message from the host after this one."""
+        content = msg["content"]
+        link = self.links.get(content.get("key"))
+        if link is None or not link.fed or link.done:
+            raise P.ProtocolError(f"chain message for {content.get('key')!r}, not expected here")
+        self.received += 1
+        link.last = self.clock()
+        if link.head is None:
+            link.head = content
+        elif (content.get("n"), content.get("v")) != (link.head.get("n"), link.head.get("v")):
+            raise P.ProtocolError("chain chunks that disagree on the value")
+        i = content.get("i")
+        if link.head.get("n"):
+            if i in link.chunks or i in link.sent:
+                raise P.ProtocolError(f"chain chunk {i} came twice")
+            link.chunks[i] = data
+        return self._advance(link)
+
+    def _advance(self, link: Link) -> list[Send]:
+        if not link.own_done or (link.fed and link.head is None):
+            return []
+        incoming = link.head if link.fed else dict(n=0)
+        if incoming.get("error"):
+            return self._finish(link, self._message(link, dict(n=0, error=incoming["error"])))
+        if not incoming.get("n"):  # nothing from after this host: its own value, or none
+            if link.own is None:
+                return self._finish(link, self._message(link, dict(n=0)))
+            header, data = link.own
+            return self._finish(link, self._value(link, header, data))
+        if incoming["v"]["chunk"] != self.chunk:
+            why = "hosts of the chain use different chunk sizes"
+            return self._finish(link, self._message(link, dict(n=0, error=why)))
+        if link.own is not None and (
+            _header(link.own[0]) != _header(incoming.get("v"))
+            or memoryview(link.own[1]).nbytes != incoming["v"].get("nbytes")
+        ):
+            why = f"hosts gave values that do not combine: {_header(link.own[0])} and {_header(incoming.get('v'))}"
+            return self._finish(link, self._message(link, dict(n=0, error=why)))
+        sends = []
+        for i in sorted(link.chunks):
+            chunk = link.chunks.pop(i)
+            if link.own is not None:  # this host's value first, then what came: the chain's fixed order
+                own = memoryview(link.own[1]).cast("B")[i * self.chunk : (i + 1) * self.chunk]
+                try:
+                    chunk = R.combine_bytes(link.op, link.own[0]["dtype"], own, chunk)
+                except ValueError as e:
+                    return sends + self._finish(link, self._message(link, dict(n=0, error=f"chain: {e}")))
+            sends += self._message(link, dict(i=i, n=incoming["n"], v=incoming["v"]), chunk)
+            link.sent.add(i)
+        if len(link.sent) == incoming["n"]:
+            link.done = True
+            del self.links[link.key]
+        return sends
+
+    def _value(self, link: Link, header: dict, data) -> list[Send]:
+        view = memoryview(data).cast("B")
+        n = max(1, -(-view.nbytes // self.chunk))
+        header = dict(header, nbytes=view.nbytes, chunk=self.chunk)
+        return [
+            s
+            for i in range(n)
+            for s in self._message(link, dict(i=i, n=n, v=header), view[i * self.chunk : (i + 1) * self.chunk])
+        ]
+
+    def _message(self, link: Link, content: dict, data=b"") -> list[Send]:
+        content = dict(content, key=link.key, d=digest(data))
+        frames = self.codec.pack(RCHUNK, content, [data])
+        self.sent += 1
+        if link.to is None:
+            return [Send(UP, frames)]
+        return [Send(BULK, [link.to.encode(), host_ident("chain")] + frames)]  # (frames start with DELIM)
+
+    def _finish(self, link: Link, sends: list[Send]) -> list[Send]:
+        link.done = True
+        self.links.pop(link.key, None)
+        return sends
+
+    def stalled(self, now: float) -> list[str]:
+        """Links that did not move for ``stall`` seconds, forgotten here."""
+        gone = [k for k, link in self.links.items() if now - link.last > self.stall]
+        for key in gone:
+            del self.links[key]
+        return gone
+
+    def next_deadline(self) -> float | None:
+        last = min((link.last for link in self.links.values()), default=None)
+        return None if last is None else last + self.stall
+
+
+def check(codec: P.Codec, body) -> tuple[dict, object]:
+    """A chain message's parsed message and its bytes (signature and digest checked)."""
+    if len(body) != 6:
+        raise P.ProtocolError(f"a chain message has {len(body)} frames, needs 6")
+    msg = codec.unpack(body)
+    content = msg["content"]
+    if msg["header"].get("msg_type") != RCHUNK or not isinstance(content, dict):
+        raise P.ProtocolError("not a chain message")
+    if digest(body[5]) != content.get("d"):
+        raise P.ProtocolError("a chain chunk does not match its digest")
+    n = content.get("n")
+    if not isinstance(content.get("key"), str) or type(n) is not int or n < 0:
+        raise P.ProtocolError("bad chain message")
+    if n:
+        v, i = content.get("v"), content.get("i")
+        if not (isinstance(v, dict) and all(type(v.get(k)) is int and v[k] > 0 for k in ("nbytes", "chunk"))):
+            raise P.ProtocolError("a chain chunk without its value's size")
+        if v["nbytes"] > MAX_VALUE or n != -(-v["nbytes"] // v["chunk"]):
+            raise P.ProtocolError(f"a chain value of {v['nbytes']} bytes in {n} chunks")
+        if type(i) is not int or not 0 <= i < n:
+            raise P.ProtocolError(f"chain chunk {i!r} of {n}")
+        if P.nbytes(body[5]) != min(v["chunk"], v["nbytes"] - i * v["chunk"]):
+            raise P.ProtocolError(f"chain chunk {i} has {P.nbytes(body[5])} bytes")
+    return msg, body[5]
+
+
+# --------------------------------------------------------------- at the leaf
+@dataclass
+class Chain:
+    """At the leaf: a reduce's chain of hosts, and the value it brings."""
+
+    hosts: list[bytes]  # in chain order: the head first
+    key: float  # where the chain's value combines in the leaf's fixed order
+    last: float
+    n: int | None = None  # chunks coming; 0: none
+    header: dict | None = None
+    buffer: bytearray | None = None
+    have: set = field(default_factory=set)
+    stashed: list = field(default_factory=list)  # chained hosts' eids, until the value is in
+    outcome: str | None = None  # "value", "none", "failed"
+    why: str = ""
+
+    @property
+    def label(self) -> str:
+        return ", ".join(h[len(HOST_PREFIX) :].decode(errors="replace") for h in self.hosts)
+
+
+def plan(hosts: list[tuple[bytes, str, int]]) -> tuple[list[bytes], dict[bytes, dict]]:
+    """The chain of ``hosts`` ((identity, bulk url, first engine id)): their
+    order (the head first) and each one's chain content."""
+    ordered = sorted(hosts, key=lambda h: h[2])
+    contents = {}
+    for i, (ident, _url, _first) in enumerate(ordered):
+        contents[ident] = dict(to=ordered[i - 1][1] if i else None, fed=i + 1 < len(ordered))
+    return [h[0] for h in ordered], contents
+
+
+def take(chain: Chain, msg: dict, data) -> bool:
+    """A chain message from the head, at the leaf: True once the chain's
+    outcome is known (its value assembled, none, or an error)."""
+    content = msg["content"]
+    if content.get("error"):
+        chain.outcome, chain.why = "failed", str(content["error"])
+        return True
+    n = content["n"]
+    if n == 0:
+        chain.outcome = "none"
+        return True
+    v, i = content["v"], content["i"]  # (checked: ``check``)
+    if chain.n is None:
+        chain.n, chain.header, chain.buffer = n, v, bytearray(v["nbytes"])
+    elif (n, v) != (chain.n, chain.header):
+        raise P.ProtocolError("chain chunks that disagree on the value")
+    if i in chain.have:
+        raise P.ProtocolError(f"chain chunk {i} came twice")
+    view = memoryview(data).cast("B")
+    start = i * v["chunk"]
+    chain.buffer[start : start + view.nbytes] = view
+    chain.have.add(i)
+    if len(chain.have) == n:
+        chain.outcome = "value"
+        return True
+    return False

@@ -1,0 +1,222 @@
+"""A reduce's big values across hosts in a pipelined chain (``relay.upchain``), in the pure core.
+
+Host relays send their hosts' combined values host to host in chunks, each
+adding its own; only the chain's head sends to the leaf. The leaf's link
+carries one value, whatever the number of hosts.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ipyparallel.serialize import serialize_object
+from treesim import TreeSim
+
+from ipyparallel_broadcast.relay import upchain
+from ipyparallel_broadcast.relay.events import UP
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.reduction import OPS, ReduceError, Reduction, engine_value, ufunc
+
+pytestmark = pytest.mark.pure
+
+CHUNK = 1024  # bytes: small, so that values have many chunks
+
+
+def bed(n_hosts=4, per_host=2, direct=(), depth=0):
+    """Hosts h0.. each with ``per_host`` engines under leaf 0, and ``direct`` engines on the leaf."""
+    first = len(direct)
+    hosts = {f"h{i}": (0, list(range(first + i * per_host, first + (i + 1) * per_host))) for i in range(n_hosts)}
+    engines = list(direct) + list(range(first, first + n_hosts * per_host))
+    sim = TreeSim(depth, 2, engines, hosts=hosts, bulk=dict(chunk=CHUNK, threshold=CHUNK))
+    return sim, engines
+
+
+def answering(values, raises=()):
+    def answer(eid, request):
+        if eid in raises:
+            return {"status": "error", "ename": "ValueError", "evalue": "no", "traceback": []}, []
+        return {"status": "ok"}, serialize_object(engine_value(lambda: values[eid]))
+
+    return answer
+
+
+def outcome(sim):
+    (frames,) = sim.client_inbox
+    state, value, raised, failed = B.reduced_parts(sim.codec.unpack(P.split_idents(frames)[1]))
+    r = Reduction(state["op"])
+    r.add_partial(state, value)
+    return r, raised, failed
+
+
+class Links:
+    """Counts the chain messages each link carried (host -> host, head -> leaf)."""
+
+    def __init__(self, sim):
+        self.to_leaf = 0
+        for node in sim.nodes.values():
+            if node.host:
+                run = node.chains._message
+
+                def counted(link, content, data=b"", run=run):
+                    sends = run(link, content, data)
+                    self.to_leaf += sum(s.socket == UP for s in sends)
+                    return sends
+
+                node.chains._message = counted
+
+
+def big(eid, n=2000, dtype=float):
+    return (np.arange(n) % 17 + eid).astype(dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 5),
+    st.integers(1, 3),
+    st.sampled_from(sorted(OPS)),
+    st.sampled_from(["float64", "int32", "uint8", "complex128"]),
+    st.integers(300, 3000),
+)
+def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_host, op, dtype, n):
+    sim, engines = bed(n_hosts, per_host)
+    values = {e: big(e, n, dtype) for e in engines}
+    sim.answer_with = answering(values)
+    links = Links(sim)
+    sim.request(engines, reduce=op)
+    r, raised, failed = outcome(sim)
+    expected = functools.reduce(ufunc(op), [values[e] for e in engines])
+    np.testing.assert_array_equal(r.result(), expected)
+    assert sorted(r.eids) == engines and not raised and not failed
+    chunks = -(-expected.nbytes // CHUNK)
+    assert links.to_leaf == chunks  # the head alone sent to the leaf: one value's chunks
+    assert all(not node.chains.links for node in sim.nodes.values())
+    assert sim.pending_total() == 0
+
+
+def test_a_float_sum_through_the_chain_is_the_same_whatever_order_hosts_finish_in():
+    sim, engines = bed(4, 2)
+    values = {e: np.array([1e16, 1.0, -1e16, 3.3e-3, 7e15, 2.5, -7e15, 1e-9][e % 8] * np.ones(600)) for e in engines}
+    results = set()
+    for order in (engines, engines[::-1], [5, 0, 7, 2, 6, 1, 4, 3]):
+        sim, _ = bed(4, 2)
+        sim.answer_with = answering(values)
+        sim.hold.update(engines)
+        sim.request(engines, reduce="sum")
+        for e in order:
+            sim.release(e)
+        r, _, _ = outcome(sim)
+        results.add(r.result().tobytes())
+    assert len(results) == 1
+
+
+def test_small_values_stay_in_the_bundles_and_the_leaf_does_not_wait_for_the_chain():
+    sim, engines = bed(3, 2)
+    sim.answer_with = answering({e: e for e in engines})  # Python numbers: small
+    links = Links(sim)
+    sim.request(engines, reduce="sum")
+    r, _, _ = outcome(sim)
+    assert r.result() == sum(engines)
+    assert links.to_leaf == 1  # the head's "no value", after the call was done (ignored)
+    assert sim.nodes[()].dropped == 0 and sim.pending_total() == 0
+
+
+def test_direct_engines_and_a_chain_combine_at_the_leaf():
+    sim, engines = bed(3, 2, direct=[0, 1])
+    values = {e: big(e) for e in engines}
+    sim.answer_with = answering(values)
+    sim.request(engines, reduce="max")
+    r, _, _ = outcome(sim)
+    np.testing.assert_array_equal(r.result(), functools.reduce(np.maximum, values.values()))
+
+
+def test_engines_that_raise_are_named_and_the_rest_of_the_chain_combines():
+    sim, engines = bed(4, 2)
+    values = {e: big(e) for e in engines}
+    sim.answer_with = answering(values, raises={2, 3, 6})  # all of host h1, one of h3
+    sim.request(engines, reduce="sum")
+    r, raised, failed = outcome(sim)
+    np.testing.assert_array_equal(r.result(), sum(values[e] for e in engines if e not in (2, 3, 6)))
+    assert len(raised) == 3 and not failed
+
+
+def test_hosts_whose_values_do_not_combine_raise_reduce_error():
+    sim, engines = bed(3, 2)
+    values = {e: big(e, n=2000 if e < 4 else 3000) for e in engines}  # the last host's are longer
+    sim.answer_with = answering(values)
+    sim.request(engines, reduce="sum")
+    r, _, _ = outcome(sim)
+    with pytest.raises(ReduceError, match="do not combine"):
+        r.result()
+    assert sim.pending_total() == 0
+
+
+def test_a_host_lost_mid_chain_fails_the_chained_engines_by_name_and_nothing_hangs():
+    sim, engines = bed(4, 2)
+    values = {e: big(e) for e in engines}
+    sim.answer_with = answering(values)
+    sim.hold.update([6, 7])  # the tail (h3) waits for its engines
+    sim.request(engines, reduce="sum")
+    assert not sim.client_inbox  # hosts h0-h2 chained their values and wait for h3's
+    sim.down_nodes[("h", "h3")] = "dead"
+    leaf = sim.nodes[()]
+    sim._run(leaf, leaf.on_child_lost(next(k for k in leaf.children if isinstance(k, bytes) and b"h3" in k)), ())
+    r, _, failed = outcome(sim)
+    assert sorted(f[0] for f in failed) == engines  # h3's died with it; the others' values went with the chain
+    assert all("h3" in f[2] for f in failed)
+    with pytest.raises(ReduceError):
+        r.result()
+    assert sim.nodes[()].pending == {}
+
+
+def test_a_chain_that_stops_fails_once_every_host_has_answered():
+    sim, engines = bed(3, 2)
+    values = {e: big(e) for e in engines}
+    sim.answer_with = answering(values)
+    head = sim.nodes[("h", "h0")]
+    head.chains.on_message = lambda msg, data: []  # h1's chunks never get through to the head
+    sim.request(engines, reduce="sum")
+    assert not sim.client_inbox
+    sim.tick(sim.nodes[()].chains.stall + 1)
+    r, _, failed = outcome(sim)
+    assert sorted(f[0] for f in failed) == engines and all("nothing came" in f[2] for f in failed)
+    assert sim.pending_total() == 0
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        dict(n=-1),
+        dict(n=2, v=dict(nbytes=10, chunk=1024), i=0),  # 10 bytes in 2 chunks
+        dict(n=1, v=dict(nbytes=1 << 50, chunk=1 << 50), i=0),  # too big
+        dict(n=1, v=dict(nbytes=8, chunk=1024), i=1),
+        dict(n=1, v=dict(nbytes=9, chunk=1024), i=0),  # 9 bytes said, 8 sent
+        dict(n=1, v="x", i=0),
+    ],
+)
+def test_forged_or_malformed_chain_messages_are_dropped(forge):
+    sim, engines = bed(2, 1)
+    host = sim.nodes[("h", "h0")]
+    content = dict(dict(key="r1", i=0, n=1, v=dict(nbytes=8, chunk=1024)), **forge)
+    content["d"] = upchain.digest(b"\0" * 8)
+    frames = [b"feeder", P._DELIM] + sim.codec.pack(upchain.RCHUNK, content, [b"\0" * 8])
+    assert host.on_chunk(frames) == [] and host.dropped == 1
+    bad_digest = [b"feeder", P._DELIM] + sim.codec.pack(upchain.RCHUNK, dict(key="r1", i=0, n=0, d="0" * 64), [b""])
+    assert host.on_chunk(bad_digest) == [] and host.dropped == 2
+
+
+def test_a_chain_message_from_a_host_that_is_not_the_head_is_dropped():
+    sim, engines = bed(3, 2)
+    values = {e: big(e) for e in engines}
+    sim.answer_with = answering(values)
+    sim.hold.update(engines)
+    sim.request(engines, reduce="sum")
+    leaf = sim.nodes[()]
+    (key,) = leaf.pending
+    tail = next(k for k in leaf.children if isinstance(k, bytes) and b"h2" in k)
+    data = b"\0" * 8
+    msg = sim.codec.pack(upchain.RCHUNK, dict(key=key, n=0, d=upchain.digest(data)), [data])
+    leaf.on_down([tail] + msg)
+    assert leaf.dropped == 1 and leaf.pending[key].chain.outcome is None
