@@ -114,10 +114,16 @@ class HostLink:
         return link
 
     def attach(self, eid: int):
-        """Place the relay under its leaf: the one the host's first engine picked."""
+        """Place the relay under its leaf: the first leaf of the tree, for
+        every host. One process of the controller host then plans the data
+        plane of all hosts, in both directions (a push's chunks, a reduce's
+        chain): each big value crosses the controller host's link once,
+        whatever the tree's depth and fan-out (one chain per leaf crossed it
+        once per leaf). What the host relays spare the leaves (each host's
+        engines in one bundle) leaves one leaf enough for them all."""
         from ..wire.topology import TreeShape
 
-        index = self.leaf_index(eid % len(self.leaves))
+        index = self.leaf_index(0)
         path = TreeShape(self.spec["depth"], self.spec["fanout"]).leaf_path(index)
         self.spec.update(path=list(path), up_url=self.leaves[index])
 
