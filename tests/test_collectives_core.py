@@ -475,3 +475,15 @@ def test_allreduce_needs_a_reduce():
     sim = TreeSim(1, 2, [0, 1])
     sim.request([0, 1], allreduce="x")
     assert sim.nodes[()].dropped == 1 and not sim.client_inbox
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_big_arrays_combined_on_several_threads_are_the_same_to_the_bit(op):
+    from ipyparallel_broadcast.wire.reduction import PARALLEL_FROM, combine_into
+
+    rng = np.random.default_rng(3)
+    n = PARALLEL_FROM // 8 + 12345  # over the threshold, not a multiple of the slices
+    a, b = rng.random(n), rng.random(n) * 1e9
+    expected = ufunc(op)(a, b)
+    combine_into(ufunc(op), a, b)
+    assert a.tobytes() == expected.tobytes()

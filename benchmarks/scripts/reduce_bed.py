@@ -15,6 +15,8 @@ bytes that entered the controller host during the call, in M.
   returning the array) and sum on the client.
 - allreduce: the sum lands in every engine as ``total``. Ours:
   ``view.allreduce``; DirectView: pull, sum and push.
+- gather: ``--gather`` MiB in all (an equal part on each engine) joined at the
+  client, by each view's ``gather``; its floor is the total over one link.
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ DRIVER = textwrap.dedent("""
         if what == "make":
             view.execute(f"import numpy as np; big = np.random.default_rng().random({size // 8})")
             out = 0
+        elif what == "part":  # a gather's: size bytes in all
+            view.execute(f"import numpy as np; part = np.random.default_rng().random({size // 8 // n})")
+            out = 0
+        elif what == "gather":
+            tic = time.perf_counter()
+            got = view.gather("part", block=True)
+            out = time.perf_counter() - tic
+            assert got.nbytes == size // 8 // n * 8 * n
         else:
             tic = time.perf_counter()
             if name == "ours" and what == "reduce":
@@ -134,6 +144,19 @@ def measure(args, depth: int, views: str) -> dict:
                             seconds=statistics.median(times), each=times, into=statistics.median(into)
                         )
                         print(label, what, mib, rows[label, what, mib], file=sys.stderr, flush=True)
+            for mib in args.gather:
+                size = mib << 20
+                drive(drive.views[0], "part", size)
+                for name in drive.views:
+                    label = f"ours, depth {depth}" if name == "ours" else name
+                    times, into = [], []
+                    for _ in range(args.reps):
+                        before = bed.link_bytes(bed.controller)[0]
+                        times.append(drive(name, "gather", size))
+                        into.append((bed.link_bytes(bed.controller)[0] - before) / size)
+                    rows[label, "gather (M in all)", mib] = dict(
+                        seconds=statistics.median(times), each=times, into=statistics.median(into)
+                    )
         finally:
             drive.close()
     return rows
@@ -146,11 +169,13 @@ def main(argv=None):
     parser.add_argument("--per-host", type=int, default=4)
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--sizes", default="16", help="MiB per engine, comma-separated")
+    parser.add_argument("--gather", default="16,64", help="gather: MiB in all, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--depths", default="1,0", help="our tree's depths; DirectView runs on the first")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.gather = [int(s) for s in args.gather.split(",") if s]
     why = NetBed.available()
     if why:
         parser.error(why)
@@ -162,7 +187,8 @@ def main(argv=None):
         f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
         f"every link capped at {args.rate} each way (tbf); a relay per engine host. Medians of {args.reps} "
         "calls; every engine holds a float64 array of M bytes.",
-        "Floor: M/B, one array over one link. In: bytes that entered the controller host during the call, in M.",
+        "Floor: M/B, one array over one link (a gather: the total over one link). "
+        "In: bytes that entered the controller host during the call, in M.",
         "",
         "| view | call | M | time (s) | each (s) | x floor | in (x M) |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -32,6 +32,7 @@ class ChainPath:
         order, contents = upchain.plan(hosts)
         first = min(h[2] for h in hosts)
         p.chain = upchain.Chain(order, first - 0.5, self.clock())
+        self.chains.open.add(p.key)
         p.state.expect(CHAIN, ())
         p.reduction.expect({CHAIN: p.chain.key})
         return contents
@@ -78,6 +79,7 @@ class ChainPath:
             for eids, at in chain.stashed:
                 r.add(eids, None, at)
         chain.stashed, chain.buffer = [], None
+        self.chains.open.discard(p.key)
         if p.state.owes(CHAIN):
             p.state.answer(CHAIN)
         return self.inflight.finish_if_done(p)
@@ -94,9 +96,9 @@ class ChainPath:
         """A host relay is lost: the chains through it bring nothing; their
         engines' values fail, naming it."""
         sends = []
-        for p in list(self.pending.values()):
-            chain = p.chain
-            if chain is not None and chain.outcome is None and host in chain.hosts:
+        for key in list(self.chains.open):
+            p = self.pending.get(key)
+            if p is not None and p.chain.outcome is None and host in p.chain.hosts:
                 sends += self._chain_failed(p, why)
         return sends
 
@@ -107,6 +109,7 @@ class ChainPath:
         for eids, _ in chain.stashed:
             sends += self._fail(p, eids, P.UNREACHABLE, f"lost its value in the reduce chain ({chain.why})")
         chain.stashed, chain.buffer = [], None
+        self.chains.open.discard(p.key)
         p.reduction.skip(chain.key)
         if p.state.owes(CHAIN):
             p.state.answer(CHAIN)
@@ -114,11 +117,8 @@ class ChainPath:
 
     def _chain_deadline(self) -> float | None:
         """When a chain whose hosts all answered would have stalled (or a host's link, dropped)."""
-        times = [
-            p.chain.last + self.chains.stall
-            for p in self.pending.values()
-            if p.chain is not None and p.chain.outcome is None and p.state.destinations == [CHAIN]
-        ]
+        waiting = [self.pending.get(key) for key in self.chains.open] if self.chains.open else ()
+        times = [p.chain.last + self.chains.stall for p in waiting if p is not None and self._all_but_chain(p)]
         host = self.chains.next_deadline() if self.chains.links else None
         return min(times + ([host] if host is not None else []), default=None)
 
@@ -135,12 +135,18 @@ class ChainPath:
         for key in self.chains.stalled(now):
             log.warning("%s: the reduce chain of %s stalled; dropped", self.name, key)
         sends = []
-        for p in list(self.pending.values()):
-            chain = p.chain
-            if chain is not None and chain.outcome is None and p.state.destinations == [CHAIN]:
-                if now - chain.last > self.chains.stall:
-                    sends += self._chain_failed(p, f"nothing came for {self.chains.stall:g} s")
+        for key in list(self.chains.open):
+            p = self.pending.get(key)
+            if p is None:
+                self.chains.open.discard(key)
+            elif self._all_but_chain(p) and now - p.chain.last > self.chains.stall:
+                sends += self._chain_failed(p, f"nothing came for {self.chains.stall:g} s")
         return sends
+
+    @staticmethod
+    def _all_but_chain(p: Pending) -> bool:
+        """Every host has answered; only the chain's value is owed."""
+        return p.chain.outcome is None and p.state.destinations == [CHAIN]
 
     # --------------------------------------------------------- a host relay
     def _chain_own(self, p: Pending) -> list[Send]:

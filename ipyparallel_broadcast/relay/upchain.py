@@ -69,6 +69,7 @@ class Chains:
     def __init__(self, codec: P.Codec, clock: Callable[[], float], stall: float, chunk: int):
         self.codec, self.clock, self.stall, self.chunk = codec, clock, stall, chunk
         self.links: dict[str, Link] = {}
+        self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
         self.sent = self.received = 0  # chunks, for stats
 
     def join(self, key: str, op: str, content) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import operator
+import os
 import pickle
 from collections.abc import Sequence
 from typing import Any
@@ -170,6 +171,29 @@ def encode(value) -> tuple:
     return dict(t="nd", dtype=arr.dtype.str, shape=list(arr.shape), scalar=isinstance(value, np.generic)), [data]
 
 
+PARALLEL_FROM = 8 << 20  # bytes: an array this big is combined by several threads
+_pool: list = []  # the threads that combine big arrays, made at first use
+
+
+def combine_into(u, acc, value) -> None:
+    """``u(acc, value, out=acc)``; a big array in slices on a few threads (NumPy
+    lets go of the GIL): each element is combined as it would be in one pass,
+    so the result is the same to the bit."""
+    n = min(4, os.cpu_count() or 1)
+    if acc.nbytes < PARALLEL_FROM or n < 2 or acc.ndim == 0:
+        u(acc, value, out=acc)
+        return
+    if not _pool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool.append(ThreadPoolExecutor(n, thread_name_prefix="ipb-combine"))
+    a, b = acc.reshape(-1), value.reshape(-1)
+    step = -(-a.size // n)
+    jobs = [_pool[0].submit(u, a[i : i + step], b[i : i + step], out=a[i : i + step]) for i in range(0, a.size, step)]
+    for job in jobs:
+        job.result()
+
+
 def combine_bytes(op: str, dtype: str, first, second):
     """``op(first, second)`` of two equal runs of ``dtype`` values given as
     bytes (a chunk of two hosts' values in a chain): the result's bytes."""
@@ -312,7 +336,7 @@ class Reduction:
         elif sig[0] == "py":
             self.value = OPS[self.op][1](self.value, value)
         elif self._owned:
-            ufunc(self.op)(self.value, value, out=self.value)
+            combine_into(ufunc(self.op), self.value, value)
         else:  # the first array may be a read-only view of a frame
             self.value = np.asarray(ufunc(self.op)(self.value, value))
             self._owned = True

@@ -114,7 +114,7 @@ def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> 
             elif got[0] == "error":
                 failed = True
                 v.errors_by_cause[cause_of(got[1])] += 1
-                if not names_engine(got[1], eid) and op not in ("reduce",):
+                if not names_engine(got[1], eid) and op not in ("reduce", "bigreduce", "allreduce"):
                     v.unnamed.append((r["client"], r["seq"], op, eid, got[1][:160]))
         for item in r.get("wrong", ()):
             v.wrong.append((r["client"], r["seq"], op, r.get("mode"), len(r.get("targets") or ()), *item))

@@ -30,6 +30,14 @@ def one(token: str) -> int:
     return 1
 
 
+def big_one(token: str, n: int):
+    """reduce (sum) of big values: an array of n ones per engine."""
+    import numpy as np
+
+    log(token)
+    return np.ones(n)
+
+
 def execute_code(token: str) -> str:
     """execute: log (simulated engines name themselves by ``engine_id``) and print."""
     return (

@@ -22,8 +22,8 @@ from ...compat import ipp
 from ..sim import SIM_UUID_PREFIX
 from . import engine_side as E
 
-OPS = ("apply", "execute", "push", "pull", "scatter", "map", "reduce", "bigpush")
-WEIGHTS = (3, 3, 2, 1, 2, 2, 1, 1)
+OPS = ("apply", "execute", "push", "pull", "scatter", "map", "reduce", "bigpush", "bigreduce", "allreduce")
+WEIGHTS = (3, 3, 2, 1, 2, 2, 1, 1, 1, 1)
 BIG = 2 << 20  # bytes: over the host chunk threshold (the big-data path)
 
 
@@ -82,7 +82,7 @@ class Client:
 
     def pick(self, op: str) -> list[int] | None:
         ids = list(self.rc.ids)
-        if op in ("scatter", "map", "reduce", "pull"):
+        if op in ("scatter", "map", "reduce", "pull", "bigreduce", "allreduce"):
             ids = [e for e in ids if not self.is_sim(e)]
         if not ids:
             return None
@@ -166,6 +166,12 @@ class Client:
             return view.map_async(E.logged, items), ("map", items)
         if op == "reduce":
             return view.reduce(E.one, token, op="sum", block=False), ("reduce", len(targets))
+        if op == "bigreduce":  # over the thresholds: shared memory on a host, the chain between hosts
+            expected = np.full(BIG // 8, float(len(targets)))
+            return view.reduce(E.big_one, token, BIG // 8, op="sum", block=False), ("bigreduce", expected)
+        if op == "allreduce":  # the value is bound in every engine; the call gives None
+            ar = view.allreduce(E.one, token, op="sum", name=f"chaos_ar_{self.name}", block=False)
+            return ar, ("allreduce", None)
         raise ValueError(op)
 
     def file(self, rec: Record, ar, check, token):
@@ -215,7 +221,7 @@ class Client:
             return
         for eid in rec.targets:
             rec.outcomes[str(eid)] = ["ok", None]
-        if value != expected:
+        if not (np.array_equal(value, expected) if kind == "bigreduce" else value == expected):
             self._sims_read = 0.0  # a simulated host added since the list was read, and targeted?
             if not any(self.is_sim(e) for e in rec.targets):
                 rec.wrong.append([None, repr(value)[:80]])
