@@ -97,8 +97,9 @@ case "$host" in
 {cases}
   *) echo "unknown host $host" >&2; exit 1;;
 esac
+# (the command comes as rsh would pass it: one string for a shell)
 exec ip netns exec "$ns" unshare --uts sh -c \
-  'hostname "$0"; exec env UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 "$@"' "$host" "$@"
+  'hostname "$0"; export UCX_TLS=tcp,self UCX_NET_DEVICES=eth0; eval "exec $1"' "$host" "$*"
 """
 
 
@@ -192,9 +193,14 @@ def main(argv=None):
     ]
     import statistics
 
+    layouts = []
     for per_host in (int(p) for p in args.per_host.split(",")):
         result = run(args, per_host)
         print(json.dumps(result), file=sys.stderr)
+        layouts.append(
+            f"{per_host} per host: {result['ranks']} ranks on {args.hosts + 1} hosts (one network namespace "
+            f"and node name each); ranks per node as MPICH saw them: {result['node_sizes']}."
+        )
         for name, samples in result["times"].items():
             t = statistics.median(samples)
             f = gather_floor if name == "Gather" else floor
@@ -202,6 +208,7 @@ def main(argv=None):
                 f"| {per_host} | {result['ranks']} | {name} | {t:.2f} | {' '.join(f'{s:.2f}' for s in samples)} | "
                 f"{t / f:.1f} | {result['load']:.2f} |"
             )
+    lines += ["", *layouts]
     report("mpi_bed.py", argv, f"MPICH's collectives across {args.hosts} hosts at {args.rate}", lines, args.out)
     return 0
 
