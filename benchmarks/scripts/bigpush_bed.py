@@ -146,7 +146,7 @@ class Driver:
         self.proc.wait(timeout=60)
 
 
-def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int) -> str:
+def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int, depth: int = 0) -> str:
     """Start ``system`` on the bed; the address its client connects to."""
     if system == "dask":
         port = 8786
@@ -199,7 +199,7 @@ def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int) -> s
         return f"tcp://{bed.controller.addr}:{port}"
     stock = system == "stock"
     args = ["--BroadcastController.host_chunks=False"] if system == "star" else []
-    cluster = stack.enter_context(BedCluster(bed, depth=1 if stock else 0, stock=stock, controller_args=args))
+    cluster = stack.enter_context(BedCluster(bed, depth=1 if stock else depth, stock=stock, controller_args=args))
     for host in bed.hosts:
         cluster.start_engines(host, per_host, kind="stock" if stock else "broadcast")
     return cluster._file("client")
@@ -212,7 +212,7 @@ def measure_system(args, system: str, hosts: int) -> dict:
         bed = stack.enter_context(NetBed(hosts=hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
-        drive = Driver(bed, start_system(stack, bed, system, args.per_host), system, n)
+        drive = Driver(bed, start_system(stack, bed, system, args.per_host, args.depth), system, n)
         try:
             for name in drive.views:
                 for mib in args.sizes:
@@ -246,6 +246,7 @@ def main(argv=None):
     parser.add_argument("--sizes", default="16,64", help="MiB, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--systems", default="ours,star,stock,dask")
+    parser.add_argument("--depth", type=int, default=0, help="our tree's depth (1: the default tree)")
     parser.add_argument("--out")
     parser.add_argument("--json", help="the rows as JSON too (for the notebook's plot)")
     args = parser.parse_args(argv)
@@ -261,7 +262,8 @@ def main(argv=None):
     rate = _rate_bits(args.rate) / 8
     lines = [
         f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
-        f"every link capped at {args.rate} each way (tbf). Ours: depth 0 (the root is the leaf), a relay "
+        f"every link capped at {args.rate} each way (tbf). Ours: depth {args.depth}"
+        f"{' (the root is the leaf)' if args.depth == 0 else ''}, a relay "
         f"per engine host, big buffers in pipelined chunks host to host (star: "
         f"host_chunks off, one whole copy from the leaf to each host); "
         f"stock: depth 1 (its depth-0 broadcast scheduler never answered on the bed). "

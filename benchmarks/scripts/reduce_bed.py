@@ -132,7 +132,7 @@ def measure(args, depth: int, views: str) -> dict:
             for mib in args.sizes:
                 size = mib << 20
                 drive(drive.views[0], "make", size)
-                for name in drive.views:
+                for name in [v for v in drive.views if v == "ours" or mib in args.peer_sizes]:
                     label = f"ours, depth {depth}" if name == "ours" else name
                     for what in ("reduce", "allreduce"):
                         times, into = [], []
@@ -147,7 +147,7 @@ def measure(args, depth: int, views: str) -> dict:
             for mib in args.gather:
                 size = mib << 20
                 drive(drive.views[0], "part", size)
-                for name in drive.views:
+                for name in [v for v in drive.views if v == "ours" or mib in args.peer_sizes]:
                     label = f"ours, depth {depth}" if name == "ours" else name
                     times, into = [], []
                     for _ in range(args.reps):
@@ -170,12 +170,14 @@ def main(argv=None):
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--sizes", default="16", help="MiB per engine, comma-separated")
     parser.add_argument("--gather", default="16,64", help="gather: MiB in all, comma-separated")
+    parser.add_argument("--peer-sizes", default="16", help="the sizes DirectView runs at too (it is slow)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--depths", default="1,0", help="our tree's depths; DirectView runs on the first")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.gather = [int(s) for s in args.gather.split(",") if s]
+    args.peer_sizes = [int(s) for s in args.peer_sizes.split(",") if s]
     why = NetBed.available()
     if why:
         parser.error(why)
