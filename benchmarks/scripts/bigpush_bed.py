@@ -27,12 +27,12 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import textwrap
 from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bedclient import Driver  # noqa: E402
 from report import report  # noqa: E402
 
 from ipyparallel_broadcast.tools.bedcluster import BedCluster  # noqa: E402
@@ -120,32 +120,6 @@ def pss(pids) -> int:
     return total
 
 
-class Driver:
-    """The client, in the controller's namespace, one step per call."""
-
-    def __init__(self, bed, address: str, system: str, n: int):
-        self.proc = bed.popen(
-            bed.controller,
-            [sys.executable, "-c", DRIVER, address, system, str(n)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.views = json.loads(self.proc.stdout.readline())
-
-    def __call__(self, name, what, size=0) -> float:
-        self.proc.stdin.write(json.dumps([name, what, size]) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the client driver exited during {what} on {name}")
-        return json.loads(line)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
 def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int, depth: int = 0) -> str:
     """Start ``system`` on the bed; the address its client connects to."""
     if system == "dask":
@@ -212,7 +186,7 @@ def measure_system(args, system: str, hosts: int) -> dict:
         bed = stack.enter_context(NetBed(hosts=hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
-        drive = Driver(bed, start_system(stack, bed, system, args.per_host, args.depth), system, n)
+        drive = Driver(bed, DRIVER, [start_system(stack, bed, system, args.per_host, args.depth), system, n])
         try:
             for name in drive.views:
                 for mib in args.sizes:

@@ -22,15 +22,14 @@ bytes that entered the controller host during the call, in M.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import textwrap
 from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bedclient import Driver  # noqa: E402
 from report import report  # noqa: E402
 
 from ipyparallel_broadcast.tools.bedcluster import BedCluster  # noqa: E402
@@ -91,32 +90,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-class Driver:
-    """The client, in the controller's namespace, one step per call."""
-
-    def __init__(self, bed, address: str, n: int, views: str):
-        self.proc = bed.popen(
-            bed.controller,
-            [sys.executable, "-c", DRIVER, address, str(n), views],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.views = json.loads(self.proc.stdout.readline())
-
-    def __call__(self, name, what, size=0) -> float:
-        self.proc.stdin.write(json.dumps([name, what, size]) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the client driver exited during {what} on {name}")
-        return json.loads(line)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
-
-
 def measure(args, depth: int, views: str) -> dict:
     n = args.hosts * args.per_host
     rows = {}
@@ -127,7 +100,7 @@ def measure(args, depth: int, views: str) -> dict:
         cluster = stack.enter_context(BedCluster(bed, depth=depth))
         for host in bed.hosts:
             cluster.start_engines(host, args.per_host)
-        drive = Driver(bed, cluster._file("client"), n, views)
+        drive = Driver(bed, DRIVER, [cluster._file("client"), n, views])
         try:
             for mib in args.sizes:
                 size = mib << 20
