@@ -38,6 +38,8 @@ from report import report  # noqa: E402
 
 from ipyparallel_broadcast.tools.netbed import NetBed, _rate_bits  # noqa: E402
 
+FINALIZE_GRACE = 30  # seconds an MPI job may take to end after its result
+
 PROGRAM = textwrap.dedent("""
     import json, os, statistics, sys, time
     import numpy as np
@@ -130,18 +132,11 @@ def run(args, per_host: int) -> dict:
         import time
 
         tic = time.perf_counter()
-        done = bed.popen(bed.controller, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = done.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(done.pid, 9)
-            out, err = done.communicate()
-            if not out.strip():
-                raise RuntimeError(f"the MPI job did not finish in {args.timeout} s: {err[-2000:]}") from None
+        done = bed.popen(bed.controller, argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = _result_line(done, args.timeout)
         wall, cpu = time.perf_counter() - tic, _cpu_seconds() - cpu0
-        line = next((ln for ln in out.splitlines() if ln.startswith("{")), None)
         if line is None:
-            raise RuntimeError(f"the MPI job failed ({done.returncode}): {err[-3000:]}")
+            raise RuntimeError(f"the MPI job gave no result ({done.returncode}); run it by hand to see why")
         result = json.loads(line)
         nodes = {(ino, name) for ino, name, _ in result["layout"]}
         sizes = sorted({s for *_, s in result["layout"]})
@@ -151,6 +146,35 @@ def run(args, per_host: int) -> dict:
             raise RuntimeError(f"MPI gave a wrong sum: {result['right']}")
         result.update(ranks=n, per_host=per_host, load=cpu / wall, node_sizes=sizes)
         return result
+
+
+def _result_line(job: subprocess.Popen, timeout: float) -> str | None:
+    """Rank 0's JSON line, once it comes; the job is then given ``FINALIZE_GRACE``
+    seconds to end, and stopped (``MPI_Finalize`` has hung here after every
+    result was in). None if the job ended, or ``timeout`` passed, without it."""
+    import selectors
+    import signal
+    import time
+
+    deadline, line = time.monotonic() + timeout, None
+    with selectors.DefaultSelector() as sel:
+        sel.register(job.stdout, selectors.EVENT_READ)
+        while line is None and time.monotonic() < deadline:
+            if not sel.select(timeout=1.0):
+                if job.poll() is not None:
+                    break
+                continue
+            text = job.stdout.readline()
+            if not text:
+                break
+            if text.startswith("{"):
+                line = text
+    try:
+        job.wait(timeout=FINALIZE_GRACE if line is not None else 1)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    return line
 
 
 def _cpu_seconds() -> float:
