@@ -44,7 +44,7 @@ DRIVER = textwrap.dedent("""
     import ipyparallel as ipp
     from ipyparallel_broadcast.client.client import Client
 
-    path, system, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    path, system, n, wanted = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
 
 
     class DaskView:  # scatter(broadcast=True), as a view's push
@@ -85,6 +85,7 @@ DRIVER = textwrap.dedent("""
         views = {"ipp BroadcastView": rc.broadcast_view(is_coalescing=True)} if system == "stock" else \\
             {"ours": rc.broadcast_view(), "DirectView": rc[:]}
 
+    views = {k: v for k, v in views.items() if wanted == ["all"] or k in wanted}
     for v in views.values():
         v.apply_sync(lambda: 0)
     print(json.dumps(list(views)), flush=True)
@@ -186,7 +187,7 @@ def measure_system(args, system: str, hosts: int) -> dict:
         bed = stack.enter_context(NetBed(hosts=hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
-        drive = Driver(bed, DRIVER, [start_system(stack, bed, system, args.per_host, args.depth), system, n])
+        drive = Driver(bed, DRIVER, [start_system(stack, bed, system, args.per_host, args.depth), system, n, args.views])
         try:
             for name in drive.views:
                 for mib in args.sizes:
@@ -221,6 +222,7 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--systems", default="ours,star,stock,dask")
     parser.add_argument("--depth", type=int, default=0, help="our tree's depth (1: the default tree)")
+    parser.add_argument("--views", default="all", help="the views to time, by name (default: every system's)")
     parser.add_argument("--out")
     parser.add_argument("--json", help="the rows as JSON too (for the notebook's plot)")
     args = parser.parse_args(argv)
