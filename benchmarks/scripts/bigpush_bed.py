@@ -187,7 +187,9 @@ def measure_system(args, system: str, hosts: int) -> dict:
         bed = stack.enter_context(NetBed(hosts=hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
-        drive = Driver(bed, DRIVER, [start_system(stack, bed, system, args.per_host, args.depth), system, n, args.views])
+        drive = Driver(
+            bed, DRIVER, [start_system(stack, bed, system, args.per_host, args.depth), system, n, args.views]
+        )
         try:
             for name in drive.views:
                 for mib in args.sizes:
