@@ -487,3 +487,20 @@ def test_big_arrays_combined_on_several_threads_are_the_same_to_the_bit(op):
     expected = ufunc(op)(a, b)
     combine_into(ufunc(op), a, b)
     assert a.tobytes() == expected.tobytes()
+
+
+def test_an_allreduce_whose_value_the_root_cannot_send_down_fails_with_the_reason(monkeypatch):
+    from ipyparallel_broadcast.relay import downpath
+
+    def broken(*args):
+        raise RuntimeError("no pickling today")
+
+    monkeypatch.setattr(downpath, "assign_request", broken)
+    engines = Engines({e: e for e in range(4)})
+    sim = TreeSim(1, 2, [0, 1, 2, 3])
+    sim.answer_with = engines
+    sim.request([0, 1, 2, 3], reduce="sum", allreduce="total")
+    r, _, _ = reduce_outcome(sim)
+    assert not engines.bound and sim.pending_total() == 0
+    with pytest.raises(ReduceError, match="could not send the value down: no pickling today"):
+        r.result()

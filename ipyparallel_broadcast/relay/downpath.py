@@ -96,10 +96,16 @@ class DownPath:
         a push does, bound to ``name``; the client gets how many bound it."""
         r = p.reduction
         value = r.partial()  # (combines what was held: every part is in)
-        if value is None or p.raised or p.failed:
+        inner = None
+        if value is not None and not (p.raised or p.failed):
+            try:
+                inner = assign_request(self.codec, p.msg_id, name, value)
+            except Exception as e:  # (it serializes the value: the client hears why, no engine waits)
+                log.exception("%s: allreduce %s: cannot send the value down", self.name, p.msg_id)
+                r.add_error([], f"allreduce: the root could not send the value down: {e}")
+        if inner is None:
             p.then = None
             return self.inflight.deliver(p, p.parts, p.failed, None)
-        inner = assign_request(self.codec, p.msg_id, name, value)
         content = P.request_content(p.msg_id, list(r.eids), P.COALESCE, reduce="sum", quiet=True)
         if p.trace is not None:
             content["trace"] = True
