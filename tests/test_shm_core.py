@@ -151,7 +151,9 @@ def test_an_engines_reduce_value_is_taken_by_its_relay_writable_and_its_name_gon
 
 
 def test_a_relay_takes_only_its_own_reduce_values(store, tmp_path):
-    other = shm.ShmStore().put([(0, b"x" * 8192)], prefix="ipb-shm-0-1-")  # not this relay's name
+    import subprocess
+
+    other = shm.ShmStore().put([(0, b"x" * 8192)], prefix=f"ipb-shm-{os.getuid()}-1-")  # pid 1's: alive
     with pytest.raises(shm.ShmError, match="not a reduce value for this relay"):
         store.take(other.content())
     assert other.name in os.listdir(tmp_path)  # someone else's: left alone
@@ -161,6 +163,10 @@ def test_a_relay_takes_only_its_own_reduce_values(store, tmp_path):
     for bad in ({"name": "../etc/passwd", "bufs": [[0, 4096, 1]]}, {"name": 3}, [], {"bufs": []}):
         with pytest.raises(shm.ShmError):
             store.take(bad)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a relay that has died: its name is taken (an engine may still follow its greeting)
+    late = shm.ShmStore().put([(0, b"v" * 8192)], prefix=f"ipb-shm-{os.getuid()}-{gone.pid}-")
+    assert bytes(store.take(late.content())[:1]) == b"v" and late.name not in os.listdir(tmp_path)
     ref = shm.ShmStore().put([(0, b"w" * 100)], prefix=shm.relay_prefix())
     with pytest.raises(shm.ShmError, match="outside"):
         store.take(dict(name=ref.name, bufs=[[0, 4096, 1 << 20]]))  # past the segment's end

@@ -257,10 +257,14 @@ class ShmStore:
     def take(self, content) -> memoryview:
         """A reduce value an engine of this host left for this relay
         (``value_writer``): mapped shared and writable, its name unlinked (this
-        relay is its one reader). Only this relay's own names are taken.
-        Raises ``ShmError``."""
+        relay is its one reader). Only this relay's own names are taken, and
+        those of a relay of this user that has died (this one's earlier life,
+        whose greeting the engine still follows). Raises ``ShmError``."""
         ref = Reference.from_content(content)
-        if not ref.name.startswith(relay_prefix()) or len(ref.bufs) != 1:
+        head, _, rest = ref.name.partition(f"ipb-shm-{os.getuid()}-")
+        pid = rest.split("-", 1)[0]
+        ours = not head and pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid)))
+        if not ours or len(ref.bufs) != 1:
             raise ShmError(errno.EINVAL, f"not a reduce value for this relay: {ref.name}")
         path = os.path.join(self.root, ref.name)
         try:
