@@ -298,10 +298,7 @@ def test_python_numbers_travel_exactly_whichever_json_packer(packer):
 def _float_sum_in_arrival_order(shape, targets, values, order, hosts=None):
     sim = TreeSim(*shape, ENGINES, hosts=hosts)
     sim.answer_with = value_answer(values)
-    sim.hold.update(targets)
-    sim.request(targets, reduce="sum")
-    for eid in order:
-        sim.release(eid)
+    sim.request_answered_in(order, targets, reduce="sum")
     r, raised, failed = reduce_outcome(sim)
     assert not raised and not failed and sim.pending_total() == 0
     return r.result()

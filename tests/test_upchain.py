@@ -103,10 +103,7 @@ def test_a_float_sum_through_the_chain_is_the_same_whatever_order_hosts_finish_i
     for order in (engines, engines[::-1], [5, 0, 7, 2, 6, 1, 4, 3]):
         sim, _ = bed(4, 2)
         sim.answer_with = answering(values)
-        sim.hold.update(engines)
-        sim.request(engines, reduce="sum")
-        for e in order:
-            sim.release(e)
+        sim.request_answered_in(order, engines, reduce="sum")
         r, _, _ = outcome(sim)
         results.add(r.result().tobytes())
     assert len(results) == 1

@@ -176,6 +176,13 @@ class TreeSim:
         out = [self.engines[eid].encode()] + idents + self.session.serialize(reply) + list(buffers)
         self._run(self.nodes[leaf_path], self.nodes[leaf_path].on_down(out), leaf_path)
 
+    def request_answered_in(self, order, targets, **extra):
+        """A request whose engines answer one by one, in ``order``."""
+        self.hold.update(targets)
+        self.request(targets, **extra)
+        for eid in order:
+            self.release(eid)
+
     def release(self, eid):
         self.hold.discard(eid)
         for leaf_path, frames in self.held.pop(eid, []):
