@@ -314,6 +314,7 @@ def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
     """A chain of three hosts at 50 Mbit/s; the first, which feeds the others,
     dies mid-push: its engine fails by name, the leaf feeds the other two
     itself, and their engines get the whole array once."""
+    from ipyparallel_broadcast.host import shm
     from ipyparallel_broadcast.tools.netbed import kill_namespace
 
     with slow_bed("--BroadcastController.host_chunk_fanout=1") as (bed, rc):
@@ -337,6 +338,9 @@ def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
         assert stats["root"]["bulk_sent"] > 16  # the head's chunks, and again to the hosts it fed
         # each survivor took each chunk once, whether it came from the head or from the leaf
         assert [s["bulk_received"] for s in stats.values() if s.get("host")] == [16, 16]
+    # the killed relay's segment (it was writing the chunks into it) went with the bed
+    left = [n for n in os.listdir(shm.directory()) if n.startswith(f"ipb-shm-{os.getuid()}-")]
+    assert not [n for n in left if not shm.pid_alive(n.split("-")[3])], left
 
 
 def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_path):

@@ -131,14 +131,22 @@ class NetBed(Managed):
                 self.hosts.append(host)
 
     def close(self):
-        """Kill every process in the bed's namespaces; delete them and its links."""
+        """Kill every process in the bed's namespaces; delete them and its links,
+        and the shared-memory segments its killed relays left (the hosts share
+        ``/dev/shm``, and no relay or controller lived on to sweep them)."""
+        from ..host import shm
+
+        killed = False
         for kind, name in reversed(self._made):
             if kind == "netns":
                 kill_namespace(name)
                 _ip("netns", "del", name, check=False)
+                killed = True
             else:
                 _ip("link", "del", name, check=False)
         self._made.clear()
+        if killed:
+            shm.sweep()
 
     # ------------------------------------------------------------ per host
     def popen(self, host: Host, argv: Sequence[str], **kwargs) -> subprocess.Popen:
