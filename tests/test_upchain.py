@@ -217,3 +217,29 @@ def test_a_chain_message_from_a_host_that_is_not_the_head_is_dropped():
     msg = sim.codec.pack(upchain.RCHUNK, dict(key=key, n=0, d=upchain.digest(data)), [data])
     leaf.on_down([tail] + msg)
     assert leaf.dropped == 1 and leaf.pending[key].chain.outcome is None
+
+
+def test_a_bundle_that_comes_after_the_chain_said_the_values_do_not_combine_gets_the_same_error():
+    """Bundles and the chain come on different links: either may come first."""
+    sim, engines = bed(3, 2)
+    sim.answer_with = answering({e: big(e, n=2000 if e < 4 else 3000) for e in engines})
+    tail = sim.nodes[("h", "h2")]
+    own, late = tail._chain_own, []
+
+    def bundle_held(p):  # the tail's bundle is held back; its chain chunks go
+        sends = own(p)
+        late.extend(s for s in sends if s.socket == UP and b"ipb_rchunk" not in b"".join(map(P.as_bytes, s.frames)))
+        return [s for s in sends if s not in late]
+
+    tail._chain_own = bundle_held
+    sim.request(engines, reduce="sum")
+    leaf = sim.nodes[()]
+    (p,) = leaf.pending.values()
+    assert p.chain.outcome == "failed" and len(late) == 1
+    ident = next(k for k in leaf.children if isinstance(k, bytes) and b"h2" in k)
+    sim._run(leaf, leaf.on_down([ident] + late[0].frames), ())
+    r, _, failed = outcome(sim)
+    assert not failed  # no engine is said to have lost its value: they all gave one
+    with pytest.raises(ReduceError, match="do not combine"):
+        r.result()
+    assert sorted(r.eids) == engines

@@ -59,6 +59,8 @@ class ChainPath:
         chain.last = self.clock()
         if chain.outcome == "value":
             p.reduction.add(eids, None, at)
+        elif chain.outcome == "failed":  # the hosts' values did not combine: so these neither
+            p.reduction.add_error(eids, f"reduce: {chain.why}", at)
         elif chain.outcome is not None:  # lost with the chain
             self._fail(p, eids, P.UNREACHABLE, f"lost its value in the reduce chain ({chain.why})")
         else:
