@@ -197,12 +197,7 @@ def combine_into(u, acc, value) -> None:
 def combine_bytes(op: str, dtype: str, first, second):
     """``op(first, second)`` of two equal runs of ``dtype`` values given as
     bytes (a chunk of two hosts' values in a chain): the result's bytes."""
-    import numpy as np
-
-    dtype = np.dtype(str(dtype))
-    if dtype.hasobject or dtype.fields is not None:
-        raise ValueError(f"dtype {dtype} is not allowed")
-    a, b = np.frombuffer(first, dtype=dtype), np.frombuffer(second, dtype=dtype)
+    a, b = _array(dtype, [-1], False, first), _array(dtype, [-1], False, second)
     if a.shape != b.shape:
         raise ValueError("chunks of different sizes")
     return memoryview(ufunc(op)(a, b)).cast("B")
