@@ -292,6 +292,19 @@ def test_big_reduce_values_come_through_shared_memory_and_leave_no_segment(rc):
     assert names() <= segments
 
 
+def test_a_big_value_held_for_its_host_is_not_changed_by_the_next_request(rc):
+    view = rc.broadcast_view(block=False)
+    view.scatter("rank", rc.ids, flatten=True).get(timeout=60)
+    view.execute("import numpy as np; big = np.full(1 << 18, rank + 1.0)").get(timeout=60)
+    ar = view.reduce(ipp.interactive(lambda: big), op="sum")  # noqa: F821  (each engine's own array, not a copy)
+    later = view.execute("big += 100")  # queued on every engine while it holds ``big`` for its relay
+    expected = functools.reduce(np.add, [np.full(1 << 18, e + 1.0) for e in rc.ids])
+    np.testing.assert_array_equal(ar.get(timeout=60), expected)
+    later.get(timeout=60)
+    again = view.reduce(ipp.interactive(lambda: big), op="sum")  # noqa: F821
+    np.testing.assert_array_equal(again.get(timeout=60), expected + 100 * len(rc))
+
+
 def test_a_float_reduce_is_bitwise_the_same_every_time(rc):
     view = rc.broadcast_view(block=True)
     view.scatter("rank", rc.ids, flatten=True)

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import ipyparallel as ipp
 import psutil
 import pytest
 from cluster_util import running_cluster, settled_stats
@@ -137,3 +138,44 @@ def test_engines_read_the_hubs_heartbeat_when_they_check():
             for checked, missed in view.apply_sync(heartbeat_state):
                 assert missed == 0
                 checks.add(checked)
+
+
+def test_an_engine_killed_holding_a_big_value_for_its_host_is_named_and_the_others_values_come(rc, tmp_path):
+    import numpy as np
+
+    targets = fresh_targets(rc)
+    view = rc.broadcast_view(targets)
+    view.scatter("rank", list(range(N)), flatten=True, block=True)
+    pids = view.apply_sync(os.getpid)
+    go = tmp_path / "go"
+
+    def value(go=str(go)):
+        import os
+        import time
+
+        import numpy as np
+
+        while rank != 1 and not os.path.exists(go):  # noqa: F821  (every engine but the victim waits)
+            time.sleep(0.01)
+        return np.full(1 << 18, rank + 1.0)  # noqa: F821  (2 MiB: held for its relay's segment)
+
+    ar = view.reduce(ipp.interactive(value), op="sum", block=False)
+
+    def held():
+        return sum(node.get("held_values") or 0 for node in rc.broadcast_stats())
+
+    deadline = time.monotonic() + 30
+    while held() < 1 and time.monotonic() < deadline:  # the victim holds its value, its host waits
+        time.sleep(0.02)
+    assert held() == 1
+    kill(pids[1], "kernel")
+    deadline = time.monotonic() + 30
+    while targets[1] in rc.ids and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()
+    with pytest.raises(error.CompositeError) as info:
+        ar.get(timeout=60)
+    assert [e[0] for e in info.value.elist] == ["EngineError"]
+    assert "before its value was combined" in str(info.value.elist[0][1])
+    np.testing.assert_array_equal(info.value.partial, np.full(1 << 18, 1.0 + 3.0 + 4.0))
+    assert [n["pending"] for n in settled_stats(rc)] == [0] * (1 + 2) and held() == 0

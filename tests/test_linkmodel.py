@@ -50,3 +50,21 @@ def test_the_predicted_table_has_every_family_in_floors():
     assert 1 <= row["two trees"][0] < row["pipelined tree"][0] < row["tree"][0] < row["star"][0]
     assert row["lower bound"] < row["MPICH scatter + allgather"]
     assert math.isclose(row["floor"], 2**30 * 8 / 10e9)
+
+
+@pytest.mark.parametrize("p", [2, 8, 100, 1000, 10000])
+def test_every_way_of_reducing_and_allreducing_is_at_least_its_lower_bound(p):
+    from ipyparallel_broadcast.relay.linkmodel import predict_collectives
+
+    (row,) = predict_collectives([p])
+    assert all(v >= 1 - 1e-9 for k, v in row.items() if k != "hosts"), row
+
+
+def test_two_trees_reduce_and_allreduce_within_half_again_their_bounds_at_a_thousand_hosts():
+    from ipyparallel_broadcast.relay.linkmodel import TEN_GBIT, collective_bounds, predict_collectives
+
+    (row,) = predict_collectives([1000], 2**30, TEN_GBIT)
+    assert row["reduce: two trees"] <= 1.5 and row["allreduce: two trees, overlapped"] <= 1.5
+    assert row["reduce: chain"] > 2  # one message per hop a thousand times over: the chain's latency
+    bounds = collective_bounds(1000, 2**30, TEN_GBIT)
+    assert bounds["MPICH reduce"] == pytest.approx(2 * bounds["reduce lower bound"], rel=0.01)

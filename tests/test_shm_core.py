@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from ipyparallel.serialize import serialize_object
 
 from ipyparallel_broadcast.host import shm
 from ipyparallel_broadcast.wire import protocol as P
@@ -125,54 +126,62 @@ def test_relays_of_one_host_pass_one_segment_down_and_its_writer_unlinks_it(stor
     assert root.stats()["shm_bytes"] == big.nbytes and leaf.stats()["shm_saved"] == big.nbytes
 
 
-# ------------------------------------------------- reduce values, engine to relay
-def test_an_engines_reduce_value_is_taken_by_its_relay_writable_and_its_name_gone(store, tmp_path):
-    from ipyparallel.serialize import serialize_object
+# ------------------------------------------- reduce values, combined by their engines
+def test_engines_combine_the_values_they_hold_into_one_segment_in_turn(store, tmp_path):
+    from ipyparallel_broadcast.engine.holds import Holds
+    from ipyparallel_broadcast.wire.reduction import Held, Reduction, decode_engine, engine_value, hold_values_with
 
-    from ipyparallel_broadcast.wire.reduction import Reduction, decode_engine, engine_value, share_values_with
+    rng = np.random.default_rng(5)
+    values = [rng.standard_normal(1 << 14) * 10.0 ** rng.integers(-8, 8) for _ in range(4)]  # order matters
+    engines = [Holds(shm.relay_prefix(), 1 << 16) for _ in values]
+    held = []
+    for holds, v in zip(engines, values):
+        hold_values_with(holds.hold)
+        try:
+            held.append(decode_engine(serialize_object(engine_value(lambda v=v: v))))
+            small = engine_value(lambda: np.arange(4, dtype=float))  # under the threshold: bytes
+        finally:
+            hold_values_with(None)
+        assert small[0] == "nd" and holds.holding
+    assert all(isinstance(h, Held) and h.nbytes == 1 << 17 for h in held)
+    ref, (view,) = store.reserve([(0, 1 << 17)])
+    for i, (holds, h) in enumerate(zip(engines, held)):
+        turn = dict(req="r1", round=1, token=h.token, ref=ref.content(), op="sum", dtype=h.dtype, first=i == 0)
+        assert holds.turn(turn) == dict(req="r1", round=1, token=h.token, ok=True)
+    store.drop(ref)
+    assert os.listdir(tmp_path) == []
+    combined = held[0].value(view)
+    one_pass = Reduction("sum")
+    for eid, v in enumerate(values):
+        one_pass.add([eid], v.copy())
+    assert combined.tobytes() == one_pass.result().tobytes()  # the same order, to the bit
+    for holds, h in zip(engines, held):
+        holds.release([h.token])
+        assert not holds.holding
 
-    writer = shm.value_writer(shm.relay_prefix(), 1 << 16)
-    share_values_with(writer)
-    try:
-        big = engine_value(lambda: np.arange(1 << 14, dtype=float))  # 128 KiB: shared
-        small = engine_value(lambda: np.arange(4, dtype=float))  # under the threshold: bytes
-    finally:
-        share_values_with(None)
-    assert big[0] == "shm" and small[0] == "nd"
-    assert len(os.listdir(tmp_path)) == 1
-    value, owned = decode_engine(serialize_object(big), store.take)
-    assert owned and value.flags.writeable and os.listdir(tmp_path) == []
-    np.testing.assert_array_equal(value, np.arange(1 << 14, dtype=float))
-    r = Reduction("sum")
-    r.add([0], value, owned=True)
-    r.add([1], np.ones(1 << 14))
-    assert r.result() is value  # combined in place: no new array
-    np.testing.assert_array_equal(value, np.arange(1 << 14, dtype=float) + 1)
 
+def test_a_turn_is_refused_for_a_segment_not_its_relays_or_a_value_it_does_not_hold(store):
+    from ipyparallel_broadcast.engine.holds import Holds
 
-def test_a_relay_takes_only_its_own_reduce_values(store, tmp_path):
-    import subprocess
-
-    other = shm.ShmStore().put([(0, b"x" * 8192)], prefix=f"ipb-shm-{os.getuid()}-1-")  # pid 1's: alive
-    with pytest.raises(shm.ShmError, match="not a reduce value for this relay"):
-        store.take(other.content())
-    assert other.name in os.listdir(tmp_path)  # someone else's: left alone
-    mine = shm.ShmStore().put([(0, b"y" * 8192), (1, b"z")], prefix=shm.relay_prefix())
-    with pytest.raises(shm.ShmError):
-        store.take(mine.content())  # one buffer only
-    for bad in ({"name": "../etc/passwd", "bufs": [[0, 4096, 1]]}, {"name": 3}, [], {"bufs": []}):
-        with pytest.raises(shm.ShmError):
-            store.take(bad)
-    gone = subprocess.Popen(["true"])
-    gone.wait()  # a relay that has died: its name is taken (an engine may still follow its greeting)
-    late = shm.ShmStore().put([(0, b"v" * 8192)], prefix=f"ipb-shm-{os.getuid()}-{gone.pid}-")
-    assert bytes(store.take(late.content())[:1]) == b"v" and late.name not in os.listdir(tmp_path)
-    ref = shm.ShmStore().put([(0, b"w" * 100)], prefix=shm.relay_prefix())
-    with pytest.raises(shm.ShmError, match="outside"):
-        store.take(dict(name=ref.name, bufs=[[0, 4096, 1 << 20]]))  # past the segment's end
-    assert ref.name not in os.listdir(tmp_path)  # taken (and refused): its name goes all the same
+    holds = Holds(shm.relay_prefix(), 16)
+    token = holds.hold(np.ones(8))
+    ref, _ = store.reserve([(0, 64)])
+    other = shm.ShmStore().put([(0, b"x" * 64)], prefix=f"ipb-shm-{os.getuid()}-1-")
+    base = dict(req="r1", round=1, token=token, ref=ref.content(), op="sum", dtype=np.ones(1).dtype.str, first=True)
+    for bad in (
+        dict(token="7"),
+        dict(ref=other.content()),
+        dict(ref=dict(name="../etc/passwd", bufs=[[0, 4096, 64]])),
+        dict(ref=dict(ref.content(), bufs=[[0, 4096, 1 << 20]])),
+        dict(op="mean"),
+        dict(dtype="<i8"),
+    ):
+        assert "error" in holds.turn(dict(base, **bad)), bad
+    assert holds.turn(base)["ok"] is True
 
 
 @pytest.mark.parametrize("prefix, threshold", [("ipb-shm-1-2-", 0), ("/tmp/x-", 4), ("ipb-shm-a-2-", 4), (None, 4)])
 def test_an_engine_ignores_a_malformed_greeting(prefix, threshold):
-    assert shm.value_writer(prefix, threshold) is None
+    from ipyparallel_broadcast.engine.holds import Holds
+
+    assert Holds.from_greeting(dict(prefix=prefix, threshold=threshold)) is None

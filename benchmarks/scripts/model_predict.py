@@ -1,8 +1,11 @@
 """Predicted broadcast times between hosts, from the alpha-beta model
-(``ipyparallel_broadcast.relay.linkmodel``), in multiples of the wire floor M/B.
+(``ipyparallel_broadcast.relay.linkmodel``), in multiples of the wire floor M/B;
+with ``--collectives``, reduce and allreduce, in multiples of their lower bounds.
 
     python benchmarks/scripts/model_predict.py --alpha 2e-4 --rate 10e9 --mib 1024 \\
         --out benchmarks/results/model-1g-10gbit.md
+    python benchmarks/scripts/model_predict.py --collectives --alpha 2e-4 --rate 10e9 --mib 1024 \\
+        --out benchmarks/results/model-collectives-1g-10gbit.md
 
 ``--alpha`` is the cost of one message at one hop (latency plus a relay's
 work on it), as measured on the bed; ``--rate`` the link's bits per second.
@@ -17,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.relay.linkmodel import Link, predict  # noqa: E402
+from ipyparallel_broadcast.relay.linkmodel import Link, predict, predict_collectives  # noqa: E402
 
 FAMILIES = ("star", "tree", "pipelined tree", "two trees")
 
@@ -28,10 +31,13 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=10e9, help="link bits per second")
     parser.add_argument("--mib", type=float, default=1024)
     parser.add_argument("--hosts", default="100,1000,10000")
+    parser.add_argument("--collectives", action="store_true", help="reduce and allreduce instead of broadcasts")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     link = Link.of(args.alpha, args.rate)
     m = args.mib * 2**20
+    if args.collectives:
+        return collectives(args, argv, link, m)
     rows = predict([int(h) for h in args.hosts.split(",")], m, link)
     lines = [
         f"alpha = {args.alpha * 1e3:g} ms per message per hop; links {args.rate / 1e9:g} Gbit/s; "
@@ -49,6 +55,24 @@ def main(argv=None):
             + f" | {row['lower bound']:.2f} | {row['MPICH scatter + allgather']:.2f} |"
         )
     report("model_predict.py", argv, f"Modelled broadcasts of {args.mib:g} MiB between hosts", lines, args.out)
+
+
+def collectives(args, argv, link, m):
+    rows = predict_collectives([int(h) for h in args.hosts.split(",")], m, link)
+    keys = [k for k in rows[0] if k != "hosts"]
+    lines = [
+        f"alpha = {args.alpha * 1e3:g} ms per message per hop; links {args.rate / 1e9:g} Gbit/s; "
+        f"M = {args.mib:g} MiB; floor M/B = {m * link.beta:.3f} s. Times in multiples of each collective's "
+        "lower bound (reduce: ceil(log2 P) alpha + M beta; allreduce: ceil(log2 P) alpha + 2 (P-1)/P M beta). "
+        "The product runs the chain (reduce) and the chain, then a pipelined tree (allreduce); "
+        "two trees are modelled, not built.",
+        "",
+        "| hosts | " + " | ".join(keys) + " |",
+        "|---:|" + "---:|" * len(keys),
+    ]
+    for row in rows:
+        lines.append(f"| {row['hosts']} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |")
+    report("model_predict.py", argv, f"Modelled reduce and allreduce of {args.mib:g} MiB between hosts", lines, args.out)
 
 
 if __name__ == "__main__":

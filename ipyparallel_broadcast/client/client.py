@@ -172,6 +172,8 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
             self._traces.start(msg_id)
         if reduce is not None:
             request["reduce"] = reduce
+            if self._shared.spec is not None:  # a big value, combined on this host, comes by a segment's name
+                request["vshm"] = self._shared.spec
             if allreduce is not None:
                 request["allreduce"] = allreduce
             sent = self._reduce_future(msg_id, inner["header"], track)

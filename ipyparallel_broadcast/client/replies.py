@@ -158,8 +158,8 @@ class Replies:
         try:
             state, value, raised, failed = B.reduced_parts(msg)
             reduction = Reduction(state.get("op"))
-            reduction.add_partial(state, value)
-        except (P.ProtocolError, ValueError) as e:
+            reduction.add_partial(state, value, take=self._shared.take_value)  # a big value of this host: by name
+        except (P.ProtocolError, ValueError, TypeError) as e:
             log.error("Dropped an invalid reduction reply: %s", e)
             return
         resolve_reduction(self._codec, future, reduction, raised, failed)

@@ -51,6 +51,17 @@ class SharedReplies:
                 table.lost[k] = f"its reply's buffers in shared memory cannot be read ({e})"
         return table.lost
 
+    def take_value(self, content) -> memoryview:
+        """A reduce's value the root left in a segment named for this client:
+        mapped (the value is the segment's memory: no copy), its name gone.
+        Raises ``ShmError``."""
+        ref = shm.Reference.from_content(content)
+        if not ref.name.startswith(self.prefix) or len(ref.bufs) != 1:  # never another's: taking unlinks it
+            raise shm.ShmError(errno.EPERM, f"segment {ref.name} is not one value of this client's")
+        view = shm.take_value(ref)
+        self.segments_read += 1
+        return view
+
     def drop(self, table: ReplyTable):
         """A table no call will read (its call is gone): its segments go."""
         for _, content in table.shm:

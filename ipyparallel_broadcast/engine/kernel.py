@@ -32,9 +32,9 @@ from ..compat import ipykernel as ipk
 from ..compat.pyzmq import Direct, lean
 from ..host import shm
 from ..wire import protocol as P
-from ..wire import reduction
 from ..wire.protocol import OUTPUTS_KEY
 from .applycall import Functions, run_apply
+from .holds import HoldingKernel
 
 _SIGINT = int(_signal.SIGINT)
 
@@ -117,26 +117,8 @@ class Captured:
         return out
 
 
-def answer_greeting(codec: P.Codec, msg, identity: str) -> tuple[list, list]:
-    """``(idents, frames)`` of an engine's answer to a relay's greeting: its
-    shared-memory identity. A relay of this host also said where this engine's
-    big reduce values go (``reduction.share_values_with``). Raises ``ProtocolError``."""
-    idents, body = P.split_idents(msg)
-    codec.check_signature(body[:5])
-    try:
-        hello = codec.unpack_json(P.as_bytes(body[4]))
-    except Exception:
-        hello = None
-    if isinstance(hello, dict) and identity and hello.get("shm") == identity:
-        writer = shm.value_writer(hello.get("prefix"), hello.get("threshold"))
-        if writer is not None:
-            reduction.share_values_with(writer)
-    return idents, codec.serialize(P.HELLO_REPLY, dict(shm=identity), P.as_bytes(body[1]))
-
-
-class BroadcastKernel(IPythonParallelKernel):
+class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
     _codec = None
-    _shm_identity = None
     _context = None
     _queued = 0  # shell messages on ipykernel's path, not yet done
 
@@ -156,6 +138,7 @@ class BroadcastKernel(IPythonParallelKernel):
         super().start()
         if self.shell_stream is not None and ipk.lean_path_possible(self):
             self._context = copy_context()  # shared by the shell's tasks, as ipykernel's are
+            self._released = asyncio.Event()
             lean(self.shell_stream).on_recv(self._on_shell, copy=False)
 
     def _on_shell(self, msg):
@@ -168,7 +151,7 @@ class BroadcastKernel(IPythonParallelKernel):
             msg = self._shared(msg)
             if msg is None:
                 return
-            busy = self._queued or ipk.shell_busy(self)
+            busy = self._queued or ipk.shell_busy(self) or self.holding
             if busy or self._lean(msg, time.time()) is False:
                 self._queued += 1
                 asyncio.get_running_loop().create_task(self._counted(msg), context=self._context)
@@ -177,6 +160,7 @@ class BroadcastKernel(IPythonParallelKernel):
 
     async def _counted(self, msg):
         try:
+            await self.until_released()  # a value kept for the relay must not change meanwhile
             await self.shell_main(None, msg)
         finally:
             self._queued -= 1
@@ -299,8 +283,12 @@ class BroadcastKernel(IPythonParallelKernel):
         be: the request is answered with the error); anything else is as it came."""
         at = shm.reference_in(msg)
         if at is None:
-            if len(msg) > 2 and len(msg[1]) == len(P.HELLO_KEY) and P.as_bytes(msg[1]) == P.HELLO_KEY:
+            key = P.as_bytes(msg[1]) if len(msg) > 2 and len(msg[1]) in (len(P.HELLO_KEY), len(P.GANG_KEY)) else None
+            if key == P.HELLO_KEY:
                 self._greeted(msg)
+                return None
+            if key == P.GANG_KEY:
+                self._gang(msg)
                 return None
             return msg
         try:
@@ -309,16 +297,6 @@ class BroadcastKernel(IPythonParallelKernel):
             self.log.error("a request's shared buffers cannot be mapped: %s", e)
             self._refuse(msg[:at] + msg[at + 1 :], e)
             return None
-
-    def _greeted(self, msg):
-        if self._shm_identity is None:
-            self._shm_identity = shm.identity()
-        try:
-            idents, frames = answer_greeting(self.codec, msg, self._shm_identity)
-        except P.ProtocolError as e:
-            self.log.error("Invalid greeting: %s", e)
-            return
-        Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
 
     def _refuse(self, msg, e: Exception):
         """Answer a request that cannot run here with an error naming why."""

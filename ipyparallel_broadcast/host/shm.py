@@ -94,22 +94,14 @@ def relay_prefix() -> str:
     return _prefix(os.getpid())
 
 
-def value_writer(prefix, threshold):
-    """An engine's, told by a relay of its host its ``prefix`` and
-    ``threshold``: a function that writes a reduce value's bytes of
-    ``threshold`` or more into a new segment named for that relay and returns
-    its reference (``take_value``), else None. None if either is malformed."""
-    if not isinstance(prefix, str) or not _RELAY_PREFIX.match(prefix) or type(threshold) is not int or threshold <= 0:
-        return None
-    store = ShmStore(threshold=threshold)
+def is_reply_prefix(prefix) -> bool:
+    """Whether ``prefix`` is a client's (``reply_prefix``)."""
+    return isinstance(prefix, str) and _REPLY_PREFIX.match(prefix) is not None
 
-    def write(data):
-        if memoryview(data).nbytes < threshold:
-            return None
-        ref = store.put([(0, data)], prefix=prefix)
-        return None if ref is None else ref.content()
 
-    return write
+def is_relay_prefix(prefix) -> bool:
+    """Whether ``prefix`` is a relay's (``relay_prefix``), as a greeting tells it."""
+    return isinstance(prefix, str) and _RELAY_PREFIX.match(prefix) is not None
 
 
 def reply_identity() -> str:
@@ -208,11 +200,15 @@ class ShmStore:
             os.close(fd)
         return ref
 
-    def reserve(self, sizes: Sequence[tuple[int, int]]) -> tuple[Reference, list[memoryview]] | None:
+    def reserve(
+        self, sizes: Sequence[tuple[int, int]], allocate: bool = True
+    ) -> tuple[Reference, list[memoryview]] | None:
         """A new segment for buffers of ``sizes`` ((index, nbytes)) that only
         this relay unlinks, mapped writable here: the views to fill (chunks
-        arriving, see ``schedulers.bulk``). None if shared memory cannot take it."""
-        made = self._create(sizes, HELD)
+        arriving, see ``schedulers.bulk``). None if shared memory cannot take it.
+        Not ``allocate``: its pages come as they are first written, by
+        ``write`` (which then fails with ENOSPC, where a mapping would get SIGBUS)."""
+        made = self._create(sizes, HELD, allocate=allocate)
         if made is None:
             return None
         ref, fd, path = made
@@ -227,7 +223,7 @@ class ShmStore:
             os.close(fd)
         return ref, views
 
-    def _create(self, sizes, readers: int, prefix: str | None = None):
+    def _create(self, sizes, readers: int, prefix: str | None = None, allocate: bool = True):
         """(reference, open descriptor, path) of a new segment laid out for
         ``sizes``, its space reserved and its count written."""
         name = (prefix or _prefix(os.getpid())) + secrets.token_hex(8)
@@ -241,7 +237,10 @@ class ShmStore:
         except OSError as e:
             return self._fall_back(e)
         try:
-            os.posix_fallocate(fd, 0, offset)  # ENOSPC now, not SIGBUS in an engine later
+            if allocate:
+                os.posix_fallocate(fd, 0, offset)  # ENOSPC now, not SIGBUS in an engine later
+            else:
+                os.ftruncate(fd, offset)
             os.pwrite(fd, _COUNT.pack(readers), 0)
         except OSError as e:
             os.close(fd)
@@ -254,24 +253,25 @@ class ShmStore:
         send its buffers on from: ``[(index, view)]``. Raises ``ShmError``."""
         return map_reference(ref, self.root, engine=False)
 
-    def take(self, content) -> memoryview:
-        """A reduce value an engine of this host left for this relay
-        (``value_writer``): mapped shared and writable, its name unlinked (this
-        relay is its one reader). Only this relay's own names are taken, and
-        those of a relay of this user that has died (this one's earlier life,
-        whose greeting the engine still follows). Raises ``ShmError``."""
+    def take_value(self, content) -> memoryview:
+        """A reduce value left in a segment named for this relay (by a gang
+        of its engines, or a child relay of its host that passed it up:
+        ``pass_value``), mapped shared and writable. Raises ``ShmError``."""
         ref = Reference.from_content(content)
-        head, _, rest = ref.name.partition(f"ipb-shm-{os.getuid()}-")
-        pid = rest.split("-", 1)[0]
-        ours = not head and pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid)))
-        if not ours or len(ref.bufs) != 1:
+        if not ref.name.startswith(self.prefix) or len(ref.bufs) != 1:
             raise ShmError(errno.EINVAL, f"not a reduce value for this relay: {ref.name}")
         path = os.path.join(self.root, ref.name)
-        try:
-            ((_, view),) = _mapped(ref, path, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            _unlink(path)
+        ((_, view),) = _mapped(ref, path, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
         return view
+
+    def pass_value(self, content, prefix: str) -> dict:
+        """Rename a value's segment for its next reader (a relay or client of
+        this host whose names start with ``prefix``): its reference there.
+        Should that reader die first, the name goes with its (``sweep``)."""
+        ref = Reference.from_content(content)
+        name = prefix + secrets.token_hex(8)
+        os.rename(os.path.join(self.root, ref.name), os.path.join(self.root, name))
+        return Reference(name, ref.bufs).content()
 
     def drop(self, ref: Reference):
         """The request is done here: the name goes (mappings keep the memory)."""
@@ -365,6 +365,59 @@ def map_reference(ref: Reference, root: str | None = None, engine: bool = True) 
     return _mapped(ref, path, mmap.MAP_SHARED, mmap.PROT_READ)
 
 
+def _host_value(content, prefix: str, nbytes: int) -> tuple[Reference, str]:
+    ref = Reference.from_content(content)
+    if not ref.name.startswith(prefix) or len(ref.bufs) != 1 or ref.bufs[0][2] != nbytes:
+        raise ShmError(errno.EINVAL, f"not a segment of this engine's relay for {nbytes} bytes: {ref.name}")
+    return ref, os.path.join(directory(), ref.name)
+
+
+def map_host_value(content, prefix: str, nbytes: int) -> memoryview:
+    """An engine's: the segment its relay made for the reduce value of its
+    host's engines (``ShmStore.reserve``), mapped shared and writable, to
+    combine its own value into in its turn. Only a segment of that relay
+    (``prefix``) of ``nbytes``, written whole already (``write_host_value``).
+    Raises ``ShmError``."""
+    ref, path = _host_value(content, prefix, nbytes)
+    ((_, view),) = _mapped(ref, path, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    return view
+
+
+def write_host_value(content, prefix: str, data) -> None:
+    """An engine's, the first in turn: its value's bytes into that segment
+    (written, not mapped: its pages are new, and a write is the cheapest way
+    to fill them; a full file system is ENOSPC here, never SIGBUS later).
+    Raises ``ShmError``."""
+    view = memoryview(data).cast("B")
+    ref, path = _host_value(content, prefix, view.nbytes)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} is gone: {e.strerror}") from e
+    try:
+        if os.fstat(fd).st_size < ref.bufs[0][1] + view.nbytes:
+            raise ShmError(errno.EINVAL, f"segment {ref.name} is too small for the value")
+        _write_all(fd, view, ref.bufs[0][1])
+    except ShmError:
+        raise
+    except OSError as e:
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} cannot be written: {e.strerror}") from e
+    finally:
+        os.close(fd)
+
+
+def take_value(ref: Reference, root: str | None = None) -> memoryview:
+    """A client's: a reduce's value the root left in a segment named for it,
+    mapped shared and writable at once (every page), its name unlinked (the
+    client is its one reader). Raises ``ShmError``."""
+    path = os.path.join(root or directory(), ref.name)
+    try:
+        ((_, view),) = _mapped(ref, path, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        _unlink(path)
+    return view
+
+
 def read_reply(ref: Reference, take, root: str | None = None) -> list[tuple[int, memoryview]]:
     """A client's: read each buffer of a reply segment (``share_reply``) into
     ``take(nbytes)``, a writable buffer of that size (one copy, into memory
@@ -398,6 +451,9 @@ def read_reply(ref: Reference, take, root: str | None = None) -> list[tuple[int,
     finally:
         os.close(fd)
     return views
+
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux) map every page at once: no fault per 4 KiB as it is read
 
 
 def _mapped(ref: Reference, path: str, flags: int, prot: int) -> list[tuple[int, memoryview]]:

@@ -23,7 +23,8 @@ from . import events as E
 from .bulk import Bulk
 from .chainpath import ChainPath
 from .downpath import DownPath
-from .events import DOWN, MON, UP, Send
+from .events import DOWN, MON, Send
+from .gangpath import GangPath
 from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
@@ -36,7 +37,7 @@ from .uppath import UpPath
 log = logging.getLogger(__name__)
 
 
-class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
+class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
     """Routing, fan-out and coalescing for one node of the tree: its state and
     its entry points here; its heartbeats, a request's way down and replies'
     way up in ``heartbeat``, ``downpath`` and ``uppath``."""
@@ -84,12 +85,14 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         self.chains = Chains(codec, clock, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
+        self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
         # request without one never calls into them
         self.big_from = min(t for t in (self.bulk.threshold, self.sharing.threshold) if t is not None)
         self.inflight.on_big_done = [self.sharing.release, self.bulk.release]  # a big request left
+        self.inflight.on_done.append(self._drop_values)  # (a reduce's segments)
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         # a restarted root must not reuse the keys of requests engines may still answer
@@ -167,7 +170,11 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
         """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
         unregistered it) or a phrase such as "is not connected". An engine
         behind a host relay is failed by that relay, told here; here too if
-        the relay has fallen silent (a host cut off)."""
+        the relay has fallen silent (a host cut off). A value it held is lost."""
+        sends = self._engine_lost(uuid, why)
+        return sends + (self._gangs_after_loss(uuid, why) if self.gangs else [])
+
+    def _engine_lost(self, uuid: str, why: str) -> list[Send]:
         eid = next((e for e, u in self.engines.items() if u == uuid), None)
         host = self.routes.via.get(eid)
         self.sharing.forget(uuid)
@@ -226,7 +233,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
         now = self.clock()
         stall = self._bulk_deadline()  # (no call into bulk while no chunk is in flight)
         sends = self.inflight.due(now) + (self._stalled(now) if stall is not None and stall <= now else [])
-        sends += self._chain_tick(now)
+        sends += self._chain_tick(now) + (self._gang_tick(now) if self.gangs else [])
         if self.children.next_ping is not None and self.children.next_ping <= now:
             sends += self._ping(now)
         if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
@@ -245,6 +252,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
         times = [
             t
             for t in (self.inflight.next_deadline(), self.children.next_ping, self._data_deadline(), silence)
+            + (self._gang_deadline(),)
             if t is not None
         ]
         return min(times, default=None)
@@ -252,12 +260,6 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
     def _bulk_deadline(self) -> float | None:
         bulk = self.bulk
         return bulk.next_deadline() if bulk.incoming or bulk.early_since else None
-
-    def hello(self) -> list[Send]:
-        """Tell the parent this node is alive, and which life of it this is."""
-        if self.is_root:
-            return []
-        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot, bulk=self.bulk_url)))]
 
     def stats(self, trace=None) -> dict:
         """This node's own state, as a survey reports it; with ``trace`` (a
@@ -275,6 +277,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath):
         if self.sharing.on:
             stats.update(self.sharing.stats())
         stats.update(self.bulk.stats(), chain_sent=self.chains.sent, chain_received=self.chains.received)
+        stats["held_values"] = sum(len(p.gang.holders) for p in self.gangs.values())  # engines' turns to come
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:

@@ -9,7 +9,7 @@ from functools import partial
 
 from ..wire import bundles as B
 from ..wire import protocol as P
-from ..wire.reduction import Reduction, assign_request
+from ..wire.reduction import Reduction, assign_request, buffer_of
 from . import upchain
 from .bulk import Incoming
 from .compat import CompatRequest, renamer
@@ -23,7 +23,7 @@ log = logging.getLogger("ipyparallel_broadcast.relay.core")
 class DownPath:
     """A request's way down: to children, or to engines."""
 
-    def _start(self, route, content, inner, compat=None, arrived=None) -> list[Send]:
+    def _start(self, route, content, inner, compat=None, arrived=None, value_at=None) -> list[Send]:
         if compat is None:  # the client's own request: checked once, at the root
             if len(inner) < 5:
                 raise P.ProtocolError(f"the request inside has {len(inner)} frames, needs 5")
@@ -58,6 +58,8 @@ class DownPath:
         )
         targets = content["targets"]
         p.n = len(targets)
+        if p.reduction is not None and not self.host:  # its value may go up by a segment's name
+            p.share_up = self.sharing.passer(content.get("vshm"), client=self.is_root)
         if self.is_root and content.get("allreduce") is not None:
             p.then = partial(self._assign, content["allreduce"])
         if self.host and content.get("chain") is not None and p.reduction is not None:
@@ -75,6 +77,8 @@ class DownPath:
                 return self._fail(
                     p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}"
                 ) + self.inflight.finish_if_done(p)
+        elif value_at is not None:  # (an allreduce's value, in a segment here)
+            self.sharing.adopt_value(p, *value_at)
         elif not self.is_leaf and not mode and p.big:
             self.sharing.pass_down(p)
         if self.is_root:  # everything is under the root, but for engines whose route went
@@ -109,6 +113,10 @@ class DownPath:
         content = P.request_content(p.msg_id, list(r.eids), P.COALESCE, reduce="sum", quiet=True)
         if p.trace is not None:
             content["trace"] = True
+        index = buffer_of(value, inner[5:]) if r.segment is not None and r.segment in p.segments else None
+        if index is not None:  # the value's segment goes down as it is: engines map it
+            p.segments.remove(r.segment)
+            return self._start(p.route, content, inner, value_at=(r.segment, index))
         return self._start(p.route, content, inner)
 
     def _serves(self, eid: int) -> bool:
@@ -133,6 +141,8 @@ class DownPath:
                 content["bulk"], frames = self.bulk.envelope(out, child, frames)
             if child in chain:
                 content["chain"] = chain[child]
+            if same_host and p.reduction is not None and self.sharing.on:  # its value may come by name
+                content["vshm"] = ["", self.sharing.store.prefix, 0]
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
         if out is not None:
             sends += self.bulk.sends_for(out, out.tree[None])

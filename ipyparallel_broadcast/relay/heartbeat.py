@@ -17,6 +17,12 @@ log = logging.getLogger("ipyparallel_broadcast.relay.core")
 class Heartbeats:
     """Pings, pongs and greetings of one relay node."""
 
+    def hello(self) -> list[Send]:
+        """Tell the parent this node is alive, and which life of it this is."""
+        if self.is_root:
+            return []
+        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot, bulk=self.bulk_url)))]
+
     def _ping(self, now) -> list[Send]:
         sends = []
         for key in self.children.silent(now):

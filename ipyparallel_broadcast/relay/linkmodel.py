@@ -133,3 +133,62 @@ def predict(hosts=(100, 1000, 10000), m: float = 2**30, link: Link = TEN_GBIT) -
         row.update({k: v / floor for k, v in mpi_bounds(p, m, link).items()})
         rows.append(row)
     return rows
+
+
+# ------------------------------------------------------ the way back, and round
+# A reduce is a broadcast run backwards: the same pipelines, each host folding
+# its chunk into the passing one (at memory speed: not modelled), so each
+# family costs what its broadcast does. An allreduce is a reduce, then a
+# broadcast of the result; run one after the other (as the product does), or
+# overlapped, when each host's link then carries both streams (w doubles).
+# Lower bounds: a reduce, as a broadcast; an allreduce, ``ceil(log2 P) * alpha +
+# 2 * (P - 1) / P * M * beta`` (Patarasuk and Yuan's bandwidth bound). MPICH
+# (large messages, Rabenseifner): a reduce is a reduce-scatter then a gather,
+# ``2 * log2 P * alpha + 2 * (P - 1) / P * M * beta``; an allreduce a
+# reduce-scatter then an allgather, the same; a ring allreduce (NCCL's),
+# ``2 * (P - 1) * (alpha + M * beta / P)``.
+
+
+def collective_bounds(p: int, m: float, link: Link) -> dict[str, float]:
+    a, mb = link.alpha, m * link.beta
+    log_p = math.ceil(math.log2(max(p, 2)))
+    share = 2 * (p - 1) / p * mb
+    return {
+        "reduce lower bound": log_p * a + mb,
+        "allreduce lower bound": log_p * a + share,
+        "MPICH reduce": 2 * log_p * a + share,
+        "MPICH allreduce": 2 * log_p * a + share,
+        "ring allreduce": 2 * (p - 1) * (a + mb / p),
+    }
+
+
+def allreduce_estimate(family: str, p: int, m: float, link: Link, max_chunks: int | None = None) -> float:
+    """``family``'s reduce, then its broadcast (``"chain, then pipelined tree"``:
+    the product's), or both overlapped (``"two trees, overlapped"``)."""
+    if family == "chain, then pipelined tree":
+        reduce = estimate("pipelined tree", p, m, link, 1, max_chunks).seconds
+        return reduce + best(p, m, link, ["pipelined tree"], max_chunks).seconds
+    if family == "two trees, overlapped":
+        stages = 4 * math.ceil(math.log2(max(p, 2)))
+        return pipeline(stages, 2 * m * link.beta, link.alpha, max_chunks)[0]
+    raise ValueError(f"unknown allreduce {family!r}")
+
+
+def predict_collectives(hosts=(100, 1000, 10000), m: float = 2**30, link: Link = TEN_GBIT) -> list[dict]:
+    """Rows for the docs: per host count, reduce and allreduce by each way, in
+    multiples of their own lower bounds."""
+    rows = []
+    for p in hosts:
+        bounds = collective_bounds(p, m, link)
+        low_r, low_a = bounds["reduce lower bound"], bounds["allreduce lower bound"]
+        row = {"hosts": p}
+        row["reduce: chain"] = estimate("pipelined tree", p, m, link, 1).seconds / low_r
+        row["reduce: pipelined tree"] = best(p, m, link, ["pipelined tree"]).seconds / low_r
+        row["reduce: two trees"] = estimate("two trees", p, m, link).seconds / low_r
+        row["reduce: MPICH"] = bounds["MPICH reduce"] / low_r
+        for family in ("chain, then pipelined tree", "two trees, overlapped"):
+            row[f"allreduce: {family}"] = allreduce_estimate(family, p, m, link) / low_a
+        row["allreduce: ring"] = bounds["ring allreduce"] / low_a
+        row["allreduce: MPICH"] = bounds["MPICH allreduce"] / low_a
+        rows.append(row)
+    return rows

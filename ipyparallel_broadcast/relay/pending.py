@@ -46,6 +46,9 @@ class Pending:
     then: Callable[[Pending], list] | None = None  # root: what follows once complete (an allreduce's second half)
     quiet: bool = False  # no copies of its replies to the hub's records
     chain: Any | None = None  # leaf: its hosts' big reduce values, in a chain (upchain.Chain)
+    gang: Any | None = None  # reduce: big values engines of this host hold, until combined (gang.Gang)
+    segments: list = field(default_factory=list)  # reduce: segments of this host its values are in
+    share_up: Callable | None = None  # reduce: how its value goes up by a segment's name (Sharing.passer)
     trace: list | None = None  # traced request: [event, wall time, detail] at this node
     shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
     big: bool = False  # has buffers for shared memory or chunks: ``sharing`` and ``bulk`` see it
@@ -76,7 +79,7 @@ class Pending:
 def pack_up(codec: P.Codec, p: Pending, parts, failed, eids, kind: str) -> list[Send]:
     """Outcomes going up: one bundle, or stock replies for a stock client."""
     if p.reduction is not None:
-        state, frames = p.reduction.state()
+        state, frames = p.reduction.state(p.share_up)
         body = B.pack_reduced(codec, p.key, p.msg_id, state, frames, p.raised, failed)
         return [Send(UP, P.with_route(p.route, body))]
     if p.bundles and kind == "engines":  # a leaf with host relays: its own engines nest too
@@ -165,17 +168,18 @@ class InFlight:
         del self.requests[p.key]
         for done in self.on_big_done if p.big else ():  # its segment and chunk transfers go
             done(p)
-        for done in self.on_done:
-            done(p)
         self.parked.discard(p.key)
         self.dirty.pop(p.key, None)
         if p.then is not None:  # it goes on: what goes up is the next step's to say
-            return p.then(p)
-        sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
-        if p.trace is not None:
-            self.traces[p.msg_id] = p.trace
-            while len(self.traces) > self.traces_kept:
-                self.traces.popitem(last=False)
+            sends = p.then(p)
+        else:
+            sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
+            if p.trace is not None:
+                self.traces[p.msg_id] = p.trace
+                while len(self.traces) > self.traces_kept:
+                    self.traces.popitem(last=False)
+        for done in self.on_done:  # (after what went up: a reduce's value may have gone by its segment's name)
+            done(p)
         return sends
 
     def emit(self, p: Pending, parts, failed, eids) -> list[Send]:

@@ -57,7 +57,8 @@ class Sharing:
         self.greeted: set[str] = set()  # greeted, answer awaited (or never coming: stock)
         self.unreached: set[str] = set()  # a greeting that could not be delivered
         self.bytes_shared = self.bytes_saved = self.segments = 0
-        self.values_taken = 0  # reduce values engines of this host left in shared memory
+        self.values_taken = 0  # reduce values engines of this host combined in shared memory
+        self.reply_ident = None  # shm.reply_identity(), once a client's spec is checked against it
         # an attribute, not a property: read on every reply (no call into this module)
         self.on = store is not None and bool(getattr(store, "ident", ""))
         self.threshold = store.threshold if self.on else None  # a buffer this big is shared
@@ -69,8 +70,8 @@ class Sharing:
             return []
         new = [u for u in uuids if u not in self.greeted]
         self.greeted.update(new)
-        # who greets: an engine of this host leaves its reduce values of
-        # ``threshold`` or more in segments named for this relay (``take_value``)
+        # who greets: an engine of this host keeps its reduce values of
+        # ``threshold`` or more, to combine them into this relay's segment (``gang``)
         hello = self.codec.pack(P.HELLO, dict(shm=self.store.ident, prefix=self.store.prefix, threshold=self.threshold))
         return [Send(DOWN, [u.encode(), P.HELLO_KEY] + hello) for u in new]
 
@@ -99,13 +100,58 @@ class Sharing:
         self.greeted.add(uuid)
         return []
 
+    def value_segment(self, nbytes: int):
+        """A new segment for the value the engines of this host combine
+        (``gang``): ``(reference content, writable view)``, or None if shared
+        memory cannot take it."""
+        if not self.on:
+            raise P.ProtocolError("engines hold values for this relay, but it shares no memory")
+        made = self.store.reserve([(0, nbytes)], allocate=False)  # the first engine writes it whole
+        if made is None:
+            return None
+        ref, (view,) = made
+        return ref.content(), view
+
     def take_value(self, content):
-        """A reduce value an engine of this host left in shared memory, mapped here."""
+        """A value left in a segment named for this relay, mapped writable
+        (its name stays until the request is done here: ``drop_value``).
+        Raises ``OSError`` (``shm.ShmError``)."""
         if not self.on:
             raise P.ProtocolError("a value in shared memory, but this relay shares none")
-        view = self.store.take(content)
-        self.values_taken += 1
-        return view
+        return self.store.take_value(content)
+
+    def drop_value(self, content) -> None:
+        """A value's segment: its name goes, if it is still here (the mappings keep the memory)."""
+        from ..host.shm import Reference  # imported by relays that have a store only
+
+        self.store.drop(Reference.from_content(content))
+
+    def passer(self, spec, client: bool):
+        """How a value in one of this relay's segments goes up to the reader
+        ``spec`` names (``[host, prefix, threshold]``: a client of this host,
+        or the parent relay, always of this host): renamed for it; None if
+        that reader does not share this host's memory."""
+        from ..host import shm  # imported by relays that have a store only
+
+        if not self.on or not isinstance(spec, list) or len(spec) != 3:
+            return None
+        host, prefix, threshold = spec
+        if self.reply_ident is None:
+            self.reply_ident = shm.reply_identity()
+        if client and not (host and host == self.reply_ident and shm.is_reply_prefix(prefix)):
+            return None
+        if not client and not shm.is_relay_prefix(prefix):
+            return None
+
+        def share(segment):
+            if segment["bufs"][0][2] < threshold:
+                return None
+            try:
+                return self.store.pass_value(segment, prefix)
+            except OSError:
+                return None  # (the reader gets the bytes)
+
+        return share
 
     def undelivered(self, uuid: str):
         """A greeting's send failed: the engine is not connected here (yet)."""
@@ -148,6 +194,16 @@ class Sharing:
         p.shared = self._shared(p, ref, big, owner=True)
         self.segments += 1
         self.bytes_shared += p.shared.nbytes
+
+    def adopt_value(self, p, content, index: int) -> None:
+        """``p`` (an allreduce's second half) carries, as its buffer ``index``,
+        a value that lives in the segment ``content`` here: engines map that
+        segment, no copy is made, and this relay unlinks it when ``p`` is done."""
+        from ..host.shm import Reference  # imported by relays that have a store only
+
+        ref = Reference.from_content(content)
+        (_, offset, n), buf = ref.bufs[0], p.inner[5 + index]
+        self.adopt(p, Reference(ref.name, [(index, offset, n)]), [(index, buf)])
 
     def prepare(self, p, targets, engines: dict[int, str]) -> None:
         """Which of ``targets`` map ``p``'s big buffers: the local ones; the
@@ -197,7 +253,7 @@ class Sharing:
         """``shm_bytes``: written to segments here; ``shm_saved``: the engine
         copies that mapping avoided here (a host saves the sum of its relays'
         ``shm_saved`` less that of their ``shm_bytes``); ``shm_values``: reduce
-        values read from segments engines of this host left."""
+        values engines of this host combined into segments of this relay (``gang``)."""
         return dict(
             shm_local=len(self.local),
             shm_segments=self.segments,

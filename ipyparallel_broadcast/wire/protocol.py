@@ -79,6 +79,10 @@ ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowle
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
 HELLO, HELLO_REPLY = "ipb_hello", "ipb_hello_reply"  # a relay greets an engine: shared memory?
 HELLO_KEY = b"?hello"  # a greeting's request key (no request has it: keys are r<n>)
+# a relay -> the engines of its host holding big reduce values (``relay.gang``, ``engine.holds``):
+# combine yours into this segment now (the engine answers GANG_DONE); let them go
+GANG_TURN, GANG_DONE, GANG_RELEASE = "ipb_gang_turn", "ipb_gang_done", "ipb_gang_release"
+GANG_KEY = b"?gang"  # their request key
 PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
 DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): it exits
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
@@ -357,6 +361,16 @@ def validate_request(content: Any) -> dict:
     op = content.get("reduce")
     if op is not None and (op not in REDUCE_OPS or content["reply"] != COALESCE):
         raise ProtocolError(f"reduce must be one of {REDUCE_OPS} on a coalescing request")
+    spec = content.get("vshm")
+    if spec is not None and not (
+        op is not None
+        and isinstance(spec, list)
+        and len(spec) == 3
+        and isinstance(spec[0], str)
+        and isinstance(spec[1], str)
+        and type(spec[2]) is int
+    ):
+        raise ProtocolError(f"vshm must be [host, prefix, threshold] on a reduce request, not {spec!r}")
     name = content.get("allreduce")
     if name is not None and (op is None or not isinstance(name, str) or not name.isidentifier()):
         raise ProtocolError(f"allreduce must name a variable of a reduce request, not {name!r}")

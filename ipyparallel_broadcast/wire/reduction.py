@@ -17,7 +17,7 @@ import operator
 import os
 import pickle
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import bundles as B
 from . import protocol as P
@@ -42,14 +42,35 @@ class ReduceError(ValueError):
     """Engines gave values that cannot be combined (kind, shape or dtype)."""
 
 
-_writers: list = []  # an engine's, once its relay shares its memory: see ``share_values_with``
+_holders: list = []  # an engine's, once its relay shares its memory: see ``hold_values_with``
 
 
-def share_values_with(writer) -> None:
-    """An engine's: ``writer(data)`` puts a value's bytes where its relay reads
-    them (a shared-memory segment of its host) and returns their reference, or
-    None to send them as usual (too small, or no room)."""
-    _writers[:] = [writer] if writer is not None else []
+def hold_values_with(hold) -> None:
+    """An engine's: ``hold(array)`` keeps a big value where it is, until its
+    relay has the engines of its host combine theirs in its turn
+    (``engine.holds``), and returns the token the relay asks for it by; or
+    None to send the value as usual (too small)."""
+    _holders[:] = [hold] if hold is not None else []
+
+
+class Held(NamedTuple):
+    """An engine's answer for a value it holds: what the value is, and its token."""
+
+    dtype: str
+    shape: list
+    scalar: bool
+    token: str
+    nbytes: int
+
+    @property
+    def sig(self) -> tuple:
+        import numpy as np
+
+        return ("nd", np.dtype(self.dtype), tuple(self.shape), self.scalar)
+
+    def value(self, data):
+        """The value, read from ``data`` (its bytes, where they were combined)."""
+        return _array(self.dtype, self.shape, self.scalar, data)
 
 
 def engine_value(f, *args, **kwargs):
@@ -67,11 +88,12 @@ def engine_value(f, *args, **kwargs):
             raise TypeError(f"reduce cannot combine arrays of dtype {arr.dtype}")
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")
+        scalar = isinstance(value, np.generic)
+        token = _holders[0](arr) if _holders and arr.size else None
+        if token is not None:  # kept here until this host's engines combine theirs
+            return ("held", arr.dtype.str, list(arr.shape), scalar, dict(token=token, nbytes=arr.nbytes))
         data = arr.reshape(-1).view(np.uint8) if arr.size else None
-        ref = _writers[0](data) if _writers and data is not None else None
-        if ref is not None:  # the relay reads it from this host's memory
-            return ("shm", arr.dtype.str, list(arr.shape), isinstance(value, np.generic), ref)
-        return ("nd", arr.dtype.str, list(arr.shape), isinstance(value, np.generic), data)
+        return ("nd", arr.dtype.str, list(arr.shape), scalar, data)
     raise TypeError(f"reduce combines numbers and NumPy arrays, not {type(value).__name__}")
 
 
@@ -97,6 +119,19 @@ def assign_request(codec, msg_id: str, name: str, value) -> list:
     header = dict(codec.header("apply_request"), msg_id=msg_id)
     metadata = {P.OUTPUTS_KEY: "reply", "is_broadcast": True}
     return codec.serialize("apply_request", {}, None, metadata, header)[1:] + buffers
+
+
+def buffer_of(value, buffers) -> int | None:
+    """The index of the buffer in ``buffers`` that is ``value``'s memory
+    itself (an array pickled zero-copy), if one is."""
+    import numpy as np
+
+    data = np.asarray(value).reshape(-1).view(np.uint8)
+    start = data.__array_interface__["data"][0]
+    for i, buf in enumerate(buffers):
+        if P.nbytes(buf) == data.nbytes and np.frombuffer(buf, np.uint8).__array_interface__["data"][0] == start:
+            return i
+    return None
 
 
 def _canned_array_class():
@@ -127,34 +162,43 @@ def _array(dtype, shape, scalar, raw):
     return arr[()] if scalar else arr
 
 
-def decode_engine(buffers: Sequence, take=None) -> tuple[Any, bool]:
+def decode_engine(buffers: Sequence) -> Any:
     """The value in an engine's ``engine_value`` reply buffers (no code runs),
-    and whether it is this node's own to combine into: a value the engine left
-    in shared memory, which ``take(reference)`` maps here (writable, its name
-    gone: this node is its one reader)."""
+    or the ``Held`` that stands for a value the engine keeps."""
     bufs = list(buffers)
     try:
         canned = _OnlyCannedArrays(io.BytesIO(bytes(_buffer(bufs.pop(0))))).load()
         if canned[0] == "py" and len(canned) == 2 and type(canned[1]) in _PY:
-            return canned[1], False
+            return canned[1]
         kind, dtype, shape, scalar, data = canned
-        if kind == "shm":
-            if take is None:
-                raise ValueError("a value in shared memory, but this node shares none with the engine")
-            if not isinstance(data, dict):
-                raise ValueError("a malformed shared-memory reference")
-            return _array(dtype, shape, scalar, take(data)), True
+        if kind == "held":
+            return _held(dtype, shape, scalar, data)
         if kind != "nd":
             raise ValueError(f"unknown kind {kind!r}")
         if data is None:
-            return _array(dtype, shape, scalar, b""), False
+            return _array(dtype, shape, scalar, b"")
         if not (isinstance(data, _canned_array_class()) and not data.pickled and data.dtype == "|u1"):
             raise ValueError("the data is not one raw byte buffer")
         if data.buffers[0] is None:  # extracted when canned: the next frame (as ipyparallel restores it)
             data.buffers[0] = bufs.pop(0)
-        return _array(dtype, shape, scalar, _buffer(data.buffers[0])), False
+        return _array(dtype, shape, scalar, _buffer(data.buffers[0]))
     except Exception as e:
         raise ValueError(f"not a reduce value ({e})") from None
+
+
+def _held(dtype, shape, scalar, data) -> Held:
+    import numpy as np
+
+    if not isinstance(data, dict) or type(data.get("token")) is not str or type(data.get("nbytes")) is not int:
+        raise ValueError("a malformed held value")
+    dt = np.dtype(str(dtype))
+    if dt.hasobject or dt.fields is not None:
+        raise ValueError(f"dtype {dt} is not allowed")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"bad shape {shape!r}")
+    if data["nbytes"] != dt.itemsize * int(np.prod(shape, dtype=np.int64)) or data["nbytes"] <= 0:
+        raise ValueError("a held value whose size does not match its shape")
+    return Held(dt.str, shape, scalar is True, data["token"], data["nbytes"])
 
 
 def encode(value) -> tuple:
@@ -226,6 +270,14 @@ def _signature(value) -> tuple:
     return ("nd", np.dtype(value.dtype), np.shape(value), isinstance(value, np.generic))
 
 
+def mismatch(op: str, eids, sig, other_eids, other_sig) -> str:
+    """The error of engines that gave values of different kinds."""
+    return (
+        f"reduce('{op}') needs the same kind of value from every engine: "
+        f"engines {sorted(eids)} gave {_describe(sig)}, engines {sorted(other_eids)} gave {_describe(other_sig)}"
+    )
+
+
 def _describe(sig) -> str:
     if sig[0] == "py":
         return "Python numbers"
@@ -252,6 +304,7 @@ class Reduction:
         self.eids: list[int] = []
         self.error: str | None = None
         self._owned = False  # whether self.value may be updated in place
+        self.segment = None  # the shared-memory segment self.value lives in, if any (see ``add``)
         self._held: dict[int, list] = {}  # order key -> parts that came before their turn
         self._order: list[int] = []  # the keys expected, in order; combined up to ``_next``
         self._next = 0
@@ -275,11 +328,13 @@ class Reduction:
         self._held.setdefault(at, [])
         self._advance()
 
-    def add(self, eids: list[int], value, at: int | None = None, owned: bool = False) -> None:
+    def add(self, eids: list[int], value, at: int | None = None, owned: bool = False, segment=None) -> None:
         """An engine's (or a subtree's) value, combined in its turn: ``at``
         (default: its first engine id). ``owned``: an array no one else reads,
-        which may become the combined value and be updated in place."""
-        self._hold(at, eids, (eids, value, owned))
+        which may become the combined value and be updated in place;
+        ``segment``: the shared-memory segment it lives in (the combined value
+        may then go up by that segment's name: ``state``)."""
+        self._hold(at, eids, (eids, value, owned, segment))
 
     def add_error(self, eids: list[int], message: str, at: int | None = None) -> None:
         self._hold(at, eids, (eids, ReduceError(message)))
@@ -303,7 +358,7 @@ class Reduction:
                 self._combine(*part)
         self._order, self._next = [], 0
 
-    def _combine(self, eids: list[int], value, owned: bool = False) -> None:
+    def _combine(self, eids: list[int], value, owned: bool = False, segment=None) -> None:
         if value is None:  # a subtree that combined nothing (its engines raised or failed)
             self.eids.extend(eids)
             return
@@ -314,11 +369,7 @@ class Reduction:
             return
         sig = _signature(value)
         if self.error is None and self.sig is not None and sig != self.sig:
-            self.error = (
-                f"reduce('{self.op}') needs the same kind of value from every engine: "
-                f"engines {sorted(self.eids)} gave {_describe(self.sig)}, "
-                f"engines {sorted(eids)} gave {_describe(sig)}"
-            )
+            self.error = mismatch(self.op, self.eids, self.sig, eids, sig)
         self.eids.extend(eids)
         if self.error is not None:
             return
@@ -328,30 +379,49 @@ class Reduction:
             value = np.asarray(value)
         if self.sig is None:
             self.sig, self.value, self._owned = sig, value, owned and sig[0] == "nd" and value.flags.writeable
+            self.segment = segment if self._owned else None
         elif sig[0] == "py":
             self.value = OPS[self.op][1](self.value, value)
         elif self._owned:
             combine_into(ufunc(self.op), self.value, value)
         else:  # the first array may be a read-only view of a frame
             self.value = np.asarray(ufunc(self.op)(self.value, value))
-            self._owned = True
+            self._owned, self.segment = True, None
 
-    def add_partial(self, partial: dict, frames: Sequence, at: int | None = None) -> None:
-        """Combine a child's ``state()`` in its turn ``at`` (see ``add``)."""
+    def add_partial(self, partial: dict, frames: Sequence, at: int | None = None, take=None) -> None:
+        """Combine a child's ``state()`` in its turn ``at`` (see ``add``). A
+        value it left in a shared-memory segment of this host is read with
+        ``take(reference)``: the segment's bytes, writable, this node's own."""
         eids = partial.get("eids")
         if not isinstance(eids, list) or not all(type(e) is int for e in eids):
             raise ValueError("reduce state without engine ids")
         if partial.get("error"):
             return self.add_error(eids, str(partial["error"]), at)
         value = partial.get("value")
+        if isinstance(value, dict) and value.get("t") == "shm":
+            if take is None:
+                raise ValueError("a value in shared memory, but this node shares none")
+            ref = value.get("ref")
+            try:
+                data = take(ref)
+            except OSError as e:  # its segment is gone, or not this node's to read
+                return self.add_error(eids, f"reduce: the value of engines {sorted(eids)} cannot be read: {e}", at)
+            arr = _array(value.get("dtype"), value.get("shape", ()), value.get("scalar") is True, data)
+            return self._hold(at, eids, (eids, arr, True, ref))
         self._hold(at, eids, (eids, None if value is None else decode(value, frames)))
 
-    def state(self) -> tuple:
-        """``(dict, value frames)`` to send up; see ``add_partial``."""
+    def state(self, share=None) -> tuple:
+        """``(dict, value frames)`` to send up; see ``add_partial``. With
+        ``share``, a combined value that lives in a segment goes as the name
+        ``share(segment)`` gives it (None: as bytes after all)."""
         self._settle()
         header, frames = None, []
         if self.error is None and self.sig is not None:
-            header, frames = encode(self._final())
+            ref = share(self.segment) if share is not None and self.segment is not None else None
+            if ref is not None:
+                header = dict(t="shm", dtype=self.sig[1].str, shape=list(self.sig[2]), scalar=self.sig[3], ref=ref)
+            else:
+                header, frames = encode(self._final())
         return dict(op=self.op, eids=self.eids, value=header, error=self.error), frames
 
     def result(self):
@@ -373,10 +443,11 @@ class Reduction:
 
 
 # ------------------------------------------------------------ at a relay node
-def fold_reply(reduction: Reduction, eids, body, codec, take=None) -> bool:
+def fold_reply(reduction: Reduction, eids, body, codec, hold=None) -> bool:
     """Fold an engine's raw reply into ``reduction``. False if the engine's
-    function raised: its reply is then passed up raw, as it came. ``take``:
-    how this node reads a value an engine of its host left in shared memory."""
+    function raised: its reply is then passed up raw, as it came. A value the
+    engine holds (``Held``) goes to ``hold(eid, held)`` instead: the engines
+    of this node's host combine those where they are (``relay.gang``)."""
     try:
         status = codec.unpack_json(P.as_bytes(body[4])).get("status")
     except Exception:
@@ -385,18 +456,24 @@ def fold_reply(reduction: Reduction, eids, body, codec, take=None) -> bool:
         reduction.skip(eids[0])
         return False
     try:
-        value, owned = decode_engine(body[5:], take)
-        reduction.add(eids, value, owned=owned)
+        value = decode_engine(body[5:])
+        if isinstance(value, Held):
+            if hold is None:
+                raise ValueError("a value it holds, but this node shares no memory with it")
+            hold(eids[0], value)
+        else:
+            reduction.add(eids, value)
     except ValueError as e:
         reduction.add_error(eids, f"reduce: engine {eids[0]} returned {e}")
     return True
 
 
-def fold_bundle(reduction: Reduction, msg: dict, codec, child=None, chained=None) -> tuple:
+def fold_bundle(reduction: Reduction, msg: dict, codec, child=None, chained=None, take=None) -> tuple:
     """Fold ``child``'s ``reduced`` bundle (content unparsed) into ``reduction``,
     in its turn; return the raw replies of its engines that raised and its failures.
     A bundle whose value went another way (``chained`` in its state) is handed
-    to ``chained(eids, at)`` instead."""
+    to ``chained(eids, at)`` instead; one left in a segment of this host is
+    read with ``take`` (see ``Reduction.add_partial``)."""
     if msg["metadata"].get("kind") != "reduced":
         raise P.ProtocolError("expected a reduced bundle")
     try:
@@ -406,7 +483,7 @@ def fold_bundle(reduction: Reduction, msg: dict, codec, child=None, chained=None
         if state.get("chained") is True and chained is not None and not state.get("error"):
             chained(list(state.get("eids") or ()), at)
         else:
-            reduction.add_partial(state, value, at)
+            reduction.add_partial(state, value, at, take)
     except (ValueError, TypeError, AttributeError) as e:
         raise P.ProtocolError(f"bad reduced bundle: {e}") from e
     return raised, failed

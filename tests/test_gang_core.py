@@ -1,0 +1,217 @@
+"""Big reduce values combined where they are, pure: engines of a leaf's host
+hold their values and combine them into one segment in turn (``relay.gang``,
+``engine.holds``); holders that die, stall or fail are named and the others'
+value still comes. Segments are real files in a temporary directory; engines
+are in-memory."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+from ipyparallel.serialize import serialize_object
+from treesim import TreeSim
+
+from ipyparallel_broadcast.engine.holds import HoldingKernel
+from ipyparallel_broadcast.host import shm
+from ipyparallel_broadcast.relay.sharing import Sharing
+from ipyparallel_broadcast.wire import bundles as B
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.reduction import Reduction, engine_value, hold_values_with
+
+pytestmark = pytest.mark.pure
+
+N = 1 << 13  # float64 elements: 64 KiB, over the threshold below
+
+
+class SimEngine(HoldingKernel):
+    _context = object()  # as on the lean path: requests can be held back
+
+
+class GangSim(TreeSim):
+    """A TreeSim whose leaves share memory with their engines, which hold
+    their big values and answer turns as ``engine.holds`` does."""
+
+    def __init__(self, engine_ids, values, depth=0, fanout=2):
+        super().__init__(depth, fanout, engine_ids)
+        self.values, self.turns, self.failing = values, [], set()
+        self.slow = set()  # engines whose answers to their turns wait (``finish_turn``)
+        self.unfinished = {}
+        self.holders = {}
+        for node in self.nodes.values():
+            if node.is_leaf:
+                node.sharing = Sharing(node.codec, shm.ShmStore(threshold=1 << 12))
+        for eid in engine_ids:
+            engine = self.holders[eid] = SimEngine()
+            engine.hold_for(dict(prefix=shm.relay_prefix(), threshold=1 << 12))
+        hold_values_with(None)
+        self.answer_with = self._value
+
+    def _value(self, eid, request):
+        hold_values_with(self.holders[eid].holds.hold)
+        try:
+            return {"status": "ok"}, serialize_object(engine_value(lambda: self.values[eid]))
+        finally:
+            hold_values_with(None)
+
+    def _engine_receive(self, leaf_path, frames):
+        if P.as_bytes(frames[1]) != P.GANG_KEY:
+            return super()._engine_receive(leaf_path, frames)
+        uuid = P.as_bytes(frames[0]).decode()
+        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        if eid is None:
+            node = self.nodes[leaf_path]
+            self.queue.extend((leaf_path, s) for s in node.on_engine_lost(uuid, "is not connected"))
+            return
+        if eid in self.failing:
+            self.holders[eid].holds.values.clear()  # its turn fails: it holds nothing
+        answer = self.holders[eid].on_gang(P.Codec(self.session), frames[1:])
+        if answer is None:
+            return  # let go
+        self.turns.append(eid)
+        if eid in self.slow:
+            self.unfinished[eid] = (leaf_path, answer)
+            return
+        self._deliver(eid, leaf_path, answer)
+
+    def _deliver(self, eid, leaf_path, answer):
+        node = self.nodes[leaf_path]
+        self._run(node, node.on_down([self.engines[eid].encode()] + answer), leaf_path)
+
+    def finish_turn(self, eid):
+        self.slow.discard(eid)
+        self._deliver(eid, *self.unfinished.pop(eid))
+
+    def holding(self):
+        return {e for e, h in self.holders.items() if e in self.engines and h.holding}
+
+
+@pytest.fixture(autouse=True)
+def shm_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("IPB_SHM_DIR", str(tmp_path))
+    yield tmp_path
+    assert os.listdir(tmp_path) == []  # every segment's name went
+
+
+def outcome(sim):
+    (frames,) = sim.client_inbox
+    state, value, raised, failed = B.reduced_parts(sim.codec.unpack(P.split_idents(frames)[1]))
+    r = Reduction(state["op"])
+    r.add_partial(state, value)
+    return r, raised, {f[0]: f[2] for f in failed}
+
+
+def values_of(eids, seed=3):
+    rng = np.random.default_rng(seed)
+    return {e: rng.standard_normal(N) * 10.0 ** rng.integers(-8, 8) for e in eids}
+
+
+def in_order(values, eids):
+    return functools.reduce(np.add, [values[e] for e in sorted(eids)])
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]])
+def test_a_hosts_engines_combine_their_values_in_turn_in_the_order_of_their_ids(order):
+    values = values_of(range(4))
+    sim = GangSim(range(4), values)
+    sim.request_answered_in(order, list(range(4)), reduce="sum")
+    r, raised, failed = outcome(sim)
+    assert r.result().tobytes() == in_order(values, range(4)).tobytes()  # bitwise, whatever the arrival order
+    assert (raised, failed) == ([], {})
+    assert sim.turns == [0, 1, 2, 3]  # one turn each, first id first
+    assert sim.holding() == set() and sim.pending_total() == 0
+    assert sim.nodes[()].stats()["shm_values"] == 4
+
+
+def test_turns_start_only_when_every_engine_here_has_answered():
+    values = values_of(range(4))
+    sim = GangSim(range(4), values)
+    sim.hold.add(3)
+    sim.request(list(range(4)), reduce="sum")
+    assert sim.turns == [] and sim.holding() == {0, 1, 2}  # they wait, holding their values
+    sim.release(3)
+    assert sim.turns == [0, 1, 2, 3] and sim.holding() == set()
+
+
+def test_a_holder_that_dies_before_the_turns_is_named_and_the_others_combine():
+    values = values_of(range(4))
+    sim = GangSim(range(4), values)
+    sim.hold.add(3)
+    sim.request(list(range(4)), reduce="sum")
+    sim.kill(1)
+    sim.release(3)
+    r, raised, failed = outcome(sim)
+    assert r.result().tobytes() == in_order(values, [0, 2, 3]).tobytes()
+    assert list(failed) == [1] and "before its value was combined" in failed[1]
+    assert 1 not in sim.turns and sim.holding() == set()
+
+
+def test_a_holder_that_dies_after_its_turn_makes_the_turns_start_again_without_it():
+    values = values_of(range(4))
+    sim = GangSim(range(4), values)
+    sim.slow.add(2)  # its answer to its turn waits
+    sim.request(list(range(4)), reduce="sum")
+    assert sim.turns == [0, 1, 2]
+    sim.kill(1)  # its value is in the segment already: a new round, in a new segment
+    sim.finish_turn(2)  # the old round's answer is let be
+    r, _, failed = outcome(sim)
+    assert r.result().tobytes() == in_order(values, [0, 2, 3]).tobytes()
+    assert list(failed) == [1]
+    assert sim.turns == [0, 1, 2, 0, 2, 3] and sim.holding() == set()
+
+
+def test_a_turn_past_its_deadline_names_its_engine_and_the_others_go_on():
+    values = values_of(range(3))
+    sim = GangSim(range(3), values)
+    sim.slow.add(1)
+    sim.request(list(range(3)), reduce="sum")
+    assert sim.client_inbox == [] and sim.turns == [0, 1]
+    sim.tick(2 * sim.nodes[()].node_timeout + 1)  # its turn never ends
+    r, _, failed = outcome(sim)
+    assert r.result().tobytes() == in_order(values, [0, 2]).tobytes()
+    assert "did not combine its value within" in failed[1]
+    assert sim.holding() == set()  # it was told to let go, too
+
+
+def test_a_failed_turn_names_its_engine():
+    values = values_of(range(3))
+    sim = GangSim(range(3), values)
+    sim.failing.add(2)
+    sim.request(list(range(3)), reduce="sum")
+    r, _, failed = outcome(sim)
+    assert r.result().tobytes() == in_order(values, [0, 1]).tobytes()
+    assert "could not combine its value: it holds no such value" in failed[2]
+
+
+def test_held_values_of_different_shapes_raise_reduce_error_and_are_let_go():
+    values = values_of(range(3))
+    values[1] = np.ones(2 * N)
+    sim = GangSim(range(3), values)
+    sim.request(list(range(3)), reduce="sum")
+    r, _, failed = outcome(sim)
+    with pytest.raises(ValueError, match=r"engines \[1\] gave a float64 array of shape \(16384,\)"):
+        r.result()
+    assert sim.turns == [] and sim.holding() == set() and failed == {}
+
+
+def test_a_held_value_at_a_relay_that_shares_no_memory_is_an_error_for_that_engine():
+    values = values_of(range(2))
+    sim = GangSim(range(2), values)
+    sim.nodes[()].sharing = Sharing(sim.nodes[()].codec, None)
+    sim.request(list(range(2)), reduce="sum")
+    r, _, _ = outcome(sim)
+    with pytest.raises(ValueError, match="shares no memory"):
+        r.result()
+    assert sim.pending_total() == 0 and sim.holding() == set()  # let go all the same
+
+
+def test_small_values_and_holders_mix_in_a_tree_and_every_node_ends_clean():
+    values = values_of(range(8))
+    sim = GangSim(range(8), values, depth=1, fanout=2)
+    sim.request_answered_in([7, 5, 3, 1, 0, 2, 4, 6], list(range(8)), reduce="sum")
+    r, _, failed = outcome(sim)
+    np.testing.assert_allclose(r.result(), in_order(values, range(8)), rtol=1e-12, atol=1e-6)
+    assert failed == {} and sim.holding() == set() and sim.pending_total() == 0
+    assert sorted(sim.turns) == list(range(8))
