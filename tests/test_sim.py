@@ -44,6 +44,7 @@ def test_simulated_engines_register_and_answer_every_view(farm):
         assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 1000] * N
     assert rc[:].apply_sync(lambda: 1) == [b"\0" * 1000] * N
     rc.broadcast_view().execute("x = 1", block=True)
+    assert rc.broadcast_view().reduce(lambda: 2, op="sum", block=True) == N  # each answers a reduce with 1
     stats = rc.broadcast_stats()
     assert sum(n["engines"] for n in stats if n["engines"] is not None) == N
     assert all(n["busy"] > 0 and n["cpu"] > 0 for n in stats)  # where the time goes

@@ -117,6 +117,10 @@ def client_profile(rc, view, calls: int, top: int = 12) -> str:
     return text[text.index("ncalls") :] if "ncalls" in text else text
 
 
+def t_one():
+    return 1
+
+
 def measure_ours(n, args, lines):
     extra = [] if args.hub_records else ["--BroadcastController.hub_records=False"]
     with cluster("ours", n, args.hosts, args.depth, args.fanout, extra) as (rc, controller, farm):
@@ -130,6 +134,12 @@ def measure_ours(n, args, lines):
             "ours coalescing": meter.per_call(lambda: t_echo(coalesced), args.calls),
             "ours streaming": meter.per_call(lambda: t_echo(streamed), args.calls),
         }
+        if args.reduce:  # the simulated engines answer a reduce with 1: the sum is the engine count
+            one = coalesced.reduce(t_one, op="sum", block=True)
+            assert one == n, one
+            rows["ours reduce (scalar sum)"] = meter.per_call(
+                lambda: coalesced.reduce(t_one, op="sum", block=True), args.calls
+            )
         if args.profile:
             lines += [
                 f"client profile, N={n}, {args.calls} coalesced calls (cProfile, tottime):",
@@ -173,12 +183,15 @@ def main(argv=None):
         help="our controller without the hub's per-engine records (BroadcastController.hub_records=False)",
     )
     parser.add_argument("--profile", action="store_true", help="add a cProfile of the client's reply handling")
+    parser.add_argument("--reduce", action="store_true", help="add a scalar reduce(sum) to every engine")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     lines = [
         __doc__.split("\n\n")[2].strip().replace("\n", " "),
         "",
-        f"1 kB apply to every engine, {REPLY_BYTES} B replies; depth {args.depth}, fan-out {args.fanout}"
+        f"1 kB apply to every engine, {REPLY_BYTES} B replies"
+        + ("; reduce: a scalar sum of one number per engine" if args.reduce else "")
+        + f"; depth {args.depth}, fan-out {args.fanout}"
         + ("" if args.hub_records else "; our controller without the hub's per-engine records")
         + "; ms per call: round trip (median), then CPU net of idle (the center's sum counts a"
         + " process below zero, its idle work stopped meanwhile, as 0).",

@@ -72,7 +72,9 @@ def collectives(args, argv, link, m):
     ]
     for row in rows:
         lines.append(f"| {row['hosts']} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |")
-    report("model_predict.py", argv, f"Modelled reduce and allreduce of {args.mib:g} MiB between hosts", lines, args.out)
+    report(
+        "model_predict.py", argv, f"Modelled reduce and allreduce of {args.mib:g} MiB between hosts", lines, args.out
+    )
 
 
 if __name__ == "__main__":

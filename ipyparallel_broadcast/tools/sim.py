@@ -7,7 +7,8 @@ Each simulated engine does what an engine does on the wire, and no more:
 - it connects one shell socket (identity: its uuid) to the mux and to its
   broadcast leaf (``id % leaves``, as real engines choose);
 - it answers ``apply_request`` and ``execute_request`` with correctly signed
-  replies (``reply_bytes`` of result, after ``delay`` seconds), and publishes
+  replies (``reply_bytes`` of result, after ``delay`` seconds; a reduce's
+  apply, the number 1, as ``engine_value`` gives it), and publishes
   the IOPub ``idle`` status clients wait for, except where our BroadcastView
   asks for outputs in the reply (as our engines do, see ``kernel``);
 - ``execute_request`` runs its code (``exec``, in a namespace per engine that
@@ -55,6 +56,7 @@ from ..wire.frames import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
+REDUCE_MARK = b"engine_value"  # in the pickle of a reduce's function (``wire.reduction.engine_value``)
 STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
 CONTENT = {
     "apply_reply": b'{"status": "ok"}',
@@ -112,6 +114,8 @@ class SimProcess:
         self.engines: dict[int, SimEngine] = {}
         # what apply returns: the buffers a real engine would send (``serialize_result``)
         self.result = serialize_result(b"\0" * reply_bytes, MAX_BYTES, MAX_ITEMS)
+        # ... and what a reduce's ``engine_value`` returns: the number 1 (a scalar reduce counts engines)
+        self.reduce_result = serialize_result(("py", 1), MAX_BYTES, MAX_ITEMS)
         self.server = Server(self)
 
     def url(self, port) -> str:
@@ -181,6 +185,8 @@ class SimProcess:
             return
         if reply_type == "execute_reply":
             reply_type = (reply_type, body[4])  # the content: its code runs when answered
+        elif len(body) > 5 and REDUCE_MARK in P.as_bytes(body[5]):  # a reduce's apply (its function's pickle)
+            reply_type = (reply_type, None)
         args = (engine, [P.as_bytes(i) for i in idents], parent, started, reply_type, request_md)
         if self.delay:
             self.server.later(self.delay, args)
@@ -208,7 +214,10 @@ class SimProcess:
             return
         md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
         content = None
-        if isinstance(reply_type, tuple):
+        buffers = self.result
+        if isinstance(reply_type, tuple) and reply_type[1] is None:
+            reply_type, buffers = reply_type[0], self.reduce_result
+        elif isinstance(reply_type, tuple):
             reply_type, request = reply_type
             content = self.execute(engine, parent, request)
             md["status"] = json.loads(content)["status"]
@@ -218,7 +227,7 @@ class SimProcess:
             except ValueError:
                 theirs = {}
             md.update((k, theirs.get(k)) for k in STOCK_BROADCAST_FIELDS)
-        buffers = self.result if reply_type == "apply_reply" else []
+        buffers = buffers if reply_type == "apply_reply" else []
         lean = reply_type == "apply_reply" and P.OUTPUTS_MARK in request_md
         if lean:  # as our engines (kernel.py): the outputs in the reply, no IOPub status
             md[P.OUTPUTS_KEY] = dict(stdout="", stderr="", outputs=[])
