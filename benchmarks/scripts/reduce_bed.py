@@ -97,7 +97,8 @@ def measure(args, depth: int, views: str) -> dict:
         bed = stack.enter_context(NetBed(hosts=args.hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
-        cluster = stack.enter_context(BedCluster(bed, depth=depth))
+        extra = [f"--BroadcastController.host_chunk_size={args.chunk << 10}"] if args.chunk else []
+        cluster = stack.enter_context(BedCluster(bed, depth=depth, controller_args=extra))
         for host in bed.hosts:
             cluster.start_engines(host, args.per_host)
         drive = Driver(bed, DRIVER, [cluster._file("client"), n, views])
@@ -146,6 +147,7 @@ def main(argv=None):
     parser.add_argument("--peer-sizes", default="16", help="the sizes DirectView runs at too (it is slow)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--depths", default="1,0", help="our tree's depths; DirectView runs on the first")
+    parser.add_argument("--chunk", type=int, default=0, help="KiB per chunk between hosts (default: the controller's)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
