@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 from ipyparallel.serialize import serialize_object
+from jupyter_client.session import Session
 from treesim import TreeSim
 
 from ipyparallel_broadcast.engine.holds import HoldingKernel
@@ -215,3 +216,70 @@ def test_small_values_and_holders_mix_in_a_tree_and_every_node_ends_clean():
     np.testing.assert_allclose(r.result(), in_order(values, range(8)), rtol=1e-12, atol=1e-6)
     assert failed == {} and sim.holding() == set() and sim.pending_total() == 0
     assert sorted(sim.turns) == list(range(8))
+
+
+NONSENSE = [None, 0, -1, 2**70, 1.5, "x", "", [], {}, [1, 1], ["a"], {"a": 1}, True, "r999"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_malformed_and_stray_turn_answers_are_let_be_and_the_turns_go_on(seed):
+    import random
+
+    rng = random.Random(seed)
+    values = values_of(range(4))
+    sim = GangSim(range(4), values)
+    sim.slow.add(2)
+    sim.request(list(range(4)), reduce="sum")
+    leaf, (key,) = sim.nodes[()], list(sim.nodes[()].gangs)
+    for _ in range(300):
+        fields = rng.sample(["req", "round", "token", "ok", "error"], rng.randrange(6))
+        content = {k: rng.choice(NONSENSE) for k in fields}
+        if rng.random() < 0.5:
+            content["req"] = key
+        eid = rng.randrange(5)  # 4: no such engine
+        uuid = sim.engines.get(eid, "uuid-9999")
+        frames = [uuid.encode(), P.GANG_KEY] + sim.codec.pack(P.GANG_DONE, content)
+        if rng.random() < 0.2:
+            frames = frames[:3] + [b"junk"] + frames[4:]  # a broken signature or header
+        leaf.on_down(frames)
+    assert sim.client_inbox == [] and sim.turns == [0, 1, 2]
+    sim.finish_turn(2)
+    r, _, failed = outcome(sim)
+    assert failed == {} and r.result().tobytes() == in_order(values, range(4)).tobytes()
+    assert sim.holding() == set() and sim.pending_total() == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("held", "<f8", [4], False, {"token": "1", "nbytes": 31}),  # the size is not the shape's
+        ("held", "<f8", [4], False, {"token": 1, "nbytes": 32}),
+        ("held", "|O", [4], False, {"token": "1", "nbytes": 32}),
+        ("held", "<f8", [-4], False, {"token": "1", "nbytes": 32}),
+        ("held", "<f8", "4", False, {"token": "1", "nbytes": 32}),
+        ("held", "<f8", [0], False, {"token": "1", "nbytes": 0}),
+        ("held", "<f8", [4], False, None),
+    ],
+)
+def test_a_malformed_held_value_is_an_error_for_its_engine(bad):
+    from ipyparallel_broadcast.wire.reduction import decode_engine
+
+    with pytest.raises(ValueError, match="not a reduce value"):
+        decode_engine(serialize_object(bad))
+
+
+def test_an_engine_refuses_a_malformed_or_replayed_gang_message():
+    engine = SimEngine()
+    engine.hold_for(dict(prefix=shm.relay_prefix(), threshold=16))
+    token = engine.holds.hold(np.ones(8))
+    codec = P.Codec(Session(key=b"secret"))
+    release = [b"relay", P.GANG_KEY] + codec.pack(P.GANG_RELEASE, dict(tokens=[token]))
+    wrong = [b"relay", P.GANG_KEY] + P.Codec(Session(key=b"other")).pack(P.GANG_RELEASE, dict(tokens=[token]))
+    for bad in (wrong, release[:4], [b"relay", P.GANG_KEY] + codec.pack("ipb_gang_what", {})):
+        with pytest.raises(P.ProtocolError):
+            engine.on_gang(P.Codec(Session(key=b"secret")), bad[1:])
+    assert engine.holding
+    receiving = P.Codec(Session(key=b"secret"))
+    assert engine.on_gang(receiving, release[1:]) is None and not engine.holding
+    with pytest.raises(P.ProtocolError, match="replay"):
+        engine.on_gang(receiving, release[1:])

@@ -160,7 +160,8 @@ class Replies:
             reduction = Reduction(state.get("op"))
             reduction.add_partial(state, value, take=self._shared.take_value)  # a big value of this host: by name
         except (P.ProtocolError, ValueError, TypeError) as e:
-            log.error("Dropped an invalid reduction reply: %s", e)
+            log.error("An invalid reduction reply: %s", e)
+            future.set_result(P.ProtocolError(f"the tree's reply to this reduction cannot be read: {e}"))  # no wait
             return
         resolve_reduction(self._codec, future, reduction, raised, failed)
 

@@ -45,7 +45,8 @@ class GangPath:
     def _gang_reply(self, uuid: str, body) -> list[Send]:
         """An engine's answer to its turn: the next turn, or the host's value."""
         answer = self.codec.content(self.codec.unpack(body, content=False))
-        p = self.gangs.get(answer.get("req"))
+        req = answer.get("req")
+        p = self.gangs.get(req) if isinstance(req, str) else None
         if p is None or not p.gang.is_answer(uuid, answer):
             return []  # a turn of an earlier round (a holder was dropped meanwhile), or of a request gone
         gang = p.gang
