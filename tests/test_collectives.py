@@ -504,3 +504,58 @@ def test_publish_data(rc, coalescing):
     while not all(d.get("step") == 1 for d in ar.data) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [d.get("step") for d in ar.data] == [1] * len(rc)
+
+
+def test_an_unreadable_reduction_reply_fails_its_call_and_leaves_no_segment(rc):
+    from concurrent.futures import Future
+
+    from ipyparallel_broadcast.wire import protocol as P
+
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("ipb-shm-")}
+    state = {"op": "sum", "eids": [0]}
+    cases = [
+        ({"reduce": "nonsense"}, P.ProtocolError, "cannot be read"),
+        (  # a segment that is not this client's: refused, not read
+            {
+                "parts": [0],
+                "reduce": dict(
+                    state,
+                    value={
+                        "t": "shm",
+                        "dtype": "<f8",
+                        "shape": [1],
+                        "ref": {"name": "ipb-shm-0-1-x", "bufs": [[0, 4096, 8]]},
+                    },
+                ),
+            },
+            ipb.ReduceError,
+            "not one value of this client's",
+        ),
+        (
+            {"parts": [0], "reduce": dict(state, value={"t": "shm", "dtype": "<f8", "shape": [1], "ref": 3})},
+            ipb.ReduceError,
+            "malformed",
+        ),
+    ]
+    for content, kind, words in cases:
+        future = Future()
+        future.targets = [0]  # (as the client's reduce future has them)
+        rc._reduced(future, {"content": content, "buffers": []})
+        got = future.result(timeout=10)
+        assert isinstance(got, kind) and words in str(got), got
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("ipb-shm-")} <= before
+
+
+def test_what_a_reduces_engines_print_comes_with_its_value(rc):
+    view = rc.broadcast_view(block=False)
+    view.scatter("rank", rc.ids, flatten=True).get(timeout=60)
+
+    def f():
+        print(f"engine {rank}")  # noqa: F821
+        return rank  # noqa: F821
+
+    ar = view.reduce(ipp.interactive(f), op="sum")
+    assert ar.get(timeout=60) == sum(range(len(rc)))
+    assert ar.stdout == "".join(f"engine {r}\n" for r in range(len(rc)))  # in engine order, whatever came first
+    quiet = view.reduce(ipp.interactive(lambda: rank), op="sum")  # noqa: F821
+    assert quiet.get(timeout=60) == sum(range(len(rc))) and quiet.stdout == ""

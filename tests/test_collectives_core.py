@@ -501,3 +501,24 @@ def test_an_allreduce_whose_value_the_root_cannot_send_down_fails_with_the_reaso
     assert not engines.bound and sim.pending_total() == 0
     with pytest.raises(ReduceError, match="could not send the value down: no pickling today"):
         r.result()
+
+
+def test_a_reduce_carries_what_its_engines_printed_beside_its_value():
+    from jupyter_client.session import Session
+
+    from ipyparallel_broadcast.wire.reduction import fold_reply
+
+    session = Session(key=b"k")
+    codec = P.Codec(session)
+    r = Reduction("sum")
+    printed = {0: {"stdout": "a\n", "stderr": "", "outputs": []}, 1: {"stdout": "", "stderr": "", "outputs": []}}
+    for eid in (1, 0):
+        msg = session.msg("apply_reply", content={"status": "ok"}, metadata={P.OUTPUTS_KEY: printed[eid]})
+        body = session.serialize(msg)[1:] + serialize_object(engine_value(lambda eid=eid: eid))
+        assert fold_reply(r, [eid], body, codec)
+    state, frames = r.state()
+    assert state["outputs"] == {"0": {"stdout": "a\n"}}  # only what printed, and only what it printed
+    up = Reduction("sum")
+    up.add_partial(state, frames)
+    up.add_partial(dict(op="sum", eids=[2], value=None, error=None, outputs={"2": {"stderr": "b"}, "3": "junk"}), [])
+    assert up.result() == 1 and up.outputs == {"0": {"stdout": "a\n"}, "2": {"stderr": "b"}}

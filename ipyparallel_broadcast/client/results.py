@@ -14,6 +14,7 @@ pure ``calls`` core and ipyparallel's result types.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import weakref
@@ -61,7 +62,11 @@ def resolve_reduction(codec, future, reduction, raised, failed):
     """Settle a reduction's one future: the combined value, or a
     ``CompositeError`` of the engines' errors that keeps what the survivors
     combined (``.partial``)."""
-    errors = [error.unwrap_exception(codec.unpack(r)["content"]) for r in raised]
+    raised = [codec.unpack(r) for r in raised]
+    errors = [error.unwrap_exception(r["content"]) for r in raised]
+    output = getattr(future, "output", None)
+    if output is not None and getattr(output, "metadata", None) is not None:
+        reduction_outputs(output.metadata, reduction.outputs, raised)
     errors += [error.unwrap_exception(engine_error(*f[:3], "apply")) for f in failed]
     order = {eid: i for i, eid in enumerate(future.targets)}
     errors.sort(key=lambda e: order.get((e.engine_info or {}).get("engine_id"), -1))
@@ -80,6 +85,27 @@ def resolve_reduction(codec, future, reduction, raised, failed):
         future.set_result(grouped_error)
     except Exception as e:
         future.set_result(e)
+
+
+def reduction_outputs(md, outputs: dict, raised: list[dict]) -> None:
+    """A reduction's engines' outputs, in engine order, into its one ``Metadata``:
+    those the tree carried beside the value, and those of engines that raised."""
+    by_eid = {}
+    for eid, out in outputs.items():
+        with contextlib.suppress(ValueError):
+            by_eid[int(eid)] = out
+    for reply in raised:
+        out = reply["metadata"].get(P.OUTPUTS_KEY)
+        eid = (reply["content"].get("engine_info") or {}).get("engine_id")
+        if isinstance(out, dict) and isinstance(eid, int):
+            by_eid[eid] = out
+    for eid in sorted(by_eid):
+        out = by_eid[eid]
+        for name in ("stdout", "stderr"):
+            if isinstance(out.get(name), str) and out[name]:
+                md[name] = (md[name] or "") + out[name]
+        if isinstance(out.get("outputs"), list):
+            md["outputs"].extend(out["outputs"])
 
 
 _PLAIN = frozenset((bytes, str, int, float, complex, bool, type(None)))

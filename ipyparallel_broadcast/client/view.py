@@ -199,7 +199,7 @@ class BroadcastView(Collectives, ViewSeam):
             own = [pack_apply_message(pf, a, k, **limits)[nf:] for a, k in each]
             buffers = pf.buffers
         metadata = dict(label=self.label if label is None else label)
-        if not (self.stream_outputs or reduce):  # reductions' outputs stay on IOPub
+        if not self.stream_outputs:  # (a reduction's come up the tree beside its value)
             metadata[P.OUTPUTS_KEY] = "reply"
         return self._broadcast(
             "apply_request",

@@ -44,6 +44,7 @@ import re
 import secrets
 import struct
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from ..wire import protocol as P
 
@@ -390,20 +391,10 @@ def write_host_value(content, prefix: str, data) -> None:
     Raises ``ShmError``."""
     view = memoryview(data).cast("B")
     ref, path = _host_value(content, prefix, view.nbytes)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    except OSError as e:
-        raise ShmError(e.errno, f"shared-memory segment {ref.name} is gone: {e.strerror}") from e
-    try:
+    with _opened(ref, path, os.O_RDWR, "written") as fd:
         if os.fstat(fd).st_size < ref.bufs[0][1] + view.nbytes:
             raise ShmError(errno.EINVAL, f"segment {ref.name} is too small for the value")
         _write_all(fd, view, ref.bufs[0][1])
-    except ShmError:
-        raise
-    except OSError as e:
-        raise ShmError(e.errno, f"shared-memory segment {ref.name} cannot be written: {e.strerror}") from e
-    finally:
-        os.close(fd)
 
 
 def take_value(ref: Reference, root: str | None = None) -> memoryview:
@@ -425,14 +416,10 @@ def read_reply(ref: Reference, take, root: str | None = None) -> list[tuple[int,
     faults in a page at a time, holding it), and unlink its name (the client is
     its one reader). ``[(index, view)]``. Raises ``ShmError``."""
     path = os.path.join(root or directory(), ref.name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as e:
-        raise ShmError(e.errno, f"shared-memory segment {ref.name} is gone: {e.strerror}") from e
-    try:
+    views = []
+    with _opened(ref, path, os.O_RDONLY, "read") as fd:
         _unlink(path)
         size = os.fstat(fd).st_size
-        views = []
         for index, offset, n in ref.bufs:
             if offset % PAGE or offset < PAGE or n < 0 or offset + n > size:
                 raise ShmError(errno.EINVAL, f"buffer {index} lies outside segment {ref.name}")
@@ -444,13 +431,24 @@ def read_reply(ref: Reference, take, root: str | None = None) -> list[tuple[int,
                     raise ShmError(errno.EIO, f"segment {ref.name} ended inside buffer {index}")
                 done += got
             views.append((index, view))
+    return views
+
+
+@contextmanager
+def _opened(ref: Reference, path: str, flags: int, doing: str):
+    """A segment's descriptor, closed after; any ``OSError`` meanwhile as a ``ShmError``."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} is gone: {e.strerror}") from e
+    try:
+        yield fd
     except ShmError:
         raise
     except OSError as e:
-        raise ShmError(e.errno, f"shared-memory segment {ref.name} cannot be read: {e.strerror}") from e
+        raise ShmError(e.errno, f"shared-memory segment {ref.name} cannot be {doing}: {e.strerror}") from e
     finally:
         os.close(fd)
-    return views
 
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux) map every page at once: no fault per 4 KiB as it is read

@@ -162,4 +162,5 @@ class ChainPath:
             state, frames = dict(state, value=None, chained=True), []
         body = B.pack_reduced(self.codec, p.key, p.msg_id, state, frames, p.raised, p.failed)
         self.inflight.stamp(p, "reply out", p.n)
-        return [Send(UP, P.with_route(p.route, body))] + self.chains.own_value(p.key, header, data)
+        sends = self.inflight.recorded(p, [Send(UP, P.with_route(p.route, body))], p.n)
+        return sends + self.chains.own_value(p.key, header, data)

@@ -113,11 +113,12 @@ class DownPath:
         content = P.request_content(p.msg_id, list(r.eids), P.COALESCE, reduce="sum", quiet=True)
         if p.trace is not None:
             content["trace"] = True
+        copies = self.inflight.recorded(p, [], 0)  # the first half's replies, for the hub's records
         index = buffer_of(value, inner[5:]) if r.segment is not None and r.segment in p.segments else None
         if index is not None:  # the value's segment goes down as it is: engines map it
             p.segments.remove(r.segment)
-            return self._start(p.route, content, inner, value_at=(r.segment, index))
-        return self._start(p.route, content, inner)
+            return copies + self._start(p.route, content, inner, value_at=(r.segment, index))
+        return copies + self._start(p.route, content, inner)
 
     def _serves(self, eid: int) -> bool:
         """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""

@@ -48,6 +48,7 @@ class Pending:
     chain: Any | None = None  # leaf: its hosts' big reduce values, in a chain (upchain.Chain)
     gang: Any | None = None  # reduce: big values engines of this host hold, until combined (gang.Gang)
     segments: list = field(default_factory=list)  # reduce: segments of this host its values are in
+    recorded: list = field(default_factory=list)  # reduce: its engines' replies, for the hub's records
     share_up: Callable | None = None  # reduce: how its value goes up by a segment's name (Sharing.passer)
     trace: list | None = None  # traced request: [event, wall time, detail] at this node
     shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
@@ -225,6 +226,10 @@ class InFlight:
     def recorded(self, p: Pending, sends: list[Send], outcomes: int) -> list[Send]:
         """``sends`` (bundles going up), and their copies for the hub's records,
         labelled with how many engines' outcomes they carry (the hub bounds its journal so)."""
+        if p.recorded:  # a reduce's engine replies here, in one copy (the bundles carry only the value)
+            body = B.pack_bundle(self.codec, p.key, p.msg_id, "engines", p.recorded, [])
+            label, p.recorded = b"%d" % len(p.recorded), []
+            return sends + [Send(MON, P.record_copy(P.OUTBUNDLE, label, body))]
         if not self.records or p.stock or p.reduction is not None:
             return sends
         n = len(p.route) + 1  # the body follows the route and DELIM

@@ -11,7 +11,7 @@ from ..wire import protocol as P
 from ..wire.reduction import fold_bundle, fold_reply
 from ..wire.topology import HOST_PREFIX
 from . import events as E
-from .events import MON, Send
+from .events import Send
 from .pending import Pending
 from .routes import Key
 from .sharing import HELLO_KEY
@@ -39,11 +39,9 @@ class UpPath:
         eids, body = p.state.answer(reply.uuid), reply.body
         if p.trace is not None:  # the detail is formatted only for a traced request
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
-        copy = (
-            [Send(MON, P.record_copy(P.OUTBCAST, reply.ident, body))]
-            if self.records and p.reduction is not None and not p.quiet
-            else []
-        )
+        if self.records and p.reduction is not None and not p.quiet:  # for the hub: one copy of them all
+            p.recorded.append(body)
+        copy = []
         if p.reduction is not None:
             hold = lambda eid, held: self._gang_held(p, eid, reply.uuid, held)  # noqa: E731
             if not fold_reply(p.reduction, eids, body, self.codec, hold):

@@ -309,6 +309,7 @@ class Reduction:
         self._order: list[int] = []  # the keys expected, in order; combined up to ``_next``
         self._next = 0
         self.first: dict = {}  # a source (child) -> its order key, as ``expect`` was told
+        self.outputs: dict[str, dict] = {}  # engine id (text) -> what it printed or displayed, if anything
 
     def expect(self, first: dict, engines=()) -> None:
         """The parts still to come: each child and its order key (the first
@@ -395,6 +396,9 @@ class Reduction:
         eids = partial.get("eids")
         if not isinstance(eids, list) or not all(type(e) is int for e in eids):
             raise ValueError("reduce state without engine ids")
+        outputs = partial.get("outputs")
+        if isinstance(outputs, dict):
+            self.outputs.update((k, v) for k, v in outputs.items() if isinstance(v, dict))
         if partial.get("error"):
             return self.add_error(eids, str(partial["error"]), at)
         value = partial.get("value")
@@ -422,7 +426,10 @@ class Reduction:
                 header = dict(t="shm", dtype=self.sig[1].str, shape=list(self.sig[2]), scalar=self.sig[3], ref=ref)
             else:
                 header, frames = encode(self._final())
-        return dict(op=self.op, eids=self.eids, value=header, error=self.error), frames
+        state = dict(op=self.op, eids=self.eids, value=header, error=self.error)
+        if self.outputs:
+            state["outputs"] = self.outputs
+        return state, frames
 
     def result(self):
         """The final value at the client (``ReduceError`` if incompatible)."""
@@ -455,6 +462,9 @@ def fold_reply(reduction: Reduction, eids, body, codec, hold=None) -> bool:
     if status != "ok":
         reduction.skip(eids[0])
         return False
+    printed = _outputs(body[3], codec)
+    if printed is not None:
+        reduction.outputs[str(eids[0])] = printed
     try:
         value = decode_engine(body[5:])
         if isinstance(value, Held):
@@ -466,6 +476,21 @@ def fold_reply(reduction: Reduction, eids, body, codec, hold=None) -> bool:
     except ValueError as e:
         reduction.add_error(eids, f"reduce: engine {eids[0]} returned {e}")
     return True
+
+
+def _outputs(metadata, codec) -> dict | None:
+    """What an engine printed or displayed, from its reply's metadata (our
+    engines put it there: ``protocol.OUTPUTS_KEY``); None if nothing."""
+    raw = P.as_bytes(metadata)
+    if P.OUTPUTS_MARK not in raw:
+        return None
+    try:
+        out = codec.unpack_json(raw).get(P.OUTPUTS_KEY)
+    except Exception:
+        return None
+    if not isinstance(out, dict) or not (out.get("stdout") or out.get("stderr") or out.get("outputs")):
+        return None
+    return {k: out[k] for k in ("stdout", "stderr", "outputs") if out.get(k)}
 
 
 def fold_bundle(reduction: Reduction, msg: dict, codec, child=None, chained=None, take=None) -> tuple:
