@@ -41,18 +41,17 @@ class UpPath:
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
         if self.records and p.reduction is not None and not p.quiet:  # for the hub: one copy of them all
             p.recorded.append(body)
-        copy = []
         if p.reduction is not None:
             hold = lambda eid, held: self._gang_held(p, eid, reply.uuid, held)  # noqa: E731
             if not fold_reply(p.reduction, eids, body, self.codec, hold):
                 p.raised.append(body)
             if p.gang is not None:
-                return greetings + copy + self._gang_go(p)
+                return greetings + self._gang_go(p)
         elif p.stream:
-            return greetings + copy + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
+            return greetings + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
         else:
             p.parts.append(body)
-        return greetings + copy + self.inflight.finish_if_done(p)
+        return greetings + self.inflight.finish_if_done(p)
 
     def _child_message(self, m: E.ChildMessage) -> list[Send]:
         """From a child node or host relay: a bundle, pong, survey reply or route."""

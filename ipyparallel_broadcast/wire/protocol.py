@@ -181,6 +181,8 @@ class Codec:
         self._seen: set = set()  # signatures of unpacked messages (replays are refused)
         self._seen_order: deque = deque()
         self.json = session.packer in JSON_PACKERS and session.unpacker in JSON_PACKERS  # see splices_json
+        # an engine's reply metadata when it printed nothing holds this, packed as here
+        self.no_outputs = self.pack_json({OUTPUTS_KEY: dict(stdout="", stderr="", outputs=[])})[1:-1]
 
     def sign(self, parts: Sequence[bytes]) -> bytes:
         """The HMAC of ``[header, parent, metadata, content]`` (b"" without a key)."""

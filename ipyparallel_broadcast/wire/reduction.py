@@ -482,7 +482,7 @@ def _outputs(metadata, codec) -> dict | None:
     """What an engine printed or displayed, from its reply's metadata (our
     engines put it there: ``protocol.OUTPUTS_KEY``); None if nothing."""
     raw = P.as_bytes(metadata)
-    if P.OUTPUTS_MARK not in raw:
+    if P.OUTPUTS_MARK not in raw or codec.no_outputs in raw:  # (the usual case: no JSON parsed)
         return None
     try:
         out = codec.unpack_json(raw).get(P.OUTPUTS_KEY)
