@@ -189,3 +189,22 @@ def arrive_and_hold(folder):
 def arrived(folder):
     """The pids that ``arrive_and_hold`` has seen start in ``folder``."""
     return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+
+
+def every_operation(rc, coalescing):
+    """apply, execute, push/pull, scatter/gather, map, reduce and a subset of
+    targets, through a BroadcastView in reply mode ``coalescing``."""
+    view = rc.broadcast_view(coalescing=coalescing)
+    assert view.apply_sync(lambda x: x + 1, 1) == [2] * len(rc.ids)
+    view.execute("import os; here = os.getpid()", block=True)
+    pids = view.pull("here", block=True)
+    assert len(set(pids)) == len(rc.ids)
+    view.push(dict(a=7), block=True)
+    assert view.pull("a", block=True) == [7] * len(rc.ids)
+    view.scatter("part", list(range(3 * len(rc.ids))), block=True)
+    assert view.gather("part", block=True) == list(range(3 * len(rc.ids)))
+    assert view.map_sync(lambda x: x * x, range(20)) == [x * x for x in range(20)]
+    if coalescing is True:
+        assert view.reduce(lambda: 2, op="sum", block=True) == 2 * len(rc.ids)
+    targets = rc.ids[1::2]
+    assert rc.broadcast_view(targets, coalescing=coalescing).apply_sync(lambda: 1) == [1] * len(targets)

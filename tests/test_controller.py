@@ -80,6 +80,35 @@ def test_bad_tree_config_is_refused():
         assert "fanout must be >= 2" in out.stderr
 
 
+def test_the_clusters_depth_wins_over_the_same_setting_in_its_config():
+    """``Cluster(depth=1)`` with ``BroadcastController.depth`` (and ``engines``)
+    in the config: each reached the controller twice, which refused to start."""
+    config = quiet_config()
+    config.BroadcastController.depth = 2
+    config.BroadcastController.engines = 100
+    with running_cluster(2, 1, 2, config=config) as rc:
+        assert (rc.tree_shape.depth, rc.tree_shape.fanout) == (1, 2)
+        assert rc.broadcast_view().apply_sync(lambda: 3) == [3, 3]
+
+
+def test_ipcluster_stops_with_the_error_of_a_controller_that_fails_to_start():
+    """ipyparallel logged the error and waited forever, its cluster file left
+    to block the next start; ipcluster now exits 1 with the controller's output."""
+    with tempfile.TemporaryDirectory() as profile_dir:
+        started = ipcluster(
+            "start",
+            "-n",
+            "2",
+            f"--profile-dir={profile_dir}",
+            "--controller=broadcast",
+            "--BroadcastController.depth=-1",
+        )
+        assert started.returncode == 1, started.stderr
+        assert "depth must be >= 0, not -1" in started.stderr
+        assert "The controller did not start" in started.stderr
+        assert not [f for f in os.listdir(os.path.join(profile_dir, "security")) if f.startswith("cluster-")]
+
+
 def test_our_view_on_a_stock_controller_fails_clearly():
     with tempfile.TemporaryDirectory() as profile_dir:
         cluster = ipp.Cluster(n=1, profile_dir=profile_dir, log_level=40, config=quiet_config())

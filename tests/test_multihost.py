@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import ipyparallel as ipp
 import numpy as np
 import pytest
-from cluster_util import skip_or_fail, terminal_shell, until
+from cluster_util import every_operation, skip_or_fail, terminal_shell, until
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
@@ -99,21 +99,7 @@ def _mapped_sum():
 
 @pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
 def test_every_operation_through_host_relays(bed, coalescing):
-    rc = bed.rc
-    view = rc.broadcast_view(coalescing=coalescing)
-    assert view.apply_sync(lambda x: x + 1, 1) == [2] * len(rc.ids)
-    view.execute("import os; here = os.getpid()", block=True)
-    pids = view.pull("here", block=True)
-    assert len(set(pids)) == len(rc.ids)
-    view.push(dict(a=7), block=True)
-    assert view.pull("a", block=True) == [7] * len(rc.ids)
-    view.scatter("part", list(range(3 * len(rc.ids))), block=True)
-    assert view.gather("part", block=True) == list(range(3 * len(rc.ids)))
-    assert view.map_sync(lambda x: x * x, range(20)) == [x * x for x in range(20)]
-    if coalescing is True:
-        assert view.reduce(lambda: 2, op="sum", block=True) == 2 * len(rc.ids)
-    targets = rc.ids[1::2]
-    assert rc.broadcast_view(targets, coalescing=coalescing).apply_sync(lambda: 1) == [1] * len(targets)
+    every_operation(bed.rc, coalescing)
 
 
 def test_outputs_errors_and_hub_records_through_host_relays(bed):

@@ -36,6 +36,7 @@ from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from ..wire.topology import balanced_id, node_name
 from .iopubrelay import run_iopub_relay
+from .location import Location
 from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
@@ -48,7 +49,7 @@ aliases.update(
 )
 
 
-class BroadcastController(TreeSettings, IPController):
+class BroadcastController(TreeSettings, Location, IPController):
     # name stays "ipcontroller": profiles' ipcontroller_config.py applies as usual
     description = __doc__
     aliases = aliases

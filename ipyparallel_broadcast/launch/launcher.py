@@ -5,9 +5,10 @@
 ipyparallel's launcher entry points. Settings under ``BroadcastController`` and
 ``BroadcastEngine`` in the cluster's config (CLI flags or config files) are
 passed on to the processes' command lines.
-Other launchers (ssh, slurm, mpi, ...) run the same processes when their
-``controller_cmd`` is ``python -m ipyparallel_broadcast.controller`` and their
-``engine_cmd`` is ``python -m ipyparallel_broadcast.engine``.
+``broadcast-slurm`` runs them as Slurm jobs (``batch``). Other launchers (ssh,
+mpi, ...) run the same processes when their ``controller_cmd`` is
+``/path/to/python -m ipyparallel_broadcast.controller`` and their
+``engine_cmd`` is ``/path/to/python -m ipyparallel_broadcast.engine``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import sys
 
 import ipyparallel as ipp
 from ipyparallel.cluster.launcher import (
@@ -25,32 +25,14 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Bool, Enum, Integer, List, Unicode, Union, default
 
-CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
-ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
-FORKED_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine.forked"]
+from .commands import ENGINE_CMD, FORKED_CMD, ControllerCommand, StartFailure, section_args
 
 
-def section_args(config, section: str) -> list:
-    """``--Section.x=y`` for each setting of ``section`` in a traitlets config."""
-    if section not in config:
-        return []
-    return [f"--{section}.{k}={v}" for k, v in config[section].items()]
-
-
-def tree_args(config) -> list:
-    return section_args(config, "BroadcastController")
-
-
-class BroadcastControllerLauncher(LocalControllerLauncher):
+class BroadcastControllerLauncher(ControllerCommand, StartFailure, LocalControllerLauncher):
     """Run ``ipyparallel_broadcast.controller`` as a local process."""
 
-    controller_cmd = List(list(CONTROLLER_CMD), config=True)
-
     def find_args(self):
-        # the cluster's engine count sizes an 'auto' tree (the user's own setting wins)
-        n = getattr(self.parent, "n", None)
-        sized = [f"--BroadcastController.engines={n}"] if n else []
-        return self.controller_cmd + self.cluster_args + sized + tree_args(self.config) + self.controller_args
+        return self.controller_cmd + self.cluster_args + self.merged_controller_args()
 
 
 class BroadcastEngineLauncher(LocalEngineLauncher):

@@ -66,7 +66,8 @@ def pytest_collection_modifyitems(config, items):
         elif key in EMPTY:
             empty.append(item)
         else:
-            item.add_marker("cluster")  # upstream's clusters, real processes
+            if not item.get_closest_marker("multihost"):
+                item.add_marker("cluster")  # upstream's clusters, real processes
             if key in MUST_PASS:
                 item.own_markers[:] = [m for m in item.own_markers if m.name != "xfail"]
             kept.append(item)

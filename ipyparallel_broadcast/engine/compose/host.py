@@ -17,9 +17,8 @@ import socket
 import tempfile
 import threading
 
-import loky
-
 # (engines on this host, local rank) as set by our launcher, Open MPI and MPICH
+# (then Slurm's srun: slurm_hint)
 HINTS = [
     ("IPB_COMPOSE_ENGINES", "IPB_COMPOSE_RANK"),
     ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
@@ -30,6 +29,9 @@ ROOT_ENV = "IPB_COMPOSE_DIR"  # where host directories live (default /dev/shm or
 
 def cpu_count() -> int:
     """Usable cores: CPU count, affinity mask and cgroup quota (loky's rules)."""
+    import loky  # imported when used: importing it registers an atexit handler,
+    # which fails if this runs at interpreter exit (a launcher's stop does)
+
     return loky.cpu_count(only_physical_cores=False)
 
 
@@ -41,7 +43,49 @@ def launcher_hint(env=os.environ):
                 return max(1, int(env[size])), int(env[rank])
             except ValueError:
                 continue
-    return None
+    return slurm_hint(env)
+
+
+def slurm_hint(env=os.environ):
+    """``(tasks on this node, SLURM_LOCALID)`` in an ``srun`` step, or None.
+
+    Slurm writes tasks per node compressed, one count per node in node order:
+    ``SLURM_STEP_TASKS_PER_NODE=4(x2),3``; ``SLURM_NODEID`` picks ours."""
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not per_node or "SLURM_LOCALID" not in env:
+        return None
+    try:
+        counts = []
+        for part in per_node.split(","):
+            count, _, times = part.partition("(x")
+            counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
+        return max(1, counts[int(env.get("SLURM_NODEID", 0))]), int(env["SLURM_LOCALID"])
+    except (ValueError, IndexError):
+        return None
+
+
+def budget_cores(env=os.environ, usable=None) -> int:
+    """The cores the engines of this host share: the usable ones (``cpu_count``),
+    at most those the scheduler gave the job on this node (``SLURM_CPUS_ON_NODE``:
+    tasks there times ``--cpus-per-task``). A node configured with more CPUs than
+    it has still gets its real count."""
+    cores = cpu_count() if usable is None else usable
+    try:
+        given = int(env.get("SLURM_CPUS_ON_NODE", 0))
+    except ValueError:
+        given = 0
+    return min(cores, given) if given > 0 else cores
+
+
+def bound_by_scheduler(env=os.environ, mask=None, total=None) -> bool:
+    """True when Slurm bound this task to cores of its own (``--cpu-bind``,
+    task/affinity): its affinity mask is narrower than the machine. Its budget
+    is then its mask, not a share of the host."""
+    kind = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    if not kind or kind.startswith("none"):
+        return False
+    mask = os.sched_getaffinity(0) if mask is None else mask
+    return len(mask) < (total or os.cpu_count() or 1)
 
 
 def cluster_key(secret: bytes) -> str:

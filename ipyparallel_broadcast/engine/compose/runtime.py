@@ -37,7 +37,8 @@ class Runtime:
         self.floor = 1  # engines the launcher said it started on this host
         self.engines = 1
         self.pools = L.Pools()
-        self.cores = H.cpu_count()
+        self.cores = H.budget_cores()
+        self.bound = H.bound_by_scheduler()  # a mask of its own: not shared with the host's engines
         self.original_affinity = L.affinity()
         self.original_env = {v: os.environ.get(v) for v in L.ENV_VARS + tuple(L.QUIET_WAITS)}
         self._lock = threading.Lock()
@@ -99,7 +100,7 @@ class Runtime:
         """Threads per engine outside regions."""
         if self.mode in ("default", "tbb"):
             return self.cores
-        return max(1, int(self.cores * self.factor) // self.engines)
+        return max(1, int(self.cores * self.factor) // (1 if self.bound else self.engines))
 
     def _count_engines(self, force=False):
         if self.host is None:
@@ -241,6 +242,7 @@ class Runtime:
             "mode": self.mode,
             "cores": self.cores,
             "engines_on_host": self.engines,
+            "launcher_engines": self.floor,  # engines the launcher (or srun, mpiexec) said share the host
             "rank": self.host.rank if self.host else None,
             "factor": self.factor,
             "budget": self.budget,

@@ -1,0 +1,235 @@
+"""A real Slurm across the multi-host bed (issue 46): ``munged`` and
+``slurmctld`` on the controller host, a ``slurmd`` on each of 3 engine hosts,
+and ``ipcluster start`` / ``ipcluster stop`` as users run them there.
+
+Needs root and Debian's ``slurm-wlm`` and ``munge``: without them these tests
+skip and say why; under ``CI=true`` they fail.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import ipyparallel as ipp
+import numpy as np
+import pytest
+from cluster_util import every_operation, skip_or_fail, until
+
+import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.tools.netbed import NetBed
+from ipyparallel_broadcast.tools.slurmbed import SlurmBed
+
+pytestmark = pytest.mark.multihost
+
+PER_NODE, NODES = 4, 3
+N = PER_NODE * NODES
+MODES = [True, False, ipb.Batch(2)]
+MODE_IDS = ["coalescing", "streaming", "batch2"]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    why = SlurmBed.available()
+    if why:
+        skip_or_fail(why, "the Slurm tests")
+    with NetBed(hosts=NODES) as bed, SlurmBed(bed, cpus=PER_NODE + 1) as slurm:  # +1: a controller job
+        for host in bed.hosts:
+            bed.limit(host, "1gbit")
+        yield slurm
+
+
+class IPCluster:
+    """``ipcluster start`` on the bed's controller host, its profile in a temporary directory."""
+
+    def __init__(self, slurm: SlurmBed, config: str, profile_dir: str | None = None):
+        self.slurm, self.bed = slurm, slurm.bed
+        self.profile_dir = profile_dir or tempfile.mkdtemp(prefix="ipb-slurm-profile-")
+        with open(os.path.join(self.profile_dir, "ipcluster_config.py"), "w") as f:
+            f.write(config)
+        self.proc = None
+        self.clients = []
+
+    @property
+    def security(self):
+        return os.path.join(self.profile_dir, "security")
+
+    def _ipcluster(self, verb, *args):
+        argv = [sys.executable, "-m", "ipyparallel.cluster", verb, f"--profile-dir={self.profile_dir}", *args]
+        # ipcluster writes its batch scripts in its working directory: the profile's
+        return self.bed.popen(
+            self.bed.controller,
+            argv,
+            env=self.slurm.env(),
+            cwd=self.profile_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def start(self, n=N):
+        self.proc = self._ipcluster("start", f"--n={n}")
+        return self
+
+    def client(self, n=N):
+        path = os.path.join(self.security, "ipcontroller-client.json")
+        until(lambda: os.path.exists(path) or self.proc.poll() is not None, what="the controller's connection file")
+        assert self.proc.poll() is None, self.proc.stdout.read()
+        rc = ipb.Client(path)
+        self.clients.append(rc)
+        rc.wait_for_engines(n, timeout=120)
+        return rc
+
+    def stop(self) -> str:
+        for rc in self.clients:
+            rc.close()
+        stop = self._ipcluster("stop")
+        out = stop.communicate(timeout=60)[0]
+        assert stop.returncode == 0, out
+        return self.proc.communicate(timeout=60)[0]
+
+
+def leftovers(slurm, shm_before) -> dict:
+    """Jobs, processes other than slurmd on the engine hosts, and new /dev/shm names."""
+    procs = []
+    for host in slurm.bed.hosts:
+        for pid in slurm.bed.pids(host):
+            try:
+                with open(f"/proc/{pid}/cmdline") as f:
+                    cmd = f.read().replace("\0", " ")
+            except OSError:
+                continue
+            if not cmd.startswith("slurmd "):
+                procs.append(f"{host.name}: {cmd}")
+    return {"jobs": slurm.jobs(), "procs": procs, "shm": sorted(set(os.listdir("/dev/shm")) - shm_before)}
+
+
+def assert_nothing_left(slurm, shm_before):
+    found = {}
+
+    def clean():
+        found.update(leftovers(slurm, shm_before))
+        return not any(found.values())
+
+    try:
+        until(clean, timeout=60, what="no job, process or /dev/shm name left")
+    except TimeoutError:
+        raise AssertionError(f"left behind: {found}") from None
+
+
+# ------------------------------------------------- engines by sbatch, controller local
+ENGINES_BY_SLURM = """
+c.Cluster.controller_launcher_class = "broadcast"
+c.Cluster.engine_launcher_class = "broadcast-slurm"
+c.Cluster.controller_ip = "{addr}"
+c.BroadcastSlurmEngineSetLauncher.engines_per_node = {per_node}
+c.BroadcastController.depth = 1
+c.BroadcastEngine.compose = "static"
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_engines(slurm):
+    shm_before = set(os.listdir("/dev/shm"))
+    cluster = IPCluster(slurm, ENGINES_BY_SLURM.format(addr=slurm.bed.controller.addr, per_node=PER_NODE)).start()
+    cluster.rc = cluster.client()
+    cluster.shm_before = shm_before
+    yield cluster
+    if cluster.proc.poll() is None:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
+def test_every_operation_on_engines_started_by_sbatch(slurm_engines, coalescing):
+    every_operation(slurm_engines.rc, coalescing)
+
+
+def test_engines_from_sbatch_sit_behind_their_hosts_relays_with_slurm_budgets(slurm_engines):
+    rc = slurm_engines.rc
+    relays = {n["host"]: sorted(n["eids"]) for n in rc.broadcast_stats() if n.get("host")}
+    assert len(relays) == NODES and all(len(eids) == PER_NODE for eids in relays.values()), relays
+    from ipyparallel_broadcast.engine.compose import status
+
+    @ipp.interactive
+    def where():
+        import os
+
+        from ipyparallel_broadcast.host.link import host_label
+
+        return host_label(), os.environ["SLURM_LOCALID"], os.environ["SLURM_STEP_TASKS_PER_NODE"]
+
+    places = rc.broadcast_view().apply_sync(where)
+    by_host = {}
+    for label, local_id, _ in places:
+        by_host.setdefault(label, set()).add(local_id)
+    assert sorted(by_host.values(), key=sorted) == [{"0", "1", "2", "3"}] * NODES
+    statuses = rc.broadcast_view().apply_sync(status)
+    # srun's local rank and tasks per node set each budget from the first request:
+    # 4 engines on a node of 2 usable cores get 1 thread each (2/1/1/1 before)
+    assert [s["launcher_engines"] for s in statuses] == [PER_NODE] * N
+    assert [s["budget"] for s in statuses] == [max(1, s["cores"] // PER_NODE) for s in statuses]
+
+
+def test_a_big_push_crosses_each_slurm_hosts_link_once(slurm_engines):
+    rc, bed = slurm_engines.rc, slurm_engines.bed
+    data = np.ones(16 * 2**20, dtype=np.uint8)
+    before = [bed.link_bytes(h)[0] for h in bed.hosts]
+    rc.broadcast_view().push(dict(big=data), block=True)
+    received = [bed.link_bytes(h)[0] - b for h, b in zip(bed.hosts, before)]
+    assert all(data.nbytes <= r < 1.1 * data.nbytes for r in received), received
+    assert rc.broadcast_view().apply_sync(ipp.interactive(lambda: int(big.sum()))) == [data.size] * N  # noqa: F821
+
+
+def test_ipcluster_stop_leaves_no_job_process_or_shm_name(slurm_engines):
+    out = slurm_engines.stop()
+    assert "Stopping engine(s)" in out
+    assert not glob.glob(os.path.join(slurm_engines.security, "cluster-*.json"))
+    assert_nothing_left(slurm_engines.slurm, slurm_engines.shm_before)
+
+
+# ---------------------------------------------------- the controller as a Slurm job too
+BOTH_BY_SLURM = """
+c.Cluster.controller_launcher_class = "broadcast-slurm"
+c.Cluster.engine_launcher_class = "broadcast-slurm"
+c.Cluster.controller_ip = "*"
+c.BroadcastSlurmEngineSetLauncher.engines_per_node = {per_node}
+c.BroadcastController.depth = "auto"
+c.BroadcastController.fanout = "auto"
+"""
+# an interpreter without this package, as the docs' old "python3 -m ..." found in a job
+BROKEN = """
+c.BroadcastSlurmControllerLauncher.controller_cmd = ["/usr/bin/python3", "-m", "ipyparallel_broadcast.controller"]
+c.BroadcastSlurmControllerLauncher.connection_info_timeout = 600
+"""
+
+
+def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_works(slurm, tmp_path):
+    """The docs' old ``python3 -m ...`` in a job finds an interpreter without the
+    package. ipcluster says so, with the log's last lines, and exits 1 (it waited
+    60 s, hung, and left a cluster file that blocked the next start); the same
+    profile then starts a cluster whose controller is a Slurm job on a node."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3: an interpreter without this package is needed")
+    shm_before = set(os.listdir("/dev/shm"))
+    config = BOTH_BY_SLURM.format(per_node=PER_NODE)
+    broken = IPCluster(slurm, config + BROKEN)
+    out = broken.start().proc.communicate(timeout=300)[0]  # within the 600 s the files were waited for
+    assert broken.proc.returncode == 1, out
+    assert "No module named 'ipyparallel_broadcast'" in out and "The controller did not start" in out
+    assert not glob.glob(os.path.join(broken.security, "cluster-*.json"))
+    assert slurm.jobs() == []
+
+    cluster = IPCluster(slurm, config, profile_dir=broken.profile_dir).start()
+    try:
+        rc = cluster.client()
+        layout = rc.broadcast_tree()
+        assert (layout.depth, layout.fanout) == (0, 2)  # 'auto' for 12 engines, 2 of 3 hosts behind relays
+        relays = [n for n in rc.broadcast_stats() if n.get("host")]
+        # the controller's node runs engines direct; each other node has its host relay
+        assert sorted(n["engines"] for n in relays) == [PER_NODE] * (NODES - 1)
+        every_operation(rc, False)
+    finally:
+        out = cluster.stop()
+    assert "already running" not in out
+    assert_nothing_left(slurm, shm_before)
