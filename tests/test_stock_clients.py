@@ -129,3 +129,22 @@ def test_an_engine_killed_mid_call(tmp_path):
                 assert stock.broadcast_view(is_coalescing=coalescing).apply_sync(os.getpid) == pids[1:]
         finally:
             stock.close()
+
+
+def test_one_line_takes_a_notebooks_stock_client_to_ours(stock):
+    """``rc = ipb.Client(rc)``: a stock client's ``broadcast_view()`` is IPython
+    Parallel's own (no ``reduce``; ``coalescing=`` is a KeyError); ours from it
+    reaches the same engines, and the stock one still works."""
+    import ipyparallel_broadcast as ipb
+
+    assert not hasattr(stock.broadcast_view(), "reduce")
+    rc = ipb.Client(stock)
+    try:
+        rc.wait_for_engines(3, timeout=60)
+        assert rc.ids == stock.ids
+        view = rc.broadcast_view(coalescing=False)
+        assert view.apply_sync(lambda: 2) == [2, 2, 2]
+        assert rc.broadcast_view().reduce(lambda: 2, op="sum", block=True) == 6
+        assert stock[:].apply_sync(lambda: 1) == [1, 1, 1]
+    finally:
+        rc.close()

@@ -16,10 +16,12 @@ import time
 from concurrent.futures import Future
 from functools import partial
 
+import ipyparallel as ipp
 import zmq
 from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
+from ..compat.ipp import connection_info_of
 from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.naming import BROADCAST_ID_PREFIX, TREE_KEY
@@ -51,6 +53,12 @@ class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
 
     def __init__(self, *args, **kwargs):
+        """``ipyparallel.Client``'s arguments; or a stock ``ipyparallel.Client``
+        as the first: ``rc = ipb.Client(rc)`` connects ours to the same cluster."""
+        if args and isinstance(args[0], ipp.Client) and not isinstance(args[0], Client):
+            stock, args = args[0], args[1:]
+            args = (connection_info_of(stock),) + args
+            kwargs.setdefault("cluster", getattr(stock, "cluster", None))
         # our state first: the parent connects and starts the I/O thread, and
         # a message may reach our handlers before its __init__ returns
         self._calls = Calls()  # broadcasts in flight, and the last few finished

@@ -309,3 +309,17 @@ def uses() -> dict[str, str]:
     for upstream, (_, why) in MADE_WHEN_READ.items():
         found[f"{BASES['ResultSeam']}.{upstream}"] = why
     return found
+
+
+URL_KEYS = ("control", "task", "mux", "iopub", "notification", "registration", "broadcast")
+
+
+def connection_info_of(client) -> dict:
+    """``Client._config``: a connected client's connection info, which
+    ipyparallel keeps only with its ports made into urls; as a connection file
+    has it again (ports), for another client (``ipb.Client(stock_client)``)."""
+    info = dict(client._config)
+    for key in URL_KEYS:
+        if isinstance(info.get(key), str):
+            info[key] = int(info[key].rsplit(":", 1)[1])
+    return info
