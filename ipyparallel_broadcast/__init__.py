@@ -20,6 +20,8 @@ _EXPORTS = {
     "ReduceError": "wire.reduction",
     "BroadcastControllerLauncher": "launch.launcher",
     "BroadcastEngineSetLauncher": "launch.launcher",
+    "BroadcastSlurmControllerLauncher": "launch.batch",
+    "BroadcastSlurmEngineSetLauncher": "launch.batch",
     "Cluster": "launch.launcher",
     "Client": "client.client",
     "NotABroadcastController": "client.client",

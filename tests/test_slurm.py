@@ -119,11 +119,13 @@ def assert_nothing_left(slurm, shm_before):
 
 
 # ------------------------------------------------- engines by sbatch, controller local
+# the deployment guide's engines-per-node batch template, as it is there
+TEMPLATE = os.path.join(os.path.dirname(__file__), "..", "docs", "guide", "slurm_engines.sbatch")
 ENGINES_BY_SLURM = """
 c.Cluster.controller_launcher_class = "broadcast"
 c.Cluster.engine_launcher_class = "broadcast-slurm"
 c.Cluster.controller_ip = "{addr}"
-c.BroadcastSlurmEngineSetLauncher.engines_per_node = {per_node}
+c.BroadcastSlurmEngineSetLauncher.batch_template_file = {template!r}
 c.BroadcastController.depth = 1
 c.BroadcastEngine.compose = "static"
 """
@@ -132,7 +134,8 @@ c.BroadcastEngine.compose = "static"
 @pytest.fixture(scope="module")
 def slurm_engines(slurm):
     shm_before = set(os.listdir("/dev/shm"))
-    cluster = IPCluster(slurm, ENGINES_BY_SLURM.format(addr=slurm.bed.controller.addr, per_node=PER_NODE)).start()
+    config = ENGINES_BY_SLURM.format(addr=slurm.bed.controller.addr, template=os.path.abspath(TEMPLATE))
+    cluster = IPCluster(slurm, config).start()
     cluster.rc = cluster.client()
     cluster.shm_before = shm_before
     yield cluster
