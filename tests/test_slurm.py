@@ -8,9 +8,6 @@ skip and say why; under ``CI=true`` they fail.
 
 import glob
 import os
-import subprocess
-import sys
-import tempfile
 
 import ipyparallel as ipp
 import numpy as np
@@ -19,7 +16,7 @@ from cluster_util import every_operation, skip_or_fail, until
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.tools.netbed import NetBed
-from ipyparallel_broadcast.tools.slurmbed import SlurmBed
+from ipyparallel_broadcast.tools.slurmbed import IPCluster, SlurmBed
 
 pytestmark = pytest.mark.multihost
 
@@ -40,76 +37,17 @@ def slurm():
         yield slurm
 
 
-class IPCluster:
-    """``ipcluster start`` on the bed's controller host, its profile in a temporary directory."""
-
-    def __init__(self, slurm: SlurmBed, config: str, profile_dir: str | None = None):
-        self.slurm, self.bed = slurm, slurm.bed
-        self.profile_dir = profile_dir or tempfile.mkdtemp(prefix="ipb-slurm-profile-")
-        with open(os.path.join(self.profile_dir, "ipcluster_config.py"), "w") as f:
-            f.write(config)
-        self.proc = None
-        self.clients = []
-
-    @property
-    def security(self):
-        return os.path.join(self.profile_dir, "security")
-
-    def _ipcluster(self, verb, *args):
-        argv = [sys.executable, "-m", "ipyparallel.cluster", verb, f"--profile-dir={self.profile_dir}", *args]
-        # ipcluster writes its batch scripts in its working directory: the profile's
-        return self.bed.popen(
-            self.bed.controller,
-            argv,
-            env=self.slurm.env(),
-            cwd=self.profile_dir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def start(self, n=N):
-        self.proc = self._ipcluster("start", f"--n={n}")
-        return self
-
-    def client(self, n=N):
-        path = os.path.join(self.security, "ipcontroller-client.json")
-        until(lambda: os.path.exists(path) or self.proc.poll() is not None, what="the controller's connection file")
-        assert self.proc.poll() is None, self.proc.stdout.read()
-        rc = ipb.Client(path)
-        self.clients.append(rc)
-        rc.wait_for_engines(n, timeout=120)
-        return rc
-
-    def stop(self) -> str:
-        for rc in self.clients:
-            rc.close()
-        stop = self._ipcluster("stop")
-        out = stop.communicate(timeout=60)[0]
-        assert stop.returncode == 0, out
-        return self.proc.communicate(timeout=60)[0]
+def client(cluster, n=N):
+    rc = ipb.Client(cluster.connection_file())
+    rc.wait_for_engines(n, timeout=120)
+    return rc
 
 
-def leftovers(slurm, shm_before) -> dict:
-    """Jobs, processes other than slurmd on the engine hosts, and new /dev/shm names."""
-    procs = []
-    for host in slurm.bed.hosts:
-        for pid in slurm.bed.pids(host):
-            try:
-                with open(f"/proc/{pid}/cmdline") as f:
-                    cmd = f.read().replace("\0", " ")
-            except OSError:
-                continue
-            if not cmd.startswith("slurmd "):
-                procs.append(f"{host.name}: {cmd}")
-    return {"jobs": slurm.jobs(), "procs": procs, "shm": sorted(set(os.listdir("/dev/shm")) - shm_before)}
-
-
-def assert_nothing_left(slurm, shm_before):
+def assert_nothing_left(cluster, shm_before):
     found = {}
 
     def clean():
-        found.update(leftovers(slurm, shm_before))
+        found.update(cluster.leftovers(shm_before))
         return not any(found.values())
 
     try:
@@ -135,10 +73,11 @@ c.BroadcastEngine.compose = "static"
 def slurm_engines(slurm):
     shm_before = set(os.listdir("/dev/shm"))
     config = ENGINES_BY_SLURM.format(addr=slurm.bed.controller.addr, template=os.path.abspath(TEMPLATE))
-    cluster = IPCluster(slurm, config).start()
-    cluster.rc = cluster.client()
+    cluster = IPCluster(slurm, config).start(N)
+    cluster.rc = client(cluster)
     cluster.shm_before = shm_before
     yield cluster
+    cluster.rc.close()
     if cluster.proc.poll() is None:
         cluster.stop()
 
@@ -185,10 +124,11 @@ def test_a_big_push_crosses_each_slurm_hosts_link_once(slurm_engines):
 
 
 def test_ipcluster_stop_leaves_no_job_process_or_shm_name(slurm_engines):
+    slurm_engines.rc.close()
     out = slurm_engines.stop()
     assert "Stopping engine(s)" in out
     assert not glob.glob(os.path.join(slurm_engines.security, "cluster-*.json"))
-    assert_nothing_left(slurm_engines.slurm, slurm_engines.shm_before)
+    assert_nothing_left(slurm_engines, slurm_engines.shm_before)
 
 
 # ---------------------------------------------------- the controller as a Slurm job too
@@ -217,15 +157,15 @@ def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_work
     shm_before = set(os.listdir("/dev/shm"))
     config = BOTH_BY_SLURM.format(per_node=PER_NODE)
     broken = IPCluster(slurm, config + BROKEN)
-    out = broken.start().proc.communicate(timeout=300)[0]  # within the 600 s the files were waited for
+    out = broken.start(N).proc.communicate(timeout=300)[0]  # within the 600 s the files were waited for
     assert broken.proc.returncode == 1, out
     assert "No module named 'ipyparallel_broadcast'" in out and "The controller did not start" in out
     assert not glob.glob(os.path.join(broken.security, "cluster-*.json"))
     assert slurm.jobs() == []
 
-    cluster = IPCluster(slurm, config, profile_dir=broken.profile_dir).start()
+    cluster = IPCluster(slurm, config, profile_dir=broken.profile_dir).start(N)
     try:
-        rc = cluster.client()
+        rc = client(cluster)
         layout = rc.broadcast_tree()
         assert (layout.depth, layout.fanout) == (0, 2)  # 'auto' for 12 engines, 2 of 3 hosts behind relays
         relays = [n for n in rc.broadcast_stats() if n.get("host")]
@@ -233,6 +173,7 @@ def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_work
         assert sorted(n["engines"] for n in relays) == [PER_NODE] * (NODES - 1)
         every_operation(rc, False)
     finally:
+        rc.close()
         out = cluster.stop()
     assert "already running" not in out
-    assert_nothing_left(slurm, shm_before)
+    assert_nothing_left(cluster, shm_before)
