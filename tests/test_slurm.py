@@ -15,8 +15,9 @@ import pytest
 from cluster_util import every_operation, skip_or_fail, until
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.tools.bedcluster import IPCluster
 from ipyparallel_broadcast.tools.netbed import NetBed
-from ipyparallel_broadcast.tools.slurmbed import IPCluster, SlurmBed
+from ipyparallel_broadcast.tools.slurmbed import SlurmBed
 
 pytestmark = pytest.mark.multihost
 

@@ -36,6 +36,7 @@ import textwrap
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
+from ipyparallel_broadcast.tools.mpibed import Hydra, mpiexec  # noqa: E402
 from ipyparallel_broadcast.tools.netbed import NetBed, _rate_bits  # noqa: E402
 
 FINALIZE_GRACE = 30  # seconds an MPI job may take to end after its result
@@ -91,41 +92,20 @@ PROGRAM = textwrap.dedent("""
     MPI.Finalize()
 """)
 
-LAUNCHER = """#!/bin/sh
-# hydra's launcher: <host> <command...> runs in that host's network namespace,
-# in a UTS namespace of its own named for the host (MPICH tells nodes apart by name)
-host="$1"; shift
-case "$host" in
-{cases}
-  *) echo "unknown host $host" >&2; exit 1;;
-esac
-# (the command comes as rsh would pass it: one string for a shell)
-exec ip netns exec "$ns" unshare --uts sh -c \
-  'hostname "$0"; export UCX_TLS=tcp,self UCX_NET_DEVICES=eth0; eval "exec $1"' "$host" "$*"
-"""
-
 
 def run(args, per_host: int) -> dict:
-    mpiexec = shutil.which("mpiexec.hydra") or shutil.which("mpiexec")
     with NetBed(hosts=args.hosts) as bed, tempfile.TemporaryDirectory(prefix="ipb-mpi-") as tmp:
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
         hosts = [bed.controller] + bed.hosts
-        cases = "\n".join(f"  {h.name}) ns={h.netns};;" for h in hosts)
-        launcher = os.path.join(tmp, "launcher.sh")
-        with open(launcher, "w") as f:
-            f.write(LAUNCHER.format(cases=cases))
-        os.chmod(launcher, 0o755)
+        hydra = Hydra(bed, tmp)
         program = os.path.join(tmp, "program.py")
         with open(program, "w") as f:
             f.write(PROGRAM)
-        hostfile = os.path.join(tmp, "hosts")
-        with open(hostfile, "w") as f:
-            f.write(f"{bed.controller.name}:1\n" + "".join(f"{h.name}:{per_host}\n" for h in bed.hosts))
         n = 1 + per_host * len(bed.hosts)
+        placed = hydra.args([(bed.controller, 1)] + [(h, per_host) for h in bed.hosts])
         argv = [
-            mpiexec, "-f", hostfile, "-n", str(n), "-launcher", "rsh", "-launcher-exec", launcher,
-            "-localhost", bed.controller.addr, "-genv", "UCX_TLS", "tcp,self",
+            mpiexec(), *placed, "-n", str(n),
             sys.executable, program, str(args.mib), str(args.gather_mib), str(args.reps),
         ]  # fmt: skip
         cpu0 = _cpu_seconds()

@@ -24,8 +24,9 @@ import ipyparallel as ipp  # noqa: E402
 from report import report  # noqa: E402
 
 import ipyparallel_broadcast as ipb  # noqa: E402
+from ipyparallel_broadcast.tools.bedcluster import IPCluster
 from ipyparallel_broadcast.tools.netbed import NetBed  # noqa: E402
-from ipyparallel_broadcast.tools.slurmbed import IPCluster, SlurmBed  # noqa: E402
+from ipyparallel_broadcast.tools.slurmbed import SlurmBed  # noqa: E402
 
 PER_NODE, NODES = 4, 3
 TEMPLATE = """#!/bin/sh

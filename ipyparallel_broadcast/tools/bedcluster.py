@@ -1,6 +1,7 @@
 """A real cluster spread over a ``NetBed``: the controller on the bed's
 controller host, engines (ours, stock ``ipengine``s or simulated) on the
-engine hosts, and a client in the test's own process.
+engine hosts, and a client in the test's own process (``BedCluster``); or
+``ipcluster start`` on the controller host, as users run it (``IPCluster``).
 
     with NetBed(hosts=3) as bed, BedCluster(bed, depth=1) as cluster:
         for host in bed.hosts:
@@ -22,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 from .netbed import Host, Managed, NetBed
+from .slurmbed import SlurmBed
 
 ENGINE_CMDS = {
     "broadcast": [sys.executable, "-m", "ipyparallel_broadcast.engine"],
@@ -174,3 +176,82 @@ class BedCluster(Managed):
             p.wait()
         self._remove_relay_files()
         self._tmp.cleanup()
+
+
+class IPCluster:
+    """``ipcluster start`` on the bed's controller host, with ``config`` as its
+    profile's ``ipcluster_config.py``; ``slurm``: a ``SlurmBed`` or a ``NetBed``
+    (no Slurm: no ``SLURM_CONF``, no jobs to wait for)."""
+
+    def __init__(self, slurm: SlurmBed | NetBed, config: str, profile_dir: str | None = None):
+        self.slurm = slurm if isinstance(slurm, SlurmBed) else None
+        self.bed = slurm.bed if self.slurm else slurm
+        self.profile_dir = profile_dir or tempfile.mkdtemp(prefix="ipb-slurm-profile-")
+        with open(os.path.join(self.profile_dir, "ipcluster_config.py"), "w") as f:
+            f.write(config)
+        self.proc: subprocess.Popen | None = None
+        self.terminated = False  # stop() had to SIGTERM ipcluster start
+
+    @property
+    def security(self) -> str:
+        return os.path.join(self.profile_dir, "security")
+
+    def _ipcluster(self, verb, *args) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "ipyparallel.cluster", verb, f"--profile-dir={self.profile_dir}", *args]
+        return self.bed.popen(  # in the profile: ipcluster writes its batch scripts where it runs
+            self.bed.controller,
+            argv,
+            env=self.slurm.env() if self.slurm else dict(os.environ),
+            cwd=self.profile_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def start(self, n: int) -> IPCluster:
+        self.proc = self._ipcluster("start", f"--n={n}")
+        return self
+
+    def connection_file(self, timeout: float = 120) -> str:
+        """The client's connection file, once the controller wrote it."""
+        path = os.path.join(self.security, "ipcontroller-client.json")
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ipcluster exited ({self.proc.returncode}):\n{self.proc.stdout.read()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no connection file in {timeout} s")
+            time.sleep(0.05)
+        return path
+
+    def stop(self, terminate_after: float | None = None) -> str:
+        """``ipcluster stop``; the output of ``ipcluster start``, once it exited.
+        ``terminate_after``: seconds to wait before a SIGTERM (stock ipcluster
+        never learns that its Slurm controller job ended); None: wait 60 s, then fail."""
+        stop = self._ipcluster("stop")
+        out = stop.communicate(timeout=60)[0]
+        if stop.returncode:
+            raise RuntimeError(f"ipcluster stop failed:\n{out}")
+        try:
+            return self.proc.communicate(timeout=terminate_after or 60)[0]
+        except subprocess.TimeoutExpired:
+            if terminate_after is None:
+                raise
+            self.terminated = True
+            self.proc.terminate()
+            return self.proc.communicate(timeout=60)[0]
+
+    def leftovers(self, shm_before: set) -> dict:
+        """Jobs, processes other than slurmd on the engine hosts, and /dev/shm names not in ``shm_before``."""
+        procs = []
+        for host in self.bed.hosts:
+            for pid in self.bed.pids(host):
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        cmd = f.read().replace("\0", " ")
+                except OSError:
+                    continue
+                if not cmd.startswith(("slurmd ", "munged ", "slurmctld ")):
+                    procs.append(f"{host.name}: {cmd}")
+        jobs = self.slurm.jobs() if self.slurm else []
+        return {"jobs": jobs, "procs": procs, "shm": sorted(set(os.listdir("/dev/shm")) - shm_before)}

@@ -4,9 +4,7 @@ host, one ``slurmd`` (one Slurm node) in each engine host's namespace.
     with NetBed(hosts=3) as bed, SlurmBed(bed, cpus=4) as slurm:
         subprocess.run(["sbatch", ...], env=slurm.env())
         cluster = IPCluster(slurm, "c.Cluster.engine_launcher_class = 'broadcast-slurm'").start(12)
-        rc = ipb.Client(cluster.connection_file())
-        ...
-        cluster.stop()
+        ...  (bedcluster.IPCluster)
 
 Everything lives under one temporary directory: ``slurm.conf`` (the
 environment's ``SLURM_CONF``), a munge key and socket, spool and state
@@ -20,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -161,7 +158,7 @@ class SlurmBed(Managed):
             f"--seed-file={d}/munged.seed",
             f"--log-file={d}/munged.log",
         ]
-        self._daemon(None, argv, "munged")
+        self._daemon(self.bed.controller, argv, "munged")  # in a namespace: the bed kills it whatever happens
         self.wait(lambda: os.path.exists(self.munge_socket), 10, "munged's socket")
 
     def _daemon(self, host, argv, name) -> subprocess.Popen:
@@ -194,79 +191,3 @@ class SlurmBed(Managed):
             if time.monotonic() > deadline:
                 raise SlurmBedError(f"timed out waiting for {what}; logs in {self.root}")
             time.sleep(0.1)
-
-
-class IPCluster:
-    """``ipcluster start`` on the bed's controller host (Slurm's commands at
-    hand), with ``config`` as its profile's ``ipcluster_config.py``."""
-
-    def __init__(self, slurm: SlurmBed, config: str, profile_dir: str | None = None):
-        self.slurm, self.bed = slurm, slurm.bed
-        self.profile_dir = profile_dir or tempfile.mkdtemp(prefix="ipb-slurm-profile-")
-        with open(os.path.join(self.profile_dir, "ipcluster_config.py"), "w") as f:
-            f.write(config)
-        self.proc: subprocess.Popen | None = None
-        self.terminated = False  # stop() had to SIGTERM ipcluster start
-
-    @property
-    def security(self) -> str:
-        return os.path.join(self.profile_dir, "security")
-
-    def _ipcluster(self, verb, *args) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "ipyparallel.cluster", verb, f"--profile-dir={self.profile_dir}", *args]
-        return self.bed.popen(  # in the profile: ipcluster writes its batch scripts where it runs
-            self.bed.controller,
-            argv,
-            env=self.slurm.env(),
-            cwd=self.profile_dir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def start(self, n: int) -> IPCluster:
-        self.proc = self._ipcluster("start", f"--n={n}")
-        return self
-
-    def connection_file(self, timeout: float = 120) -> str:
-        """The client's connection file, once the controller wrote it."""
-        path = os.path.join(self.security, "ipcontroller-client.json")
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(path):
-            if self.proc.poll() is not None:
-                raise SlurmBedError(f"ipcluster exited ({self.proc.returncode}):\n{self.proc.stdout.read()}")
-            if time.monotonic() > deadline:
-                raise SlurmBedError(f"no connection file in {timeout} s")
-            time.sleep(0.05)
-        return path
-
-    def stop(self, terminate_after: float | None = None) -> str:
-        """``ipcluster stop``; the output of ``ipcluster start``, once it exited.
-        ``terminate_after``: seconds to wait before a SIGTERM (stock ipcluster
-        never learns that its Slurm controller job ended); None: wait 60 s, then fail."""
-        stop = self._ipcluster("stop")
-        out = stop.communicate(timeout=60)[0]
-        if stop.returncode:
-            raise SlurmBedError(f"ipcluster stop failed:\n{out}")
-        try:
-            return self.proc.communicate(timeout=terminate_after or 60)[0]
-        except subprocess.TimeoutExpired:
-            if terminate_after is None:
-                raise
-            self.terminated = True
-            self.proc.terminate()
-            return self.proc.communicate(timeout=60)[0]
-
-    def leftovers(self, shm_before: set) -> dict:
-        """Jobs, processes other than slurmd on the engine hosts, and /dev/shm names not in ``shm_before``."""
-        procs = []
-        for host in self.bed.hosts:
-            for pid in self.bed.pids(host):
-                try:
-                    with open(f"/proc/{pid}/cmdline") as f:
-                        cmd = f.read().replace("\0", " ")
-                except OSError:
-                    continue
-                if not cmd.startswith("slurmd "):
-                    procs.append(f"{host.name}: {cmd}")
-        return {"jobs": self.slurm.jobs(), "procs": procs, "shm": sorted(set(os.listdir("/dev/shm")) - shm_before)}
