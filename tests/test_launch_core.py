@@ -96,3 +96,20 @@ def test_importing_the_compose_host_module_at_exit_registers_nothing():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_an_auto_tree_without_an_engine_count_says_so(caplog):
+    """ipyparallel's launchers (ssh, mpi, ...) do not pass the count ours pass."""
+    from traitlets.config import LoggingConfigurable
+
+    from ipyparallel_broadcast.controller.settings import ASSUMED_ENGINES, TreeSettings
+
+    class Settings(TreeSettings, LoggingConfigurable):
+        pass
+
+    told = Settings(depth="auto", engines=5)
+    assert told.shape.depth >= 0  # decided here
+    assert told.auto_inputs["engines"] == 5 and "without an engine count" not in caplog.text
+    guessed = Settings(depth="auto")
+    assert guessed.shape.depth >= 0
+    assert guessed.auto_inputs["engines"] == ASSUMED_ENGINES and "without an engine count" in caplog.text

@@ -14,6 +14,8 @@ from traitlets.config import Configurable
 
 from ..wire.topology import TreeShape, auto_shape
 
+ASSUMED_ENGINES = 64  # an 'auto' tree's engine count when nobody gave one
+
 
 class TreeSettings(Configurable):
     """The tree's shape, its heartbeats, and the paths big data takes."""
@@ -31,10 +33,11 @@ class TreeSettings(Configurable):
         help="Children per relay node (at least 2), or 'auto' (see topology.auto_shape).",
     )
     engines = Integer(
-        64,
+        None,
+        allow_none=True,
         config=True,
-        help="Engines the tree is sized for when depth or fanout is 'auto' "
-        "(ipcluster and ipyparallel_broadcast.Cluster pass their engine count).",
+        help="Engines the tree is sized for when depth or fanout is 'auto' (our launchers and "
+        f"ipyparallel_broadcast.Cluster pass their engine count; unknown: {ASSUMED_ENGINES}).",
     )
     hosts = Integer(
         1,
@@ -124,10 +127,18 @@ class TreeSettings(Configurable):
             from ..engine.compose.host import cpu_count
 
             fixed = [None if v == "auto" else v for v in (self.depth, self.fanout)]
+            engines = self.engines
+            if engines is None:  # our launchers pass it; ipyparallel's (ssh, mpi, ...) do not
+                engines = ASSUMED_ENGINES
+                self.log.warning(
+                    "Broadcast tree 'auto' without an engine count: sized for %i engines. "
+                    "Pass --BroadcastController.engines=N (the broadcast launchers do).",
+                    engines,
+                )
             # engines on other hosts sit behind one relay a host: the leaves serve hosts
-            served = self.hosts if self.hosts > 1 else self.engines
+            served = self.hosts if self.hosts > 1 else engines
             shape = auto_shape(served, cpu_count(), *fixed)
-            self.auto_inputs = dict(engines=self.engines, cores=cpu_count())
+            self.auto_inputs = dict(engines=engines, cores=cpu_count())
             if self.hosts > 1:
                 self.auto_inputs["hosts"] = self.hosts
             self.log.info(
