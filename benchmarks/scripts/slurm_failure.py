@@ -33,7 +33,7 @@ c.Cluster.controller_ip = "*"
 c.BroadcastSlurmControllerLauncher.controller_cmd = ["/usr/bin/python3", "-m", "ipyparallel_broadcast.controller"]
 c.BroadcastSlurmControllerLauncher.connection_info_timeout = 600
 """
-ERROR_LINE = "No module named 'ipyparallel_broadcast'"
+ERROR_LINE = "No module named"  # that interpreter lacks the package or its dependencies
 
 
 def main(argv=None):
