@@ -45,37 +45,30 @@ STOCK_CONTROLLER = """#!/bin/sh
 {program_and_args}
 """
 
-# (label, ipcluster_config.py): controller local on the controller host or a Slurm job too
-WAYS = {
-    "ours: engines by sbatch": """
-c.Cluster.controller_launcher_class = "broadcast"
-c.Cluster.engine_launcher_class = "broadcast-slurm"
-c.Cluster.controller_ip = "{addr}"
-c.BroadcastSlurmEngineSetLauncher.batch_template = {template!r}
-""",
-    "stock: engines by sbatch": """
-c.Cluster.controller_launcher_class = "local"
-c.Cluster.engine_launcher_class = "slurm"
-c.Cluster.controller_ip = "{addr}"
+STOCK_ENGINES = """
 c.SlurmEngineSetLauncher.engine_cmd = [{python!r}, "-m", "ipyparallel.engine"]
 c.SlurmEngineSetLauncher.batch_template = {template!r}
-""",
-    "ours: controller and engines by sbatch": """
-c.Cluster.controller_launcher_class = "broadcast-slurm"
-c.Cluster.engine_launcher_class = "broadcast-slurm"
-c.Cluster.controller_ip = "*"
-c.BroadcastSlurmEngineSetLauncher.batch_template = {template!r}
-""",
-    "stock: controller and engines by sbatch": """
-c.Cluster.controller_launcher_class = "slurm"
-c.Cluster.engine_launcher_class = "slurm"
-c.Cluster.controller_ip = "*"
+"""
+STOCK_CONTROLLER_JOB = """
 c.Cluster.controller_location = "{first}"
 c.SlurmControllerLauncher.controller_cmd = [{python!r}, "-m", "ipyparallel.controller"]
 c.SlurmControllerLauncher.batch_template = {controller_template!r}
-c.SlurmEngineSetLauncher.engine_cmd = [{python!r}, "-m", "ipyparallel.engine"]
-c.SlurmEngineSetLauncher.batch_template = {template!r}
-""",
+"""
+OUR_ENGINES = "c.BroadcastSlurmEngineSetLauncher.batch_template = {template!r}\n"
+
+
+def config(controller: str, engines: str, ip: str, rest: str) -> str:
+    """An ipcluster_config.py (``str.format`` fields: the bed's values)."""
+    head = f"c.Cluster.controller_launcher_class = {controller!r}\nc.Cluster.engine_launcher_class = {engines!r}\n"
+    return head + f'c.Cluster.controller_ip = "{ip}"\n' + rest
+
+
+# controller local on the controller host, or a Slurm job too
+WAYS = {
+    "ours: engines by sbatch": config("broadcast", "broadcast-slurm", "{addr}", OUR_ENGINES),
+    "stock: engines by sbatch": config("local", "slurm", "{addr}", STOCK_ENGINES),
+    "ours: controller and engines by sbatch": config("broadcast-slurm", "broadcast-slurm", "*", OUR_ENGINES),
+    "stock: controller and engines by sbatch": config("slurm", "slurm", "*", STOCK_CONTROLLER_JOB + STOCK_ENGINES),
 }
 EXPLAINED = """Seconds from launching `ipcluster start -n {n}` on the controller host until a client
 there sees {n} engines registered: the controller's start, `sbatch`, Slurm's scheduling
