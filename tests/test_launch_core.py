@@ -113,3 +113,26 @@ def test_an_auto_tree_without_an_engine_count_says_so(caplog):
     guessed = Settings(depth="auto")
     assert guessed.shape.depth >= 0
     assert guessed.auto_inputs["engines"] == ASSUMED_ENGINES and "without an engine count" in caplog.text
+
+
+def test_only_a_controller_on_every_interface_moves_its_location():
+    """On one address (127.0.0.1 by default) the location stays the hostname,
+    which IPython Parallel's clients compare with their own (its
+    ``test_warning_on_hostname_match``)."""
+    import socket
+
+    from traitlets import HasTraits, Unicode
+
+    from ipyparallel_broadcast.controller.location import Location
+
+    class Upstream(HasTraits):  # IPController's traits, as the controller's bases order them
+        location = Unicode("upstream's hostname")
+        engine_ip = Unicode("127.0.0.1")
+        client_ip = Unicode("127.0.0.1")
+
+    class Controller(Location, Upstream):
+        pass
+
+    assert Controller().location == socket.gethostname()
+    assert Controller(engine_ip="*").location == reachable_location()
+    assert Controller(client_ip="0.0.0.0").location == reachable_location()

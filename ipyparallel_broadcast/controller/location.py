@@ -2,7 +2,8 @@
 
 A controller started with ``--ip='*'`` (as on a compute node, where it
 cannot know which network its engines use) writes ``location`` into its
-connection files, and they connect there. IPython Parallel's default is the
+connection files, and they connect there (a controller on one address is
+connected to at that address). IPython Parallel's default is the
 hostname; on many nodes, and on the test bed, ``/etc/hosts`` maps it to a
 loopback address, which every other host reads as itself. Then the address
 this host's default route leaves by is the location.
@@ -41,9 +42,17 @@ def reachable_location(name: str | None = None) -> str:
     return routed_address() or name
 
 
+WILDCARDS = ("*", "0.0.0.0", "")
+
+
 class Location(HasTraits):
-    """``IPController.location`` that other hosts can reach."""
+    """``IPController.location`` that other hosts can reach, when it matters: a
+    controller on one address (127.0.0.1 by default) keeps IPython Parallel's
+    hostname, which clients compare with their own."""
 
     @default("location")
     def _reachable_location(self):
-        return reachable_location()
+        ips = (getattr(self, "engine_ip", "127.0.0.1"), getattr(self, "client_ip", "127.0.0.1"))
+        if any(ip in WILDCARDS for ip in ips):
+            return reachable_location()
+        return socket.gethostname()
