@@ -32,9 +32,14 @@ def ipython_dir():
     why = SlurmBed.available()
     if why:
         skip_or_fail(why, "IPython Parallel's Slurm tests")
+    here = os.getcwd()
     with NetBed(hosts=3) as bed, SlurmBed(bed, cpus=5) as slurm:
         with mock.patch.dict(os.environ, SLURM_CONF=slurm.conf), temporary_ipython_dir() as ipython_dir:
-            yield ipython_dir
+            os.chdir(ipython_dir)  # upstream's clusters write their batch scripts where they run
+            try:
+                yield ipython_dir
+            finally:
+                os.chdir(here)
 
 
 @pytest.fixture
