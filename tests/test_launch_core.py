@@ -119,20 +119,24 @@ def test_only_a_controller_on_every_interface_moves_its_location():
     """On one address (127.0.0.1 by default) the location stays the hostname,
     which IPython Parallel's clients compare with their own (its
     ``test_warning_on_hostname_match``)."""
-    import socket
-
-    from traitlets import HasTraits, Unicode
+    from traitlets import Unicode
+    from traitlets.config import Config, Configurable
 
     from ipyparallel_broadcast.controller.location import Location
 
-    class Upstream(HasTraits):  # IPController's traits, as the controller's bases order them
-        location = Unicode("upstream's hostname")
+    class Upstream(Configurable):  # IPController's traits, as the controller's bases order them
+        location = Unicode("upstream's hostname", config=True)
         engine_ip = Unicode("127.0.0.1")
         client_ip = Unicode("127.0.0.1")
 
     class Controller(Location, Upstream):
-        pass
+        def located(self):
+            self.locate()
+            return self.location
 
-    assert Controller().location == socket.gethostname()
-    assert Controller(engine_ip="*").location == reachable_location()
-    assert Controller(client_ip="0.0.0.0").location == reachable_location()
+    assert Controller().located() == "upstream's hostname"
+    assert Controller(engine_ip="*").located() == reachable_location()
+    assert Controller(client_ip="0.0.0.0").located() == reachable_location()
+    config = Config()
+    config.Controller.location = "given.example"
+    assert Controller(engine_ip="*", config=config).located() == "given.example"

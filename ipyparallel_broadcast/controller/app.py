@@ -76,6 +76,7 @@ class BroadcastController(TreeSettings, Location, IPController):
     HEARTBEAT_DEFAULTS = dict(period=800, max_heartmonitor_misses=3)
 
     def init_hub(self):
+        self.locate()  # before the connection files are written
         drop_unwritten_levels(self.log)  # the hub logs every monitored message at DEBUG
         heartbeat = self.config.HeartMonitor
         for name, value in self.HEARTBEAT_DEFAULTS.items():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from traitlets import HasTraits, default
+from traitlets import HasTraits
 
 NOWHERE = ("192.0.2.1", 9)  # TEST-NET-1: a UDP connect sends nothing, it only picks a route
 
@@ -46,13 +46,15 @@ WILDCARDS = ("*", "0.0.0.0", "")
 
 
 class Location(HasTraits):
-    """``IPController.location`` that other hosts can reach, when it matters: a
-    controller on one address (127.0.0.1 by default) keeps IPython Parallel's
-    hostname, which clients compare with their own."""
+    """``IPController.location`` that other hosts can reach, when it matters.
+    ``locate()`` (at the hub's start) moves it only for a controller on every
+    interface whose location nobody set; on one address (127.0.0.1 by default)
+    it stays IPython Parallel's hostname, which clients compare with their own.
+    (Not a dynamic default: as one, it made the chaos soak's engines fail to
+    come back after faults, for reasons not found.)"""
 
-    @default("location")
-    def _reachable_location(self):
-        ips = (getattr(self, "engine_ip", "127.0.0.1"), getattr(self, "client_ip", "127.0.0.1"))
-        if any(ip in WILDCARDS for ip in ips):
-            return reachable_location()
-        return socket.gethostname()
+    def locate(self):
+        names = {"IPController"} | {cls.__name__ for cls in type(self).__mro__}  # where config may set it
+        given = any("location" in self.config.get(name, {}) for name in names)
+        if not given and any(ip in WILDCARDS for ip in (self.engine_ip, self.client_ip)):
+            self.location = reachable_location()
