@@ -140,3 +140,25 @@ def test_only_a_controller_on_every_interface_moves_its_location():
     config = Config()
     config.Controller.location = "given.example"
     assert Controller(engine_ip="*", config=config).located() == "given.example"
+
+
+def test_a_job_is_taken_for_ended_only_when_slurm_says_so(tmp_path):
+    """A squeue that cannot reach slurmctld, or hangs, must not end the cluster."""
+    from ipyparallel_broadcast.launch import batch
+
+    def squeue(body):
+        path = tmp_path / "squeue"
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+        return str(path)
+
+    assert batch.job_state("7", squeue("echo RUNNING")) == "RUNNING"
+    assert batch.job_state("7", squeue("true")) == "GONE"  # no longer listed
+    assert batch.job_state("7", squeue("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1")) == "GONE"
+    down = squeue("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1")
+    assert batch.job_state("7", down) == "UNKNOWN" and "UNKNOWN" in batch.LIVE_STATES
+    old, batch.SQUEUE_TIMEOUT = batch.SQUEUE_TIMEOUT, 0.2
+    try:
+        assert batch.job_state("7", squeue("exec sleep 5")) == "UNKNOWN"
+    finally:
+        batch.SQUEUE_TIMEOUT = old

@@ -30,15 +30,26 @@ from traitlets import Integer, List, default
 from .commands import ENGINE_CMD, ControllerCommand, StartFailure, section_args
 
 # squeue's states of a job that may still run (anything else: it ended)
-LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED", "REQUEUE_HOLD"}
+LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED", "REQUEUE_HOLD", "UNKNOWN"}
 POLL_EVERY = 1.0  # seconds between squeue calls while waiting for the controller
+SQUEUE_TIMEOUT = 5.0  # seconds squeue may take before its answer counts as unknown
 
 
 def job_state(job_id: str, squeue: str = "squeue") -> str:
-    """Slurm's state of ``job_id`` ("GONE" once squeue no longer knows it)."""
-    done = subprocess.run([squeue, "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    """Slurm's state of ``job_id`` ("GONE" once squeue no longer knows it;
+    "UNKNOWN", taken as alive, when squeue fails otherwise or does not answer
+    in time: a busy or restarting slurmctld must neither stall ipcluster's loop
+    nor end the cluster)."""
+    try:
+        done = subprocess.run(
+            [squeue, "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=SQUEUE_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return "UNKNOWN"
     state = done.stdout.strip()
-    return state if done.returncode == 0 and state else "GONE"
+    if done.returncode == 0:
+        return state or "GONE"  # purged from squeue's list: ended
+    return "GONE" if "Invalid job id" in done.stderr else "UNKNOWN"
 
 
 class BroadcastSlurmControllerLauncher(ControllerCommand, StartFailure, SlurmControllerLauncher):
