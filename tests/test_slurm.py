@@ -12,7 +12,7 @@ import os
 import ipyparallel as ipp
 import numpy as np
 import pytest
-from cluster_util import every_operation, skip_or_fail, until
+from cluster_util import every_operation, skip_or_fail
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.tools.bedcluster import IPCluster
@@ -42,19 +42,6 @@ def client(cluster, n=N):
     rc = ipb.Client(cluster.connection_file())
     rc.wait_for_engines(n, timeout=120)
     return rc
-
-
-def assert_nothing_left(cluster, shm_before):
-    found = {}
-
-    def clean():
-        found.update(cluster.leftovers(shm_before))
-        return not any(found.values())
-
-    try:
-        until(clean, timeout=60, what="no job, process or /dev/shm name left")
-    except TimeoutError:
-        raise AssertionError(f"left behind: {found}") from None
 
 
 # ------------------------------------------------- engines by sbatch, controller local
@@ -129,7 +116,7 @@ def test_ipcluster_stop_leaves_no_job_process_or_shm_name(slurm_engines):
     out = slurm_engines.stop()
     assert "Stopping engine(s)" in out
     assert not glob.glob(os.path.join(slurm_engines.security, "cluster-*.json"))
-    assert_nothing_left(slurm_engines, slurm_engines.shm_before)
+    assert slurm_engines.left_behind(slurm_engines.shm_before) == {}
 
 
 # ---------------------------------------------------- the controller as a Slurm job too
@@ -177,4 +164,4 @@ def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_work
         rc.close()
         out = cluster.stop()
     assert "already running" not in out
-    assert_nothing_left(cluster, shm_before)
+    assert cluster.left_behind(shm_before) == {}

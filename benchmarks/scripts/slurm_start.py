@@ -96,11 +96,9 @@ def measure(slurm, config: str, n: int, hung: list) -> float:
     finally:
         cluster.stop(terminate_after=20)
         hung.append(cluster.terminated)
-    deadline = time.monotonic() + 60
-    while any(cluster.leftovers(shm_before).values()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"left behind: {cluster.leftovers(shm_before)}")
-        time.sleep(0.2)
+    left = cluster.left_behind(shm_before)
+    if left:
+        raise RuntimeError(f"left behind: {left}")
     return took
 
 

@@ -255,3 +255,13 @@ class IPCluster:
                     procs.append(f"{host.name}: {cmd}")
         jobs = self.slurm.jobs() if self.slurm else []
         return {"jobs": jobs, "procs": procs, "shm": sorted(set(os.listdir("/dev/shm")) - shm_before)}
+
+    def left_behind(self, shm_before: set, timeout: float = 60) -> dict:
+        """Once stopped: ``{}`` as soon as nothing is left (host relays linger a few
+        seconds), else what still was after ``timeout`` (see ``leftovers``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = {k: v for k, v in self.leftovers(shm_before).items() if v}
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
