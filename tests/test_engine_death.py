@@ -179,3 +179,21 @@ def test_an_engine_killed_holding_a_big_value_for_its_host_is_named_and_the_othe
     assert "before its value was combined" in str(info.value.elist[0][1])
     np.testing.assert_array_equal(info.value.partial, np.full(1 << 18, 1.0 + 3.0 + 4.0))
     assert [n["pending"] for n in settled_stats(rc)] == [0] * (1 + 2) and held() == 0
+
+
+def test_an_engine_the_hub_dropped_while_it_was_paused_exits_when_it_resumes(rc):
+    """Paused past its heartbeats, an engine is dropped by the hub; resumed,
+    its heart beats again and the hub tells it so (``controller.registry``):
+    it exits, as a lost engine should, rather than live on unregistered."""
+    from cluster_util import process_gone, until
+
+    targets = fresh_targets(rc)
+    victim = targets[0]
+    pid = rc[victim].apply_sync(os.getpid)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        until(lambda: victim not in rc.ids, timeout=30, what="the hub to drop the paused engine")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    until(lambda: process_gone(pid), timeout=30, what="the dropped engine to exit")
+    assert len(rc.broadcast_view(targets[1:]).apply_sync(os.getpid)) == N - 1

@@ -40,6 +40,7 @@ from .location import Location
 from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
+from .registry import Registry
 from .restarts import RestartBudget
 from .settings import TreeSettings
 
@@ -85,13 +86,7 @@ class BroadcastController(TreeSettings, Location, IPController):
         super().init_hub()
         hub = self.hub
         hub.new_engine_id = self.new_engine_id
-        unregister = hub.unregister_engine
-
-        def unregister_engine(ident, msg):  # ipyparallel never drops ids from hub.ids,
-            unregister(ident, msg)  # so queue_status() listed dead engines
-            hub.ids.intersection_update(hub.engines)
-
-        hub.unregister_engine = hub.query_handlers["unregistration_request"] = unregister_engine
+        self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
         if self.hub_records:
             self.broadcast_records = BroadcastRecords(self.hub)
         inner = [path for path in self.shape.nodes() if not self.shape.is_leaf(path)]

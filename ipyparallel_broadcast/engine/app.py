@@ -19,6 +19,7 @@ import zmq
 from ipyparallel.engine import app as ipp_engine_app
 from ipyparallel.engine.app import aliases as engine_aliases
 from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
+from zmq.eventloop.zmqstream import ZMQStream
 
 from ..compat.ipp import EngineSeam
 from ..host.link import HOST_KEY, HostLink, host_label
@@ -136,8 +137,16 @@ class BroadcastEngine(EngineSeam):
         await super().complete_registration(msg, connect, maybe_tunnel)
         if self.kernel is not None:
             compose.runtime().attach(self.kernel)
+            self._registrar_stream = ZMQStream(self.registrar, self.loop)
+            self._registrar_stream.on_recv(self._from_hub, copy=False)
         gc.collect()
         gc.freeze()  # start-up's objects (IPython, modules): a full collection took 13-20 ms, a stalled reply
+
+    def _from_hub(self, frames):
+        """The hub, after registration, speaks only to drop this engine
+        (see ``controller.registry``): anything else is logged and ignored."""
+        if not self.kernel.on_drop_notice(frames):
+            self.log.warning("unexpected message on the registration socket: ignored")
 
     async def _join_host_relay(self, msg, connect):
         """Join this host's relay (started if need be); return a ``connect``

@@ -172,7 +172,7 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         msg = self._shared(msg)
         if msg is None:
             return
-        if P.may_be_dropped(msg) and self._dropped(msg):
+        if P.may_be_dropped(msg) and self.on_drop_notice(msg):
             return
         if self._lean(msg, received) is False:
             return await super().dispatch_shell(msg, *args, **kwargs)
@@ -314,10 +314,10 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
             content = error.wrap_exception(self.get_engine_info(method="apply"))
         self.session.send(self.shell_stream, reply_type, content, parent=parent, ident=idents)
 
-    def _dropped(self, msg) -> bool:
+    def on_drop_notice(self, msg) -> bool:
         """The hub dropped this engine (its host was cut off) and will not take
-        it back, as its host relay tells it: exit cleanly, as a lost engine should.
-        False if the message is something else (it is then handled as usual)."""
+        it back, as its host relay or the hub tells it: exit cleanly, as a lost
+        engine should. False if the message is something else."""
         try:
             _, body = self.session.feed_identities(msg, copy=False)
             if self.session.unpack(P.as_bytes(body[1])).get("msg_type") != P.DROPPED:

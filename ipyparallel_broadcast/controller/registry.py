@@ -1,0 +1,56 @@
+"""What our hub does differently about registration, and why.
+
+- **Ids go with their engines.** ipyparallel never drops an id from
+  ``hub.ids``, so ``queue_status()`` listed dead engines.
+- **A dropped engine that lives is told so.** The hub unregisters an engine
+  whose heart missed its beats (a host cut off, a process paused). Its host
+  relay tells it (``ipb_dropped``) once the leaf's news arrives, but news
+  sent while the host was cut off can be lost with the link, or with a relay
+  restarted meanwhile, and the engine then lives on unregistered: it never
+  exits, so nothing replaces it. Its heart beats again, and ipyparallel's
+  hub ignores that "new heart". Ours answers it with ``ipb_dropped`` on the
+  registration socket, which every engine keeps (``BroadcastEngine`` reads
+  it). The engine exits, and its launcher or supervisor replaces it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..wire import protocol as P
+
+REMEMBERED = 4096  # hearts of dropped engines kept, newest first out last
+
+
+class Registry:
+    """Wraps ``hub``'s unregistration and new-heart handlers."""
+
+    def __init__(self, hub, remembered: int = REMEMBERED):
+        self.hub, self.remembered = hub, remembered
+        self.dropped: OrderedDict[bytes, int] = OrderedDict()  # heart -> the engine id it had
+        self.told = 0  # drop notices sent
+        self._unregister, self._new_heart = hub.unregister_engine, hub.handle_new_heart
+        hub.unregister_engine = hub.query_handlers["unregistration_request"] = self.unregister_engine
+        hub.handle_new_heart = self.handle_new_heart
+
+    def unregister_engine(self, ident, msg):
+        hub = self.hub
+        try:
+            ec = hub.engines.get(msg["content"]["id"])
+        except (KeyError, TypeError):
+            ec = None  # ipyparallel's handler logs the bad request
+        self._unregister(ident, msg)
+        hub.ids.intersection_update(hub.engines)
+        if ec is not None and ec.id not in hub.engines:
+            self.dropped[ec.ident] = ec.id
+            while len(self.dropped) > self.remembered:
+                self.dropped.popitem(last=False)
+
+    def handle_new_heart(self, heart: bytes):
+        eid = self.dropped.pop(heart, None)
+        if eid is None:
+            return self._new_heart(heart)
+        # the heart is the engine's identity on every socket, its registration socket too
+        self.hub.log.warning("engine %s was dropped but its heart beats again: telling it to exit", eid)
+        self.hub.session.send(self.hub.query, P.DROPPED, {}, ident=heart)
+        self.told += 1
