@@ -176,12 +176,11 @@ class HostLink:
         from .shm import identity
 
         me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None)
-        with open(os.path.join(self.place.joins, uuid), "w") as f:
-            json.dump(me, f)
         ctx = zmq.Context.instance()
         codec = P.Codec(session)
         deadline = time.monotonic() + timeout
         while True:
+            self._write_join_file(me)  # each try: where every relay started later finds this engine
             self.ensure_relay()
             sock = ctx.socket(zmq.DEALER)
             sock.LINGER = 0
@@ -205,6 +204,13 @@ class HostLink:
         if not self.watching:
             self.watching = True
             threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()
+
+    def _write_join_file(self, me: dict):
+        os.makedirs(self.place.joins, mode=0o700, exist_ok=True)
+        path = os.path.join(self.place.joins, me["uuid"])
+        with open(path + ".new", "w") as f:
+            json.dump(me, f)
+        os.replace(path + ".new", path)  # a relay reading it sees all of it or nothing
 
     def _watch(self):
         while not self.stopped.is_set():  # blocks while a relay holds the lock

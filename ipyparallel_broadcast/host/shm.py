@@ -343,14 +343,20 @@ def drop_prefix(prefix: str, root: str | None = None) -> list[str]:
 
 
 def pid_alive(pid) -> bool:
-    """Whether process ``pid`` exists (another user's counts; None or junk does not)."""
+    """Whether process ``pid`` runs (another user's counts; None, junk or a
+    zombie, which has exited but is not yet reaped, does not)."""
     try:
-        os.kill(int(pid), 0)
+        pid = int(pid)
+        os.kill(pid, 0)
     except PermissionError:
-        return True
+        pass
     except (OSError, TypeError, ValueError):
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:
+        return True  # no /proc here (macOS): it exists
 
 
 # -------------------------------------------------------------- engine's side

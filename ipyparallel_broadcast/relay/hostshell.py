@@ -122,6 +122,8 @@ class HostRelayShell(NodeShell):
         """The join files of engines that are still alive."""
         engines = []
         for name in os.listdir(self.place.joins) if os.path.isdir(self.place.joins) else ():
+            if name.endswith(".new"):
+                continue  # being written
             try:
                 with open(os.path.join(self.place.joins, name)) as f:
                     engine = json.load(f)
@@ -188,8 +190,13 @@ class HostRelayShell(NodeShell):
 
     def clean_up(self):
         """The last one out: the host's files for this cluster go too (a relay
-        started later makes them again; two cannot run: the socket is taken)."""
+        started later makes them again; two cannot run: the socket is taken).
+        An engine that joined while this relay was leaving keeps its join file
+        (the relay it starts next, and any restarted after, find it there) and
+        the lock its engines wait on."""
         place = self.place
+        if self.joined_engines():
+            return
         for name in os.listdir(place.joins) if os.path.isdir(place.joins) else ():
             try:
                 os.unlink(os.path.join(place.joins, name))

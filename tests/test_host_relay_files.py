@@ -1,0 +1,89 @@
+"""A host relay's files (``host.link``, ``relay.hostshell``), with a real relay
+process: the last one out removes the host's files, but not those of an
+engine that joined while it was leaving (the soak lost such an engine: the
+next relay, restarted, did not know it). No engine, controller or leaf is
+needed: a relay with no engine exits after its grace period."""
+
+import fcntl
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+from cluster_util import until
+from jupyter_client.session import Session
+
+from ipyparallel_broadcast.host.link import HostLink
+from ipyparallel_broadcast.host.shm import pid_alive
+from ipyparallel_broadcast.wire.naming import TREE_KEY
+
+pytestmark = pytest.mark.cluster  # real relay processes, no controller
+
+
+@pytest.fixture
+def link():
+    info = {"interface": "tcp://127.0.0.1", "broadcast": [9], TREE_KEY: {"depth": 0, "fanout": 2}}
+    session = Session(key=secrets.token_hex(16).encode())
+    link = HostLink.from_connection(info, session, f"test-{secrets.token_hex(4)}", log_level=20)
+    link.attach(0)
+    yield link
+    for path in (link.place.lock_path, link.place.leaf_path, link.place.log_path):
+        if os.path.exists(path):
+            os.unlink(path)
+    for name in os.listdir(link.place.joins) if os.path.isdir(link.place.joins) else ():
+        os.unlink(os.path.join(link.place.joins, name))
+    if os.path.isdir(link.place.joins):
+        os.rmdir(link.place.joins)
+
+
+def relay_up_then_gone(link, meanwhile=lambda: None):
+    """Start the relay; once it is up, ``meanwhile()``; return once it exited."""
+    lock = os.open(link.place.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert link.ensure_relay()
+
+        def log_says_up():
+            return os.path.exists(link.place.log_path) and b" up " in open(link.place.log_path, "rb").read()
+
+        until(log_says_up, timeout=30, what="the relay to start")
+        meanwhile()
+
+        def unlocked():
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        until(unlocked, timeout=60, what="the relay with no engine to exit")
+    finally:
+        os.close(lock)
+
+
+def test_the_last_relay_out_removes_the_hosts_files(link):
+    relay_up_then_gone(link)
+    place = link.place
+    assert not [p for p in (place.lock_path, place.leaf_path, place.log_path, place.joins) if os.path.exists(p)]
+
+
+def test_an_engine_that_joined_as_the_relay_left_keeps_its_join_file_and_lock(link):
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    me = dict(eid=7, uuid="a-live-engine", pid=engine.pid, shm=None)
+    try:
+        relay_up_then_gone(link, meanwhile=lambda: link._write_join_file(me))
+        place = link.place
+        with open(os.path.join(place.joins, me["uuid"])) as f:
+            assert json.load(f) == me  # the next relay, and any restarted after it, find the engine
+        assert os.path.exists(place.lock_path)  # the engines' watchers wait on this one
+    finally:
+        engine.kill()
+        engine.wait()
+
+
+def test_a_zombie_is_not_alive():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    until(lambda: not pid_alive(child.pid), timeout=30, what="the exited child to count as gone")
+    assert child.poll() is not None  # reaped only now: it was a zombie while not alive
+    assert pid_alive(os.getpid()) and not pid_alive(None) and not pid_alive("junk")
