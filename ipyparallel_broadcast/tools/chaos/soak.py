@@ -62,6 +62,7 @@ class SoakBed(Managed):
         self.engines: dict[str, list] = {}  # host name -> engine Popens
         self.sims = None
         self.killed: set = set()  # ids of simulated engines whose host was killed
+        self.simulated: set = set()  # ids of every simulated engine, killed or not
         self.lock = threading.Lock()
         self._env = {}
 
@@ -166,13 +167,21 @@ class SoakBed(Managed):
             if len(ids) == self.expected and not ids & self.killed and set(self.sims.ids) <= ids:
                 return
             time.sleep(1)
+        ids = set(self.rc.ids)
+        with self.lock:
+            alive = {h: len([p for p in ps if p.poll() is None]) for h, ps in self.engines.items()}
         raise TimeoutError(
-            f"the bed did not settle in {timeout:g} s: {len(self.rc.ids)} engines registered of {self.expected}"
+            f"the bed did not settle in {timeout:g} s: {len(ids)} engines registered of {self.expected}; "
+            f"real engines registered {sorted(ids - set(self.sims.ids))}, running per host {alive}; "
+            f"simulated engines not registered {sorted(set(self.sims.ids) - ids)}"
         )
 
     def _write_sims(self):
+        """The ids of every simulated engine there has been: a call sent to
+        one before its host was killed is checked as a simulated engine's."""
+        self.simulated.update(self.sims.ids)
         with open(self.sim_file + ".new", "w") as f:
-            json.dump(self.sims.ids, f)
+            json.dump(sorted(self.simulated), f)
         os.replace(self.sim_file + ".new", self.sim_file)
 
     def top_up(self):
