@@ -204,19 +204,31 @@ class Evil:
         return (print, ("code ran in a relay node",))
 
 
-def test_no_code_runs_in_the_tree(capsys):
-    """A value that would run code when unpickled is refused, naming the engine."""
+class Stranger:  # pickled by class and state (NEWOBJ, BUILD), as CannedArray is
+    pass
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (Evil(), "pickle opcode REDUCE is not allowed"),  # refused before loading
+        (Stranger(), "refused to load .*Stranger"),  # refused by the unpickler
+    ],
+)
+def test_no_code_runs_in_the_tree(capsys, value, why):
+    """A value that would run code, or make an object of a class but ours,
+    when unpickled is refused, naming the engine."""
 
     def answer(eid, request):
         if eid == 1:
-            return {"status": "ok"}, [pickle.dumps(("py", Evil()))]
+            return {"status": "ok"}, [pickle.dumps(("py", value))]
         return {"status": "ok"}, serialize_object(engine_value(lambda: 2))
 
     sim = TreeSim(1, 2, [0, 1, 2])
     sim.answer_with = answer
     sim.request([0, 1, 2], reduce="sum")
     r, _, _ = reduce_outcome(sim)
-    with pytest.raises(ReduceError, match="engine 1 .*refused to load builtins.print"):
+    with pytest.raises(ReduceError, match=f"engine 1 .*{why}"):
         r.result()
     assert "code ran" not in capsys.readouterr().out
     assert sim.pending_total() == 0

@@ -2,8 +2,8 @@
 
 Engines run ``engine_value(f, *args, **kwargs)``: it calls ``f`` and returns the
 result as plain values plus, for arrays, one ``CannedArray`` of raw bytes. A
-relay node reads that with an unpickler that refuses every other class, so no
-user code runs in the tree. Nodes combine values with ``OPS`` only and pass
+relay node reads that with ``unpickle``, which refuses every other class and
+opcode, so no user code runs in the tree. Nodes combine values with ``OPS`` only and pass
 them up as a JSON header plus one raw frame (``encode`` / ``decode``).
 
 Every engine must give the same kind of value: Python numbers (combined with
@@ -12,15 +12,14 @@ Python's arithmetic), or NumPy arrays / scalars of one shape and dtype.
 
 from __future__ import annotations
 
-import io
 import operator
 import os
-import pickle
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import bundles as B
 from . import protocol as P
+from . import unpickle
 
 OPS = {  # op -> (NumPy ufunc's name, Python function); NumPy loads on the first array
     "sum": ("add", operator.add),
@@ -134,20 +133,6 @@ def buffer_of(value, buffers) -> int | None:
     return None
 
 
-def _canned_array_class():
-    from ipyparallel.serialize.canning import CannedArray  # where the values are: not in relays
-
-    return CannedArray
-
-
-class _OnlyCannedArrays(pickle.Unpickler):
-    def find_class(self, module, name):
-        canned = _canned_array_class()
-        if (module, name) == (canned.__module__, "CannedArray"):
-            return canned
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}")
-
-
 def _buffer(frame):
     return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
@@ -167,7 +152,7 @@ def decode_engine(buffers: Sequence) -> Any:
     or the ``Held`` that stands for a value the engine keeps."""
     bufs = list(buffers)
     try:
-        canned = _OnlyCannedArrays(io.BytesIO(bytes(_buffer(bufs.pop(0))))).load()
+        canned = unpickle.load(bytes(_buffer(bufs.pop(0))))
         if canned[0] == "py" and len(canned) == 2 and type(canned[1]) in _PY:
             return canned[1]
         kind, dtype, shape, scalar, data = canned
@@ -177,7 +162,7 @@ def decode_engine(buffers: Sequence) -> Any:
             raise ValueError(f"unknown kind {kind!r}")
         if data is None:
             return _array(dtype, shape, scalar, b"")
-        if not (isinstance(data, _canned_array_class()) and not data.pickled and data.dtype == "|u1"):
+        if not (isinstance(data, unpickle.canned_array_class()) and not data.pickled and data.dtype == "|u1"):
             raise ValueError("the data is not one raw byte buffer")
         if data.buffers[0] is None:  # extracted when canned: the next frame (as ipyparallel restores it)
             data.buffers[0] = bufs.pop(0)
