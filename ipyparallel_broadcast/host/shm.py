@@ -514,7 +514,10 @@ def expand(frames: list, at: int, sign) -> list:
     frames. Raises ``ShmError``."""
     ref = Reference.parse(P.as_bytes(frames[at]), sign)
     rest = frames[:at] + frames[at + 1 :]
-    first = 1 + 5 + next(k for k, f in enumerate(rest) if len(f) == len(P._DELIM) and P.as_bytes(f) == P._DELIM)
+    delim = next((k for k, f in enumerate(rest) if len(f) == len(P._DELIM) and P.as_bytes(f) == P._DELIM), None)
+    if delim is None:
+        raise ShmError(errno.EINVAL, "a shared-memory reference in a message without a delimiter")
+    first = 1 + 5 + delim
     if any(first + index >= len(rest) for index, _, _ in ref.bufs):
         raise ShmError(errno.EINVAL, "a shared-memory reference names a buffer the request lacks")
     for index, view in map_reference(ref):

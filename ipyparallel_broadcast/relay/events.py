@@ -114,8 +114,12 @@ def from_below(codec: P.Codec, frames, is_leaf: bool) -> EngineReply | ChildMess
         idents, body = P.split_idents(frames)
         if len(idents) != 2:
             raise P.ProtocolError(f"engine reply with {len(idents)} idents")
-        codec.check_signature(body)
-        return EngineReply(idents[0], P.as_bytes(idents[0]).decode(), P.as_bytes(idents[1]).decode(), body)
+        codec.check_signature(body)  # (over the body: the idents are the sockets' word)
+        try:
+            uuid, key = P.as_bytes(idents[0]).decode(), P.as_bytes(idents[1]).decode()
+        except UnicodeDecodeError as e:
+            raise P.ProtocolError(f"engine reply with idents that are not text: {e}") from e
+        return EngineReply(idents[0], uuid, key, body)
     idents, body = P.split_idents(frames)
     if len(idents) != 1:
         raise P.ProtocolError(f"message from below with {len(idents)} idents")

@@ -251,6 +251,8 @@ class Codec:
             )
         except Exception as e:
             raise ProtocolError(f"bad message: {e}") from e
+        if not (type(msg["parent_header"]) is dict and type(msg["metadata"]) is dict):
+            raise ProtocolError("bad message: a parent header or metadata that is not a dict")
         msg["buffers"] = list(body[5:])
         msg["raw_header"] = parts[1]  # a reply's parent header, as it came
         return msg
