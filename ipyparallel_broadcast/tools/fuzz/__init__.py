@@ -1,0 +1,3 @@
+"""Fuzzing every boundary where a process reads another's bytes: the targets
+(``targets``) and their coverage-guided runner (``python -m
+ipyparallel_broadcast.tools.fuzz TARGET [libFuzzer options]``, atheris)."""

@@ -1,0 +1,221 @@
+"""Fuzz targets: every boundary where bytes from another process are read.
+
+Each target takes one input (bytes), makes frames of it, feeds them to the
+parser or node as a socket would, and raises ``Finding`` (or lets escape
+whatever was not expected) if the code under test does anything but accept
+or refuse cleanly. Signed surfaces are fuzzed past their signature: a
+target signs what it made with the cluster's key, so the fuzzer reaches the
+JSON and the checks behind the HMAC, as a holder of the key (a buggy engine)
+would. The suite runs each on a fixed number of inputs and its corpus
+(``tests/test_fuzz_targets.py``); ``benchmarks/scripts/fuzz.py`` runs them
+coverage-guided (atheris) for longer.
+
+- ``frames``: the parsers of what a node reads (``relay.events``).
+- ``bundle``: a client reading a bundle (``wire.bundles.iter_bundle``).
+- ``chunk``: the bulk plane's chunk headers (``relay.bulk``).
+- ``shm_reference``: an engine mapping a request's shared-memory reference.
+- ``reduce_value``: the reduce unpickler (``wire.unpickle``): nothing but
+  ``CannedArray`` is loaded, none of its code runs, no memory is asked for
+  beyond what the input holds.
+- ``relay_events``: a relay node (root, interior, leaf or host relay) fed a
+  sequence of arbitrary messages on each of its entry points.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+from jupyter_client.session import Session
+
+from ...host import shm
+from ...relay import events as E
+from ...relay.bulk import Bulk
+from ...relay.core import RelayNode
+from ...wire import bundles as B
+from ...wire import protocol as P
+from ...wire import reduction, unpickle
+from ...wire.topology import HOST_PREFIX, TreeShape, node_identity
+
+SEP = b"\xfe\xff"  # between frames in an input
+KEY = b"fuzz-key"
+
+
+class Finding(AssertionError):
+    """The code under test did what it must not (beyond raising)."""
+
+
+def frames_of(data: bytes, limit: int = 24) -> list[bytes]:
+    return data.split(SEP, limit)[:limit]
+
+
+class Signer:
+    """Frames made valid as far as their signature goes."""
+
+    def __init__(self):
+        self.session = Session(key=KEY)
+        self.codec = P.Codec(self.session)
+
+    def signed(self, parts: list[bytes]) -> list[bytes]:
+        """``[DELIM, signature, *four JSON parts, *buffers]`` over fuzzed parts
+        (fewer than four: padded with ``{}``)."""
+        head = (parts[:4] + [b"{}"] * 4)[:4]
+        return [P._DELIM, self.codec.sign(head), *head, *parts[4:]]
+
+
+_signer = Signer()
+
+
+def _mixed(data: bytes) -> list[bytes]:
+    """Raw frames, or (first byte odd) idents then a signed message."""
+    frames = frames_of(data[1:])
+    if not data or not data[0] & 1:
+        return frames
+    idents = frames[: data[0] >> 5]
+    return idents + _signer.signed(frames[len(idents) :])
+
+
+# --------------------------------------------------------------- targets
+def frames(data: bytes) -> None:
+    codec = Signer().codec  # a fresh one: no signature is "seen" from an earlier input
+    msg = _mixed(data)
+    for parse in (
+        lambda: E.from_above(codec, msg, True, False),
+        lambda: E.from_above(codec, msg, False, False),
+        lambda: E.from_above(codec, msg, False, True),
+        lambda: E.from_below(codec, msg, True),
+        lambda: E.from_below(codec, msg, False),
+        lambda: E.from_hub(codec, msg),
+    ):
+        try:
+            parse()
+        except P.ProtocolError:
+            pass
+
+
+def bundle(data: bytes) -> None:
+    codec = Signer().codec
+    msg = _signer.signed(frames_of(data))[1:]
+    try:
+        unpacked = codec.unpack(msg, content=False)
+        for _ in B.iter_bundle(codec, unpacked, tables=bool(data[:1] and data[0] & 1)):
+            pass
+    except P.ProtocolError:
+        pass
+
+
+def chunk(data: bytes) -> None:
+    bulk = Bulk(Signer().codec, lambda: 0.0, 10.0)
+    try:
+        bulk.on_chunk([HOST_PREFIX + b"feeder"] + _mixed(data))
+    except P.ProtocolError:
+        pass
+
+
+def shm_reference(data: bytes) -> None:
+    """An engine's view: a request whose idents hold a reference (signed or
+    not) naming segments that are not there (or are: then mapped)."""
+    parts = frames_of(data[1:])
+    payload = parts[0] if parts else b""
+    sign = _signer.codec.sign
+    ref = shm.MARK + (sign([payload]) if data[:1] and data[0] & 1 else b"x" * 64) + b" " + payload
+    body = _signer.signed(parts[1:]) if not data[:1] or not data[0] & 2 else parts[1:]
+    msg = [b"route", ref] + body
+    at = shm.reference_in(msg)
+    if at is None:
+        raise Finding("the reference was not found among the idents")
+    try:
+        shm.expand(msg, at, sign)
+    except shm.ShmError:
+        pass
+
+
+class _Watched(unpickle.ValueUnpickler):
+    """The reduce unpickler, with every class it hands out recorded."""
+
+    loaded: list = []
+
+    def find_class(self, module, name):
+        cls = super().find_class(module, name)
+        self.loaded.append(cls)
+        return cls
+
+
+def reduce_value(data: bytes) -> None:
+    parts = frames_of(data)
+    if data[:1] == b"\x80":  # a pickle opcode stream: the unpickler's own surface
+        parts = [data] + parts[1:]
+    _Watched.loaded = []
+    canned = unpickle.canned_array_class()
+    init, inits = canned.__init__, []
+    canned.__init__ = lambda self, *a, **k: inits.append(a)
+    unpickler, unpickle.ValueUnpickler = unpickle.ValueUnpickler, _Watched
+    try:
+        reduction.decode_engine(parts)
+    except ValueError:
+        pass
+    finally:
+        unpickle.ValueUnpickler = unpickler
+        canned.__init__ = init
+    if any(cls is not unpickle.inert_canned_array() for cls in _Watched.loaded):
+        raise Finding(f"the reduce unpickler loaded {_Watched.loaded}")
+    if inits:
+        raise Finding(f"CannedArray code ran on {inits!r}")
+
+
+def _node(kind: int) -> RelayNode:
+    codec = Signer().codec
+    shape = TreeShape(2, 2)
+    path, host = [((), None), ((0,), None), ((0, 1), None), ((0, 1), "fuzzhost")][kind % 4]
+    node = RelayNode(codec, shape, path, clock=lambda: 0.0, host=host)
+    if node.is_leaf and not host:
+        node.on_registry({1: "uuid-1", 5: "uuid-5"})
+    return node
+
+
+ENTRY = ("on_up", "on_down", "on_hub", "on_chunk", "on_pulse", "on_parent_pulse")
+
+
+def relay_events(data: bytes) -> None:
+    """Events on one node: each part of the input (split at ``SEP * 2``) is
+    one message, its first byte picking the entry point; ticks between."""
+    if not data:
+        return
+    node = _node(data[0])
+    child = node_identity(node.path + (0,)) if not node.is_leaf else b"uuid-1"
+    for event in data[1:].split(SEP * 2)[:16]:
+        if not event:
+            continue
+        entry = getattr(node, ENTRY[event[0] % len(ENTRY)])
+        msg = _mixed(event[1:])
+        if event[0] & 0x40:
+            msg = [child] + msg
+        sends = entry(msg)
+        if not isinstance(sends, list):
+            raise Finding(f"{entry.__name__} gave {sends!r}")
+        if not isinstance(node.on_tick(), list):
+            raise Finding("on_tick gave no list")
+
+
+TARGETS = dict(
+    frames=frames,
+    bundle=bundle,
+    chunk=chunk,
+    shm_reference=shm_reference,
+    reduce_value=reduce_value,
+    relay_events=relay_events,
+)
+
+
+def seeds() -> dict[str, list[bytes]]:
+    """A few valid inputs per target, for the fuzzer to start from."""
+    codec = _signer.codec
+    request = [b"client"] + codec.pack(P.REQUEST, P.request_content("m1", [1, 5], P.COALESCE), [b"payload"])
+    value = pickle.dumps(("py", 1))
+    return dict(
+        frames=[b"\x01" + SEP.join(request)],
+        bundle=[SEP.join(B.pack_bundle(codec, "r1", "m1", "engines", [], [[1, "u", "gone", "died"]])[1:5])],
+        chunk=[b"\x01" + SEP.join([b"{}", b"{}", b"{}", b'{"id": "b1", "i": 0, "d": ""}', b"data"])],
+        shm_reference=[b"\x01" + b'{"name": "ipb-shm-x", "bufs": [[0, 0, 4]]}' + SEP + b"{}"],
+        reduce_value=[value],
+        relay_events=[b"\x00" + b"\x00" + b"\x01" + SEP.join(request[1:])],
+    )
