@@ -8,7 +8,7 @@ Per target: inputs run, seconds, inputs per second, coverage reached (libFuzzer'
 ``cov``: edges; ``ft``: features), the corpus kept, and findings: an input that
 crashed a target (an exception it must not raise, or a ``Finding``) is kept in
 ``tests/fuzz_corpus/<target>/`` as a regression input, which the suite replays
-(``tests/test_fuzz_targets.py``). Needs ``atheris`` (``pip install atheris``).
+(``tests/test_fuzz_targets.py``). Needs ``atheris`` (in the ``bench`` extras).
 """
 
 from __future__ import annotations
