@@ -28,6 +28,7 @@ def link():
     session = Session(key=secrets.token_hex(16).encode())
     link = HostLink.from_connection(info, session, f"test-{secrets.token_hex(4)}", log_level=20)
     link.attach(0)
+    link.spec["grace"] = 1.0  # how long a relay with no engine waits (5 s by default)
     yield link
     for path in (link.place.lock_path, link.place.leaf_path, link.place.log_path):
         if os.path.exists(path):

@@ -35,7 +35,7 @@ from ..wire.frames import send_frames
 from ..wire.topology import host_ident
 from .shell import NodeShell, _socket, run_node
 
-GRACE = 5.0  # seconds a relay with no engine waits for one before it exits
+GRACE = 5.0  # seconds a relay with no engine waits for one before it exits (spec "grace")
 PROBE_INTERVAL = 0.05  # a restarted relay looks for its engines' reconnections this often
 
 
@@ -76,13 +76,14 @@ class HostRelayShell(NodeShell):
             self.joins: self.on_join,
             self.bulk: self.node.on_chunk,
         }
+        self.grace = float(spec.get("grace", GRACE))
         self.empty_since: float | None = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
         # each is announced once a probe shows it connected
         self.expected = {e["uuid"]: e for e in self.joined_engines()}
         self.next_probe: float | None = time.monotonic() if self.expected else None
         self.pids: dict = {}  # uuid -> the pid of the engine's process
-        self.next_check = time.monotonic() + GRACE
+        self.next_check = time.monotonic() + self.grace
 
     def probe(self):
         """Announce the expected engines that are connected again (a send to
@@ -112,7 +113,7 @@ class HostRelayShell(NodeShell):
     def check_engines(self):
         """Engines whose process is gone are lost, even if nobody tells us
         (the controller may be gone too): the last one out stops the relay."""
-        self.next_check = time.monotonic() + GRACE
+        self.next_check = time.monotonic() + self.grace
         for uuid, pid in list(self.pids.items()):
             if pid is not None and not pid_alive(pid):
                 del self.pids[uuid]
@@ -217,7 +218,7 @@ class HostRelayShell(NodeShell):
             self.empty_since = None
         elif self.empty_since is None:
             self.empty_since = time.monotonic()
-        elif time.monotonic() - self.empty_since > GRACE:
+        elif time.monotonic() - self.empty_since > self.grace:
             self.log.info("%s: no engine left; exiting", self.node.name)
             return False
         return True
@@ -225,7 +226,7 @@ class HostRelayShell(NodeShell):
     def next_deadline(self):
         times = [t for t in (self.node.next_deadline(), self.next_probe, self.next_check) if t is not None]
         if self.empty_since is not None:
-            times.append(self.empty_since + GRACE + 0.01)
+            times.append(self.empty_since + self.grace + 0.01)
         return min(times, default=None)
 
 
