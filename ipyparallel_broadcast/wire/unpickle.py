@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import pickle
 import pickletools
+from collections import OrderedDict
 
 MAX_BYTES = 1 << 16  # a value's pickle: its numbers and an array's header, never its data
 
@@ -62,8 +63,14 @@ class ValueUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused to load {module}.{name}")
 
 
+_passed: OrderedDict[bytes, None] = OrderedDict()  # pickles that passed, newest last
+PASSED_KEPT = 256  # the engines of one reduce send the same array header: checked once
+
+
 def check(data: bytes) -> None:
     """Raise ``ValueError`` unless ``data`` is a pickle ``load`` may read."""
+    if data in _passed:
+        return
     if len(data) > MAX_BYTES:
         raise ValueError(f"a value's pickle of {len(data)} bytes (at most {MAX_BYTES})")
     ops = 0
@@ -78,6 +85,11 @@ def check(data: bytes) -> None:
         raise
     except Exception as e:  # truncated or malformed: genops says so in its own ways
         raise ValueError(f"a malformed pickle: {e!r}") from None
+    if len(data) > 4096:
+        return  # only small ones kept: 1 MiB at most
+    _passed[data] = None
+    if len(_passed) > PASSED_KEPT:
+        _passed.popitem(last=False)
 
 
 def load(data: bytes):
