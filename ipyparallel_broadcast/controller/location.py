@@ -49,9 +49,7 @@ class Location(HasTraits):
     """``IPController.location`` that other hosts can reach, when it matters.
     ``locate()`` (at the hub's start) moves it only for a controller on every
     interface whose location nobody set; on one address (127.0.0.1 by default)
-    it stays IPython Parallel's hostname, which clients compare with their own.
-    (Not a dynamic default: as one, it made the chaos soak's engines fail to
-    come back after faults, for reasons not found.)"""
+    it stays IPython Parallel's hostname, which clients compare with their own."""
 
     def locate(self):
         names = {"IPController"} | {cls.__name__ for cls in type(self).__mro__}  # where config may set it

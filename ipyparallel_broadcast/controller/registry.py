@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from ..wire import protocol as P
 
-REMEMBERED = 4096  # hearts of dropped engines kept, newest first out last
+REMEMBERED = 4096  # hearts of dropped engines kept (the oldest forgotten first)
 
 
 class Registry:
@@ -28,7 +28,6 @@ class Registry:
     def __init__(self, hub, remembered: int = REMEMBERED):
         self.hub, self.remembered = hub, remembered
         self.dropped: OrderedDict[bytes, int] = OrderedDict()  # heart -> the engine id it had
-        self.told = 0  # drop notices sent
         self._unregister, self._new_heart = hub.unregister_engine, hub.handle_new_heart
         hub.unregister_engine = hub.query_handlers["unregistration_request"] = self.unregister_engine
         hub.handle_new_heart = self.handle_new_heart
@@ -53,4 +52,3 @@ class Registry:
         # the heart is the engine's identity on every socket, its registration socket too
         self.hub.log.warning("engine %s was dropped but its heart beats again: telling it to exit", eid)
         self.hub.session.send(self.hub.query, P.DROPPED, {}, ident=heart)
-        self.told += 1
