@@ -34,6 +34,7 @@ from .replies import Replies
 from .results import CallResults
 from .settings import Settings
 from .shared import SharedReplies
+from .supervision import ControllerWatch
 from .traces import Traces
 from .treeinfo import TreeSurveys
 from .upstream import CallMetadata, EngineFuture, OutstandingByEngine
@@ -47,7 +48,7 @@ class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(Replies, TreeSurveys, CallResults, IOPubLiveness, Settings):
+class Client(Replies, TreeSurveys, CallResults, ControllerWatch, IOPubLiveness, Settings):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")

@@ -18,7 +18,8 @@ of ours, in two kinds:
 When IPython Parallel renames one, this module changes and nothing else;
 ``tests/test_layout.py`` checks that each still exists upstream. The seam
 classes are made when first imported (``ClientSeam``, ``ViewSeam``,
-``ResultSeam``, ``MapResultSeam``, ``EngineSeam``, ``RecordsSeam``), so a
+``ResultSeam``, ``MapResultSeam``, ``EngineSeam``, ``RecordsSeam``,
+``TaskSchedulerSeam``), so a
 client does not import the engine's or the hub's modules, and a relay, which
 imports none of them, no ipyparallel at all.
 
@@ -38,6 +39,7 @@ BASES = {
     "MapResultSeam": "ipyparallel.client.asyncresult:AsyncMapResult",
     "EngineSeam": "ipyparallel.engine.app:IPEngine",
     "RecordsSeam": "ipyparallel.controller.dictdb:DictDB",
+    "TaskSchedulerSeam": "ipyparallel.controller.task_scheduler:TaskScheduler",
 }
 
 # seam: {ipyparallel's attribute: (ours, why)}
@@ -56,6 +58,9 @@ STATE = {
         "_control_socket": ("_control_sock", "a kernel_info probe when the controller is stock"),
         "_broadcast_stream": ("_root_stream", "the broadcast socket (our RootSocket): bundles in, one request out"),
         "_mux_stream": ("_direct_stream", "DirectView's socket, for per-engine pushes"),
+        "_task_stream": ("_balanced_stream", "LoadBalancedView's socket: its requests fail if the task queue dies"),
+        "_control_stream": ("_control_channel", "control requests fail if the control queue dies"),
+        "_context": ("_zmq_context", "the controller's notices are read in the client's context"),
     },
     "ResultSeam": {
         "_client": ("_rc", "set as ipyparallel's __init__ does, over one call"),
@@ -125,6 +130,9 @@ CALLS = {
     "ClientSeam": {
         "_unwrap_exception": ("_remote_error", "an engine's error made as ipyparallel makes it"),
         "_handle_apply_reply": ("_file_apply_reply", "a vanished engine's request failed as its death is"),
+    },
+    "TaskSchedulerSeam": {
+        "_register_engine": ("_add_engine", "engines scheduled once they reconnected to a restarted queue"),
     },
     "ResultSeam": {
         "_display_stream": ("_print_stream", "grouped outputs shown as ipyparallel shows one"),
@@ -273,6 +281,13 @@ def engine_pull():
 def engine_uuids(client) -> dict:
     """``Client._engines``: engine id -> uuid, as a plain dict (tools)."""
     return dict(client._engines)
+
+
+def heart_monitor_kwargs(app) -> dict:
+    """The arguments of ``IPController.heartmonitor_process`` (a ``Process``,
+    which keeps them as ``_kwargs``): a dead heart monitor is started again
+    with ipyparallel's own (``controller.app``)."""
+    return dict(app.heartmonitor_process._kwargs)
 
 
 def future_without_tracker(future) -> None:

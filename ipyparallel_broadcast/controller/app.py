@@ -8,9 +8,12 @@ start one process per node of a tree of ``depth`` levels and ``fanout``
 children per node; ``fanout ** depth`` leaves each serve the engines whose id
 is their index modulo the number of leaves.
 
-A relay node process that dies is restarted in place (same ports, same
-place in the tree): engines and child nodes reconnect to it by themselves,
-and its parent fails what was waiting on the old one (see ``relay.core``).
+Every process the controller starts (relay nodes, queues, the task
+scheduler, the heart monitor) is supervised: one that dies is restarted in
+place (same ports), engines and clients reconnect to it by themselves, and
+what it held fails at once: a relay node's by its parent (``relay.core``),
+a queue's by the clients, told on the notices socket (``supervise``,
+``notices``).
 """
 
 from __future__ import annotations
@@ -18,31 +21,30 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from multiprocessing import Process
-from threading import Thread
+from functools import partial
 
 from ipyparallel.controller.app import IPController
 from ipyparallel.controller.app import aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
-from tornado.ioloop import PeriodicCallback
 from traitlets import Type, Unicode, Union, default
 
 from ..compat import ipp
 from ..host.link import HOST_KEY, host_label
-from ..host.shm import sweep
 from ..relay.shell import run_node
+from ..wire import protocol as P
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from ..wire.topology import balanced_id, node_name
+from .children import ChildSupervision
 from .iopubrelay import run_iopub_relay
 from .location import Location
 from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .registry import Registry
-from .restarts import RestartBudget
 from .settings import TreeSettings
+from .supervise import Supervisor, child_process
 
 aliases = dict(ipp_aliases)
 aliases.update(
@@ -50,7 +52,7 @@ aliases.update(
 )
 
 
-class BroadcastController(TreeSettings, Location, IPController):
+class BroadcastController(TreeSettings, Location, ChildSupervision, IPController):
     # name stays "ipcontroller": profiles' ipcontroller_config.py applies as usual
     description = __doc__
     aliases = aliases
@@ -83,8 +85,10 @@ class BroadcastController(TreeSettings, Location, IPController):
         for name, value in self.HEARTBEAT_DEFAULTS.items():
             if name not in heartbeat:  # what the user configured wins
                 heartbeat[name] = value
+        self.supervisor = Supervisor(self.node_restarts, self.node_restart_window)
         super().init_hub()
         hub = self.hub
+        self._supervise_heart_monitor()
         hub.new_engine_id = self.new_engine_id
         self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
         if self.hub_records:
@@ -133,6 +137,8 @@ class BroadcastController(TreeSettings, Location, IPController):
             cdict[TREE_KEY]["auto"] = self.auto_inputs
         if fname != self.client_json_file:
             cdict[HOST_KEY] = host_label()
+        else:
+            cdict[P.NOTICES_KEY] = self.notices_port
         return super().save_connection_dict(fname, cdict)
 
     def node_spec(self, path, monitor_url) -> dict:
@@ -196,11 +202,9 @@ class BroadcastController(TreeSettings, Location, IPController):
             shape.n_leaves,
         )
         self.node_specs = {path: self.node_spec(path, monitor_url) for path in self.shape.nodes()}
-        self.node_processes = {path: self._node_process(path) for path in self.node_specs}
-        self.node_restart_budgets = {
-            path: RestartBudget(self.node_restarts, self.node_restart_window) for path in self.node_specs
-        }
-        children.extend(self.node_processes.values())
+        for path in self.node_specs:
+            child = self.supervisor.add(f"relay node {node_name(path)}", partial(self._node_process, path))
+            children.append(child.process)
 
     def init_schedulers(self):
         """ipyparallel's queues, with ours in place of three: IOPub (a hello
@@ -235,61 +239,9 @@ class BroadcastController(TreeSettings, Location, IPController):
             )
             self._replace_queue(name, run_router_queue, spec)
 
-    def _replace_queue(self, name: str, target, spec: dict):
-        (stock,) = [c for c in self.children if getattr(c, "name", None) == name]
-        if "Process" in self.mq_class:
-            ours = Process(target=target, kwargs=dict(spec=spec), name=name, daemon=True)
-        else:
-            ours = Thread(target=target, kwargs=dict(spec=spec, in_process=False), name=name, daemon=True)
-        self.children[self.children.index(stock)] = ours
-
-    def _node_process(self, path) -> Process:
+    def _node_process(self, path):
         spec = self.node_specs[path]
-        return Process(target=run_node, kwargs=dict(spec=spec), name=f"RelayNode({node_name(path)})", daemon=True)
-
-    # --------------------------------------------------- restarting dead nodes
-    _stopping = False
-
-    def start(self):
-        PeriodicCallback(self.restart_dead_nodes, 250).start()
-        super().start()
-
-    def restart_dead_nodes(self):
-        """Start a new process for each relay node that exited (not at shutdown)."""
-        for path, process in list(self.node_processes.items()):
-            if self._stopping or process.exitcode is None:
-                continue
-            name = node_name(path)
-            if not self.node_restart_budgets[path].allow():
-                self.log.critical(
-                    "relay node %s exited (%s); restarted %d times, giving up (all in %g s)",
-                    name,
-                    process.exitcode,
-                    self.node_restarts,
-                    self.node_restart_window,
-                )
-                del self.node_processes[path]
-                continue
-            new = self._node_process(path)
-            new.start()
-            self.log.error(
-                "relay node %s (pid %s) exited with code %s; restarted as pid %s",
-                name,
-                process.pid,
-                process.exitcode,
-                new.pid,
-            )
-            self.children[self.children.index(process)] = new
-            self.node_processes[path] = new
-
-    def terminate_children(self):
-        self._stopping = True
-        super().terminate_children()
-        for process in getattr(self, "node_processes", {}).values():
-            process.join(timeout=5)
-        if self.shared_memory:  # segments of nodes that died mid-request (a stopped node removes its own)
-            for name in sweep():
-                self.log.info("removed %s, left by a relay node that is gone", name)
+        return child_process(run_node, f"RelayNode({node_name(path)})", f"ipb-node-{node_name(path)}", dict(spec=spec))
 
 
 def main(*args, **kwargs):

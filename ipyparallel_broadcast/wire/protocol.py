@@ -85,6 +85,10 @@ GANG_TURN, GANG_DONE, GANG_RELEASE = "ipb_gang_turn", "ipb_gang_done", "ipb_gang
 GANG_KEY = b"?gang"  # their request key
 PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
 DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): it exits
+# the controller -> its clients, on their notices socket (``controller.notices``):
+# a child process of the controller died (and was restarted, or given up on); I live
+RESTARTED, BEAT = "ipb_restarted", "ipb_beat"
+NOTICES_KEY = "ipb_notices"  # the client connection file: the port of the notices socket
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a bundle the root sends up, for the records
 COALESCE, STREAM = "coalesce", "stream"

@@ -1,0 +1,175 @@
+"""What the client does when a part of the controller dies.
+
+The controller restarts a child process that died and says so on its
+notices socket (``controller.notices``). What went through a dead queue is
+lost: the client fails its requests through that queue at once, per
+engine, naming it (``EngineError: the controller's mux queue died (pid 123):
+engine 3 did not answer``); a reply that comes later anyway is dropped, so
+each request ends once. After the IOPub relay died, outputs owed for
+replies already in are closed, with a note. The controller also beats once
+a second: with requests outstanding and no beat for ``controller_timeout``
+seconds, every one of them fails, naming the controller, whose hub died or
+cannot be reached.
+
+On a controller that has no notices socket (IPython Parallel's own), none
+of this runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+
+import zmq
+from ipyparallel import error, util
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float
+from zmq.eventloop.zmqstream import ZMQStream
+
+from ..compat.ipp import ClientSeam
+from ..wire import protocol as P
+from .guard import contained, guarded_callback
+
+log = logging.getLogger(__name__)
+GIVEN_UP_KEPT = 4096  # ids of requests failed early, whose late replies are dropped
+
+
+class ControllerWatch(ClientSeam):
+    """Mixin of our Client: the controller's notices, and its beats."""
+
+    controller_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds without a beat from the controller after which the client's outstanding "
+        "requests fail, naming it (its hub died). 0: never.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        self._via: dict[str, tuple[str, str | None]] = {}  # msg_id -> (channel, engine uuid), while outstanding
+        self._given_up: OrderedDict[str, None] = OrderedDict()
+        self._last_beat: float | None = None  # None: no notices socket
+        self._notices: ZMQStream | None = None
+        super().__init__(*args, **kwargs)
+
+    # ----------------------------------------------------------- the socket
+    def _open_streams(self):
+        super()._open_streams()
+        port = self._connection_info.get(P.NOTICES_KEY)
+        if port is None:
+            return
+        sock = self._zmq_context.socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.linger = 0
+        util.connect(
+            sock,
+            f"{self._connection_info['interface']}:{port}",
+            curve_serverkey=self.curve_serverkey,
+            curve_secretkey=self.curve_secretkey,
+            curve_publickey=self.curve_publickey,
+        )
+        self._notices = ZMQStream(sock, self._loop)
+        self._notices.on_recv(contained(self._on_notice, self.session, "notices"), copy=False)
+        self._last_beat = time.monotonic()
+        watch = PeriodicCallback(guarded_callback(self._watch_controller, "controller watch"), 1000)
+        self._loop.add_callback(watch.start)
+
+    def close(self, linger=None):
+        if self._notices is not None and not self._notices.closed():
+            self._loop.add_callback(self._notices.close)
+        super().close(linger)
+
+    def _on_notice(self, frames):
+        try:
+            _, body = self.session.feed_identities(frames, copy=False)
+            msg = self.session.deserialize(body, content=True, copy=False)
+        except Exception as e:  # unsigned, forged or garbled
+            log.error("Dropped an invalid notice from the controller: %s", e)
+            return
+        self._last_beat = time.monotonic()  # any notice is a sign of life
+        if msg["header"]["msg_type"] == P.RESTARTED:
+            self._child_died(msg["content"])
+
+    # -------------------------------------------------------- what is owed
+    def _send_message(self, socket, msg_type, *args, ident=None, **kwargs):
+        """ipyparallel's send; a request through a queue is remembered until
+        it ends, with its engine, to be failed if that queue dies."""
+        future = super()._send_message(socket, msg_type, *args, ident=ident, **kwargs)
+        if future is None or self._last_beat is None:
+            return future
+        channel = {
+            id(self._direct_stream): "mux",
+            id(self._balanced_stream): "task",
+            id(self._control_channel): "control",
+        }.get(id(socket))
+        if channel is not None:
+            msg_id = future.msg_id
+            uuid = (ident[-1] if isinstance(ident, list) else ident).decode("utf-8") if ident else None
+            self._via[msg_id] = (channel, uuid)
+            future.add_done_callback(lambda _: self._via.pop(msg_id, None))  # (at once if done already)
+        return future
+
+    def _child_died(self, content: dict):
+        channel, pid = content.get("channel"), content.get("pid")
+        again = "; it was restarted" if content.get("restarted") else "; it was not restarted"
+        if channel == "iopub":
+            why = f"the controller's IOPub relay died (pid {pid}) with it in flight"
+            for _, close in list(self._owed_outputs()):
+                close(why)
+            return
+        owed = [m for m, (c, _) in list(self._via.items()) if c == channel]
+        if owed:
+            log.error(
+                "the controller's %s queue died (pid %s)%s: failing %d request(s)", channel, pid, again, len(owed)
+            )
+        self._fail(owed, f"the controller's {channel} queue died (pid {pid})")
+
+    def _watch_controller(self):
+        """I/O thread, each second: no beat for ``controller_timeout`` fails all that is owed."""
+        timeout, last = self.controller_timeout, self._last_beat
+        if not timeout or last is None or time.monotonic() - last < timeout:
+            return
+        self._last_beat = time.monotonic()  # once per silence of that length
+        why = f"the controller sent no sign of life for {timeout:g} s (its hub died, or cannot be reached)"
+        owed, calls = list(self._via), list(self._root_watch.in_flight)
+        if owed or calls:
+            log.error("%s: failing %d request(s)", why, len(owed) + len(calls))
+        self._fail(owed, why)
+        for msg_id in calls:
+            self._root_watch.done(msg_id)
+        self._root_lost([(msg_id, why) for msg_id in calls])
+
+    def _fail(self, msg_ids, why: str):
+        for msg_id in msg_ids:
+            channel, uuid = self._via.pop(msg_id, (None, None))
+            if msg_id in self.results:
+                continue
+            eid = self._engine_table.get(uuid) if uuid else None
+            try:
+                whom = f"engine {eid if eid is not None else uuid} did not answer" if uuid else "no engine answered"
+                raise error.EngineError(f"{why}: {whom}")
+            except error.EngineError:
+                content = error.wrap_exception()
+            msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
+            msg["parent_header"]["msg_id"] = msg_id
+            msg["metadata"]["engine"] = uuid
+            self._given_up[msg_id] = None
+            while len(self._given_up) > GIVEN_UP_KEPT:
+                self._given_up.popitem(last=False)
+            if channel == "control":
+                future = self._reply_futures.get(msg_id)
+                if future is not None and not future.done():
+                    future.set_result(msg)
+            elif msg_id in self.outstanding:
+                self._file_apply_reply(msg)
+
+    def _unless_given_up(self, handler):
+        """A reply handler that drops the late reply of a request failed early."""
+
+        def handle(frames):
+            if self._given_up and self._parent_id(frames) in self._given_up:
+                log.debug("dropped the late reply of a request that had failed")
+                return
+            return handler(frames)
+
+        return handle

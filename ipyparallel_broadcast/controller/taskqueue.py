@@ -1,0 +1,71 @@
+"""The task queue (LoadBalancedView's scheduler), restartable.
+
+ipyparallel's ``TaskScheduler`` asks the hub for the engines when it starts,
+and sends tasks to them at once. A scheduler restarted after its process
+died (``supervise``) binds the same ports, and the engines reconnect to it
+within ZeroMQ's reconnect interval; a task sent to an engine before that
+is dropped by its ROUTER socket, and waits forever. So this one counts the
+engines' connections (a socket monitor's handshakes) and hands its engines
+to the scheduling only when as many are connected as the hub has, or after
+``hold`` seconds (an engine that died meanwhile never reconnects). Tasks
+that come before are queued, as ipyparallel queues them with no engine.
+"""
+
+from __future__ import annotations
+
+import zmq
+from traitlets import Float
+from zmq.eventloop.zmqstream import ZMQStream
+from zmq.utils.monitor import parse_monitor_message
+
+from ..compat.ipp import TaskSchedulerSeam
+
+
+class RestartableTaskScheduler(TaskSchedulerSeam):
+    hold = Float(2.0, config=True, help="Seconds a (re)started scheduler waits for its engines to reconnect.")
+
+    def start(self):
+        self._connected = 0
+        self._waiting: list[bytes] | None = None
+        monitor = self.engine_stream.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor = ZMQStream(monitor, self.loop)
+        self._monitor.on_recv(self._on_connection)
+        super().start()
+
+    def _on_connection(self, frames):
+        if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._connected += 1
+            self._release_if_connected()
+
+    def dispatch_query_reply(self, msg):
+        """ipyparallel's, with its engines registered once they reconnected."""
+        try:
+            _, msg = self.session.feed_identities(msg)
+            content = self.session.deserialize(msg)["content"]
+        except (ValueError, KeyError, TypeError):
+            self.log.warning("task: an invalid reply to the engines query, dropped")
+            return
+        self._waiting = [uuid.encode("utf8") for uuid in content.get("engines", {}).values()]
+        self.loop.call_later(self.hold, self._release)
+        self._release_if_connected()
+
+    def _release_if_connected(self):
+        if self._waiting is not None and self._connected >= len(self._waiting):
+            self._release()
+
+    def _release(self):
+        waiting, self._waiting = self._waiting, None
+        if waiting is None:
+            return
+        if self._connected < len(waiting):
+            self.log.warning(
+                "task: %d of %d engines reconnected in %g s; scheduling on all",
+                self._connected,
+                len(waiting),
+                self.hold,
+            )
+        for uid in waiting:
+            if uid not in self.targets:  # a registration notice may have come first
+                self._add_engine(uid)
+        self.engine_stream.socket.disable_monitor()
+        self._monitor.close()

@@ -1,0 +1,143 @@
+"""Every process of the controller is supervised (issue 47): a queue process
+killed with a call pending on it fails that call at once, per engine, naming
+the queue; it is restarted in place and later calls of that kind work; a
+restarted heart monitor still finds dead engines; and when the controller
+itself dies, its children go with it and clients' calls fail, naming it.
+Real controllers, engines and sockets; processes found by their names."""
+
+import os
+import signal
+
+import psutil
+import pytest
+from cluster_util import at_gate, process_gone, quiet_config, running_cluster, until
+from ipyparallel import error
+
+pytestmark = pytest.mark.cluster
+
+
+def controller_pid(rc) -> int:
+    return rc.cluster.controller.process.pid
+
+
+def child(rc, comm: str) -> int:
+    """The pid of the controller's child process named ``comm`` (``ipb-mux``...)."""
+    (pid,) = [p.pid for p in psutil.Process(controller_pid(rc)).children() if p.name() == comm]
+    return pid
+
+
+def restarted(rc, comm: str, before: int) -> bool:
+    try:
+        return child(rc, comm) != before
+    except ValueError:  # none (it is down) or two (the old one not reaped yet)
+        return False
+
+
+def held(view, gate):
+    return view.apply_async(at_gate, str(gate))
+
+
+def on_engines(rc) -> bool:
+    """Whether the hub saw a request reach an engine (through the mux or the task queue)."""
+    status = rc.queue_status()
+    return any(status[eid]["queue"] + status[eid]["tasks"] for eid in rc.ids)
+
+
+def failed_naming(ar, what: str, n: int):
+    with pytest.raises((error.CompositeError, error.RemoteError)):
+        ar.get(timeout=60)
+    results = ar.get(return_exceptions=True) if n > 1 else [ar.get(return_exceptions=True)]
+    assert len(results) == n
+    for result in results:
+        assert isinstance(result, error.RemoteError) and result.ename == "EngineError", result
+        assert what in str(result.evalue)
+
+
+@pytest.fixture(scope="module")
+def rc():
+    with running_cluster(3, 1, 2) as client:
+        yield client
+
+
+def test_every_child_of_the_controller_is_named(rc):
+    names = sorted(p.name() for p in psutil.Process(controller_pid(rc)).children())
+    expected = ["ipb-control", "ipb-heart", "ipb-iopub", "ipb-mux", "ipb-node-0", "ipb-node-1", "ipb-node-root"]
+    assert names == sorted(expected + ["ipb-task"])
+
+
+@pytest.mark.parametrize("queue", ["mux", "task"])
+def test_a_killed_queue_fails_what_it_held_and_serves_again(rc, queue, tmp_path):
+    view = rc[:] if queue == "mux" else rc.load_balanced_view()
+    gate = tmp_path / "gate"
+    ar = held(view, gate)
+    until(lambda: on_engines(rc), what="the request on the engines")
+    before = child(rc, f"ipb-{queue}")
+    os.kill(before, signal.SIGKILL)
+    failed_naming(ar, f"the controller's {queue} queue died (pid {before})", len(rc.ids) if queue == "mux" else 1)
+    gate.touch()
+    until(lambda: restarted(rc, f"ipb-{queue}", before), what=f"a new {queue} queue")
+    if queue == "mux":
+        assert sorted(view.apply_sync(os.getpid)) == sorted(rc[:].apply_sync(os.getpid))
+    else:
+        assert view.map_sync(lambda x: x * 2, range(12)) == [x * 2 for x in range(12)]
+    rc.wait(timeout=60)  # the held calls' engines are free again
+
+
+def test_a_killed_control_queue_is_restarted_and_control_requests_work(rc):
+    before = child(rc, "ipb-control")
+    os.kill(before, signal.SIGKILL)
+    until(lambda: restarted(rc, "ipb-control", before), what="a new control queue")
+    until(lambda: clear_works(rc), what="rc.clear() after the control queue's restart")
+
+
+def clear_works(rc) -> bool:
+    try:
+        rc.clear(block=True)
+    except error.RemoteError as e:  # sent before the death was known: failed, naming it
+        assert "the controller's control queue died" in str(e.evalue)
+        return False
+    return True
+
+
+def test_a_killed_iopub_relay_is_restarted_and_outputs_flow_again(rc):
+    before = child(rc, "ipb-iopub")
+    os.kill(before, signal.SIGKILL)
+    until(lambda: restarted(rc, "ipb-iopub", before), what="a new IOPub relay")
+
+    def printed() -> bool:
+        ar = rc[:].execute("print('back')", block=False)
+        ar.get(timeout=60)
+        ar.wait_for_output(60)
+        return ar.stdout == ["back\n"] * len(rc.ids)
+
+    until(printed, what="outputs after the IOPub relay's restart")
+
+
+def test_a_restarted_heart_monitor_still_finds_a_silent_engine():
+    """A paused engine (SIGSTOP) is found by its heart alone: its process and
+    sockets live. The new monitor knows the hub's hearts, so a heart that never
+    beats for it is a failure, not a stranger."""
+    with running_cluster(3, 1, 2, config=quiet_config()) as rc:
+        before = child(rc, "ipb-heart")
+        os.kill(before, signal.SIGKILL)
+        until(lambda: restarted(rc, "ipb-heart", before), what="a new heart monitor")
+        victim = rc[rc.ids[-1]].apply_sync(os.getpid)
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            until(lambda: len(rc.ids) == 2, what="the silent engine unregistered")
+        finally:
+            os.kill(victim, signal.SIGCONT)  # it is told it was dropped, and exits
+
+
+def test_when_the_controller_dies_its_children_go_and_calls_fail_naming_it(tmp_path):
+    with running_cluster(3, 1, 2) as rc:
+        rc.controller_timeout = 3.0
+        children = [p.pid for p in psutil.Process(controller_pid(rc)).children()]
+        direct = held(rc[:], tmp_path / "gate")
+        tree = held(rc.broadcast_view(), tmp_path / "gate")
+        until(lambda: on_engines(rc), what="the request on the engines")
+        os.kill(controller_pid(rc), signal.SIGKILL)
+        for ar in (direct, tree):
+            failed_naming(ar, "the controller sent no sign of life for 3 s", len(rc.ids))
+        until(lambda: all(process_gone(pid) for pid in children), what="the controller's children gone")
+        (tmp_path / "gate").touch()
