@@ -83,3 +83,16 @@ def test_refused_calls_and_missing_outputs_are_counted_apart():
 )
 def test_causes_are_read_from_the_error_text(text, cause):
     assert cause_of(text) == cause and names_engine(text, 3) and not names_engine(text, 31)
+
+
+def test_calls_are_counted_by_view_and_a_load_balanced_error_need_name_no_engine():
+    why = "EngineError: the controller's task queue died (pid 9): no engine answered"
+    records = [
+        record(1, view="balanced", targets=(-1,), outcomes={"-1": ["error", why]}),
+        record(2, view="directview", outcomes={"0": ["ok", None], "1": ["error", why]}),
+        record(3, view="auto", ended=None),
+        record(4),
+    ]
+    v = check(records, {}, BOUND)
+    assert v.by_view == {"balanced": {"failed": 1}, "directview": {"failed": 1}, "auto": {"hung": 1}, "tree": {"ok": 1}}
+    assert v.unnamed == [("c0", 2, "apply", 1, why)]  # a DirectView call's error must name its engine

@@ -97,7 +97,8 @@ class TreeSettings(Configurable):
     node_restarts = Integer(
         10,
         config=True,
-        help="A dead relay node is restarted, unless it was restarted this many times within the last "
+        help="A dead child process of the controller (a relay node, a queue, the task scheduler, the heart "
+        "monitor) is restarted, unless it was restarted this many times within the last "
         "node_restart_window seconds (a crash loop): then the controller gives up on it.",
     )
     node_restart_window = Float(

@@ -87,7 +87,7 @@ class BedCluster(Managed):
             "--HeartMonitor.period=800",
             *self.controller_args,
         ]
-        p = self._popen(host, argv, "controller")
+        p = self.controller = self._popen(host, argv, "controller")  # (``ip netns exec`` execs: its pid)
         deadline = time.monotonic() + timeout
         while not (self._file("client") and self._file("engine")):
             if p.poll() is not None:

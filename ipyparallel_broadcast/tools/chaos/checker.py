@@ -47,6 +47,7 @@ def names_engine(text: str, eid) -> bool:
 class Verdict:
     calls: int = 0
     by_op: dict[str, collections.Counter] = field(default_factory=dict)  # op -> ok/failed/hung counts
+    by_view: dict[str, collections.Counter] = field(default_factory=dict)  # view -> ok/failed/hung counts
     errors_by_cause: collections.Counter = field(default_factory=collections.Counter)
     hung: list[dict] = field(default_factory=list)
     ended_late: int = 0
@@ -74,6 +75,7 @@ class Verdict:
             ended_late=self.ended_late,
             executions=self.executions,
             send_errors=sum(self.send_errors.values()),
+            views={view: dict(counts) for view, counts in sorted(self.by_view.items())},
         )
 
 
@@ -81,10 +83,16 @@ def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> 
     v = Verdict()
     for r in records:
         op = r["op"]
-        counts = v.by_op.setdefault(op, collections.Counter())
+        by_op = v.by_op.setdefault(op, collections.Counter())
+        by_view = v.by_view.setdefault(r.get("view", "tree"), collections.Counter())
+
+        def tally(outcome, by_op=by_op, by_view=by_view):
+            by_op[outcome] += 1
+            by_view[outcome] += 1
+
         if r.get("send_error"):
             v.send_errors[r["send_error"].split(":")[0]] += 1
-            counts["refused"] += 1
+            tally("refused")
             continue
         v.calls += 1
         ended = r.get("ended")
@@ -95,12 +103,13 @@ def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> 
                     seq=r["seq"],
                     op=op,
                     mode=r["mode"],
+                    view=r.get("view", "tree"),
                     targets=len(r["targets"]),
                     ended_after=None if ended is None else ended - r["sent"],
                     waiting=r.get("hung"),
                 )
             )
-            counts["hung"] += 1
+            tally("hung")
             if ended is not None:
                 v.ended_late += 1
             continue
@@ -114,13 +123,14 @@ def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> 
             elif got[0] == "error":
                 failed = True
                 v.errors_by_cause[cause_of(got[1])] += 1
-                if not names_engine(got[1], eid) and op not in ("reduce", "bigreduce", "allreduce"):
+                whole = op in ("reduce", "bigreduce", "allreduce") or r.get("view") == "balanced"  # no one engine's
+                if not whole and not names_engine(got[1], eid):
                     v.unnamed.append((r["client"], r["seq"], op, eid, got[1][:160]))
         for item in r.get("wrong", ()):
             v.wrong.append((r["client"], r["seq"], op, r.get("mode"), len(r.get("targets") or ()), *item))
         for eid in r.get("output_missing", ()):
             v.output_missing.append((r["client"], r["seq"], eid))
-        counts["failed" if failed else "ok"] += 1
+        tally("failed" if failed else "ok")
     for name, tokens in logs.items():
         v.executions += len(tokens)
         for token, n in collections.Counter(tokens).items():

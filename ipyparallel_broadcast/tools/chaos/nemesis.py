@@ -23,6 +23,7 @@ FAULTS = (
     "kill_engine",
     "kill_host_relay",
     "kill_node",
+    "kill_queue",
     "cut_link",
     "pause",
     "garbage",
@@ -100,6 +101,14 @@ class Nemesis:
         victim = self.rng.choice(nodes)
         os.kill(victim["pid"], signal.SIGKILL)
         return f"tree node {victim['node']} pid {victim['pid']}"
+
+    def kill_queue(self) -> str:
+        """One of the controller's other children: its mux, control or task
+        queue, its IOPub relay, its heart monitor (restarted in place)."""
+        children = self.bed.controller_children()
+        name = self.rng.choice(sorted(children))
+        os.kill(children[name], signal.SIGKILL)
+        return f"{name} pid {children[name]}"
 
     def cut_link(self) -> str:
         host = self.rng.choice(self.bed.bed.hosts)

@@ -23,6 +23,8 @@ import tempfile
 import threading
 import time
 
+import psutil
+
 from ...compat import ipp
 from ..bedcluster import BedCluster
 from ..netbed import Managed, NetBed
@@ -122,6 +124,12 @@ class SoakBed(Managed):
         with self.lock:
             return [p.pid for ps in self.engines.values() for p in ps if p.poll() is None]
 
+    def controller_children(self) -> dict[str, int]:
+        """The controller's child processes other than relay nodes, by name
+        (``ipb-mux``, ``ipb-control``, ``ipb-task``, ``ipb-iopub``, ``ipb-heart``)."""
+        children = psutil.Process(self.cluster.controller.pid).children()
+        return {p.name(): p.pid for p in children if p.name().startswith("ipb-") and "-node-" not in p.name()}
+
     def engine_uuids(self) -> list[str]:
         sims = set(self.sims.ids)
         engines = ipp.engine_uuids(self.rc)
@@ -210,6 +218,7 @@ def run(
     progress=print,
     faults=FAULTS,
     ops=workload.OPS,
+    views=workload.VIEWS,
     settle_timeout=300.0,
     after_budget=None,
 ) -> dict:
@@ -221,7 +230,7 @@ def run(
     procs = [
         ctx.Process(
             target=workload.run,
-            args=(bed.url_file, f"c{i}", seed + i, seconds, bound, bed.sim_file, outs[i], ops),
+            args=(bed.url_file, f"c{i}", seed + i, seconds, bound, bed.sim_file, outs[i], ops, views),
             daemon=True,
         )
         for i in range(clients)
@@ -293,6 +302,9 @@ def serves_after(bed: SoakBed, bound: float, budget: float | None = None) -> dic
                 push=lambda view=view: view.push(dict(after=1), block=False),
                 map=lambda c=coalescing: rc.broadcast_view(real, coalescing=c).map_async(abs, range(len(real))),
             )
+            if mode == "coalescing":  # IPython Parallel's own views, once
+                calls["directview apply"] = lambda: rc.direct_view(real).apply_async(E.logged, "after:dv")
+                calls["balanced apply"] = lambda: rc.load_balanced_view(real).apply_async(E.logged, "after:lb")
             for what, send in calls.items():
                 left = end - time.monotonic()
                 if left <= 0:
@@ -322,6 +334,7 @@ def soak_options(ap, hosts=2, engines=2, sim_hosts=2, sim_engines=16, seconds=60
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--faults", default=",".join(FAULTS), help="the nemesis's faults, comma-separated")
     ap.add_argument("--ops", default=",".join(workload.OPS), help="the clients' operations, comma-separated")
+    ap.add_argument("--views", default=",".join(workload.VIEWS), help="the clients' views, comma-separated")
 
 
 def soak(args, progress=print) -> dict:
@@ -338,6 +351,7 @@ def soak(args, progress=print) -> dict:
             progress=progress,
             faults=args.faults.split(","),
             ops=args.ops.split(","),
+            views=args.views.split(","),
         )
 
 

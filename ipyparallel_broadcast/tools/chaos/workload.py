@@ -24,6 +24,13 @@ from . import engine_side as E
 
 OPS = ("apply", "execute", "push", "pull", "scatter", "map", "reduce", "bigpush", "bigreduce", "allreduce")
 WEIGHTS = (3, 3, 2, 1, 2, 2, 1, 1, 1, 1)
+# the views a call goes through: a BroadcastView on each path, and IPython Parallel's own two
+VIEWS = ("tree", "direct", "auto", "directview", "balanced")
+VIEW_OPS = {  # what each of IPython Parallel's views can do (a BroadcastView does all)
+    "directview": ("apply", "execute", "push", "pull", "scatter", "map", "bigpush"),
+    "balanced": ("apply", "map"),
+}
+ANY_ENGINE = -1  # the target of a load-balanced call: whichever engine runs it
 BIG = 2 << 20  # bytes: over the host chunk threshold (the big-data path)
 
 
@@ -33,7 +40,7 @@ class Record:
     seq: int
     op: str
     mode: str
-    targets: list[int]
+    targets: list[int]  # [ANY_ENGINE] for a load-balanced call
     sent: float
     ended: float | None = None
     outcomes: dict[str, list] = field(default_factory=dict)
@@ -41,6 +48,7 @@ class Record:
     output_missing: list[int] = field(default_factory=list)
     send_error: str | None = None
     hung: dict | None = None  # what a call that did not end was waiting for
+    view: str = "tree"  # one of VIEWS
 
 
 def _modes():
@@ -56,7 +64,7 @@ def _error_text(e) -> str:
 class Client:
     """The loop of one client process (``run``)."""
 
-    def __init__(self, url_file: str, name: str, seed: int, bound: float, sim_file: str, ops=OPS):
+    def __init__(self, url_file: str, name: str, seed: int, bound: float, sim_file: str, ops=OPS, views=VIEWS):
         import ipyparallel_broadcast as ipb
 
         self.rc = ipb.Client(url_file)
@@ -64,6 +72,7 @@ class Client:
         self.seq, self.modes = 0, _modes()
         self.sims, self._sims_read = set(), 0.0
         self.ops = [(op, w) for op, w in zip(OPS, WEIGHTS) if op in ops]
+        self.views = list(views)
 
     def sim_ids(self) -> set:
         if time.monotonic() - self._sims_read > 2:
@@ -80,9 +89,12 @@ class Client:
         (a simulated host added since the list was written)."""
         return eid in self.sim_ids() or str(ipp.engine_uuids(self.rc).get(eid, "")).startswith(SIM_UUID_PREFIX)
 
-    def pick(self, op: str) -> list[int] | None:
+    def pick(self, op: str, real_only=False) -> list[int] | None:
+        """Targets for ``op``: real engines only where simulated ones cannot
+        serve (they answer the tree's ``apply`` without running it, and never
+        connect to IPython Parallel's own queues)."""
         ids = list(self.rc.ids)
-        if op in ("scatter", "map", "reduce", "pull", "bigreduce", "allreduce"):
+        if real_only or op in ("scatter", "map", "reduce", "pull", "bigreduce", "allreduce"):
             ids = [e for e in ids if not self.is_sim(e)]
         if not ids:
             return None
@@ -91,15 +103,25 @@ class Client:
         return sorted(self.rng.sample(ids, self.rng.randint(1, len(ids))))
 
     def one_call(self) -> Record | None:
-        op = self.rng.choices([o for o, _ in self.ops], [w for _, w in self.ops])[0]
-        mode = self.rng.choice(list(self.modes))
-        targets = self.pick(op)
+        kind = self.rng.choice(self.views)
+        ops = [(o, w) for o, w in self.ops if o in VIEW_OPS.get(kind, OPS)]
+        if not ops:
+            return None
+        op = self.rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
+        mode = self.rng.choice(list(self.modes)) if kind not in VIEW_OPS else "-"
+        targets = self.pick(op, real_only=kind in ("direct", "directview", "balanced"))
         if targets is None:
             return None
         self.seq += 1
         token = f"{self.name}:{self.seq}"
-        rec = Record(self.name, self.seq, op, mode, targets, time.time())
-        view = self.rc.broadcast_view(targets, coalescing=self.modes[mode])
+        if kind == "balanced":
+            view = self.rc.load_balanced_view(targets)
+            targets = [ANY_ENGINE]
+        elif kind == "directview":
+            view = self.rc.direct_view(targets)
+        else:
+            view = self.rc.broadcast_view(targets, coalescing=self.modes[mode], path=kind)
+        rec = Record(self.name, self.seq, op, mode, targets, time.time(), view=kind)
         try:
             ar, check = self.send(view, op, token, targets)
         except Exception as e:  # refused up front: a target died meanwhile
@@ -231,9 +253,11 @@ def _pull(key):
     return globals().get(key)
 
 
-def run(url_file: str, name: str, seed: int, seconds: float, bound: float, sim_file: str, out: str, ops=OPS):
+def run(
+    url_file: str, name: str, seed: int, seconds: float, bound: float, sim_file: str, out: str, ops=OPS, views=VIEWS
+):
     """Process entry point: calls for ``seconds``, each recorded to ``out`` (JSON lines)."""
-    client = Client(url_file, name, seed, bound, sim_file, ops)
+    client = Client(url_file, name, seed, bound, sim_file, ops, views)
     end = time.monotonic() + seconds
     with open(out, "w") as f:
         while time.monotonic() < end:
