@@ -32,6 +32,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STATS = re.compile(r"#(\d+)\s+(?:DONE|pulse|NEW|REDUCE|INITED)\s+cov: (\d+) ft: (\d+) corp: (\d+)")
 
 
+def merge(runner: list, merged: str, work: str):
+    """The corpus minimized into ``merged``; once more with no memory limit and a
+    long timeout if libFuzzer's merge fails (its inner runs are one process)."""
+    for extra in ([], ["-rss_limit_mb=0", "-timeout=600"]):
+        run = subprocess.run(runner + ["-merge=1", *extra, merged, work], capture_output=True, text=True)
+        if run.returncode == 0:
+            return
+        print(f"merge failed ({run.returncode}):\n{run.stderr[-2000:]}", file=sys.stderr, flush=True)
+    raise RuntimeError(f"the corpus could not be merged ({run.returncode}): {run.stderr[-600:]}")
+
+
 def fuzz(name: str, runs: int, kept: str, max_len: int) -> dict:
     """One target's run; its corpus in ``kept`` replaced by the merged one."""
     runner = [sys.executable, "-m", "ipyparallel_broadcast.tools.fuzz", name]
@@ -56,7 +67,7 @@ def fuzz(name: str, runs: int, kept: str, max_len: int) -> dict:
         artifacts = sorted(os.listdir(found))
         if run.returncode and not artifacts:
             raise RuntimeError(f"{name}: the fuzzer failed without an artifact:\n{run.stderr[-3000:]}")
-        subprocess.run(runner + ["-merge=1", merged, work], capture_output=True, text=True, check=True)
+        merge(runner, merged, work)
         os.makedirs(kept, exist_ok=True)
         regressions = [p for p in glob.glob(os.path.join(kept, "*")) if os.path.basename(p).startswith("found-")]
         for path in glob.glob(os.path.join(kept, "*")):
@@ -87,7 +98,10 @@ def main(argv=None):
     parser.add_argument("--max-len", type=int, default=4096, help="bytes per input, at most")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    rows = [fuzz(name, args.runs, os.path.join(args.corpus, name), args.max_len) for name in args.targets.split(",")]
+    rows = []
+    for name in args.targets.split(","):
+        rows.append(fuzz(name, args.runs, os.path.join(args.corpus, name), args.max_len))
+        print({k: v for k, v in rows[-1].items()}, file=sys.stderr, flush=True)  # progress, per target
     lines = [
         "| target | inputs | seconds | inputs/s | edges (cov) | features (ft) | corpus kept | findings |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
