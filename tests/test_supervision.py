@@ -65,11 +65,21 @@ def test_every_child_of_the_controller_is_named(rc):
     assert names == sorted(expected + ["ipb-task"])
 
 
-@pytest.mark.parametrize("queue", ["mux", "task"])
-def test_a_killed_queue_fails_what_it_held_and_serves_again(rc, queue, tmp_path):
-    view = rc[:] if queue == "mux" else rc.load_balanced_view()
+VIEWS = {  # the queue a call goes through, and the call (held on the engines until the gate opens)
+    "DirectView apply": ("mux", lambda rc, gate: rc[:].apply_async(at_gate, gate)),
+    "BroadcastView(path='direct') map": (
+        "mux",
+        lambda rc, gate: rc.broadcast_view(path="direct").map_async(at_gate, [gate] * len(rc.ids)),
+    ),
+    "LoadBalancedView apply": ("task", lambda rc, gate: rc.load_balanced_view().apply_async(at_gate, gate)),
+}
+
+
+@pytest.mark.parametrize("kind", VIEWS)
+def test_a_killed_queue_fails_what_it_held_and_serves_again(rc, kind, tmp_path):
+    queue, call = VIEWS[kind]
     gate = tmp_path / "gate"
-    ar = held(view, gate)
+    ar = call(rc, str(gate))
     until(lambda: on_engines(rc), what="the request on the engines")
     before = child(rc, f"ipb-{queue}")
     os.kill(before, signal.SIGKILL)
@@ -77,9 +87,10 @@ def test_a_killed_queue_fails_what_it_held_and_serves_again(rc, queue, tmp_path)
     gate.touch()
     until(lambda: restarted(rc, f"ipb-{queue}", before), what=f"a new {queue} queue")
     if queue == "mux":
-        assert sorted(view.apply_sync(os.getpid)) == sorted(rc[:].apply_sync(os.getpid))
+        assert len(set(rc[:].apply_sync(os.getpid))) == len(rc.ids)
+        assert rc.broadcast_view(path="direct").map_sync(abs, range(-6, 0)) == [6, 5, 4, 3, 2, 1]
     else:
-        assert view.map_sync(lambda x: x * 2, range(12)) == [x * 2 for x in range(12)]
+        assert rc.load_balanced_view().map_sync(abs, range(-12, 0)) == list(range(12, 0, -1))
     rc.wait(timeout=60)  # the held calls' engines are free again
 
 

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 
 import zmq
-from ipyparallel import error, util
+from ipyparallel import util
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float
 from zmq.eventloop.zmqstream import ZMQStream
@@ -145,14 +145,8 @@ class ControllerWatch(ClientSeam):
             if msg_id in self.results:
                 continue
             eid = self._engine_table.get(uuid) if uuid else None
-            try:
-                whom = f"engine {eid if eid is not None else uuid} did not answer" if uuid else "no engine answered"
-                raise error.EngineError(f"{why}: {whom}")
-            except error.EngineError:
-                content = error.wrap_exception()
-            msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
-            msg["parent_header"]["msg_id"] = msg_id
-            msg["metadata"]["engine"] = uuid
+            whom = f"engine {eid if eid is not None else uuid} did not answer" if uuid else "no engine answered"
+            msg = self._engine_error_reply(msg_id, uuid, f"{why}: {whom}")
             self._given_up[msg_id] = None
             while len(self._given_up) > GIVEN_UP_KEPT:
                 self._given_up.popitem(last=False)

@@ -253,17 +253,20 @@ class Upstream(StreamReaders, seam.ClientSeam):
     def _fail_if_engine_gone(self, msg_id, uuid, eid):
         if self._engine_table.get(uuid) is not None or msg_id not in self.outstanding or msg_id in self.results:
             return  # still registered: its unregistration will fail what it holds
+        why = f"Engine {eid if eid is not None else uuid!r} is gone (it died or unregistered): "
+        self._file_apply_reply(self._engine_error_reply(msg_id, uuid, why + f"request {msg_id!r} did not reach it"))
+
+    def _engine_error_reply(self, msg_id: str, uuid: str | None, text: str) -> dict:
+        """A reply to ``msg_id`` carrying ``EngineError(text)``, made here as
+        ipyparallel makes one for a request its dead engine still owed."""
         try:
-            raise error.EngineError(
-                f"Engine {eid if eid is not None else uuid!r} is gone (it died or "
-                f"unregistered): request {msg_id!r} did not reach it"
-            )
+            raise error.EngineError(text)
         except error.EngineError:
             content = error.wrap_exception()
-        msg = self.session.msg("apply_reply", content=content)  # as ipyparallel fails a dead engine's
+        msg = self.session.msg("apply_reply", content=content)
         msg["parent_header"]["msg_id"] = msg_id
         msg["metadata"]["engine"] = uuid
-        self._file_apply_reply(msg)
+        return msg
 
     def _metadata_of(self, msg):
         """ipyparallel's, with the engine's start time parsed by the fast C parser."""
