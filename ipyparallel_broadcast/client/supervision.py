@@ -158,11 +158,15 @@ class ControllerWatch(ClientSeam):
                 self._file_apply_reply(msg)
 
     def _unless_given_up(self, handler):
-        """A reply handler that drops the late reply of a request failed early."""
+        """A reply handler that drops the late reply of a request already
+        ended: failed early here, or failed when its engine unregistered
+        (ipyparallel prints such a "stale result", files it over the first
+        outcome, and sets its future twice)."""
 
         def handle(frames):
-            if self._given_up and self._parent_id(frames) in self._given_up:
-                log.debug("dropped the late reply of a request that had failed")
+            msg_id = self._parent_id(frames)
+            if msg_id in self._given_up or (msg_id not in self.outstanding and msg_id in self.results):
+                log.debug("dropped the late reply to %s, which had ended", msg_id)
                 return
             return handler(frames)
 
