@@ -35,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     rows, totals, faults_all = [], collections.defaultdict(collections.Counter), collections.Counter()
+    details = []  # what each call that hung waited for, and what did not work afterwards
     clean_runs, first_seed = 0, args.seed
     for i in range(args.runs):
         args.seed = first_seed + i
@@ -55,6 +56,9 @@ def main(argv=None):
             + f" | {'all ok' if not bad_after else len(bad_after)} | {time.monotonic() - tic:.0f} |"
         )
         print(rows[-1], flush=True)
+        details += [f"- seed {args.seed}, hung: {h}" for h in v.hung]
+        details += [f"- seed {args.seed}, afterwards: {k}: {x}" for k, x in bad_after.items()]
+        details += [f"- seed {args.seed}, a client process never ended" for _ in result["stuck_clients"]]
     lines = [
         f"Bed: {args.hosts} hosts x {args.engines} real engines (network namespaces, links at 200 Mbit/s), "
         f"{args.sim_hosts} simulated hosts x {args.sim_engines} engines; {args.clients} clients for "
@@ -84,6 +88,8 @@ def main(argv=None):
         "|---|---:|",
         *[f"| {k} | {n} |" for k, n in faults_all.most_common()],
     ]
+    if details:
+        lines += ["", "## What went wrong", "", *details]
     report("chaos_runs.py", argv, f"Chaos soaks, {args.runs} runs of {args.seconds:g} s, every view", lines, args.out)
     return 0 if clean_runs == args.runs else 1
 
