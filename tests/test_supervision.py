@@ -12,6 +12,7 @@ import psutil
 import pytest
 from cluster_util import at_gate, process_gone, quiet_config, running_cluster, until
 from ipyparallel import error
+from traitlets.config import Config
 
 pytestmark = pytest.mark.cluster
 
@@ -152,3 +153,22 @@ def test_when_the_controller_dies_its_children_go_and_calls_fail_naming_it(tmp_p
             failed_naming(ar, "the controller sent no sign of life for 3 s", len(rc.ids))
         until(lambda: all(process_gone(pid) for pid in children), what="the controller's children gone")
         (tmp_path / "gate").touch()
+
+
+def test_an_engine_that_dies_while_a_restarted_task_queue_waits_is_not_scheduled():
+    """A restarted task scheduler waits (up to 2 s) for the hub's engines to
+    reconnect. One paused then does not; killed meanwhile, it must be dropped
+    from the wait, not scheduled when the wait ends: tasks sent to it would be
+    lost, and wait forever. (Default heartbeats: the hub still lists it when
+    the new scheduler asks.)"""
+    with running_cluster(3, 1, 2, config=Config()) as rc:
+        pids = dict(zip(rc.ids, rc[:].apply_sync(os.getpid)))
+        victim = pids[rc.ids[-1]]
+        os.kill(victim, signal.SIGSTOP)
+        before = child(rc, "ipb-task")
+        os.kill(before, signal.SIGKILL)
+        until(lambda: restarted(rc, "ipb-task", before), what="a new task queue")
+        os.kill(victim, signal.SIGKILL)
+        until(lambda: len(rc.ids) == 2, what="the dead engine unregistered")
+        ar = rc.load_balanced_view().map_async(abs, range(-24, 0), chunksize=1)
+        assert ar.get(timeout=30) == list(range(24, 0, -1))

@@ -117,6 +117,9 @@ HOOKS = {
         "_signal_stop": ("_on_stop_signal", "an engine stopped by SIGTERM exits 0"),
         "_hb_monitor": ("_check_heart", "heartbeat pings drained per period, not woken per ping"),
     },
+    "TaskSchedulerSeam": {
+        "_unregister_engine": ("_remove_engine", "an engine gone while a restarted scheduler waits is not scheduled"),
+    },
     "RecordsSeam": {
         "_add_bytes": ("_count_bytes", "buffer bytes counted without traitlets per record"),
         "_drop_bytes": ("_uncount_bytes", "the same, as records go"),

@@ -49,6 +49,16 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         self.loop.call_later(self.hold, self._release)
         self._release_if_connected()
 
+    def _remove_engine(self, uid):
+        """ipyparallel's; an engine that unregisters while this one waits is
+        dropped from the wait (ipyparallel's would fail to find it, and the
+        engine would then be scheduled though dead: its tasks lost)."""
+        if self._waiting is not None and uid in self._waiting and uid not in self.targets:
+            self._waiting.remove(uid)
+            self._release_if_connected()
+            return
+        return super()._remove_engine(uid)
+
     def _release_if_connected(self):
         if self._waiting is not None and self._connected >= len(self._waiting):
             self._release()
