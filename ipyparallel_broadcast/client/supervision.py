@@ -11,8 +11,8 @@ a second: with requests outstanding and no beat for ``controller_timeout``
 seconds, every one of them fails, naming the controller, whose hub died or
 cannot be reached.
 
-On a controller that has no notices socket (IPython Parallel's own), none
-of this runs.
+On a controller that has no notices socket (IPython Parallel's own), or
+through an ssh tunnel, none of this runs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ControllerWatch(ClientSeam):
     def _open_streams(self):
         super()._open_streams()
         port = self._connection_info.get(P.NOTICES_KEY)
-        if port is None:
+        if port is None or self._tunneled:  # (no tunnel is made for it: its silence would fail every call)
             return
         sock = self._zmq_context.socket(zmq.SUB)
         sock.setsockopt(zmq.SUBSCRIBE, b"")

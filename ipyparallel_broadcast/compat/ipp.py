@@ -61,6 +61,7 @@ STATE = {
         "_task_stream": ("_balanced_stream", "LoadBalancedView's socket: its requests fail if the task queue dies"),
         "_control_stream": ("_control_channel", "control requests fail if the control queue dies"),
         "_context": ("_zmq_context", "the controller's notices are read in the client's context"),
+        "_ssh": ("_tunneled", "a client through an ssh tunnel does not read the controller's notices"),
     },
     "ResultSeam": {
         "_client": ("_rc", "set as ipyparallel's __init__ does, over one call"),
