@@ -175,7 +175,8 @@ def test_host_loss_is_detected_within_seconds_with_default_heartbeats(coalescing
 
 def test_curve_end_to_end_through_every_hop():
     """With CurveZMQ on (and so no HMAC key, as ipyparallel does), broadcasts go
-    through a depth-2 tree; a plain, non-curve socket gets nothing from the root."""
+    through a depth-2 tree, and the controller's notices reach the client; a plain,
+    non-curve socket gets nothing from the root."""
     with running_cluster(4, 2, 2, controller_args=["--IPController.enable_curve=True"]) as rc:
         assert rc._config.get("curve_serverkey")
         for coalescing in (True, False, 2):
@@ -190,6 +191,8 @@ def test_curve_end_to_end_through_every_hop():
             lambda: len(rc.db_query({"msg_id": {"$in": ar.msg_ids}, "completed": {"$ne": None}}, keys=["msg_id"])) == 4,
             what="hub records over curve",
         )
+        heard = rc._last_beat  # the controller's notices, over curve too
+        until(lambda: rc._last_beat > heard, what="a beat from the controller over curve")
         nodes = rc.broadcast_stats()
         session = Session(key=b"")
         ctx = zmq.Context()
