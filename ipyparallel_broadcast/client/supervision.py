@@ -49,6 +49,7 @@ class ControllerWatch(ClientSeam):
         self._via: dict[str, tuple[str, str | None]] = {}  # msg_id -> (channel, engine uuid), while outstanding
         self._given_up: OrderedDict[str, None] = OrderedDict()
         self._last_beat: float | None = None  # None: no notices socket
+        self._last_tick = 0.0  # when the watch last ran (a stalled I/O thread is not a silent controller)
         self._notices: ZMQStream | None = None
         super().__init__(*args, **kwargs)
 
@@ -70,7 +71,7 @@ class ControllerWatch(ClientSeam):
         )
         self._notices = ZMQStream(sock, self._loop)
         self._notices.on_recv(contained(self._on_notice, self.session, "notices"), copy=False)
-        self._last_beat = time.monotonic()
+        self._last_beat = self._last_tick = time.monotonic()
         watch = PeriodicCallback(guarded_callback(self._watch_controller, "controller watch"), 1000)
         self._loop.add_callback(watch.start)
 
@@ -126,8 +127,14 @@ class ControllerWatch(ClientSeam):
 
     def _watch_controller(self):
         """I/O thread, each second: no beat for ``controller_timeout`` fails all that is owed."""
-        timeout, last = self.controller_timeout, self._last_beat
-        if not timeout or last is None or time.monotonic() - last < timeout:
+        timeout, last, now = self.controller_timeout, self._last_beat, time.monotonic()
+        if not timeout or last is None:
+            return
+        stalled, self._last_tick = now - self._last_tick > 2.0, now
+        if stalled or self._notices.socket.poll(0):  # this thread was busy, or a notice waits to be read
+            self._last_beat = now
+            return
+        if now - last < timeout:
             return
         self._last_beat = time.monotonic()  # once per silence of that length
         why = f"the controller sent no sign of life for {timeout:g} s (its hub died, or cannot be reached)"
