@@ -7,6 +7,8 @@ Real controllers, engines and sockets; processes found by their names."""
 
 import os
 import signal
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -141,18 +143,32 @@ def test_a_restarted_heart_monitor_still_finds_a_silent_engine():
             os.kill(victim, signal.SIGCONT)  # it is told it was dropped, and exits
 
 
-def test_when_the_controller_dies_its_children_go_and_calls_fail_naming_it(tmp_path):
+def controller_dies(gate: str):
+    """In a process of its own (below): calls pending when the controller is SIGKILLed."""
     with running_cluster(3, 1, 2) as rc:
         rc.controller_timeout = 3.0
         children = [p.pid for p in psutil.Process(controller_pid(rc)).children()]
-        direct = held(rc[:], tmp_path / "gate")
-        tree = held(rc.broadcast_view(), tmp_path / "gate")
+        direct = held(rc[:], gate)
+        tree = held(rc.broadcast_view(), gate)
         until(lambda: on_engines(rc), what="the request on the engines")
         os.kill(controller_pid(rc), signal.SIGKILL)
         for ar in (direct, tree):
             failed_naming(ar, "the controller sent no sign of life for 3 s", len(rc.ids))
         until(lambda: all(process_gone(pid) for pid in children), what="the controller's children gone")
-        (tmp_path / "gate").touch()
+        open(gate, "w").close()
+        rc.close(linger=0)
+
+
+def test_when_the_controller_dies_its_children_go_and_calls_fail_naming_it(tmp_path):
+    """Run in a process of its own: a client's sockets closed with messages for the
+    dead controller still queued keep its process-wide zmq context's ``term()``
+    waiting, and with it every later test that destroys that context."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_supervision as t; t.controller_dies(sys.argv[1])"
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "gate")], capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_an_engine_that_dies_while_a_restarted_task_queue_waits_is_not_scheduled():

@@ -50,6 +50,7 @@ class ControllerWatch(ClientSeam):
         self._given_up: OrderedDict[str, None] = OrderedDict()
         self._last_beat: float | None = None  # None: no notices socket
         self._last_tick = 0.0  # when the watch last ran (a stalled I/O thread is not a silent controller)
+        self._controller_silent = False  # it was, for controller_timeout: it is taken for dead
         self._notices: ZMQStream | None = None
         super().__init__(*args, **kwargs)
 
@@ -76,9 +77,12 @@ class ControllerWatch(ClientSeam):
         self._loop.add_callback(watch.start)
 
     def close(self, linger=None):
+        """ipyparallel's; once the controller was found silent, with no linger:
+        what is queued for it will never go, and a socket that lingers on it
+        would hang its context's ``term()`` (and a later ``destroy()``) for good."""
         if self._notices is not None and not self._notices.closed():
             self._loop.add_callback(self._notices.close)
-        super().close(linger)
+        super().close(0 if linger is None and self._controller_silent else linger)
 
     def _on_notice(self, frames):
         try:
@@ -88,6 +92,7 @@ class ControllerWatch(ClientSeam):
             log.error("Dropped an invalid notice from the controller: %s", e)
             return
         self._last_beat = time.monotonic()  # any notice is a sign of life
+        self._controller_silent = False
         if msg["header"]["msg_type"] == P.RESTARTED:
             self._child_died(msg["content"])
 
@@ -137,6 +142,7 @@ class ControllerWatch(ClientSeam):
         if now - last < timeout:
             return
         self._last_beat = time.monotonic()  # once per silence of that length
+        self._controller_silent = True
         why = f"the controller sent no sign of life for {timeout:g} s (its hub died, or cannot be reached)"
         owed, calls = list(self._via), list(self._root_watch.in_flight)
         if owed or calls:
