@@ -17,10 +17,11 @@ from treesim import TreeSim
 
 from ipyparallel_broadcast.engine.holds import HoldingKernel
 from ipyparallel_broadcast.host import shm
+from ipyparallel_broadcast.relay.gangpath import stripe_ends
 from ipyparallel_broadcast.relay.sharing import Sharing
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.wire.reduction import Reduction, engine_value, hold_values_with
+from ipyparallel_broadcast.wire.reduction import ReduceError, Reduction, engine_value, hold_values_with
 
 pytestmark = pytest.mark.pure
 
@@ -35,14 +36,14 @@ class GangSim(TreeSim):
     """A TreeSim whose leaves share memory with their engines, which hold
     their big values and answer turns as ``engine.holds`` does."""
 
-    def __init__(self, engine_ids, values, depth=0, fanout=2):
-        super().__init__(depth, fanout, engine_ids)
+    def __init__(self, engine_ids, values, depth=0, fanout=2, **tree):
+        super().__init__(depth, fanout, engine_ids, **tree)
         self.values, self.turns, self.failing = values, [], set()
         self.slow = set()  # engines whose answers to their turns wait (``finish_turn``)
         self.unfinished = {}
         self.holders = {}
         for node in self.nodes.values():
-            if node.is_leaf:
+            if node.is_leaf or node.host:  # (a host relay shares memory with its engines too)
                 node.sharing = Sharing(node.codec, shm.ShmStore(threshold=1 << 12))
         for eid in engine_ids:
             engine = self.holders[eid] = SimEngine()
@@ -284,3 +285,87 @@ def test_an_engine_refuses_a_malformed_or_replayed_gang_message():
     assert engine.on_gang(receiving, release[1:]) is None and not engine.holding
     with pytest.raises(P.ProtocolError, match="replay"):
         engine.on_gang(receiving, release[1:])
+
+
+# ------------------------------------------ host values in a chain of hosts
+CHUNK = 1024  # bytes per chain chunk: a value of N float64 is 64 chunks, in 6 stripes
+
+
+class ChainSim(GangSim):
+    """Hosts of ``per_host`` engines each under one leaf; each host's engines
+    hold their values and combine them stripe by stripe while the chain
+    sends each final stripe on. ``log``: turns (engine ids) and chain
+    messages sent (``("chunk", host)``), in the order they happened."""
+
+    def __init__(self, n_hosts, per_host, values):
+        hosts = {f"h{i}": (0, list(range(i * per_host, (i + 1) * per_host))) for i in range(n_hosts)}
+        super().__init__(range(n_hosts * per_host), values, hosts=hosts, bulk=dict(chunk=CHUNK, threshold=CHUNK))
+        self.fail_at = {}  # engine id -> its turn (counted from 1) that fails
+        self.log = self.turns
+        for label in hosts:
+            node = self.nodes["h", label]
+            run = node.chains._message
+
+            def message(link, content, data=b"", run=run, label=label):
+                self.log.append(("chunk", label))
+                return run(link, content, data)
+
+            node.chains._message = message
+
+    def _engine_receive(self, leaf_path, frames):
+        uuid = P.as_bytes(frames[0]).decode()
+        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        if eid in self.fail_at and self.log.count(eid) + 1 == self.fail_at[eid]:
+            self.failing.add(eid)
+        super()._engine_receive(leaf_path, frames)
+
+
+def by_host(values, n_hosts, per_host):
+    """The chain's value: each host's engines in order, then host 0's + (host 1's + ...)."""
+    hosts = [in_order(values, range(h * per_host, (h + 1) * per_host)) for h in range(n_hosts)]
+    return functools.reduce(lambda acc, v: v + acc, hosts[::-1])
+
+
+def test_a_hosts_value_goes_into_the_chain_stripe_by_stripe_and_the_sum_is_the_same_to_the_bit():
+    values = values_of(range(9))
+    sim = ChainSim(3, 3, values)
+    sim.request(list(range(9)), reduce="sum")
+    r, raised, failed = outcome(sim)
+    assert r.result().tobytes() == by_host(values, 3, 3).tobytes()
+    assert not raised and not failed
+    assert stripe_ends(N * 8, CHUNK) == [2048, 6144, 14336, 30720, 63488, 65536]  # 2 chunks, then twice the last
+    assert sum(isinstance(e, int) for e in sim.log) == 6 * 9  # a turn per stripe per engine
+    tail = [i for i, e in enumerate(sim.log) if e == ("chunk", "h2")]
+    last_turn = max(i for i, e in enumerate(sim.log) if e in (6, 7, 8))
+    assert len(tail) == 64 and tail[0] < last_turn  # the tail sent before its host's value was whole
+    assert sim.holding() == set() and sim.pending_total() == 0
+    assert all(not node.chains.links for node in sim.nodes.values())
+
+
+def test_a_holder_that_fails_before_any_stripe_went_on_is_named_and_its_host_starts_again():
+    values = values_of(range(6))
+    sim = ChainSim(2, 3, values)
+    sim.fail_at[4] = 1  # its first turn, in host h1 (the tail): nothing of h1 has gone on
+    sim.request(list(range(6)), reduce="sum")
+    r, _, failed = outcome(sim)
+    kept = dict(values)
+    kept[4] = np.zeros(N)
+    expected = in_order(values, [0, 1, 2]) + in_order(values, [3, 5])
+    assert r.result().tobytes() == expected.tobytes()
+    assert list(failed) == [4] and "could not combine its value" in failed[4]
+    assert sim.holding() == set() and sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("host", [0, 1, 2])
+def test_a_holder_that_fails_once_part_of_its_hosts_value_went_on_fails_the_chain_naming_it(host):
+    values = values_of(range(9))
+    sim = ChainSim(3, 3, values)
+    eid = 3 * host + 1
+    sim.fail_at[eid] = 3  # its third stripe: the first went on already
+    sim.request(list(range(9)), reduce="sum")
+    r, _, failed = outcome(sim)
+    with pytest.raises(ReduceError, match=f"engine {eid} failed while this host combined its value"):
+        r.result()
+    assert "could not combine its value" in failed[eid]
+    assert sim.holding() == set() and sim.pending_total() == 0
+    assert all(not node.chains.links for node in sim.nodes.values())

@@ -8,7 +8,8 @@ with a token. Once every engine of the request on that host has answered, the
 relay makes one segment of the value's size and gives the holders turns in
 the order of their engine ids (``GANG_TURN``): the first copies its value in,
 each next one combines its own into it, on a few threads, at the host's
-memory speed (``turn``). Once the segment holds the host's value the relay
+memory speed (``turn``; a turn may be for a stripe of the value, when the
+host's value goes into a reduce chain stripe by stripe). Once the segment holds the host's value the relay
 lets them go (``GANG_RELEASE``). Until then the engine runs no other request
 (``holding``): a later one could change the value it keeps. A greeting from
 another relay (its own restarted) lets every value go.
@@ -62,10 +63,13 @@ class Holds:
                 self.values.pop(token, None)
 
     def turn(self, content: dict) -> dict:
-        """Combine the value ``content["token"]`` into the relay's segment
-        (copy it, if ``first``): the answer for the relay, ``ok`` or ``error``."""
+        """Combine bytes ``lo`` to ``hi`` (default: all) of the value
+        ``content["token"]`` into the relay's segment (copy them, if
+        ``first``): the answer for the relay, ``ok`` or ``error``."""
         token = content.get("token")
         answer = dict(req=content.get("req"), round=content.get("round"), token=token)
+        if "lo" in content:  # a turn for a stripe: the answer says which
+            answer["lo"] = content["lo"]
         value = self.values.get(token) if isinstance(token, str) else None
         try:
             if value is None:
@@ -73,12 +77,19 @@ class Holds:
             op = content.get("op")
             if op not in OPS or content.get("dtype") != value.dtype.str:
                 raise ValueError(f"a turn for op {op!r} and dtype {content.get('dtype')!r}")
+            lo, hi = content.get("lo", 0), content.get("hi", value.nbytes)
+            size = value.itemsize
+            if not (
+                type(lo) is int and type(hi) is int and 0 <= lo < hi <= value.nbytes and lo % size == hi % size == 0
+            ):
+                raise ValueError(f"a turn for bytes {lo!r} to {hi!r} of {value.nbytes}")
+            part = value[lo // size : hi // size]
             if content.get("first") is True:
-                shm.write_host_value(content.get("ref"), self.prefix, value.view("u1"))
+                shm.write_host_value(content.get("ref"), self.prefix, part.view("u1"), lo, value.nbytes)
             else:
-                view = shm.map_host_value(content.get("ref"), self.prefix, value.nbytes)
+                view = shm.map_host_value(content.get("ref"), self.prefix, value.nbytes, lo, hi)
                 try:
-                    self._combine(view, value, ufunc(op))
+                    self._combine(view, part, ufunc(op))
                 finally:
                     view.release()
         except (ValueError, OSError) as e:

@@ -379,28 +379,40 @@ def _host_value(content, prefix: str, nbytes: int) -> tuple[Reference, str]:
     return ref, os.path.join(directory(), ref.name)
 
 
-def map_host_value(content, prefix: str, nbytes: int) -> memoryview:
+def map_host_value(content, prefix: str, nbytes: int, lo: int = 0, hi: int | None = None) -> memoryview:
     """An engine's: the segment its relay made for the reduce value of its
     host's engines (``ShmStore.reserve``), mapped shared and writable, to
-    combine its own value into in its turn. Only a segment of that relay
-    (``prefix``) of ``nbytes``, written whole already (``write_host_value``).
-    Raises ``ShmError``."""
+    combine its own value into in its turn: bytes ``lo`` to ``hi`` of the
+    value (default: all). Only a segment of that relay (``prefix``) of
+    ``nbytes``, written there already (``write_host_value``). Raises ``ShmError``."""
     ref, path = _host_value(content, prefix, nbytes)
-    ((_, view),) = _mapped(ref, path, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    return view
+    hi = nbytes if hi is None else hi
+    _check_range(ref, lo, hi, nbytes)
+    offset = ref.bufs[0][1] + lo
+    start = offset - offset % PAGE  # (a mapping starts on a page)
+    part = Reference(ref.name, [(0, start, offset + (hi - lo) - start)])
+    ((_, view),) = _mapped(part, path, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    return view[offset - start :]
 
 
-def write_host_value(content, prefix: str, data) -> None:
-    """An engine's, the first in turn: its value's bytes into that segment
-    (written, not mapped: its pages are new, and a write is the cheapest way
-    to fill them; a full file system is ENOSPC here, never SIGBUS later).
-    Raises ``ShmError``."""
+def write_host_value(content, prefix: str, data, lo: int = 0, nbytes: int | None = None) -> None:
+    """An engine's, the first in turn: its value's bytes (``data``: those from
+    ``lo`` on, of a value of ``nbytes``) into that segment (written, not
+    mapped: its pages are new, and a write is the cheapest way to fill them;
+    a full file system is ENOSPC here, never SIGBUS later). Raises ``ShmError``."""
     view = memoryview(data).cast("B")
-    ref, path = _host_value(content, prefix, view.nbytes)
+    nbytes = view.nbytes if nbytes is None else nbytes
+    ref, path = _host_value(content, prefix, nbytes)
+    _check_range(ref, lo, lo + view.nbytes, nbytes)
     with _opened(ref, path, os.O_RDWR, "written") as fd:
-        if os.fstat(fd).st_size < ref.bufs[0][1] + view.nbytes:
+        if os.fstat(fd).st_size < ref.bufs[0][1] + nbytes:
             raise ShmError(errno.EINVAL, f"segment {ref.name} is too small for the value")
-        _write_all(fd, view, ref.bufs[0][1])
+        _write_all(fd, view, ref.bufs[0][1] + lo)
+
+
+def _check_range(ref: Reference, lo, hi, nbytes: int) -> None:
+    if not (type(lo) is int and type(hi) is int and 0 <= lo < hi <= nbytes):
+        raise ShmError(errno.EINVAL, f"bytes {lo!r} to {hi!r} of a {nbytes}-byte value in {ref.name}")
 
 
 def take_value(ref: Reference, root: str | None = None) -> memoryview:

@@ -47,6 +47,8 @@ class ChainPath:
         if chain is None or chain.outcome is not None or child != chain.hosts[0]:
             raise P.ProtocolError(f"chain message for {msg['content']['key']!r} from {child!r}, not its head")
         chain.last = self.clock()
+        if not chain.have:
+            self.inflight.stamp(p, "chain in")
         if not upchain.take(chain, msg, data):
             return []
         return self._chain_settled(p)
@@ -69,6 +71,7 @@ class ChainPath:
     def _chain_settled(self, p: Pending) -> list[Send]:
         """The chain's outcome is known: its value (or error) combines in its turn."""
         chain, r = p.chain, p.reduction
+        self.inflight.stamp(p, "chain done", chain.outcome)
         if chain.outcome == "value":
             value = R.decode({k: v for k, v in chain.header.items() if k not in ("nbytes", "chunk")}, [chain.buffer])
             r.add([], value, chain.key, owned=True)

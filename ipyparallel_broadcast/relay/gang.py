@@ -9,6 +9,12 @@ own into it. So a host's value costs one segment, whatever the number of its
 engines, and each value is read once, by its own engine. The segment is then
 this relay's part for those engines, combined in place from there on.
 
+With ``stripes`` (where each stripe ends), the turns go stripe by stripe
+(every holder's turn for the first stripe, then for the next ...): each
+stripe of the host's value is final as soon as its last turn is done
+(``ready``), so a reduce chain can send it on while the rest is still
+combined. The order of the values in each element is the same either way.
+
 A holder that dies, fails its turn or takes longer than its deadline is named
 and dropped, and the turns start again without it (the first copies: nothing
 of its value stays). ``Gang`` only keeps the order; ``gangpath`` sends.
@@ -33,8 +39,9 @@ class Gang:
     def __init__(self, key: str, op: str):
         self.key, self.op = key, op
         self.holders: dict[int, Holder] = {}  # engine id -> its holder
-        self.order: list[int] = []  # turns, once started
-        self.at = -1  # the index in ``order`` of the turn under way (-1: not started)
+        self.order: list[int] = []  # the holders in turn, once started
+        self.ends: list[int] | None = None  # where each stripe ends (None: one turn each, for the whole value)
+        self.at = -1  # the index in ``steps`` of the turn under way (-1: not started)
         self.segment = None  # (reference content, writable view), once started
         self.round = 0  # turns started again (a holder dropped) start a new round, in a new segment
         self.deadline: float | None = None  # the turn under way must be done by then
@@ -63,16 +70,24 @@ class Gang:
     def nbytes(self) -> int:
         return self.holders[min(self.holders)].held.nbytes
 
-    def start(self, segment) -> tuple[str, dict]:
-        """The holders take turns in ``segment``: the first turn (``turn``)."""
-        self.segment, self.order, self.at = segment, self.eids, 0
+    def start(self, segment, ends: list[int] | None = None) -> tuple[str, dict]:
+        """The holders take turns in ``segment`` (stripe by stripe, with
+        ``ends``): the first turn (``turn``)."""
+        self.segment, self.order, self.at, self.ends = segment, self.eids, 0, ends
         self.round += 1
         return self.turn()
 
+    @property
+    def steps(self) -> int:
+        return (1 if self.ends is None else len(self.ends)) * len(self.order)
+
+    def _lo(self, stripe: int) -> int | None:
+        return None if self.ends is None else self.ends[stripe - 1] if stripe else 0
+
     def turn(self) -> tuple[str, dict]:
         """``(uuid, GANG_TURN content)`` of the turn under way."""
-        eid = self.order[self.at]
-        holder = self.holders[eid]
+        stripe, k = divmod(self.at, len(self.order))
+        holder = self.holders[self.order[k]]
         content = dict(
             req=self.key,
             round=self.round,
@@ -80,19 +95,30 @@ class Gang:
             ref=self.segment[0],
             op=self.op,
             dtype=holder.held.dtype,
-            first=self.at == 0,
+            first=k == 0,
         )
+        if self.ends is not None:
+            content.update(lo=self._lo(stripe), hi=self.ends[stripe])
         return holder.uuid, content
 
     @property
     def turn_of(self) -> int | None:
         """The engine whose turn is under way."""
-        return self.order[self.at] if self.started and self.at < len(self.order) else None
+        return self.order[self.at % len(self.order)] if self.started and self.at < self.steps else None
+
+    @property
+    def ready(self) -> int:
+        """Bytes of the host's value that are final (every holder's turn for them is done)."""
+        if not self.started or not self.order:
+            return 0
+        if self.ends is None:
+            return self.nbytes if self.at >= self.steps else 0
+        return self._lo(min(self.at // len(self.order), len(self.ends)))
 
     def done(self) -> bool:
         """The turn under way is done: True if it was the last."""
         self.at += 1
-        return self.at == len(self.order)
+        return self.at >= self.steps
 
     def drop(self, eid: int) -> bool:
         """``eid`` is gone (dead, or its turn failed): True if the turns must
@@ -101,18 +127,21 @@ class Gang:
         self.holders.pop(eid)
         if not self.started:
             return False
-        spoiled = self.order.index(eid) <= self.at
+        spoiled = self.order.index(eid) <= self.at  # (its first turn is in the first stripe)
         self.order.remove(eid)
         return spoiled and bool(self.order)
 
     def is_answer(self, uuid: str, answer: dict) -> bool:
         """Whether ``answer`` ends the turn under way (not an earlier round's)."""
-        holder = self.holders.get(self.order[self.at]) if self.started and self.at < len(self.order) else None
+        eid = self.turn_of
+        holder = self.holders.get(eid) if eid is not None else None
+        lo = self._lo(self.at // len(self.order)) if eid is not None else None
         return (
             holder is not None
             and holder.uuid == uuid
             and answer.get("round") == self.round
             and answer.get("token") == holder.held.token
+            and answer.get("lo") == lo
         )
 
     def eid_of(self, uuid: str) -> int | None:

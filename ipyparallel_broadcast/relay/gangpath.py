@@ -5,11 +5,24 @@ dropped, and the host's value folded in. Part of ``RelayNode``; sans I/O."""
 from __future__ import annotations
 
 from ..wire import protocol as P
+from ..wire import reduction as R
 from ..wire.reduction import Held
 from .events import DOWN, Send
 from .gang import Gang
 from .pending import Pending
 from .state import GANG
+
+STRIPE_MAX = 16 << 20  # bytes: the largest stripe of a host's value in a reduce chain
+
+
+def stripe_ends(nbytes: int, chunk: int) -> list[int]:
+    """Where each stripe of an ``nbytes`` value ends: two chunks, then each
+    twice the one before, up to ``STRIPE_MAX`` (in whole chunks)."""
+    ends, size = [], 2 * chunk
+    while not ends or ends[-1] < nbytes:
+        ends.append(min(nbytes, (ends[-1] if ends else 0) + size))
+        size = min(2 * size, max(chunk, STRIPE_MAX // chunk * chunk))
+    return ends
 
 
 class GangPath:
@@ -35,7 +48,24 @@ class GangPath:
             why = "reduce: shared memory on this host cannot take the engines' values"
         if why is not None:
             return self._gang_end(p, why)
-        return self._gang_turn(gang.start(segment), gang)
+        self.inflight.stamp(p, "gang start", len(gang.holders))
+        return self._gang_turn(gang.start(segment, self._gang_stripes(p, segment)), gang)
+
+    def _gang_stripes(self, p: Pending, segment) -> list[int] | None:
+        """Where each stripe ends, when this host's value goes into a reduce
+        chain and is all the holders' (nothing else combines into it): the
+        chain sends each stripe on while the next ones combine. The first
+        stripe is two chunks, each next one twice the one before (up to
+        ``STRIPE_MAX``): the chain starts soon, and few turns are taken.
+        None: one turn each, for the whole value."""
+        gang, chunk = p.gang, self.chains.chunk
+        if not p.reduction.empty or not chunk or gang.nbytes <= 2 * chunk:
+            return None
+        held = gang.holders[min(gang.holders)].held
+        header, _ = R.encode(held.value(segment[1]))
+        if not self.chains.own_begin(p.key, header, segment[1]):
+            return None
+        return stripe_ends(gang.nbytes, chunk)
 
     def _gang_turn(self, turn: tuple[str, dict], gang: Gang) -> list[Send]:
         gang.deadline = self.clock() + 2 * self.node_timeout
@@ -54,7 +84,8 @@ class GangPath:
             why = f"could not combine its value: {answer.get('error')}"
             return self._gang_drop(p, gang.turn_of, P.UNREACHABLE, why)
         if not gang.done():
-            return self._gang_turn(gang.turn(), gang)
+            sends = self._gang_turn(gang.turn(), gang)
+            return sends + (self.chains.own_ready(p.key, gang.ready) if gang.ends else [])
         return self._gang_end(p)
 
     def _gang_drop(self, p: Pending, eid: int, code: str, reason: str) -> list[Send]:
@@ -69,6 +100,10 @@ class GangPath:
             sends.append(self._let_go(uuid, [token]))
         if not gang.holders or (gang.started and not gang.order):
             return sends + self._gang_end(p)
+        if again and self.chains.consumed(p.key):  # part of the host's value went on: it cannot start again
+            why = f"engine {eid} failed while this host combined its value, part of which had gone on ({reason})"
+            sends += self.chains.abort(p.key, f"reduce chain: {why}")
+            return sends + self._gang_end(p, f"reduce: {why}")
         if not again:
             return sends + self._gang_go(p)
         self.sharing.drop_value(gang.segment[0])  # the turn under way may still write it: a new one
@@ -79,7 +114,7 @@ class GangPath:
         segment = self.sharing.value_segment(gang.nbytes)
         if segment is None:
             return self._gang_end(p, "reduce: shared memory on this host cannot take the engines' values")
-        return self._gang_turn(gang.start(segment), gang)
+        return self._gang_turn(gang.start(segment, self._gang_stripes(p, segment)), gang)
 
     def _gang_end(self, p: Pending, error: str | None = None) -> list[Send]:
         """The host's value (or why there is none) joins ``p``'s reduction in
@@ -100,6 +135,7 @@ class GangPath:
         if gang.segment is not None:
             p.segments.append(gang.segment[0])  # its name goes when ``p`` is done here, unless passed up
         p.state.answer(GANG)
+        self.inflight.stamp(p, "gang done", error)
         return sends + self.inflight.finish_if_done(p)
 
     def _let_go(self, uuid: str, tokens: list[str]) -> Send:

@@ -18,6 +18,12 @@ chain. A chain message is signed, and its content carries the SHA-256 of its
 bytes: ``{key, i, n, v: value header}``; ``n = 0``: no value (``error``: the
 values did not combine). The leaf fails the chained engines by name when a
 host of the chain is lost, or when the chain stalls.
+
+A host's own value may come in stripes (``own_begin``, ``own_ready``: its
+engines combine it stripe by stripe, ``gang``): each chunk goes on as soon as
+its bytes are final, so the chain does not wait for the whole host's value.
+A host that cannot finish its value once part of it went on ends the chain
+with an error (``abort``): no host can take back what it sent.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class Link:
     last: float  # when it last moved
     own: tuple | None = None  # (value header, bytes) of this host's own big value
     own_done: bool = False
+    upto: int = 0  # bytes of ``own`` that are final (it may come in stripes)
+    next_own: int = 0  # the next chunk of ``own`` alone to send (nothing comes from after this host)
+    used: bool = False  # a chunk with this host's own bytes went on
     head: dict | None = None  # the incoming value's first content (n, v or error)
     chunks: dict = field(default_factory=dict)  # incoming chunk index -> bytes, not yet sent on
     sent: set = field(default_factory=set)
@@ -70,6 +79,7 @@ class Chains:
         self.codec, self.clock, self.stall, self.chunk = codec, clock, stall, chunk
         self.links: dict[str, Link] = {}
         self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
+        self.aborted: dict[str, None] = {}  # keys of links this host ended early: later chunks are dropped
         self.sent = self.received = 0  # chunks, for stats
 
     def join(self, key: str, op: str, content) -> None:
@@ -88,39 +98,82 @@ class Chains:
         link = self.links.get(key)
         if link is None:
             return []
-        link.own, link.own_done, link.last = (header, data) if header is not None else None, True, self.clock()
+        link.last = self.clock()
+        if link.own is not None and not link.own_done and (header is not None or link.used):  # in stripes
+            if header is None:
+                return self.abort(key, "this host's value did not come whole")
+            link.own_done, link.upto = True, memoryview(link.own[1]).nbytes
+            return self._advance(link)
+        link.own, link.own_done = (header, data) if header is not None else None, True
+        link.upto = memoryview(data).nbytes if header is not None else 0
         return self._advance(link)
+
+    def own_begin(self, key: str, header: dict, data) -> bool:
+        """This host's own value will be final in ``data`` stripe by stripe
+        (``own_ready``): False if ``key`` has no link here."""
+        link = self.links.get(key)
+        if link is None or link.used or link.own_done:
+            return False
+        link.own, link.upto = (header, data), 0
+        return True
+
+    def own_ready(self, key: str, upto: int) -> list[Send]:
+        """Bytes up to ``upto`` of this host's own value are final."""
+        link = self.links.get(key)
+        if link is None or link.own is None or link.own_done:
+            return []
+        link.upto, link.last = upto, self.clock()
+        return self._advance(link)
+
+    def consumed(self, key: str) -> bool:
+        """Whether part of this host's own value for ``key`` went on already."""
+        link = self.links.get(key)
+        return link is not None and link.used
+
+    def abort(self, key: str, why: str) -> list[Send]:
+        """End ``key``'s chain here with ``why``: the hosts before this one,
+        and the leaf, learn that the value is lost."""
+        link = self.links.get(key)
+        if link is None:
+            return []
+        self.aborted[key] = None
+        while len(self.aborted) > 256:
+            self.aborted.pop(next(iter(self.aborted)))
+        return self._finish(link, self._message(link, dict(n=0, error=why)))
 
     def on_message(self, msg: dict, data) -> list[Send]:
         """A chain message from the host after this one."""
         content = msg["content"]
         link = self.links.get(content.get("key"))
+        if link is None and content.get("key") in self.aborted:
+            return []  # this host ended that chain: what still comes goes no further
         if link is None or not link.fed or link.done:
             raise P.ProtocolError(f"chain message for {content.get('key')!r}, not expected here")
         self.received += 1
         link.last = self.clock()
-        if link.head is None:
+        if content.get("error"):  # the hosts after this one lost the value: so did the chain
+            link.head = content
+        elif link.head is None:
             link.head = content
         elif (content.get("n"), content.get("v")) != (link.head.get("n"), link.head.get("v")):
             raise P.ProtocolError("chain chunks that disagree on the value")
         i = content.get("i")
-        if link.head.get("n"):
+        if link.head.get("n") and not link.head.get("error"):
             if i in link.chunks or i in link.sent:
                 raise P.ProtocolError(f"chain chunk {i} came twice")
             link.chunks[i] = data
         return self._advance(link)
 
     def _advance(self, link: Link) -> list[Send]:
-        if not link.own_done or (link.fed and link.head is None):
-            return []
         incoming = link.head if link.fed else dict(n=0)
-        if incoming.get("error"):
+        if incoming is not None and incoming.get("error"):
             return self._finish(link, self._message(link, dict(n=0, error=incoming["error"])))
+        if incoming is None or (link.own is None and not link.own_done):
+            return []  # nothing came yet, or whether this host adds a value is not known yet
         if not incoming.get("n"):  # nothing from after this host: its own value, or none
             if link.own is None:
                 return self._finish(link, self._message(link, dict(n=0)))
-            header, data = link.own
-            return self._finish(link, self._value(link, header, data))
+            return self._own_chunks(link)
         if incoming["v"]["chunk"] != self.chunk:
             why = "hosts of the chain use different chunk sizes"
             return self._finish(link, self._message(link, dict(n=0, error=why)))
@@ -132,6 +185,8 @@ class Chains:
             return self._finish(link, self._message(link, dict(n=0, error=why)))
         sends = []
         for i in sorted(link.chunks):
+            if link.own is not None and not self._final(link, i):
+                break  # (its bytes are final in order: no later chunk is either)
             chunk = link.chunks.pop(i)
             if link.own is not None:  # this host's value first, then what came: the chain's fixed order
                 own = memoryview(link.own[1]).cast("B")[i * self.chunk : (i + 1) * self.chunk]
@@ -139,6 +194,7 @@ class Chains:
                     chunk = R.combine_bytes(link.op, link.own[0]["dtype"], own, chunk)
                 except ValueError as e:
                     return sends + self._finish(link, self._message(link, dict(n=0, error=f"chain: {e}")))
+                link.used = True
             sends += self._message(link, dict(i=i, n=incoming["n"], v=incoming["v"]), chunk)
             link.sent.add(i)
         if len(link.sent) == incoming["n"]:
@@ -146,15 +202,24 @@ class Chains:
             del self.links[link.key]
         return sends
 
-    def _value(self, link: Link, header: dict, data) -> list[Send]:
+    def _final(self, link: Link, i: int) -> bool:
+        """Chunk ``i`` of this host's own value is final."""
+        return link.own_done or min((i + 1) * self.chunk, memoryview(link.own[1]).nbytes) <= link.upto
+
+    def _own_chunks(self, link: Link) -> list[Send]:
+        """This host's own value alone, chunk after chunk as each is final."""
+        header, data = link.own
         view = memoryview(data).cast("B")
         n = max(1, -(-view.nbytes // self.chunk))
         header = dict(header, nbytes=view.nbytes, chunk=self.chunk)
-        return [
-            s
-            for i in range(n)
-            for s in self._message(link, dict(i=i, n=n, v=header), view[i * self.chunk : (i + 1) * self.chunk])
-        ]
+        sends = []
+        while link.next_own < n and self._final(link, link.next_own):
+            i = link.next_own
+            sends += self._message(link, dict(i=i, n=n, v=header), view[i * self.chunk : (i + 1) * self.chunk])
+            link.next_own, link.used = i + 1, True
+        if link.next_own == n:
+            return self._finish(link, sends)
+        return sends
 
     def _message(self, link: Link, content: dict, data=b"") -> list[Send]:
         content = dict(content, key=link.key, d=digest(data))

@@ -305,6 +305,15 @@ class Reduction:
         self._advance()
 
     @property
+    def empty(self) -> bool:
+        """No value or error has come yet (engines that raised may have)."""
+        return (
+            self.sig is None
+            and self.error is None
+            and all(part[1] is None for parts in self._held.values() for part in parts)
+        )
+
+    @property
     def waiting(self) -> int:
         """Values held until the values before them come."""
         return sum(len(parts) for parts in self._held.values())
