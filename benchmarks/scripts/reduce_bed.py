@@ -17,6 +17,11 @@ bytes that entered the controller host during the call, in M.
   ``view.allreduce``; DirectView: pull, sum and push.
 - gather: ``--gather`` MiB in all (an equal part on each engine) joined at the
   client, by each view's ``gather``; its floor is the total over one link.
+- pull (``--pull``): one engine's ``big`` (on the last host) to the client, by
+  each view's ``pull``; its floor is M/B.
+- ``--stock``: IPython Parallel's BroadcastView too, on a stock cluster of the
+  same hosts (its controller and ``ipengine``s; depth 1), at ``--peer-sizes``:
+  reduce and allreduce as DirectView's.
 """
 
 from __future__ import annotations
@@ -42,11 +47,16 @@ DRIVER = textwrap.dedent("""
     from ipyparallel_broadcast.client.client import Client
 
     path, n, views_wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
-    rc = Client(path)
-    rc.wait_for_engines(n, timeout=900)
-    views = {"ours": rc.broadcast_view(block=True), "DirectView": rc[:]}
-    views["DirectView"].block = True
-    views = {k: v for k, v in views.items() if k in views_wanted}
+    if views_wanted == ["ipp BroadcastView"]:  # a stock cluster: IPython Parallel's own view
+        rc = ipp.Client(path)
+        rc.wait_for_engines(n, timeout=900)
+        views = {"ipp BroadcastView": rc.broadcast_view(is_coalescing=True, block=True)}
+    else:
+        rc = Client(path)
+        rc.wait_for_engines(n, timeout=900)
+        views = {"ours": rc.broadcast_view(block=True), "DirectView": rc[:]}
+        views["DirectView"].block = True
+        views = {k: v for k, v in views.items() if k in views_wanted}
 
     @ipp.interactive
     def value():
@@ -68,6 +78,11 @@ DRIVER = textwrap.dedent("""
         elif what == "part":  # a gather's: size bytes in all
             view.execute(f"import numpy as np; part = np.random.default_rng().random({size // 8 // n})")
             out = 0
+        elif what == "pull":
+            tic = time.perf_counter()
+            got = view.pull("big", targets=[n - 1], block=True) if name == "ours" else rc[n - 1].pull("big", block=True)
+            out = time.perf_counter() - tic
+            assert np.asarray(got).nbytes == size
         elif what == "gather":
             tic = time.perf_counter()
             got = view.gather("part", block=True)
@@ -92,23 +107,25 @@ DRIVER = textwrap.dedent("""
 
 def measure(args, depth: int, views: str) -> dict:
     n = args.hosts * args.per_host
+    stock = views == "ipp BroadcastView"
     rows = {}
     with ExitStack() as stack:
         bed = stack.enter_context(NetBed(hosts=args.hosts))
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
         extra = [f"--BroadcastController.host_chunk_size={args.chunk << 10}"] if args.chunk else []
-        cluster = stack.enter_context(BedCluster(bed, depth=depth, controller_args=extra))
+        cluster = stack.enter_context(BedCluster(bed, depth=depth, controller_args=extra, stock=stock))
         for host in bed.hosts:
-            cluster.start_engines(host, args.per_host)
+            cluster.start_engines(host, args.per_host, kind="stock" if stock else "broadcast")
         drive = Driver(bed, DRIVER, [cluster._file("client"), n, views])
         try:
-            for mib in args.sizes:
+            for mib in args.sizes if not stock else [m for m in args.sizes if m in args.peer_sizes]:
                 size = mib << 20
                 drive(drive.views[0], "make", size)
                 for name in [v for v in drive.views if v == "ours" or mib in args.peer_sizes]:
                     label = f"ours, depth {depth}" if name == "ours" else name
-                    for what in ("reduce", "allreduce"):
+                    pull = ("pull",) if args.pull and not stock else ()
+                    for what in ("reduce", "allreduce") + pull:
                         times, into = [], []
                         for _ in range(args.reps):
                             before = bed.link_bytes(bed.controller)[0]
@@ -118,7 +135,7 @@ def measure(args, depth: int, views: str) -> dict:
                             seconds=statistics.median(times), each=times, into=statistics.median(into)
                         )
                         print(label, what, mib, rows[label, what, mib], file=sys.stderr, flush=True)
-            for mib in args.gather:
+            for mib in args.gather if not stock else []:
                 size = mib << 20
                 drive(drive.views[0], "part", size)
                 for name in [v for v in drive.views if v == "ours" or mib in args.peer_sizes]:
@@ -147,6 +164,10 @@ def main(argv=None):
     parser.add_argument("--peer-sizes", default="16", help="the sizes DirectView runs at too (it is slow)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--depths", default="1,0", help="our tree's depths; DirectView runs on the first")
+    parser.add_argument("--pull", action="store_true", help="also time a pull of one engine's array")
+    parser.add_argument(
+        "--stock", action="store_true", help="also IPython Parallel's BroadcastView (a stock cluster, depth 1)"
+    )
     parser.add_argument("--chunk", type=int, default=0, help="KiB per chunk between hosts (default: the controller's)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -159,12 +180,14 @@ def main(argv=None):
     rows = {}
     for i, depth in enumerate(int(d) for d in args.depths.split(",")):
         rows.update(measure(args, depth, "ours,DirectView" if i == 0 else "ours"))
+    if args.stock:  # (its depth-0 broadcast scheduler never answered on the bed: see bigpush_bed.py)
+        rows.update(measure(args, 1, "ipp BroadcastView"))
     rate = _rate_bits(args.rate) / 8
     lines = [
         f"NetBed: controller and client on one host, {args.hosts} engine hosts x {args.per_host} engines, "
         f"every link capped at {args.rate} each way (tbf); a relay per engine host. Medians of {args.reps} "
         "calls; every engine holds a float64 array of M bytes.",
-        "Floor: M/B, one array over one link (a gather: the total over one link). "
+        "Floor: M/B, one array over one link (a gather: the total over one link; a pull: one engine's array). "
         "In: bytes that entered the controller host during the call, in M.",
         "",
         "| view | call | M | time (s) | each (s) | x floor | in (x M) |",
