@@ -1,5 +1,5 @@
 """The collectives page's plot: reduce, allreduce and gather of 16 MiB on the
-8-host bed, in multiples of the wire floor, ours beside DirectView and MPICH,
+8-host bed, in multiples of the wire floor, ours beside DirectView, IPython Parallel's BroadcastView and MPICH,
 read from the results files those runs wrote.
 
     python benchmarks/scripts/plot_collectives.py \\
@@ -23,10 +23,11 @@ def table_rows(path: str) -> list[list[str]]:
 
 
 def ours_and_directview(path: str, mib: int = 16) -> dict[str, dict[str, float]]:
-    """``{view: {call: floors}}`` from ``reduce_bed.py``'s file (the default tree, and DirectView)."""
+    """``{view: {call: floors}}`` from ``reduce_bed.py``'s file (the default tree, DirectView,
+    and IPython Parallel's BroadcastView if it was run)."""
     out: dict[str, dict[str, float]] = {}
     for view, call, m, _, _, floors, _ in table_rows(path):
-        if m != f"{mib} MiB" or view not in ("ours, depth 1", "DirectView"):
+        if m != f"{mib} MiB" or view not in ("ours, depth 1", "DirectView", "ipp BroadcastView"):
             continue
         name = "ours (default tree)" if view.startswith("ours") else view
         out.setdefault(name, {})[call.split(" ")[0]] = float(floors)
