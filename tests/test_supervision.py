@@ -188,3 +188,24 @@ def test_an_engine_that_dies_while_a_restarted_task_queue_waits_is_not_scheduled
         until(lambda: len(rc.ids) == 2, what="the dead engine unregistered")
         ar = rc.load_balanced_view().map_async(abs, range(-24, 0), chunksize=1)
         assert ar.get(timeout=30) == list(range(24, 0, -1))
+
+
+def test_a_queued_task_whose_only_engine_dies_fails_though_no_other_task_ends(tmp_path):
+    """A task for one engine, queued while that engine is busy, fails once the
+    engine is gone, even while every other engine is busy too: IPython
+    Parallel's scheduler checks queued tasks again only when some task ends
+    (the chaos soak found such a LoadBalancedView map waiting for good)."""
+    with running_cluster(3, 1, 2) as rc:
+        victim = rc.ids[-1]
+        pid = rc[victim].apply_sync(os.getpid)
+        gate = tmp_path / "gate"
+        busy = [rc.load_balanced_view(targets=[eid]).apply_async(at_gate, str(gate)) for eid in rc.ids]
+        until(lambda: all(rc.queue_status()[eid]["tasks"] for eid in rc.ids), what="every engine busy")
+        queued = rc.load_balanced_view(targets=[victim]).apply_async(os.getpid)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(error.RemoteError) as e:
+            queued.get(timeout=30)  # before the others' gate opens
+        assert e.value.ename == "ImpossibleDependency"
+        assert not any(ar.ready() for ar in busy[:-1])  # no other task had ended
+        gate.touch()
+        assert len(set(ar.get(timeout=60) for ar in busy[:-1])) == 2

@@ -52,12 +52,28 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
     def _remove_engine(self, uid):
         """ipyparallel's; an engine that unregisters while this one waits is
         dropped from the wait (ipyparallel's would fail to find it, and the
-        engine would then be scheduled though dead: its tasks lost)."""
+        engine would then be scheduled though dead: its tasks lost). Then the
+        queued tasks that only engines now gone could run fail (``_fail_stranded``)."""
         if self._waiting is not None and uid in self._waiting and uid not in self.targets:
             self._waiting.remove(uid)
             self._release_if_connected()
             return
-        return super()._remove_engine(uid)
+        result = super()._remove_engine(uid)
+        self._fail_stranded()
+        return result
+
+    def _fail_stranded(self):
+        """Fail each queued task restricted to engines of which none is left.
+        ipyparallel checks a queued task again only when some task ends and
+        frees an engine; an unregistration checks nothing, so such a task
+        could wait for good (a LoadBalancedView map to one engine, found by
+        the chaos soak)."""
+        if self._waiting is not None:
+            return  # (the engines are not known yet)
+        live = set(self.targets)
+        for job in list(self.queue):
+            if job.msg_id in self.queue_map and job.targets and not (job.targets - job.blacklist) & live:
+                self.fail_unreachable(job.msg_id)
 
     def _release_if_connected(self):
         if self._waiting is not None and self._connected >= len(self._waiting):
