@@ -246,6 +246,30 @@ def test_a_big_push_on_slow_links_is_not_taken_for_a_dead_host_and_a_dead_host_s
         assert list(results.values()) == [None, None]
 
 
+@ipp.interactive
+def _late_value(late, seconds):
+    import time
+
+    eid = get_ipython().kernel.engine_id  # noqa: F821
+    if eid == late:
+        time.sleep(seconds)
+    return np.full(1 << 18, 1.0 + eid)  # 2 MiB: past the data plane's threshold, so it goes host to host
+
+
+def test_a_big_reduce_whose_last_host_computes_for_longer_than_the_stall_time_still_combines():
+    """The hosts before it wait in the chain as long as the leaf does: not a
+    node timeout (here 1.5 s, so a stall is 3 s; the last engine takes 7 s)."""
+    with slow_bed("--BroadcastController.host_chunk_size=262144") as (bed, rc):
+        hosts = relays(rc).values()  # the controller's settings reach the relays its engines start
+        assert [(n["node_timeout"], n["ping_interval"], n["bulk_chunk"]) for n in hosts] == [(1.5, 0.2, 262144)] * 3
+        view = rc.broadcast_view(block=True)
+        view.execute("import numpy as np")
+        late = max(rc.ids)
+        result = view.reduce(_late_value, late, 7.0, op="sum")
+        np.testing.assert_array_equal(result, np.full(1 << 18, sum(1.0 + e for e in rc.ids)))
+        assert all(n["chain_sent"] for n in relays(rc).values())  # (it went by the chain)
+
+
 def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_once(bed):
     rc = bed.rc
     before = {s["node"]: s for s in rc.broadcast_stats()}

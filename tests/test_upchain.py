@@ -166,6 +166,24 @@ def test_a_host_lost_mid_chain_fails_the_chained_engines_by_name_and_nothing_han
     with pytest.raises(ReduceError):
         r.result()
     assert sim.nodes[()].pending == {}
+    assert all(not sim.nodes[("h", h)].chains.links for h in ("h0", "h1", "h2"))  # told: they let go
+
+
+def test_hosts_whose_engines_compute_longer_than_the_chains_stall_time_still_chain():
+    sim, engines = bed(4, 2)
+    values = {e: big(e) for e in engines}
+    sim.answer_with = answering(values)
+    sim.hold.update([6, 7])  # the tail's engines compute for three stall times; the other hosts wait
+    sim.request(engines, reduce="sum")
+    for _ in range(int(6 * sim.nodes[()].chains.stall)):
+        sim.tick(0.5)  # (pings and pongs go on)
+    assert not sim.client_inbox
+    sim.release(6)
+    sim.release(7)
+    r, raised, failed = outcome(sim)
+    assert not raised and not failed
+    np.testing.assert_array_equal(r.result(), sum(values[e] for e in engines))
+    assert sim.nodes[()].dropped == 0 and sim.pending_total() == 0
 
 
 def test_a_chain_that_stops_fails_once_every_host_has_answered():
@@ -180,6 +198,7 @@ def test_a_chain_that_stops_fails_once_every_host_has_answered():
     r, _, failed = outcome(sim)
     assert sorted(f[0] for f in failed) == engines and all("nothing came" in f[2] for f in failed)
     assert sim.pending_total() == 0
+    assert all(not node.chains.links for node in sim.nodes.values())  # the leaf told every host
 
 
 @pytest.mark.parametrize(

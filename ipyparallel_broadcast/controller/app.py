@@ -132,6 +132,10 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             protocol=PROTOCOL_VERSION,
             shm=self.shared_memory,
             shm_threshold=self.shared_memory_threshold,
+            # host relays, which engines start, run with the tree's timing and data plane
+            ping_interval=self.ping_interval,
+            node_timeout=self.node_timeout,
+            bulk=self._bulk_spec(),
         )
         if self.auto_inputs:  # what an 'auto' shape was picked for
             cdict[TREE_KEY]["auto"] = self.auto_inputs
@@ -140,6 +144,12 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         else:
             cdict[P.NOTICES_KEY] = self.notices_port
         return super().save_connection_dict(fname, cdict)
+
+    def _bulk_spec(self) -> dict:
+        """The data plane's settings, for every relay (host relays too)."""
+        if not self.host_chunks:
+            return dict(threshold=1 << 62)
+        return dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout)
 
     def node_spec(self, path, monitor_url) -> dict:
         shape = self.shape
@@ -160,12 +170,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             shm=self.shared_memory,
             shm_threshold=self.shared_memory_threshold,
         )
-        if self.host_chunks:
-            spec["bulk"] = dict(
-                chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout
-            )
-        else:
-            spec["bulk"] = dict(threshold=1 << 62)
+        spec["bulk"] = self._bulk_spec()
         if self.hub_records:
             spec["monitor_url"] = monitor_url
         if path:

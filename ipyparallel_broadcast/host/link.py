@@ -107,6 +107,8 @@ class HostLink:
                 log_level=log_level,
                 ip=ip,
                 curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
+                # the controller's timing and data plane (a controller before these: the defaults)
+                **{k: info[TREE_KEY][k] for k in ("ping_interval", "node_timeout", "bulk") if k in info[TREE_KEY]},
             ),
             place,
         )

@@ -360,6 +360,7 @@ class Bulk:
             bulk_received=self.received,
             bulk_forwarded=self.forwarded,
             bulk_duplicates=self.duplicates,
+            bulk_chunk=self.chunk,
         )
         if self.last is not None:
             stats["bulk_last"] = self.last

@@ -11,7 +11,7 @@ from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
 from . import upchain
-from .events import UP, Send
+from .events import DOWN, UP, Send
 from .pending import Pending
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
@@ -104,13 +104,16 @@ class ChainPath:
         for key in list(self.chains.open):
             p = self.pending.get(key)
             if p is not None and p.chain.outcome is None and host in p.chain.hosts:
-                sends += self._chain_failed(p, why)
+                sends += self._chain_failed(p, why, gone=host)
         return sends
 
-    def _chain_failed(self, p: Pending, why: str) -> list[Send]:
+    def _chain_failed(self, p: Pending, why: str, gone: bytes | None = None) -> list[Send]:
+        """The chain brings nothing: its engines fail, and its other hosts
+        let go of their links (they wait for as long as the leaf does)."""
         chain = p.chain
         chain.outcome, chain.why = "lost", f"the chain of hosts {chain.label}: {why}"
-        sends = []
+        end = self.codec.pack(P.CHAIN_END, dict(keys=[p.key]))
+        sends = [Send(DOWN, [host] + end) for host in chain.hosts if host != gone]
         for eids, _ in chain.stashed:
             sends += self._fail(p, eids, P.UNREACHABLE, f"lost its value in the reduce chain ({chain.why})")
         chain.stashed, chain.buffer = [], None
@@ -121,11 +124,10 @@ class ChainPath:
         return sends + self.inflight.finish_if_done(p)
 
     def _chain_deadline(self) -> float | None:
-        """When a chain whose hosts all answered would have stalled (or a host's link, dropped)."""
+        """When a chain whose hosts all answered would have stalled."""
         waiting = [self.pending.get(key) for key in self.chains.open] if self.chains.open else ()
         times = [p.chain.last + self.chains.stall for p in waiting if p is not None and self._all_but_chain(p)]
-        host = self.chains.next_deadline() if self.chains.links else None
-        return min(times + ([host] if host is not None else []), default=None)
+        return min(times, default=None)
 
     def _data_deadline(self) -> float | None:
         """When chunks of either plane (``bulk``, a chain) next need a look."""
@@ -137,8 +139,6 @@ class ChainPath:
         return self._chains_stalled(now) if deadline is not None and deadline <= now else []
 
     def _chains_stalled(self, now: float) -> list[Send]:
-        for key in self.chains.stalled(now):
-            log.warning("%s: the reduce chain of %s stalled; dropped", self.name, key)
         sends = []
         for key in list(self.chains.open):
             p = self.pending.get(key)

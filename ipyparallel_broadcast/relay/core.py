@@ -84,7 +84,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
-        self.chains = Chains(codec, clock, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
+        self.chains = Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
         self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
@@ -129,6 +129,8 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
                 return self._client_ping(event) if self.is_root else self._parent_ping(event.content)
             if isinstance(event, E.RouteAck):
                 return self.announce.ack(event.content)
+            if isinstance(event, E.ChainEnd):
+                return self.chains.end(event.keys)
             return self.on_engine_lost(event.uuid, event.why)  # E.Lost
         except P.ProtocolError as e:
             return self._drop(f"request: {e}")

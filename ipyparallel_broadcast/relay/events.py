@@ -58,6 +58,11 @@ class RouteAck:
 
 
 @dataclass
+class ChainEnd:  # to a host relay: reduce chains its leaf gave up on
+    keys: list
+
+
+@dataclass
 class Lost:  # to a host relay: an engine of its host the hub lost
     uuid: str
     why: str
@@ -69,7 +74,7 @@ def from_above(codec: P.Codec, frames, is_root: bool, is_host: bool):
     kind, content = msg["header"].get("msg_type"), msg["content"]
     if kind == P.REQUEST:
         return Request(route, P.validate_request(content), msg["buffers"], frames)
-    if kind in (P.STATS, P.PING, P.ROUTE_ACK, P.LOST) and not isinstance(content, dict):
+    if kind in (P.STATS, P.PING, P.ROUTE_ACK, P.LOST, P.CHAIN_END) and not isinstance(content, dict):
         raise P.ProtocolError(f"{kind} content is not a dict")
     if kind == P.STATS:
         return StatsRequest(route, content)
@@ -81,6 +86,11 @@ def from_above(codec: P.Codec, frames, is_root: bool, is_host: bool):
         if not isinstance(content.get("uuid"), str):
             raise P.ProtocolError("engine-lost notice without a uuid")
         return Lost(content["uuid"], content.get("why") or P.DIED)
+    if kind == P.CHAIN_END and is_host:
+        keys = content.get("keys")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise P.ProtocolError("chain-end notice without a list of keys")
+        return ChainEnd(keys)
     if is_root and kind in CompatRequest.msg_types:
         return StockRequest(route, CompatRequest.parse(msg, body))
     raise P.ProtocolError(f"unexpected {kind!r} from above")

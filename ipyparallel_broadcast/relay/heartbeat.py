@@ -77,8 +77,9 @@ class Heartbeats:
             sends += [Send(PULSE, s.frames) for s in self.hello()]
         if isinstance(boot, str):
             known, self.parent_boot = self.parent_boot, boot
-            if known is not None and known != boot:
+            if known is not None and known != boot:  # (it holds none of the requests it had)
                 sends += self.announce.again(self.engines)
+                self.chains.end(list(self.chains.links))
         return sends
 
     def _greet(self, eids) -> list[Send]:

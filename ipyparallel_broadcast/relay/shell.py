@@ -97,6 +97,8 @@ class NodeShell:
             busy=self.busy,
             cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
             blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
+            node_timeout=self.node.node_timeout,  # (a host relay's come from the controller's config)
+            ping_interval=self.node.ping_interval,
         )
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),

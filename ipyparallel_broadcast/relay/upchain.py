@@ -29,7 +29,6 @@ with an error (``abort``): no host can take back what it sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire import protocol as P
@@ -60,7 +59,6 @@ class Link:
     op: str
     to: str | None  # the bulk socket of the host before this one; None: the leaf
     fed: bool  # a host after this one sends to this one
-    last: float  # when it last moved
     own: tuple | None = None  # (value header, bytes) of this host's own big value
     own_done: bool = False
     upto: int = 0  # bytes of ``own`` that are final (it may come in stripes)
@@ -75,8 +73,8 @@ class Link:
 class Chains:
     """A host relay's chain links in flight (pure: chain messages in, sends out)."""
 
-    def __init__(self, codec: P.Codec, clock: Callable[[], float], stall: float, chunk: int):
-        self.codec, self.clock, self.stall, self.chunk = codec, clock, stall, chunk
+    def __init__(self, codec: P.Codec, stall: float, chunk: int):
+        self.codec, self.stall, self.chunk = codec, stall, chunk  # stall: how long the leaf waits (``chainpath``)
         self.links: dict[str, Link] = {}
         self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
         self.aborted: dict[str, None] = {}  # keys of links this host ended early: later chunks are dropped
@@ -91,14 +89,13 @@ class Chains:
             raise P.ProtocolError("bad chain content")
         if key in self.links:
             raise P.ProtocolError(f"chain for {key!r} already here")
-        self.links[key] = Link(key, op, to, fed, self.clock())
+        self.links[key] = Link(key, op, to, fed)
 
     def own_value(self, key: str, header: dict | None, data) -> list[Send]:
         """This host's engines are all in: its own big value (or None: it has none)."""
         link = self.links.get(key)
         if link is None:
             return []
-        link.last = self.clock()
         if link.own is not None and not link.own_done and (header is not None or link.used):  # in stripes
             if header is None:
                 return self.abort(key, "this host's value did not come whole")
@@ -122,7 +119,7 @@ class Chains:
         link = self.links.get(key)
         if link is None or link.own is None or link.own_done:
             return []
-        link.upto, link.last = upto, self.clock()
+        link.upto = upto
         return self._advance(link)
 
     def consumed(self, key: str) -> bool:
@@ -136,9 +133,7 @@ class Chains:
         link = self.links.get(key)
         if link is None:
             return []
-        self.aborted[key] = None
-        while len(self.aborted) > 256:
-            self.aborted.pop(next(iter(self.aborted)))
+        self._ended(key)
         return self._finish(link, self._message(link, dict(n=0, error=why)))
 
     def on_message(self, msg: dict, data) -> list[Send]:
@@ -150,7 +145,6 @@ class Chains:
         if link is None or not link.fed or link.done:
             raise P.ProtocolError(f"chain message for {content.get('key')!r}, not expected here")
         self.received += 1
-        link.last = self.clock()
         if content.get("error"):  # the hosts after this one lost the value: so did the chain
             link.head = content
         elif link.head is None:
@@ -234,16 +228,20 @@ class Chains:
         self.links.pop(link.key, None)
         return sends
 
-    def stalled(self, now: float) -> list[str]:
-        """Links that did not move for ``stall`` seconds, forgotten here."""
-        gone = [k for k, link in self.links.items() if now - link.last > self.stall]
-        for key in gone:
-            del self.links[key]
-        return gone
+    def end(self, keys) -> list[Send]:
+        """The leaf gave up on these chains (a host of theirs was lost, or
+        they stalled): their links go, and what still comes for them is
+        dropped quietly. A host keeps a link for as long as its leaf waits
+        (its engines, or the hosts after it, may compute for hours)."""
+        for key in keys:
+            if self.links.pop(key, None) is not None:
+                self._ended(key)
+        return []  # (nothing to send: the leaf told every host)
 
-    def next_deadline(self) -> float | None:
-        last = min((link.last for link in self.links.values()), default=None)
-        return None if last is None else last + self.stall
+    def _ended(self, key: str) -> None:
+        self.aborted[key] = None
+        while len(self.aborted) > 256:
+            self.aborted.pop(next(iter(self.aborted)))
 
 
 def check(codec: P.Codec, body) -> tuple[dict, object]:

@@ -75,6 +75,7 @@ BUNDLE = "ipb_bundle"
 STATS, STATS_REPLY = "ipb_stats", "ipb_stats_reply"  # survey of every node's state
 PING, PONG = "ipb_ping", "ipb_pong"  # liveness of the links between nodes
 HOST, LOST = "ipb_host", "ipb_lost"  # host relay <-> leaf: its engines; an engine lost
+CHAIN_END = "ipb_chain_end"  # leaf -> host relay: reduce chains it gave up on, ``{keys}``
 ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowledged down
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
 HELLO, HELLO_REPLY = "ipb_hello", "ipb_hello_reply"  # a relay greets an engine: shared memory?
