@@ -45,6 +45,8 @@ class GangSim(TreeSim):
         for node in self.nodes.values():
             if node.is_leaf or node.host:  # (a host relay shares memory with its engines too)
                 node.sharing = Sharing(node.codec, shm.ShmStore(threshold=1 << 12))
+                node.inflight.on_big_done[0] = node.sharing.release  # (bound to the one it had)
+                node.rings.drop = node.sharing.drop_value
         for eid in engine_ids:
             engine = self.holders[eid] = SimEngine()
             engine.hold_for(dict(prefix=shm.relay_prefix(), threshold=1 << 12))
@@ -369,3 +371,75 @@ def test_a_holder_that_fails_once_part_of_its_hosts_value_went_on_fails_the_chai
     assert "could not combine its value" in failed[eid]
     assert sim.holding() == set() and sim.pending_total() == 0
     assert all(not node.chains.links for node in sim.nodes.values())
+
+
+# ------------------------------------------------- an allreduce round a ring
+class RingSim(ChainSim):
+    """ChainSim for an allreduce: engines map what the bind request names in
+    shared memory (as ``engine.kernel`` does) and keep what they bind."""
+
+    def __init__(self, n_hosts, per_host, values):
+        super().__init__(n_hosts, per_host, values)
+        self.bound, self.mapped = {}, {}
+        for node in self.nodes.values():  # (they greeted it: they share its memory)
+            node.sharing.local.update(self.engines[e] for e in node.engines if node.host)
+
+    def _engine_receive(self, leaf_path, frames):
+        at = shm.reference_in(frames[1:])
+        if at is not None:  # (an engine maps the segment: the bind's value)
+            frames = frames[:1] + shm.expand(list(frames[1:]), at, P.Codec(self.session).sign)
+            self.mapped[P.as_bytes(frames[0]).decode()] = True
+        super()._engine_receive(leaf_path, frames)
+
+    def _value(self, eid, request):
+        from ipyparallel.serialize import unpack_apply_message
+
+        if len(request["buffers"]) >= 2:
+            f, (name, value), _ = unpack_apply_message(request["buffers"])
+            if f.__name__ == "assign":
+                self.bound[eid] = np.array(value)  # (a copy: the mapping goes with the request)
+                return {"status": "ok"}, serialize_object(("py", 1))
+        return super()._value(eid, request)
+
+
+def ring_of(values, n_hosts, per_host):
+    """Part k: host k's value first, then host k-1's, ... round to host k+1's."""
+    from ipyparallel_broadcast.relay import ring
+
+    host = [in_order(values, range(h * per_host, (h + 1) * per_host)) for h in range(n_hosts)]
+    cut = [c // 8 for c in ring.cuts(N * 8, CHUNK, n_hosts)]
+    out = np.empty(N)
+    for k in range(n_hosts):
+        parts = [host[(k - j) % n_hosts][cut[k] : cut[k + 1]] for j in range(n_hosts)]
+        out[cut[k] : cut[k + 1]] = functools.reduce(lambda acc, v: v + acc, parts[::-1])
+    return out
+
+
+def test_an_allreduce_goes_round_the_ring_stripe_by_stripe_and_every_engine_maps_the_value_to_the_bit():
+    values = values_of(range(9))
+    sim = RingSim(3, 3, values)
+    sim.request(list(range(9)), reduce="sum", allreduce="total")
+    r, raised, failed = outcome(sim)
+    assert r.result() == 9 and not raised and not failed
+    expected = ring_of(values, 3, 3)
+    assert sorted(sim.bound) == list(range(9)) and all(v.tobytes() == expected.tobytes() for v in sim.bound.values())
+    assert len(sim.mapped) == 9  # each engine mapped its host's segment: no copy of the value went to it
+    hosts = [sim.nodes["h", f"h{i}"] for i in range(3)]
+    assert all(node.rings.gathered == 64 for node in hosts)  # each host wrote each final chunk once
+    tail = [i for i, e in enumerate(sim.log) if e == ("chunk", "h1")]
+    assert tail[0] < max(i for i, e in enumerate(sim.log) if e in (3, 4, 5))  # it sent before its value was whole
+    assert sim.holding() == set() and sim.pending_total() == 0
+    assert all(not n.rings.rings and not n.rings.results and not n.chains.links for n in hosts)
+
+
+def test_a_holder_that_fails_once_part_of_its_hosts_value_went_round_ends_the_ring_and_nothing_binds():
+    values = values_of(range(6))
+    sim = RingSim(2, 3, values)
+    sim.fail_at[4] = 3  # its third stripe: its host's first stripes went round already
+    sim.request(list(range(6)), reduce="sum", allreduce="total")
+    r, _, failed = outcome(sim)
+    with pytest.raises(ReduceError, match="engine 4 failed while this host combined its value"):
+        r.result()
+    assert not sim.bound and "could not combine its value" in failed[4]
+    assert sim.holding() == set() and sim.pending_total() == 0
+    assert all(not n.rings.rings and not n.rings.results for n in (sim.nodes["h", "h0"], sim.nodes["h", "h1"]))

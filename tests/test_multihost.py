@@ -315,9 +315,15 @@ def test_a_big_reduce_goes_host_to_host_and_enters_the_controller_about_once_per
     # the first leaf chains every host: one value enters the controller host (one per host without)
     assert len(chained) == 3
     assert into < 1.3 * result.nbytes
+    link = bed.bed.link_bytes(bed.bed.controller)
     view.allreduce(_own_value, op="max", name="peak")
+    link = [now - then for now, then in zip(bed.bed.link_bytes(bed.bed.controller), link)]
     expected = float((1 << 20) - 1) * max(1 + e for e in rc.ids)
     assert view.apply(ipp.interactive(lambda: float(peak[-1]))) == [expected] * len(rc.ids)  # noqa: F821
+    # round the ring of hosts: each host wrote each of the value's 16 chunks; none crossed the controller's link
+    hosts = [s for s in rc.broadcast_stats() if s.get("host")]
+    assert [n["ring_gathered"] - before.get(n["node"], {}).get("ring_gathered", 0) for n in hosts] == [16] * 3
+    assert max(link) < 0.1 * result.nbytes
 
 
 def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():

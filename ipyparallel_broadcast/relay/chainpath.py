@@ -35,7 +35,7 @@ class ChainPath:
         self.chains.open.add(p.key)
         p.state.expect(CHAIN, ())
         p.reduction.expect({CHAIN: p.chain.key})
-        return contents
+        return {c: dict(chain=content) for c, content in contents.items()}
 
     def _chain_message(self, child, m) -> list[Send]:
         """A chain message from the head of a chain, at the leaf."""
@@ -105,7 +105,7 @@ class ChainPath:
             p = self.pending.get(key)
             if p is not None and p.chain.outcome is None and host in p.chain.hosts:
                 sends += self._chain_failed(p, why, gone=host)
-        return sends
+        return sends + self._ring_lost(host, why)
 
     def _chain_failed(self, p: Pending, why: str, gone: bytes | None = None) -> list[Send]:
         """The chain brings nothing: its engines fail, and its other hosts
@@ -127,7 +127,19 @@ class ChainPath:
         """When a chain whose hosts all answered would have stalled."""
         waiting = [self.pending.get(key) for key in self.chains.open] if self.chains.open else ()
         times = [p.chain.last + self.chains.stall for p in waiting if p is not None and self._all_but_chain(p)]
-        return min(times, default=None)
+        held = self.rings.next_deadline() if self.rings.results else None  # (a ring's value, for its bind)
+        return min(times + ([held] if held is not None else []), default=None)
+
+    def _plane_stats(self) -> dict:
+        """The data plane's counts, for a survey: chunks of pushes, chains and rings."""
+        return dict(
+            self.bulk.stats(),
+            chain_sent=self.chains.sent,
+            chain_received=self.chains.received,
+            ring_gathered=self.rings.gathered,  # final chunks of allreduce values written here
+            ring_forwarded=self.rings.forwarded,
+            held_values=sum(len(p.gang.holders) for p in self.gangs.values()),  # engines' turns to come
+        )
 
     def _data_deadline(self) -> float | None:
         """When chunks of either plane (``bulk``, a chain) next need a look."""
@@ -136,7 +148,7 @@ class ChainPath:
 
     def _chain_tick(self, now: float) -> list[Send]:
         deadline = self._chain_deadline()
-        return self._chains_stalled(now) if deadline is not None and deadline <= now else []
+        return self._chains_stalled(now) + self._ring_tick(now) if deadline is not None and deadline <= now else []
 
     def _chains_stalled(self, now: float) -> list[Send]:
         sends = []

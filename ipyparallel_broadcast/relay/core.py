@@ -28,6 +28,8 @@ from .gangpath import GangPath
 from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
+from .ring import Rings
+from .ringpath import RingPath
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
@@ -37,7 +39,7 @@ from .uppath import UpPath
 log = logging.getLogger(__name__)
 
 
-class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
+class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
     """Routing, fan-out and coalescing for one node of the tree: its state and
     its entry points here; its heartbeats, a request's way down and replies'
     way up in ``heartbeat``, ``downpath`` and ``uppath``."""
@@ -85,6 +87,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         self.chains = Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
+        self.rings = Rings(codec, self.chains, clock, 2 * node_timeout, self.sharing.on and self.sharing.drop_value)
         self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
@@ -130,7 +133,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
             if isinstance(event, E.RouteAck):
                 return self.announce.ack(event.content)
             if isinstance(event, E.ChainEnd):
-                return self.chains.end(event.keys)
+                return self._chains_end(event.keys, event.why)
             return self.on_engine_lost(event.uuid, event.why)  # E.Lost
         except P.ProtocolError as e:
             return self._drop(f"request: {e}")
@@ -278,8 +281,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, GangPath):
         )
         if self.sharing.on:
             stats.update(self.sharing.stats())
-        stats.update(self.bulk.stats(), chain_sent=self.chains.sent, chain_received=self.chains.received)
-        stats["held_values"] = sum(len(p.gang.holders) for p in self.gangs.values())  # engines' turns to come
+        stats.update(self._plane_stats())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:

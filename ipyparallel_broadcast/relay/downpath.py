@@ -9,8 +9,8 @@ from functools import partial
 
 from ..wire import bundles as B
 from ..wire import protocol as P
-from ..wire.reduction import Reduction, assign_request, buffer_of
-from . import upchain
+from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
+from . import ring, upchain
 from .bulk import Incoming
 from .compat import CompatRequest, renamer
 from .events import DOWN, HUB, Send
@@ -40,6 +40,13 @@ class DownPath:
         if content.get("each") is not None:
             inner, own = P.split_each(inner, content["targets"], content["each"])
         op = content.get("reduce")
+        bound = None
+        if self.host and op and content.get("ring") is not None:  # its big value goes round the hosts
+            self.rings.join(key, content["msg_id"], op, content["ring"])
+        elif self.host and isinstance(content.get("ring_bind"), str):  # ... and is bound, from here
+            bound = self._ring_bound(content)
+            if bound is not None:
+                inner, value_at = bound
         p = self.pending[key] = Pending(
             key=key,
             msg_id=content["msg_id"],
@@ -62,9 +69,13 @@ class DownPath:
             p.share_up = self.sharing.passer(content.get("vshm"), client=self.is_root)
         if self.is_root and content.get("allreduce") is not None:
             p.then = partial(self._assign, content["allreduce"])
+        p.ring_ok = content.get("allreduce") is not None if self.is_root else content.get("ring_ok") is True
+        p.ring_bind = content.get("ring_bind") if isinstance(content.get("ring_bind"), str) else None
         if self.host and content.get("chain") is not None and p.reduction is not None:
             self.chains.join(key, op, content["chain"])  # its big value goes host to host
             p.then = self._chain_own
+        elif self.host and content.get("ring") is not None and p.reduction is not None:
+            p.then = self._ring_own
         p.big = (
             content.get("shm") is not None
             or content.get("bulk") is not None
@@ -81,6 +92,9 @@ class DownPath:
             self.sharing.adopt_value(p, *value_at)
         elif not self.is_leaf and not mode and p.big:
             self.sharing.pass_down(p)
+        if p.ring_bind is not None and self.host and bound is None:  # (its ring ended here, or never was)
+            why = "got no allreduce value: the ring of hosts did not give it to this host"
+            return self._fail(p, content["targets"], P.UNREACHABLE, why) + self.inflight.finish_if_done(p)
         if self.is_root:  # everything is under the root, but for engines whose route went
             strays = [e for e in targets if e in self.routes.departed] if self.routes.departed else []
         else:
@@ -102,8 +116,8 @@ class DownPath:
         value = r.partial()  # (combines what was held: every part is in)
         inner = None
         if value is not None and not (p.raised or p.failed):
-            try:
-                inner = assign_request(self.codec, p.msg_id, name, value)
+            try:  # (a RingValue: the hosts make the request, with their value; this one goes down)
+                inner = assign_request(self.codec, p.msg_id, name, None if isinstance(value, RingValue) else value)
             except Exception as e:  # (it serializes the value: the client hears why, no engine waits)
                 log.exception("%s: allreduce %s: cannot send the value down", self.name, p.msg_id)
                 r.add_error([], f"allreduce: the root could not send the value down: {e}")
@@ -111,6 +125,8 @@ class DownPath:
             p.then = None
             return self.inflight.deliver(p, p.parts, p.failed, None)
         content = P.request_content(p.msg_id, list(r.eids), P.COALESCE, reduce="sum", quiet=True)
+        if isinstance(value, RingValue):  # the value is in the hosts of a ring: each binds its own
+            content["ring_bind"] = name
         if p.trace is not None:
             content["trace"] = True
         copies = self.inflight.recorded(p, [], 0)  # the first half's replies, for the hub's records
@@ -120,6 +136,10 @@ class DownPath:
             return copies + self._start(p.route, content, inner, value_at=(r.segment, index))
         return copies + self._start(p.route, content, inner)
 
+    def _plans(self, p: Pending, mode) -> bool:
+        """Whether this node plans a reduce's way between its hosts (a chain or a ring)."""
+        return p.reduction is not None and self.is_leaf and not self.host and not mode
+
     def _serves(self, eid: int) -> bool:
         """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""
         return eid in self.engines if self.host else self.routes.serves(eid)
@@ -128,7 +148,7 @@ class DownPath:
         """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
-        chain = self._chain_plan(p, groups) if p.reduction is not None and self.is_leaf and not mode else {}
+        chain = (self._ring_plan(p, groups, direct) or self._chain_plan(p, groups)) if self._plans(p, mode) else {}
         if p.reduction is not None:  # values combine in a fixed order: see Reduction
             p.reduction.expect({c: min(sub) for c, sub in groups.items()}, direct or ())
         sends = self._to_engines(p, direct) if direct else []
@@ -140,8 +160,7 @@ class DownPath:
             content, frames = p.request_for(sub, mode, p.shared if same_host else None)
             if out is not None and child in out.urls:  # its big buffers come in chunks
                 content["bulk"], frames = self.bulk.envelope(out, child, frames)
-            if child in chain:
-                content["chain"] = chain[child]
+            content.update(chain.get(child, ()))  # its place in a chain or ring
             if same_host and p.reduction is not None and self.sharing.on:  # its value may come by name
                 content["vshm"] = ["", self.sharing.store.prefix, 0]
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
@@ -158,7 +177,10 @@ class DownPath:
             _, body = P.split_idents(frames)
             if len(body) > 1 and upchain.MARK in P.as_bytes(body[1]):
                 msg, data = upchain.check(self.codec, body)
-                return self.chains.on_message(msg, data)
+                return self.chains.on_message(msg, data) + self._ring_settled()
+            if len(body) > 1 and ring.MARK in P.as_bytes(body[1]):
+                msg, data = ring.check(self.codec, body)
+                return self.rings.on_gather(msg, data, body) + self._ring_settled()
             sends, inc = self.bulk.on_chunk(frames)
         except P.ProtocolError as e:
             return self._drop(f"chunk: {e}")

@@ -58,8 +58,9 @@ class RouteAck:
 
 
 @dataclass
-class ChainEnd:  # to a host relay: reduce chains its leaf gave up on
+class ChainEnd:  # to a host relay: reduce chains (or allreduce rings) its leaf gave up on
     keys: list
+    why: str
 
 
 @dataclass
@@ -90,7 +91,7 @@ def from_above(codec: P.Codec, frames, is_root: bool, is_host: bool):
         keys = content.get("keys")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise P.ProtocolError("chain-end notice without a list of keys")
-        return ChainEnd(keys)
+        return ChainEnd(keys, str(content.get("why") or ""))
     if is_root and kind in CompatRequest.msg_types:
         return StockRequest(route, CompatRequest.parse(msg, body))
     raise P.ProtocolError(f"unexpected {kind!r} from above")

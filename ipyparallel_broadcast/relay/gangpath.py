@@ -63,9 +63,13 @@ class GangPath:
             return None
         held = gang.holders[min(gang.holders)].held
         header, _ = R.encode(held.value(segment[1]))
-        if not self.chains.own_begin(p.key, header, segment[1]):
+        if not self._plane(p).own_begin(p.key, header, segment[1]):
             return None
         return stripe_ends(gang.nbytes, chunk)
+
+    def _plane(self, p: Pending):
+        """Where this host's value goes on: round a ring (an allreduce's), or into a chain."""
+        return self.rings if self.rings.has(p.key) else self.chains
 
     def _gang_turn(self, turn: tuple[str, dict], gang: Gang) -> list[Send]:
         gang.deadline = self.clock() + 2 * self.node_timeout
@@ -85,7 +89,7 @@ class GangPath:
             return self._gang_drop(p, gang.turn_of, P.UNREACHABLE, why)
         if not gang.done():
             sends = self._gang_turn(gang.turn(), gang)
-            return sends + (self.chains.own_ready(p.key, gang.ready) if gang.ends else [])
+            return sends + (self._plane(p).own_ready(p.key, gang.ready) + self._ring_settled() if gang.ends else [])
         return self._gang_end(p)
 
     def _gang_drop(self, p: Pending, eid: int, code: str, reason: str) -> list[Send]:
@@ -100,9 +104,9 @@ class GangPath:
             sends.append(self._let_go(uuid, [token]))
         if not gang.holders or (gang.started and not gang.order):
             return sends + self._gang_end(p)
-        if again and self.chains.consumed(p.key):  # part of the host's value went on: it cannot start again
+        if again and self._plane(p).consumed(p.key):  # part of the host's value went on: it cannot start again
             why = f"engine {eid} failed while this host combined its value, part of which had gone on ({reason})"
-            sends += self.chains.abort(p.key, f"reduce chain: {why}")
+            sends += self._plane(p).abort(p.key, f"reduce chain: {why}")
             return sends + self._gang_end(p, f"reduce: {why}")
         if not again:
             return sends + self._gang_go(p)

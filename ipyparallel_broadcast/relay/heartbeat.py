@@ -79,7 +79,7 @@ class Heartbeats:
             known, self.parent_boot = self.parent_boot, boot
             if known is not None and known != boot:  # (it holds none of the requests it had)
                 sends += self.announce.again(self.engines)
-                self.chains.end(list(self.chains.links))
+                sends += self._chains_end(list(self.chains.links) + self.rings.everything(), "the leaf restarted")
         return sends
 
     def _greet(self, eids) -> list[Send]:

@@ -46,6 +46,9 @@ class Pending:
     then: Callable[[Pending], list] | None = None  # root: what follows once complete (an allreduce's second half)
     quiet: bool = False  # no copies of its replies to the hub's records
     chain: Any | None = None  # leaf: its hosts' big reduce values, in a chain (upchain.Chain)
+    ring_ok: bool = False  # an allreduce whose targets are all under this node: its hosts may ring
+    ring: list | None = None  # leaf: the hosts of its ring, until it ends (``ring``)
+    ring_bind: str | None = None  # an allreduce's second half: the name hosts bind the ring's value to
     gang: Any | None = None  # reduce: big values engines of this host hold, until combined (gang.Gang)
     segments: list = field(default_factory=list)  # reduce: segments of this host its values are in
     recorded: list = field(default_factory=list)  # reduce: its engines' replies, for the hub's records
@@ -70,6 +73,10 @@ class Pending:
             content["batch"] = list(self.batch)
         if self.reduction is not None:
             content["reduce"] = self.reduction.op
+        if self.ring_ok and len(sub) == self.n:  # (a child with only some targets: no ring below)
+            content["ring_ok"] = True
+        if self.ring_bind is not None:
+            content["ring_bind"] = self.ring_bind
         if self.quiet:
             content["quiet"] = True
         if self.trace is not None:

@@ -29,6 +29,7 @@ with an error (``abort``): no host can take back what it sent.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire import protocol as P
@@ -68,6 +69,7 @@ class Link:
     chunks: dict = field(default_factory=dict)  # incoming chunk index -> bytes, not yet sent on
     sent: set = field(default_factory=set)
     done: bool = False
+    sink: Callable | None = None  # where the head's chunks go instead of the leaf (``ring``)
 
 
 class Chains:
@@ -80,8 +82,9 @@ class Chains:
         self.aborted: dict[str, None] = {}  # keys of links this host ended early: later chunks are dropped
         self.sent = self.received = 0  # chunks, for stats
 
-    def join(self, key: str, op: str, content) -> None:
-        """A reduce request came with its place in a chain."""
+    def join(self, key: str, op: str, content, sink: Callable | None = None) -> None:
+        """A reduce request came with its place in a chain (``sink``: at the
+        head, ``sink(content, chunk)`` takes each chunk instead of the leaf)."""
         if not isinstance(content, dict):
             raise P.ProtocolError("chain content is not a dict")
         to, fed = content.get("to"), content.get("fed")
@@ -89,7 +92,7 @@ class Chains:
             raise P.ProtocolError("bad chain content")
         if key in self.links:
             raise P.ProtocolError(f"chain for {key!r} already here")
-        self.links[key] = Link(key, op, to, fed)
+        self.links[key] = Link(key, op, to, fed, sink=sink)
 
     def own_value(self, key: str, header: dict | None, data) -> list[Send]:
         """This host's engines are all in: its own big value (or None: it has none)."""
@@ -217,6 +220,8 @@ class Chains:
 
     def _message(self, link: Link, content: dict, data=b"") -> list[Send]:
         content = dict(content, key=link.key, d=digest(data))
+        if link.to is None and link.sink is not None:
+            return link.sink(content, data)
         frames = self.codec.pack(RCHUNK, content, [data])
         self.sent += 1
         if link.to is None:

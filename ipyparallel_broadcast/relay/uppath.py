@@ -99,7 +99,8 @@ class UpPath:
             p.state.answer(child)
             p.raised.extend(raised)
             p.failed.extend(failed)
-            return (self._chain_unneeded(p) if p.chain is not None else []) + self.inflight.finish_if_done(p)
+            sends = self._ring_answered(p, child, m.msg) if p.ring is not None else []
+            return sends + (self._chain_unneeded(p) if p.chain is not None else []) + self.inflight.finish_if_done(p)
         if p.stream:
             eids = meta.get("eids")
             if (

@@ -72,6 +72,16 @@ class Held(NamedTuple):
         return _array(self.dtype, self.shape, self.scalar, data)
 
 
+class RingValue(NamedTuple):
+    """An allreduce's value that stays where it was combined: every host
+    relay of a ring holds it whole (``relay.ring``), and the root has their
+    engines bind it. It stands for the value in a reduction."""
+
+    dtype: str
+    shape: tuple
+    scalar: bool
+
+
 def engine_value(f, *args, **kwargs):
     """Run ``f`` on the engine and return its result in the form nodes read."""
     value = f(*args, **kwargs)
@@ -188,6 +198,8 @@ def _held(dtype, shape, scalar, data) -> Held:
 
 def encode(value) -> tuple:
     """``(header, frames)`` of a combined value, to send up."""
+    if isinstance(value, RingValue):
+        return dict(t="ring", dtype=value.dtype, shape=list(value.shape), scalar=value.scalar), []
     if type(value) in _PY:
         # floats in hex and ints as text: exact through any JSON parser (orjson,
         # jupyter_client's default when installed, reads an int past 64 bits as a float)
@@ -242,6 +254,11 @@ def decode(header: dict, frames: Sequence) -> Any:
         if kind in ("int", "bool") and type(v) in (int, bool):
             return v if kind == "int" else bool(v)
         raise ValueError(f"bad number {header!r}")
+    if header.get("t") == "ring" and not frames:
+        dtype, shape = header.get("dtype"), header.get("shape")
+        if not isinstance(dtype, str) or not isinstance(shape, list) or not all(type(n) is int for n in shape):
+            raise ValueError(f"bad value header {header!r}")
+        return RingValue(dtype, tuple(shape), header.get("scalar") is True)
     if header.get("t") == "nd" and len(frames) == 1:
         return _array(header.get("dtype"), header.get("shape", ()), header.get("scalar"), _buffer(frames[0]))
     raise ValueError(f"bad value header {header!r}")
@@ -250,6 +267,8 @@ def decode(header: dict, frames: Sequence) -> Any:
 def _signature(value) -> tuple:
     if type(value) in _PY:
         return ("py",)
+    if isinstance(value, RingValue):
+        return ("ring", value.dtype, value.shape, value.scalar)
     import numpy as np
 
     return ("nd", np.dtype(value.dtype), np.shape(value), isinstance(value, np.generic))
@@ -266,6 +285,8 @@ def mismatch(op: str, eids, sig, other_eids, other_sig) -> str:
 def _describe(sig) -> str:
     if sig[0] == "py":
         return "Python numbers"
+    if sig[0] == "ring":
+        return f"a {sig[1]} value of shape {sig[2]} combined among hosts"
     kind = "scalar" if sig[3] else f"array of shape {sig[2]}"
     return f"a {sig[1]} {kind}"
 
@@ -375,6 +396,8 @@ class Reduction:
         if self.sig is None:
             self.sig, self.value, self._owned = sig, value, owned and sig[0] == "nd" and value.flags.writeable
             self.segment = segment if self._owned else None
+        elif sig[0] == "ring":  # (every host of the ring holds the same value)
+            return
         elif sig[0] == "py":
             self.value = OPS[self.op][1](self.value, value)
         elif self._owned:
@@ -382,6 +405,11 @@ class Reduction:
         else:  # the first array may be a read-only view of a frame
             self.value = np.asarray(ufunc(self.op)(self.value, value))
             self._owned, self.segment = True, None
+
+    @property
+    def owned(self) -> bool:
+        """Whether the combined value is this node's own array, to update in place."""
+        return self._owned
 
     def add_partial(self, partial: dict, frames: Sequence, at: int | None = None, take=None) -> None:
         """Combine a child's ``state()`` in its turn ``at`` (see ``add``). A
@@ -440,7 +468,7 @@ class Reduction:
         return self._final() if self.error is None and self.sig is not None else None
 
     def _final(self):
-        return self.value[()] if self.sig[-1] is True else self.value
+        return self.value[()] if self.sig[-1] is True and self.sig[0] == "nd" else self.value
 
 
 # ------------------------------------------------------------ at a relay node

@@ -123,7 +123,9 @@ def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> 
             elif got[0] == "error":
                 failed = True
                 v.errors_by_cause[cause_of(got[1])] += 1
-                whole = op in ("reduce", "bigreduce", "allreduce") or r.get("view") == "balanced"  # no one engine's
+                whole = (
+                    op in ("reduce", "bigreduce", "allreduce", "bigallreduce") or r.get("view") == "balanced"
+                )  # no one engine's
                 if not whole and not names_engine(got[1], eid):
                     v.unnamed.append((r["client"], r["seq"], op, eid, got[1][:160]))
         for item in r.get("wrong", ()):

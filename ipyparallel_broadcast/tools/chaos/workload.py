@@ -22,8 +22,20 @@ from ...compat import ipp
 from ..sim import SIM_UUID_PREFIX
 from . import engine_side as E
 
-OPS = ("apply", "execute", "push", "pull", "scatter", "map", "reduce", "bigpush", "bigreduce", "allreduce")
-WEIGHTS = (3, 3, 2, 1, 2, 2, 1, 1, 1, 1)
+OPS = (
+    "apply",
+    "execute",
+    "push",
+    "pull",
+    "scatter",
+    "map",
+    "reduce",
+    "bigpush",
+    "bigreduce",
+    "allreduce",
+    "bigallreduce",
+)
+WEIGHTS = (3, 3, 2, 1, 2, 2, 1, 1, 1, 1, 1)
 # the views a call goes through: a BroadcastView on each path, and IPython Parallel's own two
 VIEWS = ("tree", "direct", "auto", "directview", "balanced")
 VIEW_OPS = {  # what each of IPython Parallel's views can do (a BroadcastView does all)
@@ -94,7 +106,7 @@ class Client:
         serve (they answer the tree's ``apply`` without running it, and never
         connect to IPython Parallel's own queues)."""
         ids = list(self.rc.ids)
-        if real_only or op in ("scatter", "map", "reduce", "pull", "bigreduce", "allreduce"):
+        if real_only or op in ("scatter", "map", "reduce", "pull", "bigreduce", "allreduce", "bigallreduce"):
             ids = [e for e in ids if not self.is_sim(e)]
         if not ids:
             return None
@@ -193,6 +205,9 @@ class Client:
             return view.reduce(E.big_one, token, BIG // 8, op="sum", block=False), ("bigreduce", expected)
         if op == "allreduce":  # the value is bound in every engine; the call gives None
             ar = view.allreduce(E.one, token, op="sum", name=f"chaos_ar_{self.name}", block=False)
+            return ar, ("allreduce", None)
+        if op == "bigallreduce":  # round the ring of hosts; bound in every engine
+            ar = view.allreduce(E.big_one, token, BIG // 8, op="sum", name="chaos_big_sum", block=False)
             return ar, ("allreduce", None)
         raise ValueError(op)
 

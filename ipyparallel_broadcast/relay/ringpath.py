@@ -1,0 +1,121 @@
+"""An allreduce's big value round a ring of hosts, at a relay node: the leaf
+plans the ring and ends it when a host of it cannot take part; a host relay
+puts its value in, sends its bundle once the whole value is here, and has
+its engines bind it at the root's word (``ring``). Part of ``RelayNode``
+(``core``); sans I/O."""
+
+from __future__ import annotations
+
+import logging
+
+from ..wire import bundles as B
+from ..wire import protocol as P
+from ..wire import reduction as R
+from . import ring as ringmod
+from .events import DOWN, UP, Send
+from .pending import Pending
+
+log = logging.getLogger("ipyparallel_broadcast.relay.core")
+
+
+class RingPath:
+    """The leaf's and the host relays' parts of an allreduce's ring."""
+
+    # ------------------------------------------------------------ the leaf
+    def _ring_plan(self, p: Pending, groups: dict, direct) -> dict:
+        """An allreduce whose targets are all on two or more host relays with
+        bulk links (and none elsewhere): their ring (``p.ring``), and each
+        host's part in it."""
+        hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
+        if not p.ring_ok or direct or len(hosts) < 2 or len(hosts) != len(groups) or p.stock:
+            return {}
+        p.ring, contents = ringmod.plan(hosts)
+        return {c: dict(ring=content) for c, content in contents.items()}
+
+    def _ring_answered(self, p: Pending, child, msg: dict) -> list[Send]:
+        """A host's bundle came: one whose value is not the ring's ends the ring
+        at the other hosts (they would wait for its parts)."""
+        if p.ring is None or child not in p.ring:
+            return []
+        state = B.reduced_parts(msg)[0]  # (its content is parsed: ``fold_bundle``)
+        if isinstance(state.get("value"), dict) and state["value"].get("t") == "ring" and not state.get("error"):
+            return []
+        name = self.children.names.get(child, repr(child))
+        return self._ring_end(p, f"{name} gave it no value", but=child)
+
+    def _ring_lost(self, host: bytes, why: str) -> list[Send]:
+        """A host relay is lost: the rings through it end at the other hosts."""
+        sends = []
+        for p in list(self.pending.values()):
+            if p.ring is not None and host in p.ring:
+                sends += self._ring_end(p, f"it lost a host: {why}", but=host)
+        return sends
+
+    def _ring_end(self, p: Pending, why: str, but=None) -> list[Send]:
+        hosts, p.ring = p.ring, None
+        end = self.codec.pack(P.CHAIN_END, dict(keys=[p.key], why=f"the ring of hosts ended: {why}"))
+        return [Send(DOWN, [h] + end) for h in hosts if h != but]
+
+    # --------------------------------------------------------- a host relay
+    def _ring_own(self, p: Pending) -> list[Send]:
+        """All this host's engines are in: its value goes round; its bundle
+        goes once the whole value is here (or at once, if it takes no part)."""
+        p.then = None
+        r = p.reduction
+        r.partial()  # (combines what was held)
+        taken = None
+        if r.error is None and r.sig is not None and r.sig[0] == "nd":
+            header, frames = R.encode(r.value)
+            data, ref = frames[0] if frames else b"", r.segment if r.segment in p.segments else None
+            if not r.owned:  # (a frame's bytes: the ring writes over its own)
+                data = bytearray(data)
+            taken = self.rings.own_value(p.key, header, data, ref, waiting=p)
+            if taken is not None and ref is not None:
+                p.segments.remove(ref)  # the ring keeps it: engines map it when they bind
+        if taken is None:  # it takes no part: its bundle goes as it is, and the leaf ends the ring
+            self.rings.end([p.key], "this host took no part")
+            return self._ring_settled() + self.inflight.deliver(p, p.parts, p.failed, None)
+        return taken + self._ring_settled()
+
+    def _ring_settled(self) -> list[Send]:
+        """Bundles of requests whose ring's outcome is now known here."""
+        sends = []
+        while self.rings.settled:
+            ring = self.rings.settled.pop(0)
+            p = ring.waiting
+            if p is None:
+                continue
+            state, _ = p.reduction.state()
+            if ring.outcome == "value":  # the bundle stands for the value, which stays here
+                state = dict(state, value=dict(ring.own[0], t="ring"))
+            else:
+                state = dict(state, value=None, error=f"allreduce: {ring.why}")
+            body = B.pack_reduced(self.codec, p.key, p.msg_id, state, [], p.raised, p.failed)
+            self.inflight.stamp(p, "ring done", ring.outcome)
+            sends += self.inflight.recorded(p, [Send(UP, P.with_route(p.route, body))], p.n)
+        return sends
+
+    def _ring_bound(self, content: dict):
+        """A host's part of an allreduce's bind (``ring_bind``: the name): the
+        request the engines get, with the whole value here, and where that
+        value lives ((segment, buffer index), or None); None if it is not here."""
+        ring = self.rings.bind(content["msg_id"])
+        if ring is None:
+            return None
+        header, view = ring.own
+        value = R.decode({k: v for k, v in header.items() if k not in ("nbytes", "chunk")}, [view])
+        inner = R.assign_request(self.codec, content["msg_id"], content["ring_bind"], value)
+        index = R.buffer_of(value, inner[5:]) if ring.ref is not None else None
+        if ring.ref is not None and index is None:
+            self.sharing.drop_value(ring.ref)  # (the engines get its bytes)
+        return inner, (ring.ref, index) if index is not None else None
+
+    def _chains_end(self, keys: list, why: str) -> list[Send]:
+        """The leaf gave up on these chains or rings."""
+        self.rings.end(keys, why or "the leaf ended the ring")
+        return self.chains.end(keys) + self._ring_settled()
+
+    def _ring_tick(self, now: float) -> list[Send]:
+        for key in self.rings.expired(now):
+            log.warning("%s: no bind came for the allreduce value of %s; let go", self.name, key)
+        return []
