@@ -534,3 +534,12 @@ def test_a_reduce_carries_what_its_engines_printed_beside_its_value():
     up.add_partial(state, frames)
     up.add_partial(dict(op="sum", eids=[2], value=None, error=None, outputs={"2": {"stderr": "b"}, "3": "junk"}), [])
     assert up.result() == 1 and up.outputs == {"0": {"stdout": "a\n"}, "2": {"stderr": "b"}}
+
+
+def test_a_traced_allreduce_keeps_both_halves_at_the_root_each_with_its_time():
+    sim = TreeSim(1, 2, [0, 1, 2, 3])
+    sim.answer_with = Engines({e: e for e in range(4)})
+    msg_id = sim.request([0, 1, 2, 3], reduce="sum", allreduce="total", trace=True)
+    events = sim.nodes[()].stats(trace=msg_id)["trace"]
+    assert [e[0] for e in events].count("request in") == 2  # the reduce, then the bind
+    assert all(isinstance(e[1], float) for e in events)

@@ -133,8 +133,8 @@ class DownPath:
         index = buffer_of(value, inner[5:]) if r.segment is not None and r.segment in p.segments else None
         if index is not None:  # the value's segment goes down as it is: engines map it
             p.segments.remove(r.segment)
-            return copies + self._start(p.route, content, inner, value_at=(r.segment, index))
-        return copies + self._start(p.route, content, inner)
+            return copies + self._start(p.route, content, inner, arrived=self.wall(), value_at=(r.segment, index))
+        return copies + self._start(p.route, content, inner, arrived=self.wall())
 
     def _plans(self, p: Pending, mode) -> bool:
         """Whether this node plans a reduce's way between its hosts (a chain or a ring)."""

@@ -137,6 +137,19 @@ class InFlight:
         if p.trace is not None:
             p.trace.append([event, self.wall(), detail])
 
+    def file_trace(self, p: Pending) -> None:
+        """Keep a traced request's events once it is done here (with those of
+        an earlier step of the same call: an allreduce's two halves). Its later
+        stamps (a step that follows) go to the same list."""
+        if p.trace is None:
+            return
+        if p.msg_id in self.traces and self.traces[p.msg_id] is not p.trace:
+            self.traces[p.msg_id].extend(p.trace)
+            p.trace = self.traces[p.msg_id]
+        self.traces[p.msg_id] = p.trace
+        while len(self.traces) > self.traces_kept:
+            self.traces.popitem(last=False)
+
     def trace_of(self, msg_id) -> list:
         events = self.traces.get(msg_id)
         if events is None:  # still in flight
@@ -178,14 +191,11 @@ class InFlight:
             done(p)
         self.parked.discard(p.key)
         self.dirty.pop(p.key, None)
+        self.file_trace(p)
         if p.then is not None:  # it goes on: what goes up is the next step's to say
             sends = p.then(p)
         else:
             sends = self.release(p, final=True) if p.stream else self.deliver(p, p.parts, p.failed, None)
-            if p.trace is not None:
-                self.traces[p.msg_id] = p.trace
-                while len(self.traces) > self.traces_kept:
-                    self.traces.popitem(last=False)
         for done in self.on_done:  # (after what went up: a reduce's value may have gone by its segment's name)
             done(p)
         return sends
