@@ -17,7 +17,7 @@ from treesim import TreeSim
 
 from ipyparallel_broadcast.engine.holds import HoldingKernel
 from ipyparallel_broadcast.host import shm
-from ipyparallel_broadcast.relay.gangpath import stripe_ends
+from ipyparallel_broadcast.relay.gangpath import stripes
 from ipyparallel_broadcast.relay.sharing import Sharing
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
@@ -335,7 +335,8 @@ def test_a_hosts_value_goes_into_the_chain_stripe_by_stripe_and_the_sum_is_the_s
     r, raised, failed = outcome(sim)
     assert r.result().tobytes() == by_host(values, 3, 3).tobytes()
     assert not raised and not failed
-    assert stripe_ends(N * 8, CHUNK) == [2048, 6144, 14336, 30720, 63488, 65536]  # 2 chunks, then twice the last
+    ends = [hi for _, hi in stripes(0, N * 8, CHUNK)]
+    assert ends == [2048, 6144, 14336, 30720, 63488, 65536]  # 2 chunks, then twice the last
     assert sum(isinstance(e, int) for e in sim.log) == 6 * 9  # a turn per stripe per engine
     tail = [i for i, e in enumerate(sim.log) if e == ("chunk", "h2")]
     last_turn = max(i for i, e in enumerate(sim.log) if e in (6, 7, 8))

@@ -250,3 +250,14 @@ def test_parts_fall_on_chunk_boundaries_and_cover_the_value():
         assert c[0] == 0 and c[-1] == nbytes and all(b > a for a, b in zip(c, c[1:]))
         assert all(x % CHUNK == 0 for x in c[:-1])
     assert ring.takes_part(3 * CHUNK, CHUNK, 3) and not ring.takes_part(3 * CHUNK - 1, CHUNK, 3)
+
+
+def test_a_host_combines_its_parts_in_the_order_the_ring_needs_them():
+    sim, _ = bed(4, 1)
+    rings = sim.nodes["h", "h0"].rings
+    rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2", "u3"], at=1))
+    value = np.zeros(8 * CHUNK // 8)
+    assert rings.own_begin("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
+    c = ring.cuts(value.nbytes, CHUNK, 4)
+    # the part it starts (0, the host before it is its head's ...), then each as it comes round; its own (1) last
+    assert rings.order("r-1") == [(c[0], c[1]), (c[3], c[4]), (c[2], c[3]), (c[1], c[2])]

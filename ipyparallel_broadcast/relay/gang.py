@@ -9,10 +9,10 @@ own into it. So a host's value costs one segment, whatever the number of its
 engines, and each value is read once, by its own engine. The segment is then
 this relay's part for those engines, combined in place from there on.
 
-With ``stripes`` (where each stripe ends), the turns go stripe by stripe
-(every holder's turn for the first stripe, then for the next ...): each
-stripe of the host's value is final as soon as its last turn is done
-(``ready``), so a reduce chain can send it on while the rest is still
+With ``stripes`` (each a byte range ``(lo, hi)``), the turns go stripe by
+stripe (every holder's turn for the first stripe, then for the next ...):
+each stripe of the host's value is final as soon as its last turn is done
+(``ready``), so a reduce chain or ring can send it on while the rest is still
 combined. The order of the values in each element is the same either way.
 
 A holder that dies, fails its turn or takes longer than its deadline is named
@@ -40,7 +40,7 @@ class Gang:
         self.key, self.op = key, op
         self.holders: dict[int, Holder] = {}  # engine id -> its holder
         self.order: list[int] = []  # the holders in turn, once started
-        self.ends: list[int] | None = None  # where each stripe ends (None: one turn each, for the whole value)
+        self.stripes: list[tuple[int, int]] | None = None  # byte ranges, in turn (None: one turn each, for the whole)
         self.at = -1  # the index in ``steps`` of the turn under way (-1: not started)
         self.segment = None  # (reference content, writable view), once started
         self.round = 0  # turns started again (a holder dropped) start a new round, in a new segment
@@ -70,19 +70,19 @@ class Gang:
     def nbytes(self) -> int:
         return self.holders[min(self.holders)].held.nbytes
 
-    def start(self, segment, ends: list[int] | None = None) -> tuple[str, dict]:
+    def start(self, segment, stripes: list[tuple[int, int]] | None = None) -> tuple[str, dict]:
         """The holders take turns in ``segment`` (stripe by stripe, with
-        ``ends``): the first turn (``turn``)."""
-        self.segment, self.order, self.at, self.ends = segment, self.eids, 0, ends
+        ``stripes``): the first turn (``turn``)."""
+        self.segment, self.order, self.at, self.stripes = segment, self.eids, 0, stripes
         self.round += 1
         return self.turn()
 
     @property
     def steps(self) -> int:
-        return (1 if self.ends is None else len(self.ends)) * len(self.order)
+        return (1 if self.stripes is None else len(self.stripes)) * len(self.order)
 
     def _lo(self, stripe: int) -> int | None:
-        return None if self.ends is None else self.ends[stripe - 1] if stripe else 0
+        return None if self.stripes is None else self.stripes[stripe][0]
 
     def turn(self) -> tuple[str, dict]:
         """``(uuid, GANG_TURN content)`` of the turn under way."""
@@ -97,8 +97,8 @@ class Gang:
             dtype=holder.held.dtype,
             first=k == 0,
         )
-        if self.ends is not None:
-            content.update(lo=self._lo(stripe), hi=self.ends[stripe])
+        if self.stripes is not None:
+            content.update(lo=self.stripes[stripe][0], hi=self.stripes[stripe][1])
         return holder.uuid, content
 
     @property
@@ -107,13 +107,13 @@ class Gang:
         return self.order[self.at % len(self.order)] if self.started and self.at < self.steps else None
 
     @property
-    def ready(self) -> int:
-        """Bytes of the host's value that are final (every holder's turn for them is done)."""
+    def ready(self) -> list[tuple[int, int]]:
+        """The byte ranges of the host's value that are final (every holder's turn for them is done)."""
         if not self.started or not self.order:
-            return 0
-        if self.ends is None:
-            return self.nbytes if self.at >= self.steps else 0
-        return self._lo(min(self.at // len(self.order), len(self.ends)))
+            return []
+        if self.stripes is None:
+            return [(0, self.nbytes)] if self.at >= self.steps else []
+        return self.stripes[: self.at // len(self.order)]
 
     def done(self) -> bool:
         """The turn under way is done: True if it was the last."""

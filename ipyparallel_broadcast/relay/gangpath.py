@@ -15,14 +15,15 @@ from .state import GANG
 STRIPE_MAX = 16 << 20  # bytes: the largest stripe of a host's value in a reduce chain
 
 
-def stripe_ends(nbytes: int, chunk: int) -> list[int]:
-    """Where each stripe of an ``nbytes`` value ends: two chunks, then each
-    twice the one before, up to ``STRIPE_MAX`` (in whole chunks)."""
-    ends, size = [], 2 * chunk
-    while not ends or ends[-1] < nbytes:
-        ends.append(min(nbytes, (ends[-1] if ends else 0) + size))
-        size = min(2 * size, max(chunk, STRIPE_MAX // chunk * chunk))
-    return ends
+def stripes(lo: int, hi: int, chunk: int, size: int = 0) -> list[tuple[int, int]]:
+    """Bytes ``lo`` to ``hi`` in stripes: the first ``size`` bytes (default
+    two chunks), then each stripe twice the one before, up to ``STRIPE_MAX``
+    (in whole chunks)."""
+    out, size = [], size or 2 * chunk
+    while lo < hi:
+        out.append((lo, min(hi, lo + size)))
+        lo, size = out[-1][1], min(2 * size, max(chunk, STRIPE_MAX // chunk * chunk))
+    return out
 
 
 class GangPath:
@@ -51,21 +52,29 @@ class GangPath:
         self.inflight.stamp(p, "gang start", len(gang.holders))
         return self._gang_turn(gang.start(segment, self._gang_stripes(p, segment)), gang)
 
-    def _gang_stripes(self, p: Pending, segment) -> list[int] | None:
-        """Where each stripe ends, when this host's value goes into a reduce
-        chain and is all the holders' (nothing else combines into it): the
-        chain sends each stripe on while the next ones combine. The first
-        stripe is two chunks, each next one twice the one before (up to
-        ``STRIPE_MAX``): the chain starts soon, and few turns are taken.
-        None: one turn each, for the whole value."""
+    def _gang_stripes(self, p: Pending, segment) -> list[tuple[int, int]] | None:
+        """The stripes the holders take their turns in, when this host's value
+        goes into a reduce chain or ring and is all the holders' (nothing else
+        combines into it): the chain or ring sends each stripe on while the
+        next ones combine. A chain's go from the start, the first two chunks,
+        each next one twice the one before (up to ``STRIPE_MAX``): the chain
+        starts soon, and few turns are taken. A ring's go part by part, in
+        the order the ring needs them (``Rings.order``). None: one turn each,
+        for the whole value."""
         gang, chunk = p.gang, self.chains.chunk
         if not p.reduction.empty or not chunk or gang.nbytes <= 2 * chunk:
             return None
         held = gang.holders[min(gang.holders)].held
         header, _ = R.encode(held.value(segment[1]))
-        if not self._plane(p).own_begin(p.key, header, segment[1]):
+        plane = self._plane(p)
+        if not plane.own_begin(p.key, header, segment[1]):
             return None
-        return stripe_ends(gang.nbytes, chunk)
+        if plane is self.chains:
+            return stripes(0, gang.nbytes, chunk)
+        parts, out = self.rings.order(p.key), []
+        for lo, hi in parts:  # (the first two chunks, then each part in one or more stripes)
+            out += stripes(lo, hi, chunk, 0 if not out else min(hi - lo, STRIPE_MAX))
+        return out
 
     def _plane(self, p: Pending):
         """Where this host's value goes on: round a ring (an allreduce's), or into a chain."""
@@ -89,7 +98,7 @@ class GangPath:
             return self._gang_drop(p, gang.turn_of, P.UNREACHABLE, why)
         if not gang.done():
             sends = self._gang_turn(gang.turn(), gang)
-            return sends + (self._plane(p).own_ready(p.key, gang.ready) + self._ring_settled() if gang.ends else [])
+            return sends + (self._plane(p).own_ready(p.key, gang.ready) + self._ring_settled() if gang.stripes else [])
         return self._gang_end(p)
 
     def _gang_drop(self, p: Pending, eid: int, code: str, reason: str) -> list[Send]:

@@ -135,14 +135,24 @@ class Rings:
         self._own(ring, header, data)
         return all(self.chains.own_begin(ring.part(k), header, view) for k, view in self._parts(ring))
 
-    def own_ready(self, key: str, upto: int) -> list[Send]:
+    def order(self, key: str) -> list[tuple[int, int]]:
+        """This host's parts in the order the ring needs its bytes: first the
+        part it starts (k = at - 1), then each part as it comes round (at - 2,
+        at - 3, ...), its own part last."""
+        ring = self.rings[key]
+        parts = [((ring.at - 1 - s) % ring.n) for s in range(ring.n)]
+        return [(ring.cuts[k], ring.cuts[k + 1]) for k in parts]
+
+    def own_ready(self, key: str, ranges) -> list[Send]:
+        """These byte ranges ``(lo, hi)`` of this host's value are final."""
         ring = self.rings.get(key)
         if ring is None or ring.own is None:
             return []
         sends = []
         for k in range(ring.n):
             lo, hi = ring.cuts[k], ring.cuts[k + 1]
-            sends += self.chains.own_ready(ring.part(k), max(0, min(upto, hi) - lo))
+            part = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
+            sends += self.chains.own_ready(ring.part(k), part)
         return sends
 
     def own_value(self, key: str, header: dict, data, ref=None, waiting=None) -> list[Send] | None:

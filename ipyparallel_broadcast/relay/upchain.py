@@ -72,6 +72,15 @@ class Link:
     sink: Callable | None = None  # where the head's chunks go instead of the leaf (``ring``)
 
 
+def covered(ranges, start: int) -> int:
+    """How far from ``start`` the byte ranges ``(lo, hi)`` cover without a gap."""
+    upto = start
+    for lo, hi in sorted(ranges):
+        if lo <= upto < hi:
+            upto = hi
+    return upto
+
+
 class Chains:
     """A host relay's chain links in flight (pure: chain messages in, sends out)."""
 
@@ -117,12 +126,13 @@ class Chains:
         link.own, link.upto = (header, data), 0
         return True
 
-    def own_ready(self, key: str, upto: int) -> list[Send]:
-        """Bytes up to ``upto`` of this host's own value are final."""
+    def own_ready(self, key: str, ranges) -> list[Send]:
+        """These byte ranges ``(lo, hi)`` of this host's own value are final
+        (the chain sends what is final from its start)."""
         link = self.links.get(key)
         if link is None or link.own is None or link.own_done:
             return []
-        link.upto = upto
+        link.upto = covered(ranges, 0)
         return self._advance(link)
 
     def consumed(self, key: str) -> bool:
