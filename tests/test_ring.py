@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_collectives_core import Engines, reduce_outcome
-from test_upchain import CHUNK, bed
+from test_upchain import CHUNK, DTYPES, SHAPES, bed
 
 from ipyparallel_broadcast.relay import ring
 from ipyparallel_broadcast.relay.events import UP
 from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.wire.reduction import OPS, ReduceError, ufunc
+from ipyparallel_broadcast.wire.reduction import ReduceError, ufunc
 from ipyparallel_broadcast.wire.topology import host_ident
 
 pytestmark = pytest.mark.pure
@@ -70,13 +70,7 @@ def clean(sim):
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    st.integers(2, 5),
-    st.integers(1, 3),
-    st.sampled_from(sorted(OPS)),
-    st.sampled_from(["float64", "int32", "uint8", "complex128"]),
-    st.integers(5 * CHUNK, 12 * CHUNK),
-)
+@given(*SHAPES, DTYPES, st.integers(5 * CHUNK, 12 * CHUNK))
 def test_every_engine_binds_the_value_the_ring_combined_and_no_value_reaches_the_leaf(n_hosts, per_host, op, dtype, n):
     sim, engines_ = bed(n_hosts, per_host)
     values = {e: ((np.arange(n) % 13 + e) % 7 + 1).astype(dtype) for e in engines_}

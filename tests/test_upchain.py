@@ -72,14 +72,13 @@ def big(eid, n=2000, dtype=float):
     return (np.arange(n) % 17 + eid).astype(dtype)
 
 
+# hosts, engines per host, op, dtype: what a reduce across hosts is tried with (here and in ``test_ring``)
+SHAPES = (st.integers(2, 5), st.integers(1, 3), st.sampled_from(sorted(OPS)))
+DTYPES = st.sampled_from(["float64", "int32", "uint8", "complex128"])
+
+
 @settings(max_examples=40, deadline=None)
-@given(
-    st.integers(2, 5),
-    st.integers(1, 3),
-    st.sampled_from(sorted(OPS)),
-    st.sampled_from(["float64", "int32", "uint8", "complex128"]),
-    st.integers(300, 3000),
-)
+@given(*SHAPES, DTYPES, st.integers(300, 3000))
 def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_host, op, dtype, n):
     sim, engines = bed(n_hosts, per_host)
     values = {e: big(e, n, dtype) for e in engines}

@@ -87,7 +87,7 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
         self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         self.chains = Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
-        self.rings = Rings(codec, self.chains, clock, 2 * node_timeout, self.sharing.on and self.sharing.drop_value)
+        self.rings = Rings(codec, self.chains, self.bulk.threshold, clock, 2 * node_timeout, self.sharing.drop_value)
         self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop

@@ -137,8 +137,9 @@ class DownPath:
         return copies + self._start(p.route, content, inner, arrived=self.wall())
 
     def _plans(self, p: Pending, mode) -> bool:
-        """Whether this node plans a reduce's way between its hosts (a chain or a ring)."""
-        return p.reduction is not None and self.is_leaf and not self.host and not mode
+        """Whether this node plans a reduce's way between its hosts (a chain or
+        a ring): not for a ring's bind, whose values are counts."""
+        return p.reduction is not None and self.is_leaf and not self.host and not mode and p.ring_bind is None
 
     def _serves(self, eid: int) -> bool:
         """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""

@@ -96,8 +96,9 @@ class Ring:
 class Rings:
     """A host relay's rings: chunks and the leaf's word in, sends out."""
 
-    def __init__(self, codec: P.Codec, chains: Chains, clock: Callable[[], float], stall: float, drop=None):
+    def __init__(self, codec: P.Codec, chains: Chains, threshold, clock: Callable[[], float], stall: float, drop=None):
         self.codec, self.chains, self.clock, self.stall = codec, chains, clock, stall
+        self.threshold = threshold or 0  # a smaller value does not go round (the data plane's threshold)
         self.drop = drop or (lambda ref: None)  # a segment's name goes (``Sharing.drop_value``)
         self.rings: dict[str, Ring] = {}  # by key, while the value comes together here
         self.results: dict[str, Ring] = {}  # by key: whole values, until the root's bind takes them
@@ -183,7 +184,8 @@ class Rings:
 
     def _fits(self, ring: Ring, data) -> bool:
         view = memoryview(data)
-        return not view.readonly and view.contiguous and takes_part(view.nbytes, self.chunk, ring.n)
+        big = view.nbytes >= self.threshold and takes_part(view.nbytes, self.chunk, ring.n)
+        return big and not view.readonly and view.contiguous
 
     def _own(self, ring: Ring, header: dict, data) -> None:
         view = memoryview(data).cast("B")
