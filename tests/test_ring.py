@@ -255,3 +255,27 @@ def test_a_host_combines_its_parts_in_the_order_the_ring_needs_them():
     c = ring.cuts(value.nbytes, CHUNK, 4)
     # the part it starts (0, the host before it is its head's ...), then each as it comes round; its own (1) last
     assert rings.order("r-1") == [(c[0], c[1]), (c[3], c[4]), (c[2], c[3]), (c[1], c[2])]
+
+
+def test_a_host_whose_value_comes_after_the_leaf_ended_its_ring_sends_an_error_not_its_value():
+    sim, engines_ = bed(4, 2)
+    engines = Engines({e: np.arange(4000.0) + e for e in engines_}, raises=[2, 3])  # all of h1
+    sim.answer_with = engines
+    sim.hold.update([6, 7])  # h3's engines answer after the leaf ended the ring
+    leaf, into_leaf = sim.nodes[()], []
+    on_down = leaf.on_down
+
+    def counted(frames):
+        into_leaf.append(sum(len(P.as_bytes(f)) for f in frames))
+        return on_down(frames)
+
+    leaf.on_down = counted
+    sim.request(engines_, reduce="sum", allreduce="total")
+    assert sim.nodes["h", "h3"].rings.ended  # told before its engines answered
+    sim.release(6)
+    sim.release(7)
+    r, raised, _ = reduce_outcome(sim)
+    with pytest.raises(ReduceError, match="gave it no value"):
+        r.result()
+    assert not engines.bound and max(into_leaf) < 4000 * 8  # no host's value came to the leaf
+    clean(sim)

@@ -103,7 +103,7 @@ class Rings:
         self.rings: dict[str, Ring] = {}  # by key, while the value comes together here
         self.results: dict[str, Ring] = {}  # by key: whole values, until the root's bind takes them
         self.settled: list[Ring] = []  # outcomes just known: their bundles go (the node drains it)
-        self.ended: dict[str, None] = {}  # keys of rings ended here: what still comes is dropped
+        self.ended: dict[str, str] = {}  # rings ended here, and why: what still comes for them is dropped
         self.gathered = self.forwarded = 0  # final chunks written here, and passed on
 
     @property
@@ -259,7 +259,7 @@ class Rings:
         return []
 
     def _ended(self, ring: Ring) -> None:
-        self.ended[ring.key] = None
+        self.ended[ring.key] = ring.why
         while len(self.ended) > 256:
             self.ended.pop(next(iter(self.ended)))
         if ring.ref is not None:

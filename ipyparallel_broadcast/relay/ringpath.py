@@ -72,6 +72,9 @@ class RingPath:
             taken = self.rings.own_value(p.key, header, data, ref, waiting=p)
             if taken is not None and ref is not None:
                 p.segments.remove(ref)  # the ring keeps it: engines map it when they bind
+        why = self.rings.ended.get(p.key)
+        if taken is None and why and r.sig is not None and r.error is None:  # the leaf ended it already
+            r.add_error([], f"allreduce: {why}")  # (its value goes no further)
         if taken is None:  # it takes no part: its bundle goes as it is, and the leaf ends the ring
             self.rings.end([p.key], "this host took no part")
             return self._ring_settled() + self.inflight.deliver(p, p.parts, p.failed, None)
