@@ -41,7 +41,8 @@ class RingPath:
         if isinstance(state.get("value"), dict) and state["value"].get("t") == "ring" and not state.get("error"):
             return []
         name = self.children.names.get(child, repr(child))
-        return self._ring_end(p, f"{name} gave it no value", but=child)
+        cause = state.get("error") or ("its value was too small" if state.get("value") else "its engines gave none")
+        return self._ring_end(p, f"{name} gave it no value ({cause})", but=child)
 
     def _ring_lost(self, host: bytes, why: str) -> list[Send]:
         """A host relay is lost: the rings through it end at the other hosts."""
