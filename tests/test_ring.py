@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_collectives_core import Engines, reduce_outcome
 from test_upchain import CHUNK, DTYPES, SHAPES, bed
 
-from ipyparallel_broadcast.relay import ring
+from ipyparallel_broadcast.relay import bulk, ring
 from ipyparallel_broadcast.relay.events import UP
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import ReduceError, ufunc
@@ -210,7 +210,7 @@ def test_forged_or_malformed_ring_chunks_are_dropped(forge):
     host.rings.own_value("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
     data = b"\1" * CHUNK
     content = dict(dict(key="r-1", k=1, i=0, n=1), **forge)
-    content["d"] = ring.digest(data)
+    content["d"] = bulk.digest(data)
     body = sim.codec.pack(ring.RGATHER, content, [data])
     dropped = host.dropped
     assert host.on_chunk([b"u0", host_ident("chain")] + body) == []
@@ -223,7 +223,7 @@ def test_a_ring_chunk_with_a_wrong_digest_is_dropped():
     host.rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2"], at=0))
     value = np.zeros(3 * CHUNK // 8)
     host.rings.own_value("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
-    body = sim.codec.pack(ring.RGATHER, dict(key="r-1", k=1, i=0, n=1, d=ring.digest(b"x")), [b"\1" * CHUNK])
+    body = sim.codec.pack(ring.RGATHER, dict(key="r-1", k=1, i=0, n=1, d=bulk.digest(b"x")), [b"\1" * CHUNK])
     host.on_chunk([b"u0", host_ident("chain")] + body)
     assert host.dropped == 1 and value.sum() == 0
 

@@ -119,6 +119,20 @@ def digest(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def checked(codec: P.Codec, body, kind: str, what: str) -> dict:
+    """A data plane's message of one chunk (a push's, a reduce chain's, a
+    ring's): ``[sig, header, parent, metadata, content, data]``, signed, of
+    type ``kind``, its bytes matching the digest its content gives; parsed."""
+    if len(body) != 6:
+        raise P.ProtocolError(f"a {what} has {len(body)} frames, needs 6")
+    msg = codec.unpack(body)
+    if msg["header"].get("msg_type") != kind or not isinstance(msg["content"], dict):
+        raise P.ProtocolError(f"not a {what}")
+    if digest(body[5]) != msg["content"].get("d"):
+        raise P.ProtocolError(f"a {what} that does not match its digest")
+    return msg
+
+
 @dataclass
 class Outgoing:
     """At the leaf: a request's chunks and the plan they follow."""
@@ -268,19 +282,9 @@ class Bulk:
         """A chunk from the host (or leaf) that feeds this one: checked, passed
         on, kept; the assembly if it is now complete."""
         _, body = P.split_idents(frames)
-        if len(body) != 6:
-            raise P.ProtocolError(f"a chunk message has {len(body)} frames, needs 6")
-        msg = self.codec.unpack(body)
-        content = msg["content"]
-        if (
-            msg["header"].get("msg_type") != CHUNK_MSG
-            or not isinstance(content, dict)
-            or not isinstance(content.get("id"), str)
-            or type(content.get("i")) is not int
-        ):
-            raise P.ProtocolError("not a chunk")
-        if digest(body[5]) != content.get("d"):
-            raise P.ProtocolError(f"chunk {content['i']} of {content['id']} does not match its digest")
+        content = checked(self.codec, body, CHUNK_MSG, "chunk")["content"]
+        if not isinstance(content.get("id"), str) or type(content.get("i")) is not int:
+            raise P.ProtocolError("a chunk without its request's id and its index")
         inc = self.incoming.get(content["id"])
         if inc is None:  # its envelope is still on its way (another link)
             self.early.setdefault(content["id"], []).append(body)

@@ -35,7 +35,7 @@ from functools import partial
 
 from ..wire import protocol as P
 from ..wire.topology import host_ident
-from .bulk import BULK, digest
+from .bulk import BULK, checked
 from .events import Send
 from .upchain import Chains
 
@@ -182,10 +182,15 @@ class Rings:
         ring = self.rings.get(key)
         return self._fail(ring, why) if ring is not None else []
 
+    def takes(self, key: str, nbytes: int) -> bool:
+        """Whether a value of ``nbytes`` goes round ``key``'s ring (over the
+        data plane's threshold, and a chunk or more for each host)."""
+        ring = self.rings.get(key)
+        return ring is not None and nbytes >= self.threshold and takes_part(nbytes, self.chunk, ring.n)
+
     def _fits(self, ring: Ring, data) -> bool:
         view = memoryview(data)
-        big = view.nbytes >= self.threshold and takes_part(view.nbytes, self.chunk, ring.n)
-        return big and not view.readonly and view.contiguous
+        return self.takes(ring.key, view.nbytes) and not view.readonly and view.contiguous
 
     def _own(self, ring: Ring, header: dict, data) -> None:
         view = memoryview(data).cast("B")
@@ -300,11 +305,4 @@ class Rings:
 
 def check(codec: P.Codec, body) -> tuple[dict, object]:
     """A ring chunk's parsed message and its bytes (signature and digest checked)."""
-    if len(body) != 6:
-        raise P.ProtocolError(f"a ring chunk has {len(body)} frames, needs 6")
-    msg = codec.unpack(body)
-    if msg["header"].get("msg_type") != RGATHER or not isinstance(msg["content"], dict):
-        raise P.ProtocolError("not a ring chunk")
-    if digest(body[5]) != msg["content"].get("d"):
-        raise P.ProtocolError("a ring chunk does not match its digest")
-    return msg, body[5]
+    return checked(codec, body, RGATHER, "ring chunk"), body[5]

@@ -68,7 +68,7 @@ class RingPath:
         if r.error is None and r.sig is not None and r.sig[0] == "nd":
             header, frames = R.encode(r.value)
             data, ref = frames[0] if frames else b"", r.segment if r.segment in p.segments else None
-            if not r.owned:  # (a frame's bytes: the ring writes over its own)
+            if not r.owned and self.rings.takes(p.key, P.nbytes(data)):  # (a frame's: the ring writes over its own)
                 data = bytearray(data)
             taken = self.rings.own_value(p.key, header, data, ref, waiting=p)
             if taken is not None and ref is not None:
@@ -107,7 +107,7 @@ class RingPath:
         if ring is None:
             return None
         header, view = ring.own
-        value = R.decode({k: v for k, v in header.items() if k not in ("nbytes", "chunk")}, [view])
+        value = R.decode(header, [view])
         inner = R.assign_request(self.codec, content["msg_id"], content["ring_bind"], value)
         index = R.buffer_of(value, inner[5:]) if ring.ref is not None else None
         if ring.ref is not None and index is None:

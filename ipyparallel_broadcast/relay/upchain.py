@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from ..wire import protocol as P
 from ..wire import reduction as R
 from ..wire.topology import HOST_PREFIX, host_ident
-from .bulk import BULK, digest
+from .bulk import BULK, checked, digest
 from .events import UP, Send
 
 log = logging.getLogger(__name__)
@@ -261,14 +261,8 @@ class Chains:
 
 def check(codec: P.Codec, body) -> tuple[dict, object]:
     """A chain message's parsed message and its bytes (signature and digest checked)."""
-    if len(body) != 6:
-        raise P.ProtocolError(f"a chain message has {len(body)} frames, needs 6")
-    msg = codec.unpack(body)
+    msg = checked(codec, body, RCHUNK, "chain message")
     content = msg["content"]
-    if msg["header"].get("msg_type") != RCHUNK or not isinstance(content, dict):
-        raise P.ProtocolError("not a chain message")
-    if digest(body[5]) != content.get("d"):
-        raise P.ProtocolError("a chain chunk does not match its digest")
     n = content.get("n")
     if not isinstance(content.get("key"), str) or type(n) is not int or n < 0:
         raise P.ProtocolError("bad chain message")

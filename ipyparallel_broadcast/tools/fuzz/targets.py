@@ -224,10 +224,11 @@ def seeds() -> dict[str, list[bytes]]:
 def _ring_seed(codec) -> bytes:
     """A host relay given its place in an allreduce's ring, then a ring chunk."""
     from ...relay import ring
+    from ...relay.bulk import digest
 
     content = dict(P.request_content("m2", [1], P.COALESCE, req="r9", reduce="sum"), ring=dict(urls=["a", "b"], at=0))
     inner = codec.session.serialize(codec.session.msg("apply_request", content={}))[1:] + [b"payload"]
     place = codec.pack(P.REQUEST, content, inner)[2:]  # (the parts ``Signer`` signs)
-    gather = codec.pack(ring.RGATHER, dict(key="r9", k=1, i=0, n=1, d=ring.digest(b"data")), [b"data"])[2:]
+    gather = codec.pack(ring.RGATHER, dict(key="r9", k=1, i=0, n=1, d=digest(b"data")), [b"data"])[2:]
     events = [b"\x00\x01" + SEP.join(place), b"\x03\x21" + SEP.join([b"feeder", *gather])]
     return b"\x03" + (SEP * 2).join(events)
