@@ -299,9 +299,10 @@ class ChainSim(GangSim):
     sends each final stripe on. ``log``: turns (engine ids) and chain
     messages sent (``("chunk", host)``), in the order they happened."""
 
-    def __init__(self, n_hosts, per_host, values):
+    def __init__(self, n_hosts, per_host, values, shape="chain"):
         hosts = {f"h{i}": (0, list(range(i * per_host, (i + 1) * per_host))) for i in range(n_hosts)}
-        super().__init__(range(n_hosts * per_host), values, hosts=hosts, bulk=dict(chunk=CHUNK, threshold=CHUNK))
+        bulk = dict(chunk=CHUNK, threshold=CHUNK, reduce=shape)
+        super().__init__(range(n_hosts * per_host), values, hosts=hosts, bulk=bulk)
         self.fail_at = {}  # engine id -> its turn (counted from 1) that fails
         self.log = self.turns
         for label in hosts:
@@ -345,6 +346,42 @@ def test_a_hosts_value_goes_into_the_chain_stripe_by_stripe_and_the_sum_is_the_s
     assert all(not node.chains.links for node in sim.nodes.values())
 
 
+def by_trees(values, n_hosts, per_host):
+    """Two trees' value: half t up a heap of the hosts (in order, then
+    reversed), each host's value first, then its first feeder's, then its second's."""
+    from ipyparallel_broadcast.relay import ring
+
+    host = [in_order(values, range(h * per_host, (h + 1) * per_host)) for h in range(n_hosts)]
+    cut = [c // 8 for c in ring.cuts(N * 8, CHUNK, 2)]
+    out = np.empty(N)
+    for t, order in enumerate([list(range(n_hosts)), list(range(n_hosts))[::-1]]):
+
+        def up(j, order=order, lo=cut[t], hi=cut[t + 1]):
+            acc = host[order[j]][lo:hi]
+            for c in (2 * j + 1, 2 * j + 2):
+                if c < n_hosts:
+                    acc = acc + up(c)
+            return acc
+
+        out[cut[t] : cut[t + 1]] = up(0)
+    return out
+
+
+@pytest.mark.parametrize("n_hosts", [3, 4, 7])
+def test_a_hosts_value_goes_up_two_trees_stripe_by_stripe_and_the_sum_is_the_same_to_the_bit(n_hosts):
+    values = values_of(range(2 * n_hosts))
+    sim = ChainSim(n_hosts, 2, values, shape="two trees")
+    sim.request(list(range(2 * n_hosts)), reduce="sum")
+    r, raised, failed = outcome(sim)
+    assert r.result().tobytes() == by_trees(values, n_hosts, 2).tobytes()
+    assert (
+        r.result().tobytes() != by_host(values, n_hosts, 2).tobytes()
+    )  # (not the chain's order: a test that can fail)
+    assert not raised and not failed
+    assert sim.holding() == set() and sim.pending_total() == 0
+    assert all(not node.chains.links for node in sim.nodes.values())
+
+
 def test_a_holder_that_fails_before_any_stripe_went_on_is_named_and_its_host_starts_again():
     values = values_of(range(6))
     sim = ChainSim(2, 3, values)
@@ -359,10 +396,11 @@ def test_a_holder_that_fails_before_any_stripe_went_on_is_named_and_its_host_sta
     assert sim.holding() == set() and sim.pending_total() == 0
 
 
+@pytest.mark.parametrize("shape", ["chain", "two trees"])
 @pytest.mark.parametrize("host", [0, 1, 2])
-def test_a_holder_that_fails_once_part_of_its_hosts_value_went_on_fails_the_chain_naming_it(host):
+def test_a_holder_that_fails_once_part_of_its_hosts_value_went_on_fails_the_chain_naming_it(host, shape):
     values = values_of(range(9))
-    sim = ChainSim(3, 3, values)
+    sim = ChainSim(3, 3, values, shape)
     eid = 3 * host + 1
     sim.fail_at[eid] = 3  # its third stripe: the first went on already
     sim.request(list(range(9)), reduce="sum")

@@ -270,6 +270,36 @@ def test_a_big_reduce_whose_last_host_computes_for_longer_than_the_stall_time_st
         assert all(n["chain_sent"] for n in relays(rc).values())  # (it went by the chain)
 
 
+def test_a_big_reduce_up_two_trees_enters_the_controller_once_and_a_host_killed_mid_way_is_named():
+    """Each half of the value climbs its own tree of the hosts; every host
+    sends each half once. A host killed while the others wait for it: the
+    call fails naming it, and the survivors answer the next one."""
+    from ipyparallel_broadcast.tools.netbed import kill_namespace
+
+    with slow_bed("--BroadcastController.host_reduce_shape=two trees") as (bed, rc):
+        view = rc.broadcast_view(block=True)
+        view.execute("import numpy as np")
+        into = bed.link_bytes(bed.controller)[0]
+        result = view.reduce(_own_value, op="sum")  # 8 MiB from each engine: 16 chunks
+        into = bed.link_bytes(bed.controller)[0] - into
+        np.testing.assert_array_equal(result, np.arange(1 << 20, dtype=np.float64) * sum(1 + e for e in rc.ids))
+        (leaf,) = [s for s in rc.broadcast_stats() if s.get("chain_shape")]  # (the root, at depth 0)
+        assert leaf["chain_shape"] == "two trees"
+        assert [n["chain_sent"] for n in relays(rc).values()] == [16] * 3  # each half once from each host
+        assert into < 1.3 * result.nbytes
+        late, found = max(rc.ids), relays(rc)
+        label = next(label for label in found if found[label]["eids"] == [late])
+        victim = next(h for h in bed.hosts if label_of(bed, h) == label)
+        ar = view.reduce(_late_value, late, 600.0, op="sum", block=False)
+        until(lambda: sum(n["chain_sent"] for n in relays(rc).values()) > 3 * 16, what="the others' halves to go")
+        kill_namespace(victim.netns)
+        with pytest.raises(Exception, match=re.escape(label)) as raised:
+            ar.get(timeout=60)
+        assert "reduce" in str(raised.value).lower()
+        survivors = rc.broadcast_view(targets=[e for e in rc.ids if e != late])
+        assert survivors.apply_sync(lambda: 5) == [5, 5]
+
+
 def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_once(bed):
     rc = bed.rc
     before = {s["node"]: s for s in rc.broadcast_stats()}

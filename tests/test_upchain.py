@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ipyparallel.serialize import serialize_object
 from treesim import TreeSim
 
-from ipyparallel_broadcast.relay import upchain
+from ipyparallel_broadcast.relay import upchain, uplinks
 from ipyparallel_broadcast.relay.events import UP
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
@@ -25,12 +25,13 @@ pytestmark = pytest.mark.pure
 CHUNK = 1024  # bytes: small, so that values have many chunks
 
 
-def bed(n_hosts=4, per_host=2, direct=(), depth=0):
-    """Hosts h0.. each with ``per_host`` engines under leaf 0, and ``direct`` engines on the leaf."""
+def bed(n_hosts=4, per_host=2, direct=(), depth=0, shape="chain"):
+    """Hosts h0.. each with ``per_host`` engines under leaf 0, and ``direct``
+    engines on the leaf; big values go to the leaf by ``shape`` (``uplinks``)."""
     first = len(direct)
     hosts = {f"h{i}": (0, list(range(first + i * per_host, first + (i + 1) * per_host))) for i in range(n_hosts)}
     engines = list(direct) + list(range(first, first + n_hosts * per_host))
-    sim = TreeSim(depth, 2, engines, hosts=hosts, bulk=dict(chunk=CHUNK, threshold=CHUNK))
+    sim = TreeSim(depth, 2, engines, hosts=hosts, bulk=dict(chunk=CHUNK, threshold=CHUNK, reduce=shape))
     return sim, engines
 
 
@@ -75,6 +76,7 @@ def big(eid, n=2000, dtype=float):
 # hosts, engines per host, op, dtype: what a reduce across hosts is tried with (here and in ``test_ring``)
 SHAPES = (st.integers(2, 5), st.integers(1, 3), st.sampled_from(sorted(OPS)))
 DTYPES = st.sampled_from(["float64", "int32", "uint8", "complex128"])
+WAYS = pytest.mark.parametrize("shape", ["chain", "two trees"])
 
 
 @settings(max_examples=40, deadline=None)
@@ -95,12 +97,72 @@ def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_
     assert sim.pending_total() == 0
 
 
-def test_a_float_sum_through_the_chain_is_the_same_whatever_order_hosts_finish_in():
-    sim, engines = bed(4, 2)
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 9), st.integers(1, 2), st.sampled_from(sorted(OPS)), DTYPES, st.integers(2100, 4000))
+def test_two_trees_give_the_same_value_and_each_hosts_link_carries_about_one_value(n_hosts, per_host, op, dtype, n):
+    sim, engines = bed(n_hosts, per_host, shape="two trees")
+    values = {e: big(e, n, dtype) for e in engines}
+    sim.answer_with = answering(values)
+    links = Links(sim)
+    sim.request(engines, reduce=op)
+    r, raised, failed = outcome(sim)
+    expected = functools.reduce(ufunc(op), [values[e] for e in engines])
+    np.testing.assert_array_equal(r.result(), expected)
+    assert sorted(r.eids) == engines and not raised and not failed
+    assert sim.nodes[()].chains.shape == "two trees"
+    chunks = -(-expected.nbytes // CHUNK)
+    assert links.to_leaf == chunks  # the two heads' halves: one value into the leaf
+    hosts = [node for node in sim.nodes.values() if node.host]
+    assert all(node.chains.sent == chunks for node in hosts)  # each host sends each half once: one value
+    assert all(node.chains.received <= chunks + 1 for node in hosts)  # and gets at most two halves of one tree
+    assert all(not node.chains.links for node in sim.nodes.values())
+    assert sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("n_hosts", range(2, 70))
+def test_in_two_trees_no_host_combines_for_both_and_a_half_climbs_log2_hosts(n_hosts):
+    hosts = [(f"h{i}".encode(), f"tcp://h{i}", 10 * i) for i in range(n_hosts)]
+    order, heads, contents = uplinks.plan(hosts, uplinks.TWO_TREES)
+    assert order == [h[0] for h in hosts] and heads == [hosts[0][0], hosts[-1][0]]
+    by_url = {h[1]: h[0] for h in hosts}
+    for t in range(2):
+        parents = {h: by_url.get(contents[h]["parts"][t]["to"]) for h in order}
+        feeds = {h: sum(parent == h for parent in parents.values()) for h in order}
+        assert all(contents[h]["parts"][t]["feeds"] == feeds[h] <= 2 for h in order)
+        slots = [(parents[h], contents[h]["parts"][t]["slot"]) for h in order if parents[h] is not None]
+        assert len(set(slots)) == len(slots)  # each feeder has its own slot
+        for h in order:  # every host reaches the head in at most ceil(log2 P) hops
+            hops, at = 0, h
+            while parents[at] is not None:
+                at, hops = parents[at], hops + 1
+            assert at == heads[t] and hops <= max(1, (n_hosts - 1).bit_length())
+    interior = [{h for h in order if contents[h]["parts"][t]["feeds"]} for t in range(2)]
+    assert not interior[0] & interior[1]
+
+
+def test_the_model_takes_a_chain_for_a_few_hosts_and_two_trees_for_many():
+    assert uplinks.choose(4) == uplinks.CHAIN
+    assert uplinks.choose(8) == uplinks.choose(1000) == uplinks.TWO_TREES
+    assert uplinks.choose(1000, "chain") == uplinks.CHAIN
+
+
+def test_a_value_of_one_chunk_goes_whole_up_one_tree():
+    sim, engines = bed(5, 1, shape="two trees")
+    values = {e: np.full(CHUNK, e, dtype="uint8") for e in engines}
+    sim.answer_with = answering(values)
+    sim.request(engines, reduce="max")
+    r, raised, failed = outcome(sim)
+    np.testing.assert_array_equal(r.result(), values[max(engines)])
+    assert sim.pending_total() == 0 and all(not node.chains.links for node in sim.nodes.values())
+
+
+@WAYS
+def test_a_float_sum_through_the_chain_is_the_same_whatever_order_hosts_finish_in(shape):
+    sim, engines = bed(4, 2, shape=shape)
     values = {e: np.array([1e16, 1.0, -1e16, 3.3e-3, 7e15, 2.5, -7e15, 1e-9][e % 8] * np.ones(600)) for e in engines}
     results = set()
     for order in (engines, engines[::-1], [5, 0, 7, 2, 6, 1, 4, 3]):
-        sim, _ = bed(4, 2)
+        sim, _ = bed(4, 2, shape=shape)
         sim.answer_with = answering(values)
         sim.request_answered_in(order, engines, reduce="sum")
         r, _, _ = outcome(sim)
@@ -108,19 +170,21 @@ def test_a_float_sum_through_the_chain_is_the_same_whatever_order_hosts_finish_i
     assert len(results) == 1
 
 
-def test_small_values_stay_in_the_bundles_and_the_leaf_does_not_wait_for_the_chain():
-    sim, engines = bed(3, 2)
+@WAYS
+def test_small_values_stay_in_the_bundles_and_the_leaf_does_not_wait_for_the_chain(shape):
+    sim, engines = bed(3, 2, shape=shape)
     sim.answer_with = answering({e: e for e in engines})  # Python numbers: small
     links = Links(sim)
     sim.request(engines, reduce="sum")
     r, _, _ = outcome(sim)
     assert r.result() == sum(engines)
-    assert links.to_leaf == 1  # the head's "no value", after the call was done (ignored)
+    assert links.to_leaf == (1 if shape == "chain" else 2)  # each head's "no value", after the call was done
     assert sim.nodes[()].dropped == 0 and sim.pending_total() == 0
 
 
-def test_direct_engines_and_a_chain_combine_at_the_leaf():
-    sim, engines = bed(3, 2, direct=[0, 1])
+@WAYS
+def test_direct_engines_and_a_chain_combine_at_the_leaf(shape):
+    sim, engines = bed(3, 2, direct=[0, 1], shape=shape)
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values)
     sim.request(engines, reduce="max")
@@ -128,8 +192,9 @@ def test_direct_engines_and_a_chain_combine_at_the_leaf():
     np.testing.assert_array_equal(r.result(), functools.reduce(np.maximum, values.values()))
 
 
-def test_engines_that_raise_are_named_and_the_rest_of_the_chain_combines():
-    sim, engines = bed(4, 2)
+@WAYS
+def test_engines_that_raise_are_named_and_the_rest_of_the_chain_combines(shape):
+    sim, engines = bed(4, 2, shape=shape)
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values, raises={2, 3, 6})  # all of host h1, one of h3
     sim.request(engines, reduce="sum")
@@ -138,8 +203,9 @@ def test_engines_that_raise_are_named_and_the_rest_of_the_chain_combines():
     assert len(raised) == 3 and not failed
 
 
-def test_hosts_whose_values_do_not_combine_raise_reduce_error():
-    sim, engines = bed(3, 2)
+@WAYS
+def test_hosts_whose_values_do_not_combine_raise_reduce_error(shape):
+    sim, engines = bed(3, 2, shape=shape)
     values = {e: big(e, n=2000 if e < 4 else 3000) for e in engines}  # the last host's are longer
     sim.answer_with = answering(values)
     sim.request(engines, reduce="sum")
@@ -149,8 +215,9 @@ def test_hosts_whose_values_do_not_combine_raise_reduce_error():
     assert sim.pending_total() == 0
 
 
-def test_a_host_lost_mid_chain_fails_the_chained_engines_by_name_and_nothing_hangs():
-    sim, engines = bed(4, 2)
+@WAYS
+def test_a_host_lost_mid_chain_fails_the_chained_engines_by_name_and_nothing_hangs(shape):
+    sim, engines = bed(4, 2, shape=shape)
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values)
     sim.hold.update([6, 7])  # the tail (h3) waits for its engines
@@ -168,8 +235,9 @@ def test_a_host_lost_mid_chain_fails_the_chained_engines_by_name_and_nothing_han
     assert all(not sim.nodes[("h", h)].chains.links for h in ("h0", "h1", "h2"))  # told: they let go
 
 
-def test_hosts_whose_engines_compute_longer_than_the_chains_stall_time_still_chain():
-    sim, engines = bed(4, 2)
+@WAYS
+def test_hosts_whose_engines_compute_longer_than_the_chains_stall_time_still_chain(shape):
+    sim, engines = bed(4, 2, shape=shape)
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values)
     sim.hold.update([6, 7])  # the tail's engines compute for three stall times; the other hosts wait
@@ -185,8 +253,9 @@ def test_hosts_whose_engines_compute_longer_than_the_chains_stall_time_still_cha
     assert sim.nodes[()].dropped == 0 and sim.pending_total() == 0
 
 
-def test_a_chain_that_stops_fails_once_every_host_has_answered():
-    sim, engines = bed(3, 2)
+@WAYS
+def test_a_chain_that_stops_fails_once_every_host_has_answered(shape):
+    sim, engines = bed(3, 2, shape=shape)
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values)
     head = sim.nodes[("h", "h0")]
@@ -222,8 +291,9 @@ def test_forged_or_malformed_chain_messages_are_dropped(forge):
     assert host.on_chunk(bad_digest) == [] and host.dropped == 2
 
 
-def test_a_chain_message_from_a_host_that_is_not_the_head_is_dropped():
-    sim, engines = bed(3, 2)
+@WAYS
+def test_a_chain_message_from_a_host_that_is_not_the_head_is_dropped(shape):
+    sim, engines = bed(3, 2, shape=shape)
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values)
     sim.hold.update(engines)
@@ -232,14 +302,16 @@ def test_a_chain_message_from_a_host_that_is_not_the_head_is_dropped():
     (key,) = leaf.pending
     tail = next(k for k in leaf.children if isinstance(k, bytes) and b"h2" in k)
     data = b"\0" * 8
-    msg = sim.codec.pack(upchain.RCHUNK, dict(key=key, n=0, d=upchain.digest(data)), [data])
+    part = uplinks.part_key(key, 0)  # (with two trees, h2 is the head of part 1, not of part 0)
+    msg = sim.codec.pack(upchain.RCHUNK, dict(key=part, n=0, d=upchain.digest(data)), [data])
     leaf.on_down([tail] + msg)
     assert leaf.dropped == 1 and leaf.pending[key].chain.outcome is None
 
 
-def test_a_bundle_that_comes_after_the_chain_said_the_values_do_not_combine_gets_the_same_error():
+@WAYS
+def test_a_bundle_that_comes_after_the_chain_said_the_values_do_not_combine_gets_the_same_error(shape):
     """Bundles and the chain come on different links: either may come first."""
-    sim, engines = bed(3, 2)
+    sim, engines = bed(3, 2, shape=shape)
     sim.answer_with = answering({e: big(e, n=2000 if e < 4 else 3000) for e in engines})
     tail = sim.nodes[("h", "h2")]
     own, late = tail._chain_own, []

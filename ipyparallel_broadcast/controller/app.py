@@ -149,7 +149,8 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         """The data plane's settings, for every relay (host relays too)."""
         if not self.host_chunks:
             return dict(threshold=1 << 62)
-        return dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout)
+        spec = dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout)
+        return dict(spec, reduce=self.host_reduce_shape)
 
     def node_spec(self, path, monitor_url) -> dict:
         shape = self.shape

@@ -94,6 +94,14 @@ class TreeSettings(Configurable):
         help="How many hosts each host feeds chunks to: 1 is a chain; 0 picks it per request "
         "from the alpha-beta model (linkmodel).",
     )
+    host_reduce_shape = Enum(
+        ["auto", "chain", "two trees"],
+        "auto",
+        config=True,
+        help="How a reduce's big values go between host relays to their leaf: a 'chain' of the hosts, "
+        "or 'two trees' (Sanders, Speck and Traeff: each half of the value up a binary tree); "
+        "'auto' picks per request from the alpha-beta model (uplinks).",
+    )
     node_restarts = Integer(
         10,
         config=True,

@@ -10,9 +10,11 @@ import logging
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
-from . import upchain
+from . import upchain, uplinks
+from .bulk import Bulk
 from .events import DOWN, UP, Send
 from .pending import Pending
+from .ring import Rings
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
@@ -22,34 +24,51 @@ CHAIN = ("chain",)  # the leaf's request state: the chain's value is owed
 class ChainPath:
     """The leaf's and the host relays' parts of a reduce chain."""
 
+    def _data_planes(self, codec: P.Codec, clock, node_timeout: float, spec: dict | None) -> None:
+        """The data planes' state: big requests to hosts in chunks (``bulk``),
+        big reduce values host to host (``upchain``, ``uplinks``) and round a ring."""
+        spec = dict(spec or {})
+        self.reduce_shape = spec.pop("reduce", "auto")  # a reduce's way between hosts (``uplinks.choose``)
+        self.bulk = Bulk(codec, clock, 2 * node_timeout, **spec)  # ... to hosts, in chunks
+        self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
+        self.chains = upchain.Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
+        self.uplinks = uplinks.Uplinks(self.chains)  # ... a host's own, in its parts
+        self.rings = Rings(codec, self.chains, self.bulk.threshold, clock, 2 * node_timeout, self.sharing.drop_value)
+        if self.sharing.on:  # chunks are written straight into the segment engines map
+            self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
+
     # ------------------------------------------------------------ the leaf
     def _chain_plan(self, p: Pending, groups: dict) -> dict:
-        """A reduce to two or more host relays with bulk links: their chain
-        (``p.chain``) and each one's part of it, by host."""
+        """A reduce to two or more host relays with bulk links: their way to
+        this leaf (``p.chain``: a chain or two trees, ``uplinks``) and each
+        one's part of it, by host."""
         hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
         if len(hosts) < 2 or self.bulk.threshold is None or p.stock:
             return {}
-        order, contents = upchain.plan(hosts)
+        shape = uplinks.choose(len(hosts), self.reduce_shape, self.bulk.chunk)
+        order, heads, contents = uplinks.plan(hosts, shape)
         first = min(h[2] for h in hosts)
-        p.chain = upchain.Chain(order, first - 0.5, self.clock())
+        p.chain = upchain.Chain(order, heads, first - 0.5, self.clock())
         self.chains.open.add(p.key)
+        self.chains.shape = shape
         p.state.expect(CHAIN, ())
         p.reduction.expect({CHAIN: p.chain.key})
         return {c: dict(chain=content) for c, content in contents.items()}
 
     def _chain_message(self, child, m) -> list[Send]:
-        """A chain message from the head of a chain, at the leaf."""
+        """A chain message from the head of a part, at the leaf."""
         msg, data = upchain.check(self.codec, m.body)
-        p = self.pending.get(msg["content"]["key"])
+        key, part = uplinks.split_key(msg["content"]["key"])
+        p = self.pending.get(key)
         if p is None:  # the request was done without it (no host chained a value)
             return []
         chain = p.chain
-        if chain is None or chain.outcome is not None or child != chain.hosts[0]:
+        if chain is None or chain.outcome is not None or part >= len(chain.heads) or child != chain.heads[part]:
             raise P.ProtocolError(f"chain message for {msg['content']['key']!r} from {child!r}, not its head")
         chain.last = self.clock()
         if not chain.have:
             self.inflight.stamp(p, "chain in")
-        if not upchain.take(chain, msg, data):
+        if not upchain.take(chain, part, msg, data):
             return []
         return self._chain_settled(p)
 
@@ -73,7 +92,8 @@ class ChainPath:
         chain, r = p.chain, p.reduction
         self.inflight.stamp(p, "chain done", chain.outcome)
         if chain.outcome == "value":
-            value = R.decode({k: v for k, v in chain.header.items() if k not in ("nbytes", "chunk")}, [chain.buffer])
+            header = {k: v for k, v in chain.header.items() if k not in ("nbytes", "chunk", "at", "whole")}
+            value = R.decode(header, [chain.buffer])
             r.add([], value, chain.key, owned=True)
             for eids, at in chain.stashed:
                 r.add(eids, None, at)
@@ -136,6 +156,7 @@ class ChainPath:
             self.bulk.stats(),
             chain_sent=self.chains.sent,
             chain_received=self.chains.received,
+            chain_shape=self.chains.shape,  # the last reduce's way between hosts: a chain or two trees
             ring_gathered=self.rings.gathered,  # final chunks of allreduce values written here
             ring_forwarded=self.rings.forwarded,
             held_values=sum(len(p.gang.holders) for p in self.gangs.values()),  # engines' turns to come
@@ -178,4 +199,4 @@ class ChainPath:
         body = B.pack_reduced(self.codec, p.key, p.msg_id, state, frames, p.raised, p.failed)
         self.inflight.stamp(p, "reply out", p.n)
         sends = self.inflight.recorded(p, [Send(UP, P.with_route(p.route, body))], p.n)
-        return sends + self.chains.own_value(p.key, header, data)
+        return sends + self.uplinks.own_value(p.key, header, data)

@@ -20,7 +20,6 @@ from itertools import count
 from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape, node_name
 from . import events as E
-from .bulk import Bulk
 from .chainpath import ChainPath
 from .downpath import DownPath
 from .events import DOWN, MON, Send
@@ -28,12 +27,10 @@ from .gangpath import GangPath
 from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
-from .ring import Rings
 from .ringpath import RingPath
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
-from .upchain import Chains
 from .uppath import UpPath
 
 log = logging.getLogger(__name__)
@@ -84,13 +81,8 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: dict[int, str] = {}  # leaf: engine id -> uuid
         self.sharing = Sharing(codec, store)  # big buffers, once per host
-        self.bulk = Bulk(codec, clock, 2 * node_timeout, **(bulk or {}))  # ... to hosts, in chunks
-        self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
-        self.chains = Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
-        self.rings = Rings(codec, self.chains, self.bulk.threshold, clock, 2 * node_timeout, self.sharing.drop_value)
+        self._data_planes(codec, clock, node_timeout, bulk)  # (``chainpath``)
         self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
-        if self.sharing.on:  # chunks are written straight into the segment engines map
-            self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
         # request without one never calls into them
         self.big_from = min(t for t in (self.bulk.threshold, self.sharing.threshold) if t is not None)

@@ -72,7 +72,7 @@ class DownPath:
         p.ring_ok = content.get("allreduce") is not None if self.is_root else content.get("ring_ok") is True
         p.ring_bind = content.get("ring_bind") if isinstance(content.get("ring_bind"), str) else None
         if self.host and content.get("chain") is not None and p.reduction is not None:
-            self.chains.join(key, op, content["chain"])  # its big value goes host to host
+            self.uplinks.join(key, op, content["chain"])  # its big value goes host to host
             p.then = self._chain_own
         elif self.host and content.get("ring") is not None and p.reduction is not None:
             p.then = self._ring_own

@@ -69,7 +69,7 @@ class GangPath:
         plane = self._plane(p)
         if not plane.own_begin(p.key, header, segment[1]):
             return None
-        if plane is self.chains:
+        if plane is self.uplinks:
             return stripes(0, gang.nbytes, chunk)
         parts, out = self.rings.order(p.key), []
         for lo, hi in parts:  # (the first two chunks, then each part in one or more stripes)
@@ -78,7 +78,7 @@ class GangPath:
 
     def _plane(self, p: Pending):
         """Where this host's value goes on: round a ring (an allreduce's), or into a chain."""
-        return self.rings if self.rings.has(p.key) else self.chains
+        return self.rings if self.rings.has(p.key) else self.uplinks
 
     def _gang_turn(self, turn: tuple[str, dict], gang: Gang) -> list[Send]:
         gang.deadline = self.clock() + 2 * self.node_timeout

@@ -37,7 +37,7 @@ from ..wire import protocol as P
 from ..wire.topology import host_ident
 from .bulk import BULK, checked
 from .events import Send
-from .upchain import Chains
+from .upchain import Chains, within
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Rings:
         ring = self.rings[key] = Ring(key, msg_id, urls, at)
         for k in range(ring.n):  # this host sends every part to the next, but its own (the head's)
             head = k == at
-            to = dict(to=None if head else urls[(at + 1) % ring.n], fed=k != (at - 1) % ring.n)
+            to = dict(to=None if head else urls[(at + 1) % ring.n], feeds=int(k != (at - 1) % ring.n))
             self.chains.join(ring.part(k), op, to, sink=partial(self._final_chunk, ring, k) if head else None)
 
     # ------------------------------------------------ this host's own value
@@ -151,9 +151,7 @@ class Rings:
             return []
         sends = []
         for k in range(ring.n):
-            lo, hi = ring.cuts[k], ring.cuts[k + 1]
-            part = [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
-            sends += self.chains.own_ready(ring.part(k), part)
+            sends += self.chains.own_ready(ring.part(k), within(ranges, ring.cuts[k], ring.cuts[k + 1]))
         return sends
 
     def own_value(self, key: str, header: dict, data, ref=None, waiting=None) -> list[Send] | None:

@@ -117,7 +117,7 @@ class RingPath:
     def _chains_end(self, keys: list, why: str) -> list[Send]:
         """The leaf gave up on these chains or rings."""
         self.rings.end(keys, why or "the leaf ended the ring")
-        return self.chains.end(keys) + self._ring_settled()
+        return self.uplinks.end(keys) + self._ring_settled()
 
     def _ring_tick(self, now: float) -> list[Send]:
         for key in self.rings.expired(now):

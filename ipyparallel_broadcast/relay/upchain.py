@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 RCHUNK = "ipb_rchunk"
 MARK = b'"' + RCHUNK.encode() + b'"'  # in a chain message's header frame
 MAX_VALUE = 1 << 40  # a chain value said to be bigger is refused (no buffer of that size is made)
+MAX_FEEDS = 2  # hosts that send to one host: 1 in a chain, 2 in a binary tree
 
 
 def _header(value_header: dict | None) -> tuple | None:
@@ -59,14 +60,15 @@ class Link:
     key: str  # the request's key (the leaf's, shared by its hosts)
     op: str
     to: str | None  # the bulk socket of the host before this one; None: the leaf
-    fed: bool  # a host after this one sends to this one
+    feeds: int  # how many hosts send to this one (a chain: 1 or 0; a tree: 0 to 2)
+    slot: int = 0  # this host's place among the hosts that feed the one it sends to
     own: tuple | None = None  # (value header, bytes) of this host's own big value
     own_done: bool = False
     upto: int = 0  # bytes of ``own`` that are final (it may come in stripes)
     next_own: int = 0  # the next chunk of ``own`` alone to send (nothing comes from after this host)
     used: bool = False  # a chunk with this host's own bytes went on
-    head: dict | None = None  # the incoming value's first content (n, v or error)
-    chunks: dict = field(default_factory=dict)  # incoming chunk index -> bytes, not yet sent on
+    heads: dict = field(default_factory=dict)  # feeding slot -> its value's first content (n, v or error)
+    chunks: dict = field(default_factory=dict)  # incoming chunk index -> {slot: bytes}, not yet sent on
     sent: set = field(default_factory=set)
     done: bool = False
     sink: Callable | None = None  # where the head's chunks go instead of the leaf (``ring``)
@@ -81,6 +83,11 @@ def covered(ranges, start: int) -> int:
     return upto
 
 
+def within(ranges, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of byte ranges ``(a, b)`` inside ``[lo, hi)``, from ``lo``."""
+    return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
+
+
 class Chains:
     """A host relay's chain links in flight (pure: chain messages in, sends out)."""
 
@@ -90,18 +97,21 @@ class Chains:
         self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
         self.aborted: dict[str, None] = {}  # keys of links this host ended early: later chunks are dropped
         self.sent = self.received = 0  # chunks, for stats
+        self.shape: str | None = None  # at a leaf: the last reduce's way between hosts, for stats
 
     def join(self, key: str, op: str, content, sink: Callable | None = None) -> None:
         """A reduce request came with its place in a chain (``sink``: at the
         head, ``sink(content, chunk)`` takes each chunk instead of the leaf)."""
         if not isinstance(content, dict):
             raise P.ProtocolError("chain content is not a dict")
-        to, fed = content.get("to"), content.get("fed")
-        if not (to is None or isinstance(to, str)) or type(fed) is not bool:
+        to, feeds, slot = content.get("to"), content.get("feeds"), content.get("slot", 0)
+        if not (to is None or isinstance(to, str)) or type(feeds) is not int or not 0 <= feeds <= MAX_FEEDS:
             raise P.ProtocolError("bad chain content")
+        if type(slot) is not int or not 0 <= slot < MAX_FEEDS:
+            raise P.ProtocolError(f"bad chain slot {slot!r}")
         if key in self.links:
             raise P.ProtocolError(f"chain for {key!r} already here")
-        self.links[key] = Link(key, op, to, fed, sink=sink)
+        self.links[key] = Link(key, op, to, feeds, slot, sink=sink)
 
     def own_value(self, key: str, header: dict | None, data) -> list[Send]:
         """This host's engines are all in: its own big value (or None: it has none)."""
@@ -150,34 +160,60 @@ class Chains:
         return self._finish(link, self._message(link, dict(n=0, error=why)))
 
     def on_message(self, msg: dict, data) -> list[Send]:
-        """A chain message from the host after this one."""
+        """A chain message from a host that feeds this one."""
         content = msg["content"]
         link = self.links.get(content.get("key"))
         if link is None and content.get("key") in self.aborted:
             return []  # this host ended that chain: what still comes goes no further
-        if link is None or not link.fed or link.done:
+        if link is None or not link.feeds or link.done:
             raise P.ProtocolError(f"chain message for {content.get('key')!r}, not expected here")
+        slot = content.get("s", 0)
+        if type(slot) is not int or not 0 <= slot < link.feeds:
+            raise P.ProtocolError(f"chain message from slot {slot!r} of {link.feeds}")
         self.received += 1
-        if content.get("error"):  # the hosts after this one lost the value: so did the chain
-            link.head = content
-        elif link.head is None:
-            link.head = content
-        elif (content.get("n"), content.get("v")) != (link.head.get("n"), link.head.get("v")):
+        head = link.heads.get(slot)
+        if head is None or content.get("error"):  # (the hosts before that one lost the value: so did the chain)
+            link.heads[slot] = head = content
+        elif (content.get("n"), content.get("v")) != (head.get("n"), head.get("v")):
             raise P.ProtocolError("chain chunks that disagree on the value")
         i = content.get("i")
-        if link.head.get("n") and not link.head.get("error"):
-            if i in link.chunks or i in link.sent:
+        if head.get("n") and not head.get("error"):
+            got = link.chunks.setdefault(i, {})
+            if slot in got or i in link.sent:
                 raise P.ProtocolError(f"chain chunk {i} came twice")
-            link.chunks[i] = data
+            got[slot] = data
         return self._advance(link)
 
+    def _incoming(self, link: Link) -> tuple[dict | None, list[int]]:
+        """What comes from the feeding hosts, once each has said: the value's
+        first content (``n = 0``: none; or an error), and the slots with a value."""
+        errors = [h for _, h in sorted(link.heads.items()) if h.get("error")]
+        if errors:
+            return errors[0], []
+        if len(link.heads) < link.feeds:
+            return None, []
+        valued = [s for s, h in sorted(link.heads.items()) if h.get("n")]
+        if not valued:
+            return dict(n=0), []
+        first = link.heads[valued[0]]
+        for s in valued[1:]:
+            other = link.heads[s]
+            if (other.get("n"), _header(other.get("v")), other["v"].get("nbytes")) != (
+                first["n"],
+                _header(first["v"]),
+                first["v"].get("nbytes"),
+            ):
+                why = f"hosts gave values that do not combine: {_header(first['v'])} and {_header(other['v'])}"
+                return dict(n=0, error=why), []
+        return first, valued
+
     def _advance(self, link: Link) -> list[Send]:
-        incoming = link.head if link.fed else dict(n=0)
+        incoming, valued = self._incoming(link)
         if incoming is not None and incoming.get("error"):
             return self._finish(link, self._message(link, dict(n=0, error=incoming["error"])))
         if incoming is None or (link.own is None and not link.own_done):
-            return []  # nothing came yet, or whether this host adds a value is not known yet
-        if not incoming.get("n"):  # nothing from after this host: its own value, or none
+            return []  # not every feeding host said yet, or whether this host adds a value is not known yet
+        if not incoming.get("n"):  # nothing from before this host: its own value, or none
             if link.own is None:
                 return self._finish(link, self._message(link, dict(n=0)))
             return self._own_chunks(link)
@@ -194,20 +230,30 @@ class Chains:
         for i in sorted(link.chunks):
             if link.own is not None and not self._final(link, i):
                 break  # (its bytes are final in order: no later chunk is either)
-            chunk = link.chunks.pop(i)
-            if link.own is not None:  # this host's value first, then what came: the chain's fixed order
-                own = memoryview(link.own[1]).cast("B")[i * self.chunk : (i + 1) * self.chunk]
-                try:
-                    chunk = R.combine_bytes(link.op, link.own[0]["dtype"], own, chunk)
-                except ValueError as e:
-                    return sends + self._finish(link, self._message(link, dict(n=0, error=f"chain: {e}")))
-                link.used = True
+            if not all(s in link.chunks[i] for s in valued):
+                continue
+            came = link.chunks.pop(i)
+            try:
+                chunk = self._combined(link, i, incoming["v"]["dtype"], [came[s] for s in valued])
+            except ValueError as e:
+                return sends + self._finish(link, self._message(link, dict(n=0, error=f"chain: {e}")))
             sends += self._message(link, dict(i=i, n=incoming["n"], v=incoming["v"]), chunk)
             link.sent.add(i)
         if len(link.sent) == incoming["n"]:
             link.done = True
             del self.links[link.key]
         return sends
+
+    def _combined(self, link: Link, i: int, dtype: str, came: list):
+        """Chunk ``i`` of this host's own value (if any), then what came from
+        each feeding host in slot order: the chain's fixed order."""
+        out = None
+        if link.own is not None:
+            out = memoryview(link.own[1]).cast("B")[i * self.chunk : (i + 1) * self.chunk]
+            link.used = True
+        for chunk in came:
+            out = chunk if out is None else R.combine_bytes(link.op, dtype, out, chunk)
+        return out
 
     def _final(self, link: Link, i: int) -> bool:
         """Chunk ``i`` of this host's own value is final."""
@@ -229,7 +275,7 @@ class Chains:
         return sends
 
     def _message(self, link: Link, content: dict, data=b"") -> list[Send]:
-        content = dict(content, key=link.key, d=digest(data))
+        content = dict(content, key=link.key, s=link.slot, d=digest(data))
         if link.to is None and link.sink is not None:
             return link.sink(content, data)
         frames = self.codec.pack(RCHUNK, content, [data])
@@ -282,15 +328,17 @@ def check(codec: P.Codec, body) -> tuple[dict, object]:
 # --------------------------------------------------------------- at the leaf
 @dataclass
 class Chain:
-    """At the leaf: a reduce's chain of hosts, and the value it brings."""
+    """At the leaf: a reduce's way of hosts (a chain, or two trees:
+    ``uplinks``), and the value its heads send, part by part."""
 
-    hosts: list[bytes]  # in chain order: the head first
-    key: float  # where the chain's value combines in the leaf's fixed order
+    hosts: list[bytes]  # every host of the way, in order
+    heads: list[bytes]  # the host that sends each part here
+    key: float  # where the value combines in the leaf's fixed order
     last: float
-    n: int | None = None  # chunks coming; 0: none
+    parts: dict = field(default_factory=dict)  # part -> (n, v) of its chunks; n = 0: none
     header: dict | None = None
     buffer: bytearray | None = None
-    have: set = field(default_factory=set)
+    have: set = field(default_factory=set)  # (part, chunk)
     stashed: list = field(default_factory=list)  # chained hosts' eids, until the value is in
     outcome: str | None = None  # "value", "none", "failed"
     why: str = ""
@@ -300,39 +348,38 @@ class Chain:
         return ", ".join(h[len(HOST_PREFIX) :].decode(errors="replace") for h in self.hosts)
 
 
-def plan(hosts: list[tuple[bytes, str, int]]) -> tuple[list[bytes], dict[bytes, dict]]:
-    """The chain of ``hosts`` ((identity, bulk url, first engine id)): their
-    order (the head first) and each one's chain content."""
-    ordered = sorted(hosts, key=lambda h: h[2])
-    contents = {}
-    for i, (ident, _url, _first) in enumerate(ordered):
-        contents[ident] = dict(to=ordered[i - 1][1] if i else None, fed=i + 1 < len(ordered))
-    return [h[0] for h in ordered], contents
-
-
-def take(chain: Chain, msg: dict, data) -> bool:
-    """A chain message from the head, at the leaf: True once the chain's
-    outcome is known (its value assembled, none, or an error)."""
+def take(chain: Chain, part: int, msg: dict, data) -> bool:
+    """A message of ``part`` from its head, at the leaf: True once the
+    outcome is known (the value assembled, none, or an error)."""
     content = msg["content"]
     if content.get("error"):
         chain.outcome, chain.why = "failed", str(content["error"])
         return True
-    n = content["n"]
-    if n == 0:
-        chain.outcome = "none"
-        return True
-    v, i = content["v"], content["i"]  # (checked: ``check``)
-    if chain.n is None:
-        chain.n, chain.header, chain.buffer = n, v, bytearray(v["nbytes"])
-    elif (n, v) != (chain.n, chain.header):
+    n, v = content["n"], content.get("v")
+    if part in chain.parts and chain.parts[part] != (n, v):
         raise P.ProtocolError("chain chunks that disagree on the value")
-    if i in chain.have:
-        raise P.ProtocolError(f"chain chunk {i} came twice")
-    view = memoryview(data).cast("B")
-    start = i * v["chunk"]
-    chain.buffer[start : start + view.nbytes] = view
-    chain.have.add(i)
-    if len(chain.have) == n:
+    if n:
+        at, whole = v.get("at", 0), v.get("whole", v["nbytes"])  # (n, v checked: ``check``)
+        if not (type(at) is int and type(whole) is int and 0 <= at and at + v["nbytes"] <= whole <= MAX_VALUE):
+            raise P.ProtocolError(f"a chain part of {v['nbytes']} bytes at {at!r} of {whole!r}")
+        if chain.buffer is None:
+            chain.header, chain.buffer = v, bytearray(whole)
+        elif _header(v) != _header(chain.header) or whole != len(chain.buffer):
+            raise P.ProtocolError("chain parts that disagree on the value")
+        if (part, content["i"]) in chain.have:
+            raise P.ProtocolError(f"chain chunk {content['i']} came twice")
+        view = memoryview(data).cast("B")
+        start = at + content["i"] * v["chunk"]
+        chain.buffer[start : start + view.nbytes] = view
+        chain.have.add((part, content["i"]))
+    chain.parts[part] = (n, v)
+    if len(chain.parts) < len(chain.heads) or len(chain.have) < sum(n for n, _ in chain.parts.values()):
+        return False
+    spans = sorted((v.get("at", 0), v.get("at", 0) + v["nbytes"]) for n, v in chain.parts.values() if n)
+    if not spans:
+        chain.outcome = "none"
+    elif covered(spans, 0) != len(chain.buffer) or sum(hi - lo for lo, hi in spans) != len(chain.buffer):
+        chain.outcome, chain.why = "failed", f"the parts brought bytes {spans} of {len(chain.buffer)}"
+    else:
         chain.outcome = "value"
-        return True
-    return False
+    return True

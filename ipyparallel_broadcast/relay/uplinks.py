@@ -1,0 +1,145 @@
+"""A reduce's big values on their way to the leaf: one chain of hosts, or two trees (sans I/O).
+
+The leaf plans the way (``plan``), by the alpha-beta model (``choose``):
+
+- ``chain``: the hosts in a line, ordered by first engine id, the value in one
+  part: ``v1 + (v2 + (... + vP))``. P hops.
+- ``two trees`` (Sanders, Speck and Traeff): the value is cut in two halves on
+  chunk boundaries, and half t goes up a binary tree of the hosts in heap
+  order (host j sends to host (j - 1) // 2; each adds its own bytes, then its
+  first feeder's, then its second's). The first tree takes the hosts in order,
+  the second reversed, so the hosts that combine for one tree (the first
+  P // 2 of its order) are leaves of the other: every host's link carries
+  about one value each way, as in a chain, but a half takes ceil(log2 P) hops.
+
+Each part is a chain link at each host (``upchain.Chains``, keyed
+``key#t``); this host's own value is cut into the parts' byte ranges
+(``Uplinks``), and each part's root sends to the leaf, saying where its bytes
+lie in the whole value (``at``, ``whole``).
+"""
+
+from __future__ import annotations
+
+from ..wire import protocol as P
+from .bulk import ASSUMED
+from .linkmodel import estimate
+from .ring import cuts
+from .upchain import MAX_FEEDS, Chains, within
+
+CHAIN, TWO_TREES = "chain", "two trees"
+SHAPES = ("auto", CHAIN, TWO_TREES)
+MAX_PARTS = 2
+KEPT = 4096  # cuts of values whose request went without a word here (bounded)
+
+
+def part_key(key: str, t: int) -> str:
+    return f"{key}#{t}"
+
+
+def split_key(key) -> tuple[str, int]:
+    """A part's link key: (the request's key, the part)."""
+    base, _, t = key.rpartition("#") if isinstance(key, str) else ("", "", "")
+    if not base or not t.isdigit() or int(t) >= MAX_PARTS:
+        raise P.ProtocolError(f"chain message for {key!r}, not a part of a request")
+    return base, int(t)
+
+
+def choose(n_hosts: int, setting: str = "auto", chunk: int = 512 << 10) -> str:
+    """The way the model finds faster for ``n_hosts`` (both carry one value
+    per link; two trees have fewer stages from about 7 hosts on)."""
+    if setting != "auto":
+        return setting
+    m = 64 * chunk  # (the order does not depend on the size: both move one value per link)
+    chain = estimate("pipelined tree", n_hosts, m, ASSUMED, 1).seconds
+    return TWO_TREES if estimate("two trees", n_hosts, m, ASSUMED).seconds < chain else CHAIN
+
+
+def plan(hosts: list[tuple[bytes, str, int]], shape: str) -> tuple[list[bytes], list[bytes], dict[bytes, dict]]:
+    """The way of ``hosts`` ((identity, bulk url, first engine id)) to the leaf:
+    the hosts in order, the host that sends each part to the leaf, and each
+    host's content (``parts``: its link in each part)."""
+    ordered = sorted(hosts, key=lambda h: h[2])
+    orders, arity = ([ordered], 1) if shape == CHAIN else ([ordered, ordered[::-1]], MAX_FEEDS)
+    contents: dict[bytes, dict] = {h[0]: dict(parts=[]) for h in ordered}
+    for order in orders:
+        for j, (ident, _url, _first) in enumerate(order):
+            feeds = len(order[arity * j + 1 : arity * j + arity + 1])
+            to = order[(j - 1) // arity][1] if j else None
+            contents[ident]["parts"].append(dict(to=to, feeds=feeds, slot=(j - 1) % arity if j else 0))
+    return [h[0] for h in ordered], [order[0][0] for order in orders], contents
+
+
+class Uplinks:
+    """A host relay's own big reduce values, cut into their parts' links."""
+
+    def __init__(self, chains: Chains):
+        self.chains = chains
+        self.parts: dict[str, int] = {}  # request key -> its parts, until this host's value is given
+
+    def join(self, key: str, op: str, content) -> None:
+        """A reduce request came with this host's place in each part."""
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if not (isinstance(parts, list) and 1 <= len(parts) <= MAX_PARTS) or key in self.parts:
+            raise P.ProtocolError(f"bad chain content for {key!r}")
+        try:
+            for t, part in enumerate(parts):
+                self.chains.join(part_key(key, t), op, part)
+        except P.ProtocolError:
+            self.chains.end([part_key(key, t) for t in range(len(parts))])
+            raise
+        self.parts[key] = len(parts)
+        while len(self.parts) > KEPT:
+            self.parts.pop(next(iter(self.parts)))
+
+    def _views(self, key: str, n: int, header: dict, data) -> list[tuple[str, dict, memoryview]]:
+        """Each part's link key, value header and bytes of this host's value."""
+        view = memoryview(data).cast("B")
+        bounds = cuts(view.nbytes, self.chains.chunk, n)
+        return [
+            (part_key(key, t), dict(header, at=lo, whole=view.nbytes), view[lo:hi])
+            for t, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
+        ]
+
+    def own_begin(self, key: str, header: dict, data) -> bool:
+        """This host's value will be final in ``data`` stripe by stripe."""
+        if key not in self.parts:
+            return False
+        return all(self.chains.own_begin(k, h, v) for k, h, v in self._views(key, self.parts[key], header, data))
+
+    def own_ready(self, key: str, ranges) -> list:
+        """These byte ranges ``(lo, hi)`` of this host's value are final."""
+        n = self.parts.get(key)
+        link = self.chains.links.get(part_key(key, 0))
+        if n is None or link is None or link.own is None:
+            return []
+        whole = link.own[0]["whole"]
+        bounds = cuts(whole, self.chains.chunk, n)
+        sends = []
+        for t, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            sends += self.chains.own_ready(part_key(key, t), within(ranges, lo, hi))
+        return sends
+
+    def own_value(self, key: str, header: dict | None, data) -> list:
+        """This host's engines are all in: its own big value (or None: it has none)."""
+        n = self.parts.pop(key, None)
+        if n is None:
+            return []
+        if header is None:
+            return [s for t in range(n) for s in self.chains.own_value(part_key(key, t), None, None)]
+        sends = []
+        for k, h, v in self._views(key, n, header, data):
+            sends += self.chains.own_value(k, h, v) if v.nbytes else self.chains.own_value(k, None, None)
+        return sends
+
+    def consumed(self, key: str) -> bool:
+        return any(self.chains.consumed(part_key(key, t)) for t in range(MAX_PARTS))
+
+    def abort(self, key: str, why: str) -> list:
+        self.parts.pop(key, None)
+        return [s for t in range(MAX_PARTS) for s in self.chains.abort(part_key(key, t), why)]
+
+    def end(self, keys) -> list:
+        """The leaf gave up on these requests' values."""
+        for key in keys:
+            self.parts.pop(key, None)
+        return self.chains.end([part_key(k, t) for k in keys for t in range(MAX_PARTS)])
