@@ -105,7 +105,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def measure(args, depth: int, views: str) -> dict:
+def measure(args, depth: int, views: str, shape: str = "auto") -> dict:
     n = args.hosts * args.per_host
     stock = views == "ipp BroadcastView"
     rows = {}
@@ -114,6 +114,8 @@ def measure(args, depth: int, views: str) -> dict:
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
         extra = [f"--BroadcastController.host_chunk_size={args.chunk << 10}"] if args.chunk else []
+        extra += [f"--BroadcastController.host_reduce_shape={shape}"] if shape != "auto" else []
+        ours = f"ours, depth {depth}" + (f", {shape}" if shape != "auto" else "")
         cluster = stack.enter_context(BedCluster(bed, depth=depth, controller_args=extra, stock=stock))
         for host in bed.hosts:
             cluster.start_engines(host, args.per_host, kind="stock" if stock else "broadcast")
@@ -123,7 +125,7 @@ def measure(args, depth: int, views: str) -> dict:
                 size = mib << 20
                 drive(drive.views[0], "make", size)
                 for name in [v for v in drive.views if v == "ours" or mib in args.peer_sizes]:
-                    label = f"ours, depth {depth}" if name == "ours" else name
+                    label = ours if name == "ours" else name
                     pull = ("pull",) if args.pull and not stock else ()
                     for what in ("reduce", "allreduce") + pull:
                         times, into = [], []
@@ -139,7 +141,7 @@ def measure(args, depth: int, views: str) -> dict:
                 size = mib << 20
                 drive(drive.views[0], "part", size)
                 for name in [v for v in drive.views if v == "ours" or mib in args.peer_sizes]:
-                    label = f"ours, depth {depth}" if name == "ours" else name
+                    label = ours if name == "ours" else name
                     times, into = [], []
                     for _ in range(args.reps):
                         before = bed.link_bytes(bed.controller)[0]
@@ -169,6 +171,9 @@ def main(argv=None):
         "--stock", action="store_true", help="also IPython Parallel's BroadcastView (a stock cluster, depth 1)"
     )
     parser.add_argument("--chunk", type=int, default=0, help="KiB per chunk between hosts (default: the controller's)")
+    parser.add_argument(
+        "--shapes", default="auto", help="a reduce's way between hosts (host_reduce_shape), comma-separated"
+    )
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -178,8 +183,9 @@ def main(argv=None):
     if why:
         parser.error(why)
     rows = {}
-    for i, depth in enumerate(int(d) for d in args.depths.split(",")):
-        rows.update(measure(args, depth, "ours,DirectView" if i == 0 else "ours"))
+    configs = [(int(d), shape) for d in args.depths.split(",") for shape in args.shapes.split(",")]
+    for i, (depth, shape) in enumerate(configs):
+        rows.update(measure(args, depth, "ours,DirectView" if i == 0 and args.peer_sizes else "ours", shape))
     if args.stock:  # (its depth-0 broadcast scheduler never answered on the bed: see bigpush_bed.py)
         rows.update(measure(args, 1, "ipp BroadcastView"))
     rate = _rate_bits(args.rate) / 8
@@ -197,7 +203,7 @@ def main(argv=None):
         floor = (mib << 20) / rate
         lines.append(
             f"| {label} | {what} | {mib} MiB | {r['seconds']:.2f} | "
-            f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['seconds'] / floor:.1f} | {r['into']:.2f} |"
+            f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['seconds'] / floor:.2f} | {r['into']:.2f} |"
         )
     report("reduce_bed.py", argv, f"Reduce and allreduce across {args.hosts} hosts at {args.rate}", lines, args.out)
     return 0
