@@ -305,12 +305,14 @@ class ChainSim(GangSim):
         super().__init__(range(n_hosts * per_host), values, hosts=hosts, bulk=bulk)
         self.fail_at = {}  # engine id -> its turn (counted from 1) that fails
         self.log = self.turns
+        self.parts_sent = []  # (place in the log, host, part) of each chain message
         for label in hosts:
             node = self.nodes["h", label]
             run = node.chains._message
 
             def message(link, content, data=b"", run=run, label=label):
                 self.log.append(("chunk", label))
+                self.parts_sent.append((len(self.log), label, link.key[-1]))
                 return run(link, content, data)
 
             node.chains._message = message
@@ -374,9 +376,10 @@ def test_a_hosts_value_goes_up_two_trees_stripe_by_stripe_and_the_sum_is_the_sam
     sim.request(list(range(2 * n_hosts)), reduce="sum")
     r, raised, failed = outcome(sim)
     assert r.result().tobytes() == by_trees(values, n_hosts, 2).tobytes()
-    assert (
-        r.result().tobytes() != by_host(values, n_hosts, 2).tobytes()
-    )  # (not the chain's order: a test that can fail)
+    assert r.result().tobytes() != by_host(values, n_hosts, 2).tobytes()  # not the chain's order: it can fail
+    turns = [i for i, e in enumerate(sim.log) if isinstance(e, int)]
+    first = {part: min(at for at, _, t in sim.parts_sent if t == part) for part in "01"}
+    assert max(first.values()) < turns[len(turns) // 3]  # both trees start early: the halves take turns
     assert not raised and not failed
     assert sim.holding() == set() and sim.pending_total() == 0
     assert all(not node.chains.links for node in sim.nodes.values())

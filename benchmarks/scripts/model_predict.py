@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
 from ipyparallel_broadcast.relay.linkmodel import Link, predict, predict_collectives  # noqa: E402
+from ipyparallel_broadcast.relay.uplinks import choose  # noqa: E402
 
 FAMILIES = ("star", "tree", "pipelined tree", "two trees")
 
@@ -59,19 +60,27 @@ def main(argv=None):
 
 def collectives(args, argv, link, m):
     rows = predict_collectives([int(h) for h in args.hosts.split(",")], m, link)
+    for row in rows:  # the way the product picks for a reduce (``uplinks.choose``) and the allreduce's ring
+        shape = choose(row["hosts"])
+        row["reduce: ours"] = f"{row[f'reduce: {shape}']:.2f} ({shape})"
+        row["allreduce: ours"] = f"{row['allreduce: ring']:.2f} (ring)"
     keys = [k for k in rows[0] if k != "hosts"]
     lines = [
         f"alpha = {args.alpha * 1e3:g} ms per message per hop; links {args.rate / 1e9:g} Gbit/s; "
         f"M = {args.mib:g} MiB; floor M/B = {m * link.beta:.3f} s. Times in multiples of each collective's "
         "lower bound (reduce: ceil(log2 P) alpha + M beta; allreduce: ceil(log2 P) alpha + 2 (P-1)/P M beta). "
-        "The product runs the chain (reduce) and the chain, then a pipelined tree (allreduce); "
-        "two trees are modelled, not built.",
+        "The product runs, for a reduce, the chain or two trees, whichever the model finds faster "
+        "(uplinks.choose: two trees from 7 hosts on), and for an allreduce the ring of hosts ('ours').",
         "",
         "| hosts | " + " | ".join(keys) + " |",
         "|---:|" + "---:|" * len(keys),
     ]
     for row in rows:
-        lines.append(f"| {row['hosts']} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |")
+        lines.append(
+            f"| {row['hosts']} | "
+            + " | ".join(row[k] if isinstance(row[k], str) else f"{row[k]:.2f}" for k in keys)
+            + " |"
+        )
     report(
         "model_predict.py", argv, f"Modelled reduce and allreduce of {args.mib:g} MiB between hosts", lines, args.out
     )

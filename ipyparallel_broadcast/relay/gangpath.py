@@ -4,6 +4,8 @@ dropped, and the host's value folded in. Part of ``RelayNode``; sans I/O."""
 
 from __future__ import annotations
 
+from itertools import zip_longest
+
 from ..wire import protocol as P
 from ..wire import reduction as R
 from ..wire.reduction import Held
@@ -58,7 +60,8 @@ class GangPath:
         combines into it): the chain or ring sends each stripe on while the
         next ones combine. A chain's go from the start, the first two chunks,
         each next one twice the one before (up to ``STRIPE_MAX``): the chain
-        starts soon, and few turns are taken. A ring's go part by part, in
+        starts soon, and few turns are taken; two trees' take turns between
+        the halves, so that both trees start soon. A ring's go part by part, in
         the order the ring needs them (``Rings.order``). None: one turn each,
         for the whole value."""
         gang, chunk = p.gang, self.chains.chunk
@@ -69,8 +72,9 @@ class GangPath:
         plane = self._plane(p)
         if not plane.own_begin(p.key, header, segment[1]):
             return None
-        if plane is self.uplinks:
-            return stripes(0, gang.nbytes, chunk)
+        if plane is self.uplinks:  # (each part's stripes in turn: every part's way starts soon)
+            each = [stripes(lo, hi, chunk) for lo, hi in self.uplinks.ranges(p.key, gang.nbytes)]
+            return [s for turn in zip_longest(*each) for s in turn if s is not None]
         parts, out = self.rings.order(p.key), []
         for lo, hi in parts:  # (the first two chunks, then each part in one or more stripes)
             out += stripes(lo, hi, chunk, 0 if not out else min(hi - lo, STRIPE_MAX))

@@ -100,6 +100,11 @@ class Uplinks:
             for t, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
         ]
 
+    def ranges(self, key: str, nbytes: int) -> list[tuple[int, int]]:
+        """The byte ranges of an ``nbytes`` value's parts, in part order."""
+        bounds = cuts(nbytes, self.chains.chunk, self.parts.get(key, 1))
+        return list(zip(bounds, bounds[1:]))
+
     def own_begin(self, key: str, header: dict, data) -> bool:
         """This host's value will be final in ``data`` stripe by stripe."""
         if key not in self.parts:
@@ -112,10 +117,8 @@ class Uplinks:
         link = self.chains.links.get(part_key(key, 0))
         if n is None or link is None or link.own is None:
             return []
-        whole = link.own[0]["whole"]
-        bounds = cuts(whole, self.chains.chunk, n)
         sends = []
-        for t, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        for t, (lo, hi) in enumerate(self.ranges(key, link.own[0]["whole"])):
             sends += self.chains.own_ready(part_key(key, t), within(ranges, lo, hi))
         return sends
 
