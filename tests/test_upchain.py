@@ -156,6 +156,32 @@ def test_a_value_of_one_chunk_goes_whole_up_one_tree():
     assert sim.pending_total() == 0 and all(not node.chains.links for node in sim.nodes.values())
 
 
+def test_in_two_trees_a_host_that_waits_holds_at_most_a_window_of_each_feeders_chunks():
+    sim, engines = bed(7, 1, shape="two trees")
+    values = {e: big(e, n=8000) for e in engines}  # 63 chunks: 32 in the first half
+    sim.answer_with = answering(values)
+    sim.hold.add(0)  # h0 (the first tree's head) waits for its engine; h1 and h2 feed it
+    sim.request(engines, reduce="sum")
+    (key,) = sim.nodes[()].pending
+    link = sim.nodes[("h", "h0")].chains.links[uplinks.part_key(key, 0)]
+    held = [sum(slot in got for got in link.chunks.values()) for slot in (0, 1)]
+    assert held == [uplinks.WINDOW] * 2  # not the 32 each could have sent
+    sim.release(0)
+    r, raised, failed = outcome(sim)
+    np.testing.assert_array_equal(r.result(), sum(values[e] for e in engines))
+    assert all(not node.chains.links for node in sim.nodes.values()) and sim.pending_total() == 0
+
+
+@pytest.mark.parametrize("upto", ["9", None, 1.5])
+def test_a_malformed_or_stray_chain_credit_is_dropped_or_let_be(upto):
+    sim, engines = bed(3, 1, shape="two trees")
+    host = sim.nodes[("h", "h1")]
+    frames = [b"feeder"] + sim.codec.pack(upchain.RCREDIT, dict(key="r1#0", upto=upto), [])
+    assert host.on_chunk(frames) == [] and host.dropped == 1
+    stray = [b"feeder"] + sim.codec.pack(upchain.RCREDIT, dict(key="r1#0", upto=9), [])
+    assert host.on_chunk(stray) == [] and host.dropped == 1  # (credit for a link done or gone: let be)
+
+
 @WAYS
 def test_a_float_sum_through_the_chain_is_the_same_whatever_order_hosts_finish_in(shape):
     sim, engines = bed(4, 2, shape=shape)

@@ -89,7 +89,7 @@ class ChainPath:
 
     def _chain_settled(self, p: Pending) -> list[Send]:
         """The chain's outcome is known: its value (or error) combines in its turn."""
-        chain, r = p.chain, p.reduction
+        chain, r, sends = p.chain, p.reduction, []
         self.inflight.stamp(p, "chain done", chain.outcome)
         if chain.outcome == "value":
             header = {k: v for k, v in chain.header.items() if k not in ("nbytes", "chunk", "at", "whole")}
@@ -99,6 +99,7 @@ class ChainPath:
                 r.add(eids, None, at)
         elif chain.outcome == "failed":
             r.add_error([e for eids, _ in chain.stashed for e in eids], f"reduce: {chain.why}", chain.key)
+            sends = self._chain_ended(p)  # (hosts that wait for credit from one that stopped let go)
         else:  # no host had a big value: nothing to combine in its turn
             r.skip(chain.key)
             for eids, at in chain.stashed:
@@ -107,7 +108,12 @@ class ChainPath:
         self.chains.open.discard(p.key)
         if p.state.owes(CHAIN):
             p.state.answer(CHAIN)
-        return self.inflight.finish_if_done(p)
+        return sends + self.inflight.finish_if_done(p)
+
+    def _chain_ended(self, p: Pending, gone: bytes | None = None) -> list[Send]:
+        """The chain's hosts let go of their links (they wait for as long as the leaf does)."""
+        end = self.codec.pack(P.CHAIN_END, dict(keys=[p.key]))
+        return [Send(DOWN, [host] + end) for host in p.chain.hosts if host != gone]
 
     def _chain_unneeded(self, p: Pending) -> list[Send]:
         """Every host's bundle is in and none chained its value: no need to wait."""
@@ -132,8 +138,7 @@ class ChainPath:
         let go of their links (they wait for as long as the leaf does)."""
         chain = p.chain
         chain.outcome, chain.why = "lost", f"the chain of hosts {chain.label}: {why}"
-        end = self.codec.pack(P.CHAIN_END, dict(keys=[p.key]))
-        sends = [Send(DOWN, [host] + end) for host in chain.hosts if host != gone]
+        sends = self._chain_ended(p, gone)
         for eids, _ in chain.stashed:
             sends += self._fail(p, eids, P.UNREACHABLE, f"lost its value in the reduce chain ({chain.why})")
         chain.stashed, chain.buffer = [], None

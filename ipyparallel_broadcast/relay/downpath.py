@@ -179,6 +179,8 @@ class DownPath:
             if len(body) > 1 and upchain.MARK in P.as_bytes(body[1]):
                 msg, data = upchain.check(self.codec, body)
                 return self.chains.on_message(msg, data) + self._ring_settled()
+            if len(body) > 1 and upchain.CREDIT_MARK in P.as_bytes(body[1]):
+                return self.chains.on_credit(upchain.check_credit(self.codec, body))
             if len(body) > 1 and ring.MARK in P.as_bytes(body[1]):
                 msg, data = ring.check(self.codec, body)
                 return self.rings.on_gather(msg, data, body) + self._ring_settled()

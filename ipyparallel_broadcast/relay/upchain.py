@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 RCHUNK = "ipb_rchunk"
 MARK = b'"' + RCHUNK.encode() + b'"'  # in a chain message's header frame
+RCREDIT = "ipb_rcredit"  # a host to its feeders: send chunks below ``upto`` (``window``)
+CREDIT_MARK = b'"' + RCREDIT.encode() + b'"'
 MAX_VALUE = 1 << 40  # a chain value said to be bigger is refused (no buffer of that size is made)
 MAX_FEEDS = 2  # hosts that send to one host: 1 in a chain, 2 in a binary tree
 
@@ -72,6 +74,11 @@ class Link:
     sent: set = field(default_factory=set)
     done: bool = False
     sink: Callable | None = None  # where the head's chunks go instead of the leaf (``ring``)
+    window: int = 0  # > 0: chunks go to ``to`` only below the credit it grants, and this host
+    # grants its feeders (``feeders``: their bulk sockets, by slot) that many beyond what it sent on
+    feeders: list = field(default_factory=list)
+    credit: int = 0
+    granted: int = 0
 
 
 def covered(ranges, start: int) -> int:
@@ -109,9 +116,14 @@ class Chains:
             raise P.ProtocolError("bad chain content")
         if type(slot) is not int or not 0 <= slot < MAX_FEEDS:
             raise P.ProtocolError(f"bad chain slot {slot!r}")
+        window, feeders = content.get("window", 0), content.get("feeders", [])
+        if type(window) is not int or window < 0 or not isinstance(feeders, list):
+            raise P.ProtocolError("bad chain window")
+        if window and (len(feeders) != feeds or not all(isinstance(f, str) for f in feeders)):
+            raise P.ProtocolError("a chain window without its feeders")
         if key in self.links:
             raise P.ProtocolError(f"chain for {key!r} already here")
-        self.links[key] = Link(key, op, to, feeds, slot, sink=sink)
+        self.links[key] = Link(key, op, to, feeds, slot, sink=sink, window=window, feeders=feeders, credit=window)
 
     def own_value(self, key: str, header: dict | None, data) -> list[Send]:
         """This host's engines are all in: its own big value (or None: it has none)."""
@@ -228,8 +240,8 @@ class Chains:
             return self._finish(link, self._message(link, dict(n=0, error=why)))
         sends = []
         for i in sorted(link.chunks):
-            if link.own is not None and not self._final(link, i):
-                break  # (its bytes are final in order: no later chunk is either)
+            if (link.own is not None and not self._final(link, i)) or not self._may_send(link, i):
+                break  # (its bytes are final in order, and credit comes in order: no later chunk may go)
             if not all(s in link.chunks[i] for s in valued):
                 continue
             came = link.chunks.pop(i)
@@ -239,10 +251,37 @@ class Chains:
                 return sends + self._finish(link, self._message(link, dict(n=0, error=f"chain: {e}")))
             sends += self._message(link, dict(i=i, n=incoming["n"], v=incoming["v"]), chunk)
             link.sent.add(i)
+        sends += self._grant(link)
         if len(link.sent) == incoming["n"]:
             link.done = True
             del self.links[link.key]
         return sends
+
+    @staticmethod
+    def _may_send(link: Link, i: int) -> bool:
+        """Chunk ``i`` may go: no window, or the host it goes to granted it."""
+        return not link.window or link.to is None or i < link.credit
+
+    def _grant(self, link: Link) -> list[Send]:
+        """Credit to the feeders, every half window sent on: so two feeders
+        share this host's link in step, and none floods its queue ahead of
+        the chunks it waits for."""
+        if not link.window or not link.feeders or len(link.sent) < link.granted + max(1, link.window // 2):
+            return []
+        link.granted = len(link.sent)
+        frames = self.codec.pack(RCREDIT, dict(key=link.key, upto=link.granted + link.window), [])
+        return [Send(BULK, [url.encode(), host_ident("chain")] + frames) for url in link.feeders]
+
+    def on_credit(self, msg: dict) -> list[Send]:
+        """The host this one feeds grants chunks below ``upto``."""
+        content = msg["content"]
+        link, upto = self.links.get(content.get("key")), content.get("upto")
+        if type(upto) is not int:
+            raise P.ProtocolError(f"bad chain credit {upto!r}")
+        if link is None or not link.window:
+            return []  # (a link done, or ended: credit comes after its last chunk went)
+        link.credit = max(link.credit, upto)
+        return self._advance(link)
 
     def _combined(self, link: Link, i: int, dtype: str, came: list):
         """Chunk ``i`` of this host's own value (if any), then what came from
@@ -266,7 +305,7 @@ class Chains:
         n = max(1, -(-view.nbytes // self.chunk))
         header = dict(header, nbytes=view.nbytes, chunk=self.chunk)
         sends = []
-        while link.next_own < n and self._final(link, link.next_own):
+        while link.next_own < n and self._final(link, link.next_own) and self._may_send(link, link.next_own):
             i = link.next_own
             sends += self._message(link, dict(i=i, n=n, v=header), view[i * self.chunk : (i + 1) * self.chunk])
             link.next_own, link.used = i + 1, True
@@ -323,6 +362,14 @@ def check(codec: P.Codec, body) -> tuple[dict, object]:
         if P.nbytes(body[5]) != min(v["chunk"], v["nbytes"] - i * v["chunk"]):
             raise P.ProtocolError(f"chain chunk {i} has {P.nbytes(body[5])} bytes")
     return msg, body[5]
+
+
+def check_credit(codec: P.Codec, body) -> dict:
+    """A chain credit's parsed message (signature checked)."""
+    msg = codec.unpack(body)
+    if msg["header"].get("msg_type") != RCREDIT or not isinstance(msg["content"], dict):
+        raise P.ProtocolError("not a chain credit")
+    return msg
 
 
 # --------------------------------------------------------------- at the leaf

@@ -29,6 +29,7 @@ from .upchain import MAX_FEEDS, Chains, within
 CHAIN, TWO_TREES = "chain", "two trees"
 SHAPES = ("auto", CHAIN, TWO_TREES)
 MAX_PARTS = 2
+WINDOW = 4  # chunks a host of two trees may send beyond what the host it feeds sent on
 KEPT = 4096  # cuts of values whose request went without a word here (bounded)
 
 
@@ -63,9 +64,12 @@ def plan(hosts: list[tuple[bytes, str, int]], shape: str) -> tuple[list[bytes], 
     contents: dict[bytes, dict] = {h[0]: dict(parts=[]) for h in ordered}
     for order in orders:
         for j, (ident, _url, _first) in enumerate(order):
-            feeds = len(order[arity * j + 1 : arity * j + arity + 1])
+            feeders = [h[1] for h in order[arity * j + 1 : arity * j + arity + 1]]
             to = order[(j - 1) // arity][1] if j else None
-            contents[ident]["parts"].append(dict(to=to, feeds=feeds, slot=(j - 1) % arity if j else 0))
+            part = dict(to=to, feeds=len(feeders), slot=(j - 1) % arity if j else 0)
+            if shape == TWO_TREES:  # (two feeders share a link: each sends within a window, ``upchain``)
+                part.update(window=WINDOW, feeders=feeders)
+            contents[ident]["parts"].append(part)
     return [h[0] for h in ordered], [order[0][0] for order in orders], contents
 
 
