@@ -21,7 +21,10 @@ Shapes (``estimate``):
   chain, ``depth = P``);
 - ``two trees``: Sanders, Speck and Traeff's: two binary trees, each with
   half of the chunks, every host interior in one and a leaf in the other, so
-  each sends about one copy in all: ``w = M * beta``, ``D = 2 * ceil(log2 P)``.
+  each sends about one copy in all: ``w = M * beta``, ``D = 2 * L``, where
+  ``L = floor(log2 P) + 1`` is a balanced binary tree's levels of hosts under
+  the root (each level's hop taken at half the link's rate: the two trees
+  share it).
 
 MPI's own figures (``mpi_bounds``): the lower bound above, and MPICH's
 scatter then ring allgather for large messages:
@@ -92,7 +95,7 @@ def estimate(shape: str, p: int, m: float, link: Link, k: int = 2, max_chunks: i
         seconds, s = pipeline(depth_of(p, k), k * mb, k * a, max_chunks)
         return Estimate(f"pipelined tree {k}", seconds, s, min(k, p))
     if shape == "two trees":
-        seconds, s = pipeline(2 * math.ceil(math.log2(max(p, 2))), mb, a, max_chunks)
+        seconds, s = pipeline(2 * p.bit_length(), mb, a, max_chunks)
         return Estimate(shape, seconds, s, 1)
     raise ValueError(f"unknown shape {shape!r}")
 
@@ -169,7 +172,7 @@ def allreduce_estimate(family: str, p: int, m: float, link: Link, max_chunks: in
         reduce = estimate("pipelined tree", p, m, link, 1, max_chunks).seconds
         return reduce + best(p, m, link, ["pipelined tree"], max_chunks).seconds
     if family == "two trees, overlapped":
-        stages = 4 * math.ceil(math.log2(max(p, 2)))
+        stages = 4 * p.bit_length()
         return pipeline(stages, 2 * m * link.beta, link.alpha, max_chunks)[0]
     raise ValueError(f"unknown allreduce {family!r}")
 
