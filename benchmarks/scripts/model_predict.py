@@ -70,7 +70,7 @@ def collectives(args, argv, link, m):
         f"M = {args.mib:g} MiB; floor M/B = {m * link.beta:.3f} s. Times in multiples of each collective's "
         "lower bound (reduce: ceil(log2 P) alpha + M beta; allreduce: ceil(log2 P) alpha + 2 (P-1)/P M beta). "
         "The product runs, for a reduce, the chain or two trees, whichever the model finds faster "
-        "(uplinks.choose: two trees from 7 hosts on), and for an allreduce the ring of hosts ('ours').",
+        "(uplinks.choose: two trees at 7 hosts and from 9 on), and for an allreduce the ring of hosts ('ours').",
         "",
         "| hosts | " + " | ".join(keys) + " |",
         "|---:|" + "---:|" * len(keys),
