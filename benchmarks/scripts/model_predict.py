@@ -69,8 +69,8 @@ def collectives(args, argv, link, m):
         f"alpha = {args.alpha * 1e3:g} ms per message per hop; links {args.rate / 1e9:g} Gbit/s; "
         f"M = {args.mib:g} MiB; floor M/B = {m * link.beta:.3f} s. Times in multiples of each collective's "
         "lower bound (reduce: ceil(log2 P) alpha + M beta; allreduce: ceil(log2 P) alpha + 2 (P-1)/P M beta). "
-        "The product runs, for a reduce, the chain or two trees, whichever the model finds faster "
-        "(uplinks.choose: two trees at 7 hosts and from 9 on), and for an allreduce the ring of hosts ('ours').",
+        "The product runs, for a reduce, a chain, or two trees once the model puts them 1.5 times ahead "
+        "of a chain (uplinks.choose: from about 60 hosts); for an allreduce, the ring of hosts ('ours').",
         "",
         "| hosts | " + " | ".join(keys) + " |",
         "|---:|" + "---:|" * len(keys),

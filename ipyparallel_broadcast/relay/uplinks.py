@@ -1,6 +1,7 @@
 """A reduce's big values on their way to the leaf: one chain of hosts, or two trees (sans I/O).
 
-The leaf plans the way (``plan``), by the alpha-beta model (``choose``):
+The leaf plans the way (``plan``), by the alpha-beta model (``choose``; or
+``BroadcastController.host_reduce_shape``):
 
 - ``chain``: the hosts in a line, ordered by first engine id, the value in one
   part: ``v1 + (v2 + (... + vP))``. P hops.
@@ -29,6 +30,11 @@ from .upchain import MAX_FEEDS, Chains, within
 CHAIN, TWO_TREES = "chain", "two trees"
 SHAPES = ("auto", CHAIN, TWO_TREES)
 MAX_PARTS = 2
+# On the bed (200 Mbit/s, 2 cores for every host), two trees measured from 2 % faster
+# to 20 % slower than a chain at 8 and 16 hosts, where the model put them 0 to 15 %
+# ahead: each host must have both halves' first bytes at once, and its engines' turns
+# to combine them share the cores. So the model must put them well ahead first.
+MARGIN = 1.5
 # chunks a host of two trees may send beyond what the host it feeds sent on: the
 # fewest that keep the links busy (8 hosts at 200 Mbit/s, 16 MiB: 1 was 12 % slower
 # than 2, and 4 was 11 % slower, its own half's chunks queued ahead of those it forwards)
@@ -49,14 +55,13 @@ def split_key(key) -> tuple[str, int]:
 
 
 def choose(n_hosts: int, setting: str = "auto", chunk: int = 512 << 10) -> str:
-    """The way the model finds faster for ``n_hosts`` (both carry one value
-    per link; two trees have fewer stages, 2 (floor(log2 P) + 1) against P,
-    at 7 hosts and from 9 on; a tie is a chain's)."""
+    """The way for ``n_hosts``: two trees once the model puts them ``MARGIN``
+    times ahead of a chain (from about 60 hosts), else a chain."""
     if setting != "auto":
         return setting
     m = 64 * chunk  # (the order does not depend on the size: both move one value per link)
     chain = estimate("pipelined tree", n_hosts, m, ASSUMED, 1).seconds
-    return TWO_TREES if estimate("two trees", n_hosts, m, ASSUMED).seconds < chain else CHAIN
+    return TWO_TREES if chain >= MARGIN * estimate("two trees", n_hosts, m, ASSUMED).seconds else CHAIN
 
 
 def plan(hosts: list[tuple[bytes, str, int]], shape: str) -> tuple[list[bytes], list[bytes], dict[bytes, dict]]:
