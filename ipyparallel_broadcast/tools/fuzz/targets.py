@@ -217,7 +217,7 @@ def seeds() -> dict[str, list[bytes]]:
         chunk=[b"\x01" + SEP.join([b"{}", b"{}", b"{}", b'{"id": "b1", "i": 0, "d": ""}', b"data"])],
         shm_reference=[b"\x01" + b'{"name": "ipb-shm-x", "bufs": [[0, 0, 4]]}' + SEP + b"{}"],
         reduce_value=[value],
-        relay_events=[b"\x00" + b"\x00" + b"\x01" + SEP.join(request[1:]), _ring_seed(codec)],
+        relay_events=[b"\x00" + b"\x00" + b"\x01" + SEP.join(request[1:]), _ring_seed(codec), _trees_seed(codec)],
     )
 
 
@@ -231,4 +231,23 @@ def _ring_seed(codec) -> bytes:
     place = codec.pack(P.REQUEST, content, inner)[2:]  # (the parts ``Signer`` signs)
     gather = codec.pack(ring.RGATHER, dict(key="r9", k=1, i=0, n=1, d=digest(b"data")), [b"data"])[2:]
     events = [b"\x00\x01" + SEP.join(place), b"\x03\x21" + SEP.join([b"feeder", *gather])]
+    return b"\x03" + (SEP * 2).join(events)
+
+
+def _trees_seed(codec) -> bytes:
+    """A host relay given its place in a reduce's two trees, then a feeder's
+    chunk of the first half and a credit from the host it feeds."""
+    from ...relay import upchain
+    from ...relay.bulk import digest
+
+    part = dict(to="a", feeds=1, slot=0, window=2, feeders=["b"])
+    chain = dict(parts=[part, dict(part, to=None, feeds=0, feeders=[])])
+    content = dict(P.request_content("m3", [1], P.COALESCE, req="r8", reduce="sum"), chain=chain)
+    inner = codec.session.serialize(codec.session.msg("apply_request", content={}))[1:] + [b"payload"]
+    place = codec.pack(P.REQUEST, content, inner)[2:]  # (the parts ``Signer`` signs)
+    v = dict(dtype="float64", shape=[1], nbytes=8, chunk=8, at=0, whole=16)
+    chunk = codec.pack(upchain.RCHUNK, dict(key="r8#0", i=0, n=1, v=v, s=0, d=digest(b"8 bytes.")), [b"8 bytes."])[2:]
+    credit = codec.pack(upchain.RCREDIT, dict(key="r8#0", upto=4), [])[2:]
+    events = [b"\x00\x01" + SEP.join(place), b"\x03\x21" + SEP.join([b"feeder", *chunk])]
+    events.append(b"\x03\x21" + SEP.join([b"host", *credit]))
     return b"\x03" + (SEP * 2).join(events)
