@@ -79,10 +79,10 @@ DTYPES = st.sampled_from(["float64", "int32", "uint8", "complex128"])
 WAYS = pytest.mark.parametrize("shape", ["chain", "two trees"])
 
 
-@settings(max_examples=40, deadline=None)
-@given(*SHAPES, DTYPES, st.integers(300, 3000))
-def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_host, op, dtype, n):
-    sim, engines = bed(n_hosts, per_host)
+def reduced(shape, n_hosts, per_host, op, dtype, n):
+    """A reduce of big values by ``shape``, checked against combining every
+    engine's: the sim, the value's chunks, and the chain messages counted."""
+    sim, engines = bed(n_hosts, per_host, shape=shape)
     values = {e: big(e, n, dtype) for e in engines}
     sim.answer_with = answering(values)
     links = Links(sim)
@@ -91,32 +91,27 @@ def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_
     expected = functools.reduce(ufunc(op), [values[e] for e in engines])
     np.testing.assert_array_equal(r.result(), expected)
     assert sorted(r.eids) == engines and not raised and not failed
-    chunks = -(-expected.nbytes // CHUNK)
-    assert links.to_leaf == chunks  # the head alone sent to the leaf: one value's chunks
     assert all(not node.chains.links for node in sim.nodes.values())
     assert sim.pending_total() == 0
+    return sim, -(-expected.nbytes // CHUNK), links
+
+
+@settings(max_examples=40, deadline=None)
+@given(*SHAPES, DTYPES, st.integers(300, 3000))
+def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_host, op, dtype, n):
+    _, chunks, links = reduced("chain", n_hosts, per_host, op, dtype, n)
+    assert links.to_leaf == chunks  # the head alone sent to the leaf: one value's chunks
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(2, 9), st.integers(1, 2), st.sampled_from(sorted(OPS)), DTYPES, st.integers(2100, 4000))
 def test_two_trees_give_the_same_value_and_each_hosts_link_carries_about_one_value(n_hosts, per_host, op, dtype, n):
-    sim, engines = bed(n_hosts, per_host, shape="two trees")
-    values = {e: big(e, n, dtype) for e in engines}
-    sim.answer_with = answering(values)
-    links = Links(sim)
-    sim.request(engines, reduce=op)
-    r, raised, failed = outcome(sim)
-    expected = functools.reduce(ufunc(op), [values[e] for e in engines])
-    np.testing.assert_array_equal(r.result(), expected)
-    assert sorted(r.eids) == engines and not raised and not failed
+    sim, chunks, links = reduced("two trees", n_hosts, per_host, op, dtype, n)
     assert sim.nodes[()].chains.shape == "two trees"
-    chunks = -(-expected.nbytes // CHUNK)
     assert links.to_leaf == chunks  # the two heads' halves: one value into the leaf
     hosts = [node for node in sim.nodes.values() if node.host]
     assert all(node.chains.sent == chunks for node in hosts)  # each host sends each half once: one value
     assert all(node.chains.received <= chunks + 1 for node in hosts)  # and gets at most two halves of one tree
-    assert all(not node.chains.links for node in sim.nodes.values())
-    assert sim.pending_total() == 0
 
 
 @pytest.mark.parametrize("n_hosts", range(2, 70))
