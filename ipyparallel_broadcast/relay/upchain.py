@@ -10,12 +10,21 @@ every host sending its whole value to the leaf cost one per host on the
 leaf's link. The values combine in a fixed order: the first host's, then
 the second's, ... (``v1 + (v2 + (... + vk))``).
 
+A link (``Link``: one request's part, at one host) is fed by up to two hosts,
+each in its slot: a chain's by one, two trees' by two (``uplinks`` plans the
+way and cuts a host's value into its parts). It combines each chunk of this
+host's own value with what each feeder sent, in slot order. A link with a
+``window`` sends a chunk only below the credit the host it feeds grants
+(``ipb_rcredit``: ``{key, upto}``), and grants its own feeders that many
+chunks beyond what it sent on: so two feeders share a link in step, and a
+host holds at most a window of each feeder's chunks.
+
 Only big values take the chain (``threshold``, the data plane's): a host
 whose own value is small sends it in its bundle, as before, and passes on
 what comes to it. The bundles (engine ids, errors, failures) still go from
 every host to the leaf directly; a chained bundle says its value is in the
 chain. A chain message is signed, and its content carries the SHA-256 of its
-bytes: ``{key, i, n, v: value header}``; ``n = 0``: no value (``error``: the
+bytes: ``{key, s: slot, i, n, v: value header}``; ``n = 0``: no value (``error``: the
 values did not combine). The leaf fails the chained engines by name when a
 host of the chain is lost, or when the chain stalls.
 
