@@ -88,6 +88,7 @@ class Uplinks:
     def __init__(self, chains: Chains):
         self.chains = chains
         self.parts: dict[str, int] = {}  # request key -> its parts, until this host's value is given
+        self.striped: dict[str, int] = {}  # request key -> the size of a value that comes in stripes
 
     def join(self, key: str, op: str, content) -> None:
         """A reduce request came with this host's place in each part."""
@@ -102,7 +103,7 @@ class Uplinks:
             raise
         self.parts[key] = len(parts)
         while len(self.parts) > KEPT:
-            self.parts.pop(next(iter(self.parts)))
+            self._forget(next(iter(self.parts)))
 
     def _views(self, key: str, n: int, header: dict, data) -> list[tuple[str, dict, memoryview]]:
         """Each part's link key, value header and bytes of this host's value."""
@@ -122,22 +123,30 @@ class Uplinks:
         """This host's value will be final in ``data`` stripe by stripe."""
         if key not in self.parts:
             return False
-        return all(self.chains.own_begin(k, h, v) for k, h, v in self._views(key, self.parts[key], header, data))
+        views = self._views(key, self.parts[key], header, data)
+        if not all(self.chains.own_begin(k, h, v) for k, h, v in views):
+            return False
+        self.striped[key] = memoryview(data).nbytes
+        return True
 
     def own_ready(self, key: str, ranges) -> list:
-        """These byte ranges ``(lo, hi)`` of this host's value are final."""
-        n = self.parts.get(key)
-        link = self.chains.links.get(part_key(key, 0))
-        if n is None or link is None or link.own is None:
+        """These byte ranges ``(lo, hi)`` of this host's value are final (a
+        part whose link is done already takes nothing more)."""
+        if key not in self.striped:
             return []
         sends = []
-        for t, (lo, hi) in enumerate(self.ranges(key, link.own[0]["whole"])):
+        for t, (lo, hi) in enumerate(self.ranges(key, self.striped[key])):
             sends += self.chains.own_ready(part_key(key, t), within(ranges, lo, hi))
         return sends
 
+    def _forget(self, key: str) -> None:
+        self.parts.pop(key, None)
+        self.striped.pop(key, None)
+
     def own_value(self, key: str, header: dict | None, data) -> list:
         """This host's engines are all in: its own big value (or None: it has none)."""
-        n = self.parts.pop(key, None)
+        n = self.parts.get(key)
+        self._forget(key)
         if n is None:
             return []
         if header is None:
@@ -151,11 +160,11 @@ class Uplinks:
         return any(self.chains.consumed(part_key(key, t)) for t in range(MAX_PARTS))
 
     def abort(self, key: str, why: str) -> list:
-        self.parts.pop(key, None)
+        self._forget(key)
         return [s for t in range(MAX_PARTS) for s in self.chains.abort(part_key(key, t), why)]
 
     def end(self, keys) -> list:
         """The leaf gave up on these requests' values."""
         for key in keys:
-            self.parts.pop(key, None)
+            self._forget(key)
         return self.chains.end([part_key(k, t) for k in keys for t in range(MAX_PARTS)])
