@@ -81,7 +81,8 @@ class GangPath:
         return out
 
     def _plane(self, p: Pending):
-        """Where this host's value goes on: round a ring (an allreduce's), or into a chain."""
+        """Where this host's value goes on: round a ring (an allreduce's), or
+        into its parts' links to the leaf (a chain, or two trees: ``uplinks``)."""
         return self.rings if self.rings.has(p.key) else self.uplinks
 
     def _gang_turn(self, turn: tuple[str, dict], gang: Gang) -> list[Send]:
