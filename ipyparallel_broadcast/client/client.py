@@ -32,6 +32,7 @@ from .iopublive import IOPubLiveness
 from .paths import PathChooser
 from .replies import Replies
 from .results import CallResults
+from .roster import EngineRoster
 from .settings import Settings
 from .shared import SharedReplies
 from .supervision import ControllerWatch
@@ -48,7 +49,7 @@ class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(Replies, TreeSurveys, CallResults, ControllerWatch, IOPubLiveness, Settings):
+class Client(Replies, TreeSurveys, CallResults, ControllerWatch, IOPubLiveness, EngineRoster, Settings):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")

@@ -62,6 +62,8 @@ STATE = {
         "_control_stream": ("_control_channel", "control requests fail if the control queue dies"),
         "_context": ("_zmq_context", "the controller's notices are read in the client's context"),
         "_ssh": ("_tunneled", "a client through an ssh tunnel does not read the controller's notices"),
+        "_notification_handlers": ("_notification_table", "registrations read through our roster (client.roster)"),
+        "_notification_socket": ("_notification_sock", "the roster's hello subscription"),
     },
     "ResultSeam": {
         "_client": ("_rc", "set as ipyparallel's __init__ does, over one call"),
@@ -120,6 +122,7 @@ HOOKS = {
     },
     "TaskSchedulerSeam": {
         "_unregister_engine": ("_remove_engine", "an engine gone while a restarted scheduler waits is not scheduled"),
+        "_register_engine": ("_add_engine", "an engine announced twice (the roster's replay) is scheduled once"),
     },
     "RecordsSeam": {
         "_add_bytes": ("_count_bytes", "buffer bytes counted without traitlets per record"),
@@ -134,9 +137,8 @@ CALLS = {
     "ClientSeam": {
         "_unwrap_exception": ("_remote_error", "an engine's error made as ipyparallel makes it"),
         "_handle_apply_reply": ("_file_apply_reply", "a vanished engine's request failed as its death is"),
-    },
-    "TaskSchedulerSeam": {
-        "_register_engine": ("_add_engine", "engines scheduled once they reconnected to a restarted queue"),
+        "_register_engine": ("_file_registration", "a roster's change filed as ipyparallel files a notification"),
+        "_unregister_engine": ("_file_unregistration", "the same, for an engine gone"),
     },
     "ResultSeam": {
         "_display_stream": ("_print_stream", "grouped outputs shown as ipyparallel shows one"),

@@ -23,6 +23,7 @@ import secrets
 import sys
 from functools import partial
 
+import zmq
 from ipyparallel.controller.app import IPController
 from ipyparallel.controller.app import aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
@@ -43,6 +44,7 @@ from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .registry import Registry
+from .roster import Roster, RosterDoor, follow_connections
 from .settings import TreeSettings
 from .supervise import Supervisor, child_process
 
@@ -64,6 +66,8 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
         "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB).",
     )
+
+    roster_door: RosterDoor | None = None  # made in place of ipyparallel's notifier, as init_hub binds it
 
     # upstream sizes its engine-facing broadcast ports from these
     @default("broadcast_scheduler_depth")
@@ -88,6 +92,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         self.supervisor = Supervisor(self.node_restarts, self.node_restart_window)
         super().init_hub()
         hub = self.hub
+        self._open_roster(hub)
         self._supervise_heart_monitor()
         hub.new_engine_id = self.new_engine_id
         self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
@@ -99,6 +104,26 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             self.internal_urls = {path: f"ipc://@{tag}-{node_name(path)}" for path in inner}
         else:
             self.internal_urls = {path: f"tcp://127.0.0.1:{self.next_port()}" for path in inner}
+
+    def bind(self, socket, url):
+        """ipyparallel's; its notifier (a PUB) is not bound: our ``RosterDoor``
+        (an XPUB) takes its address, and the hub's place once it exists."""
+        if self.roster_door is None and url == self.client_url("notification") and socket.socket.type == zmq.PUB:
+            xpub = socket.socket.context.socket(zmq.XPUB)
+            self.roster_door = RosterDoor(xpub, socket.io_loop, Roster(self.session, engines=self._engine_table))
+            socket = self.roster_door
+        return super().bind(socket, url)
+
+    def _engine_table(self) -> dict:
+        return {eid: ec.uuid for eid, ec in self.hub.engines.items()}
+
+    def _open_roster(self, hub):
+        door = self.roster_door
+        if door is None:
+            raise RuntimeError("ipyparallel's hub no longer binds its notifier through bind(): see controller.roster")
+        stock, hub.notifier = hub.notifier, door
+        stock.close(linger=0)
+        follow_connections(hub, door.roster)
 
     def next_port(self, pool_name="common"):
         """ipyparallel's: a configured pool's next port; a port it would pick at

@@ -49,6 +49,12 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         self.loop.call_later(self.hold, self._release)
         self._release_if_connected()
 
+    def _add_engine(self, uid):
+        """ipyparallel's, once per engine: a stock subscriber's replay
+        (``controller.roster``) can announce an engine this one has."""
+        if uid not in self.targets:
+            super()._add_engine(uid)
+
     def _remove_engine(self, uid):
         """ipyparallel's; an engine that unregisters while this one waits is
         dropped from the wait (ipyparallel's would fail to find it, and the
@@ -91,7 +97,6 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
                 self.hold,
             )
         for uid in waiting:
-            if uid not in self.targets:  # a registration notice may have come first
-                self._add_engine(uid)
+            self._add_engine(uid)  # (a registration notice may have come first)
         self.engine_stream.socket.disable_monitor()
         self._monitor.close()

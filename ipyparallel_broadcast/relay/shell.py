@@ -135,7 +135,7 @@ class NodeShell:
         self.lookup_in_flight = False
         if self.node.is_leaf and spec.get("notification_url"):
             self.notifications = _socket(ctx, zmq.SUB)
-            self.notifications.SUBSCRIBE = b""
+            self.notifications.SUBSCRIBE = P.HUB_TOPIC  # the hub's own: no stock replay (controller.roster)
             _connect(self.notifications, spec["notification_url"], curve)
             self.registrar = _socket(ctx, zmq.DEALER)
             _connect(self.registrar, spec["registration_url"], curve)

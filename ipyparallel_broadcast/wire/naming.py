@@ -25,6 +25,8 @@ def parse_date(s):
 
 
 IOPUB_HELLO_PREFIX = b"ipb-iopub-hello:"  # a client's IOPub subscription that asks for a hello
+# a client's subscription to the hub's notifications that asks for the whole engine roster
+ROSTER_HELLO_PREFIX = b"ipb-roster-hello:"
 BROADCAST_ID_PREFIX = "ipb-"  # request msg_ids of broadcasts: the hub tells them apart
 
 

@@ -90,6 +90,9 @@ DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): i
 # a child process of the controller died (and was restarted, or given up on); I live
 RESTARTED, BEAT = "ipb_restarted", "ipb_beat"
 NOTICES_KEY = "ipb_notices"  # the client connection file: the port of the notices socket
+# the hub -> one client, on its notification socket (``controller.roster``): every engine, and
+# the number of the last notification; each notification's metadata numbers it (and the roster's epoch)
+ROSTER, SEQ_KEY, EPOCH_KEY = "ipb_roster", "ipb_seq", "ipb_epoch"
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a bundle the root sends up, for the records
 COALESCE, STREAM = "coalesce", "stream"
@@ -108,6 +111,7 @@ TRACE_KEY = "ipb_trace"  # request metadata: the engine stamps its reply ("ipb_r
 SHM_REPLY_KEY = "ipb_shm_reply"
 SHM_KEY = "ipb_shm"
 _DELIM = DELIM if isinstance(DELIM, bytes) else DELIM.encode()
+HUB_TOPIC = _DELIM  # the first frame, so the PUB topic, of a message sent without idents (the hub's notifications)
 JSON_PACKERS = frozenset(
     ("json", "orjson")
 )  # Session packers whose messages are JSON text (orjson: when installed, the default)

@@ -1,0 +1,150 @@
+"""A client's engine table made whole, whenever it connects.
+
+The hub's connection reply lists the engines registered then; later ones
+come as notifications, on a PUB socket that drops what it sends before a new
+subscriber's subscription has reached it. A client that connects while
+engines register (or unregister) missed some for good, and ``rc.ids``,
+views on "all" and ``wait_for_engines`` never saw them (ipyparallel's design;
+``docs/upstream-issues.md``).
+
+On our controller (``controller.roster``), once the client's subscription
+is live it subscribes to a hello topic of its own, and the hub answers on it
+with the whole table and the number of the last notification. Every
+notification is numbered: one that skips a number (or comes from another
+roster, a controller restarted) makes the client ask again. The client waits
+for the first table when it connects (``roster_timeout``), so ``rc.ids`` is
+whole as soon as ``Client()`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import zmq
+from traitlets import Float
+
+from ..compat.ipp import ClientSeam
+from ..wire import protocol as P
+from ..wire.naming import ROSTER_HELLO_PREFIX, TREE_KEY
+
+log = logging.getLogger(__name__)
+REGISTERED, UNREGISTERED = "registration_notification", "unregistration_notification"
+
+
+class RosterSync:
+    """Sans-I/O: notifications and rosters in; changes to the client's table
+    out, as ``("register" | "unregister", id, uuid)``, and ``("ask",)`` when
+    a new roster is needed. Every change is a real one: an engine registered
+    twice, or unregistered but never known, changes nothing."""
+
+    def __init__(self, engines: dict):
+        self.engines = {int(k): v for k, v in engines.items()}
+        self.seq: int | None = None  # the last notification counted in, once a roster came
+        self.epoch: str | None = None
+        self.asking = False  # a roster is asked for and has not come
+        self.rosters = self.gaps = 0
+
+    def ask(self) -> None:
+        self.asking = True
+
+    def roster(self, engines: dict, seq: int, epoch: str) -> list[tuple]:
+        """The hub's whole table, as of notification ``seq``."""
+        table = {int(k): v for k, v in engines.items()}
+        changes = [("unregister", eid, uuid) for eid, uuid in self.engines.items() if table.get(eid) != uuid]
+        changes += [("register", eid, uuid) for eid, uuid in table.items() if self.engines.get(eid) != uuid]
+        self.engines = table
+        self.seq, self.epoch, self.asking = seq, epoch, False
+        self.rosters += 1
+        return changes
+
+    def notification(self, kind: str, eid: int, uuid: str, seq: int | None = None, epoch=None) -> list[tuple]:
+        """One registration or unregistration; ``seq``/``epoch`` its number (None from a stock hub)."""
+        extra = []
+        if seq is not None and self.seq is not None and not self.asking:
+            if epoch == self.epoch and seq <= self.seq:
+                return []  # counted in already
+            if epoch != self.epoch or seq > self.seq + 1:
+                self.gaps += 1
+                self.asking = True
+                extra = [("ask",)]
+            else:
+                self.seq = seq
+        # applied as they come, counted or not: the roster asked for sets the table right
+        return self._apply(kind, int(eid), uuid) + extra
+
+    def _apply(self, kind: str, eid: int, uuid: str) -> list[tuple]:
+        if kind == REGISTERED:
+            if self.engines.get(eid) == uuid:
+                return []
+            old = self.engines.get(eid)
+            self.engines[eid] = uuid
+            return ([("unregister", eid, old)] if old is not None else []) + [("register", eid, uuid)]
+        if kind == UNREGISTERED and eid in self.engines:
+            return [("unregister", eid, self.engines.pop(eid))]
+        return []
+
+
+class EngineRoster(ClientSeam):
+    """Mixin of our Client: its notification socket read through ``RosterSync``."""
+
+    roster_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds a new client waits for the controller's whole engine table, sent once its "
+        "subscription to registrations is live; 0: no wait (rc.ids may then be short for a moment).",
+    )
+
+    def __init__(self, *args, **kwargs):
+        self._roster_ready = threading.Event()  # before the I/O thread can deliver
+        self._roster = RosterSync({})
+        self._roster_asks = 0
+        super().__init__(*args, **kwargs)
+        if TREE_KEY in self._connection_info and self.roster_timeout > 0:
+            if not self._roster_ready.wait(self.roster_timeout):
+                log.warning("No engine table from the controller in %.0f s: rc.ids may be short", self.roster_timeout)
+
+    def _open_streams(self):
+        """I/O thread, before its loop runs: our handlers, then the hello
+        subscription (after ``b""``, so the hub answers once both are live)."""
+        super()._open_streams()
+        self._roster = RosterSync(dict(self._engine_table))
+        handlers = self._notification_table
+        handlers[REGISTERED] = handlers[UNREGISTERED] = self._on_engine_notice
+        handlers[P.ROSTER] = self._on_roster
+        if TREE_KEY in self._connection_info:
+            self._ask_roster()
+        else:  # a stock controller: its notifications, as they come
+            self._roster_ready.set()
+
+    def _ask_roster(self):
+        self._roster.ask()
+        self._roster_asks += 1
+        topic = ROSTER_HELLO_PREFIX + f"{self.session.session}:{self._roster_asks}".encode()
+        self._notification_sock.setsockopt(zmq.SUBSCRIBE, topic)
+
+    def _on_engine_notice(self, msg):
+        content, md = msg["content"], msg.get("metadata") or {}
+        kind = msg["header"]["msg_type"]
+        seq, epoch = md.get(P.SEQ_KEY), md.get(P.EPOCH_KEY)
+        self._apply_roster(self._roster.notification(kind, content["id"], content["uuid"], seq, epoch))
+
+    def _on_roster(self, msg):
+        content = msg["content"]
+        self._apply_roster(self._roster.roster(content["engines"], content["seq"], content["epoch"]))
+        self._roster_ready.set()
+
+    def _apply_roster(self, changes):
+        """Each change as ipyparallel files a notification (its callbacks, e.g.
+        ``wait_for_engines``, called), or a new roster asked for."""
+        for change in changes:
+            if change[0] == "ask":
+                log.warning("A registration notice was missed: asking the controller for its engines again")
+                self._ask_roster()
+                continue
+            kind, eid, uuid = change
+            filed = dict(content=dict(id=eid, uuid=uuid))
+            if kind == "register":
+                self._file_registration(filed)
+            else:
+                self._file_unregistration(filed)

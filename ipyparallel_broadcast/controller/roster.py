@@ -1,0 +1,182 @@
+"""The hub's engine roster, told whole to every client that connects.
+
+A client takes its engine list from the hub's connection reply and every
+later change from the hub's notifications, a PUB socket. ZeroMQ drops what
+a PUB publishes before a new subscriber's subscription has reached it (the
+"slow joiner"), so a client that connects while engines register missed
+some of them for good (ipyparallel's design; ``docs/upstream-issues.md``).
+
+Here the notification socket is an XPUB in manual mode: a subscription takes
+effect only when the hub applies it, pipe by pipe, so the hub knows the moment
+each subscriber is live and can send to that subscriber alone.
+
+- Every notification carries ``ipb_seq`` (one more per notification) and
+  ``ipb_epoch`` (this roster's) in its metadata, signed anew.
+- A subscription to ``ROSTER_HELLO_PREFIX + anything`` (our clients') is
+  answered, on that topic only, by an ``ipb_roster`` message: the whole
+  engine table and the sequence number it is at. Everything published after
+  it reaches that client, so the table plus what follows is whole; a client
+  that sees a gap in the numbers asks again the same way.
+- A subscription to everything (``b""``, ipyparallel's clients) is applied as
+  a subscription to the hub's own messages (``DELIM``), so no hello reaches
+  it. The subscriber is sent, alone, the registrations it may have missed:
+  those of engines registered after the oldest connection reply not yet
+  matched with a subscription (replies and subscriptions are not paired on
+  the wire; see ``Replies``). Unregistrations are not replayed: a stock
+  client given one it never saw fails its ``wait_for_engines``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+
+import zmq
+from jupyter_client.session import Session
+from zmq.eventloop.zmqstream import ZMQStream
+
+from ..wire import protocol as P
+from ..wire.naming import ROSTER_HELLO_PREFIX
+
+log = logging.getLogger(__name__)
+DELIM = P.HUB_TOPIC
+REPLAY_TOPIC = b"ipb-roster-replay"  # the private topic of a stock subscriber's replay
+REGISTERED, UNREGISTERED = "registration_notification", "unregistration_notification"
+OUTSTANDING = 256  # connection replies kept unmatched at most (the oldest dropped)
+
+
+class Replies:
+    """The sequence numbers of connection replies whose client has not
+    subscribed yet. A subscription cannot say which reply was its own; taking
+    away the newest each time keeps, for every client still to subscribe, a
+    number no later than its own (each client replies before it subscribes)."""
+
+    def __init__(self, limit: int = OUTSTANDING):
+        self.seqs: list[int] = []
+        self.limit = limit
+
+    def add(self, seq: int):
+        self.seqs.append(seq)
+        if len(self.seqs) > self.limit:
+            self.seqs.pop(0)
+
+    def take(self) -> int | None:
+        """The oldest unmatched reply's number (None if none), one reply fewer."""
+        if not self.seqs:
+            return None
+        oldest = min(self.seqs)
+        self.seqs.remove(max(self.seqs))
+        return oldest
+
+
+class Roster:
+    """Sans-I/O: notifications out (stamped), subscriptions in (actions out).
+
+    ``engines`` gives the hub's table ``{id: uuid}`` when asked. Actions are
+    ``("subscribe" | "unsubscribe", topic)`` and ``("send", frames)``, to be
+    done in order, at once, on the pipe whose subscription came in.
+    """
+
+    def __init__(self, session: Session, engines: Callable[[], dict], epoch: str | None = None):
+        self.session, self.engines = session, engines
+        self.epoch = epoch or secrets.token_hex(8)
+        self.seq = 0
+        self.registered_at: dict[int, int] = {}  # engine id -> the number of its registration
+        self.replies = Replies()
+        self.welcomes = self.replayed = 0  # hellos answered; registrations sent to stock subscribers
+
+    def stamp(self, frames: list) -> list:
+        """A notification the hub serialized, with its number in its metadata, signed again."""
+        frames = [P.as_bytes(f) for f in frames]
+        at = frames.index(DELIM)
+        header, parent, metadata, content = frames[at + 2 : at + 6]
+        self.seq += 1
+        unpack = self.session.unpack
+        md = dict(unpack(metadata) or {}, **{P.SEQ_KEY: self.seq, P.EPOCH_KEY: self.epoch})
+        kind, body = unpack(header).get("msg_type"), unpack(content)
+        if kind == REGISTERED:
+            self.registered_at[int(body["id"])] = self.seq
+        elif kind == UNREGISTERED:
+            self.registered_at.pop(int(body["id"]), None)
+        parts = [header, parent, self.session.pack(md), content]
+        return frames[:at] + [DELIM, self.session.sign(parts)] + parts + frames[at + 6 :]
+
+    def replied(self):
+        """A connection reply went out: its engine table is as of now."""
+        self.replies.add(self.seq)
+
+    def table(self) -> dict:
+        return {str(eid): uuid for eid, uuid in self.engines().items()}
+
+    def subscription(self, frame: bytes) -> list[tuple]:
+        """What to do about one subscription message of the XPUB."""
+        if not frame or frame[0] not in (0, 1):
+            return []
+        on, topic = frame[0] == 1, frame[1:]
+        if not on:
+            return [("unsubscribe", topic or DELIM)]
+        if topic.startswith(ROSTER_HELLO_PREFIX):
+            self.welcomes += 1
+            msg = self.session.msg(P.ROSTER, content=dict(engines=self.table(), seq=self.seq, epoch=self.epoch))
+            welcome = self.session.serialize(msg, ident=[topic])
+            return [("subscribe", topic), ("send", welcome), ("unsubscribe", topic)]
+        if topic:
+            return [("subscribe", topic)]
+        return [("subscribe", DELIM)] + self._replay(self.replies.take())
+
+    def _replay(self, since: int | None) -> list[tuple]:
+        """Registrations after ``since``, to the new stock subscriber alone."""
+        if since is None:
+            return []
+        table, sends = self.engines(), []
+        for eid, seq in self.registered_at.items():
+            if seq > since and eid in table:
+                content = dict(id=eid, uuid=table[eid])
+                msg = self.session.msg(REGISTERED, content=content, metadata={P.SEQ_KEY: seq, P.EPOCH_KEY: self.epoch})
+                sends.append(("send", self.session.serialize(msg, ident=[REPLAY_TOPIC])))
+        self.replayed += len(sends)
+        if not sends:
+            return []
+        return [("subscribe", REPLAY_TOPIC), *sends, ("unsubscribe", REPLAY_TOPIC)]
+
+
+class RosterDoor(ZMQStream):
+    """The hub's notifier: an XPUB in manual mode that stamps what the hub
+    publishes and answers subscriptions as ``Roster`` says, on the hub's loop."""
+
+    def __init__(self, socket: zmq.Socket, loop, roster: Roster):
+        socket.setsockopt(zmq.XPUB_MANUAL, 1)
+        socket.SNDHWM = 0  # as ipyparallel's notifier: nothing dropped for a slow subscriber
+        super().__init__(socket, loop)
+        self.roster = roster
+        self.on_recv(self._on_subscription)
+
+    def send_multipart(self, msg, flags=0, copy=True, track=False, callback=None, **kwargs):
+        """The hub's notifications, stamped, sent at once (not queued behind the
+        loop: a hello answered meanwhile must not overtake them)."""
+        self.socket.send_multipart(self.roster.stamp(list(msg)), flags)
+
+    def _on_subscription(self, frames):
+        try:
+            actions = self.roster.subscription(P.as_bytes(frames[0]))
+        except Exception:
+            log.exception("roster: a subscription could not be answered")
+            return
+        sock = self.socket
+        for action, arg in actions:  # at once: they apply to the pipe that just subscribed
+            if action == "send":
+                sock.send_multipart(arg)
+            else:
+                sock.setsockopt(zmq.SUBSCRIBE if action == "subscribe" else zmq.UNSUBSCRIBE, arg)
+
+
+def follow_connections(hub, roster: Roster):
+    """Note each connection reply's place in the roster (the hub's handler, wrapped)."""
+    stock = hub.connection_request
+
+    def connection_request(client_id, msg):
+        roster.replied()
+        return stock(client_id, msg)
+
+    hub.connection_request = hub.query_handlers["connection_request"] = connection_request
