@@ -208,3 +208,15 @@ def every_operation(rc, coalescing):
         assert view.reduce(lambda: 2, op="sum", block=True) == 2 * len(rc.ids)
     targets = rc.ids[1::2]
     assert rc.broadcast_view(targets, coalescing=coalescing).apply_sync(lambda: 1) == [1] * len(targets)
+
+
+def gated_clients(info: dict, gate):
+    """Ours and a stock ``ipp.Client`` on the connection ``info``, their
+    subscriptions to the hub's notifications held at ``gate``."""
+    import ipyparallel as ipp
+
+    gated = dict(info, notification=gate.port)
+    ours = ipb.Client(gated, roster_timeout=0)  # (its wait for the roster would last the test)
+    stock = ipp.Client(gated)
+    until(lambda: gate.waiting() == 2, what="both clients' subscriptions at the gate")
+    return ours, stock

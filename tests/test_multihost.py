@@ -6,16 +6,20 @@ crosses each host's link per call. Needs root (network namespaces): CI has
 it and must not skip (``CI=true`` turns a skip into a failure).
 """
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import ipyparallel as ipp
 import numpy as np
 import pytest
-from cluster_util import every_operation, skip_or_fail, terminal_shell, until
+from cluster_util import every_operation, gated_clients, skip_or_fail, terminal_shell, until
 from ipyparallel import error
+from tcpgate import RemoteGate
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.tools.bedcluster import BedCluster
@@ -24,6 +28,7 @@ from ipyparallel_broadcast.tools.netbed import NetBed
 pytestmark = pytest.mark.multihost
 
 PER_HOST = 3
+GATE = os.path.join(os.path.dirname(__file__), "tcpgate.py")
 MODES = [True, False, ipb.Batch(2)]
 MODE_IDS = ["coalescing", "streaming", "batch2"]
 
@@ -417,3 +422,37 @@ def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_p
 
     until(nothing_left, what="nothing left of the cut-off host at the controller")
     assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
+
+
+def test_a_client_whose_subscription_is_late_sees_real_engines_behind_host_relays():
+    """As ``test_roster``, across hosts: engines of a second host register
+    behind its host relay, and one of the first host's leaves, while two
+    clients' subscriptions to the hub are held at a gate."""
+    needs_bed()
+    with NetBed(hosts=2) as bed, BedCluster(bed, depth=1, fanout=2) as cluster:
+        first, second = bed.hosts
+        cluster.start_engines(first, 2)
+        rc = cluster.client(wait_for=2)
+        with open(os.path.join(cluster.profile_dir, "security", "ipcontroller-client.json")) as f:
+            info = json.load(f)
+        argv = [sys.executable, GATE, bed.controller.addr, str(info["notification"]), bed.controller.addr]
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        with RemoteGate(bed.popen(bed.controller, argv, **pipes)) as gate:  # where the client reaches the hub
+            ours, stock = gated_clients(info, gate)
+            try:
+                assert ours.ids == stock.ids == rc.ids
+                leaving = rc.ids[0]
+                cluster.start_engines(second, 2)
+                rc.wait_for_engines(4, timeout=120)
+                rc.shutdown(targets=leaving, block=True)
+                until(lambda: leaving not in rc.ids and len(rc.ids) == 3, what="the hub's table")
+                assert len(ours.ids) == 2  # nothing reached it yet
+                gate.open()
+                ours.wait_for_engines(3, timeout=60)
+                until(lambda: ours.ids == rc.ids, what="our client's table to be the hub's")
+                assert ours.broadcast_view().apply_sync(lambda: 1) == [1, 1, 1]
+                stock.wait_for_engines(3, timeout=60)
+                until(lambda: set(rc.ids) <= set(stock.ids), what="the stock client's registrations")
+            finally:
+                ours.close()
+                stock.close()

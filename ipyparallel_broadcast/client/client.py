@@ -57,6 +57,9 @@ class Client(Replies, TreeSurveys, CallResults, ControllerWatch, IOPubLiveness, 
     def __init__(self, *args, **kwargs):
         """``ipyparallel.Client``'s arguments; or a stock ``ipyparallel.Client``
         as the first: ``rc = ipb.Client(rc)`` connects ours to the same cluster."""
+        ours = set(type(self).class_trait_names()) - set(ipp.Client.class_trait_names())
+        for name in [k for k in kwargs if k in ours]:  # our settings as keywords (ipyparallel's go to its Session)
+            setattr(self, name, kwargs.pop(name))
         if args and isinstance(args[0], ipp.Client) and not isinstance(args[0], Client):
             stock, args = args[0], args[1:]
             args = (connection_info_of(stock),) + args
