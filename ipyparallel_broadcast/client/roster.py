@@ -48,6 +48,27 @@ class RosterSync:
     def ask(self) -> None:
         self.asking = True
 
+    def read(self, msg: dict) -> list[tuple]:
+        """The changes a message of the notification socket makes (one the
+        hub signed, deserialized); ``ProtocolError`` if it is malformed."""
+        kind = msg.get("header", {}).get("msg_type") if isinstance(msg, dict) else None
+        try:
+            content, md = msg["content"], msg.get("metadata") or {}
+            if kind == P.ROSTER:
+                engines = content["engines"]
+                if not isinstance(engines, dict):
+                    raise TypeError(f"engines is a {type(engines).__name__}")
+                table = {int(k): str(v) for k, v in engines.items()}
+                return self.roster(table, int(content["seq"]), str(content["epoch"]))
+            if kind in (REGISTERED, UNREGISTERED):
+                seq = md.get(P.SEQ_KEY)
+                seq = None if seq is None else int(seq)
+                epoch = md.get(P.EPOCH_KEY)
+                return self.notification(kind, int(content["id"]), str(content["uuid"]), seq, epoch)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise P.ProtocolError(f"bad {kind!r} notification: {e!r}") from e
+        return []
+
     def roster(self, engines: dict, seq: int, epoch: str) -> list[tuple]:
         """The hub's whole table, as of notification ``seq``."""
         table = {int(k): v for k, v in engines.items()}
@@ -110,8 +131,7 @@ class EngineRoster(ClientSeam):
         super()._open_streams()
         self._roster = RosterSync(dict(self._engine_table))
         handlers = self._notification_table
-        handlers[REGISTERED] = handlers[UNREGISTERED] = self._on_engine_notice
-        handlers[P.ROSTER] = self._on_roster
+        handlers[REGISTERED] = handlers[UNREGISTERED] = handlers[P.ROSTER] = self._on_notice
         if TREE_KEY in self._connection_info:
             self._ask_roster()
         else:  # a stock controller: its notifications, as they come
@@ -123,16 +143,11 @@ class EngineRoster(ClientSeam):
         topic = ROSTER_HELLO_PREFIX + f"{self.session.session}:{self._roster_asks}".encode()
         self._notification_sock.setsockopt(zmq.SUBSCRIBE, topic)
 
-    def _on_engine_notice(self, msg):
-        content, md = msg["content"], msg.get("metadata") or {}
-        kind = msg["header"]["msg_type"]
-        seq, epoch = md.get(P.SEQ_KEY), md.get(P.EPOCH_KEY)
-        self._apply_roster(self._roster.notification(kind, content["id"], content["uuid"], seq, epoch))
-
-    def _on_roster(self, msg):
-        content = msg["content"]
-        self._apply_roster(self._roster.roster(content["engines"], content["seq"], content["epoch"]))
-        self._roster_ready.set()
+    def _on_notice(self, msg):
+        """I/O thread (a contained handler: a malformed one is logged and dropped)."""
+        self._apply_roster(self._roster.read(msg))
+        if msg["header"]["msg_type"] == P.ROSTER:
+            self._roster_ready.set()
 
     def _apply_roster(self, changes):
         """Each change as ipyparallel files a notification (its callbacks, e.g.

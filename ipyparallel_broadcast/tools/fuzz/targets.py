@@ -17,6 +17,8 @@ coverage-guided (atheris) for longer.
 - ``reduce_value``: the reduce unpickler (``wire.unpickle``): nothing but
   ``CannedArray`` is loaded, none of its code runs, no memory is asked for
   beyond what the input holds.
+- ``roster``: the hub's notifier answering subscriptions (``controller.roster``),
+  and a client reading its notifications and rosters (``client.roster``).
 - ``relay_events``: a relay node (root, interior, leaf or host relay) fed a
   sequence of arbitrary messages on each of its entry points.
 """
@@ -27,6 +29,8 @@ import pickle
 
 from jupyter_client.session import Session
 
+from ...client.roster import RosterSync
+from ...controller.roster import Roster
 from ...host import shm
 from ...relay import events as E
 from ...relay.bulk import Bulk
@@ -162,6 +166,29 @@ def reduce_value(data: bytes) -> None:
         raise Finding(f"CannedArray code ran on {inits!r}")
 
 
+def roster(data: bytes) -> None:
+    """Subscription frames in to the hub's roster, then a signed message (of
+    fuzzed parts) to a client's: each accepted, or refused cleanly."""
+    parts = frames_of(data)
+    hub = Roster(_signer.session, engines=lambda: {0: "uuid-0", 3: "uuid-3"})
+    hub.replied()
+    for frame in parts[:4]:
+        for action in hub.subscription(frame):
+            if action[0] not in ("subscribe", "unsubscribe", "send") or len(action) != 2:
+                raise Finding(f"the roster answered {action!r}")
+    sync = RosterSync({0: "uuid-0"})
+    try:
+        msg = Session(key=KEY).deserialize(_signer.signed(parts[4:] or parts)[1:])
+    except (ValueError, TypeError, KeyError):
+        return  # refused by the session: not JSON, not a message
+    try:
+        sync.read(msg)
+    except P.ProtocolError:
+        pass
+    if not all(isinstance(k, int) and isinstance(v, str) for k, v in sync.engines.items()):
+        raise Finding(f"the client's table took {sync.engines!r}")
+
+
 def _node(kind: int) -> RelayNode:
     codec = Signer().codec
     shape = TreeShape(2, 2)
@@ -202,6 +229,7 @@ TARGETS = dict(
     chunk=chunk,
     shm_reference=shm_reference,
     reduce_value=reduce_value,
+    roster=roster,
     relay_events=relay_events,
 )
 
@@ -218,7 +246,22 @@ def seeds() -> dict[str, list[bytes]]:
         shm_reference=[b"\x01" + b'{"name": "ipb-shm-x", "bufs": [[0, 0, 4]]}' + SEP + b"{}"],
         reduce_value=[value],
         relay_events=[b"\x00" + b"\x00" + b"\x01" + SEP.join(request[1:]), _ring_seed(codec), _trees_seed(codec)],
+        roster=_roster_seeds(),
     )
+
+
+def _roster_seeds() -> list[bytes]:
+    """Subscriptions (everything, a hello, an unsubscription, a topic), then a
+    roster, and a numbered registration, as the hub sends them."""
+    from ...wire.naming import ROSTER_HELLO_PREFIX
+
+    subscriptions = [b"\x01", b"\x01" + ROSTER_HELLO_PREFIX + b"s:1", b"\x00", b"\x01topic"]
+    table = b'{"engines": {"0": "uuid-0", "2": "b"}, "seq": 4, "epoch": "e"}'
+    roster = [b'{"msg_id": "1", "msg_type": "ipb_roster"}', b"{}", b"{}", table]
+    notice = [b'{"msg_id": "2", "msg_type": "registration_notification"}', b"{}"]
+    notice.append(b'{"ipb_seq": 5, "ipb_epoch": "e"}')
+    notice.append(b'{"id": 7, "uuid": "u7"}')
+    return [SEP.join(subscriptions + message) for message in (roster, notice)]
 
 
 def _ring_seed(codec) -> bytes:
