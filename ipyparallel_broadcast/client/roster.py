@@ -138,10 +138,17 @@ class EngineRoster(ClientSeam):
             self._roster_ready.set()
 
     def _ask_roster(self):
+        """A hello topic of our own, the last one let go. (It is kept: a
+        controller restarted in place answers it again when the socket reconnects.)"""
+        sock, asked = self._notification_sock, self._roster_asks
+        if asked:
+            sock.setsockopt(zmq.UNSUBSCRIBE, self._hello_of(asked))
         self._roster.ask()
-        self._roster_asks += 1
-        topic = ROSTER_HELLO_PREFIX + f"{self.session.session}:{self._roster_asks}".encode()
-        self._notification_sock.setsockopt(zmq.SUBSCRIBE, topic)
+        self._roster_asks = asked + 1
+        sock.setsockopt(zmq.SUBSCRIBE, self._hello_of(asked + 1))
+
+    def _hello_of(self, ask: int) -> bytes:
+        return ROSTER_HELLO_PREFIX + f"{self.session.session}:{ask}".encode()
 
     def _on_notice(self, msg):
         """I/O thread (a contained handler: a malformed one is logged and dropped)."""
