@@ -236,3 +236,36 @@ def test_upstream_privates_appear_only_in_their_seam():
         if outside:
             misplaced[name] = outside
     assert misplaced == {}
+
+
+def test_no_two_parts_of_a_class_define_one_name_unless_they_chain():
+    """A class made of mixins of ours (the Client, the controller): a method
+    two of them define is either chained (each calls ``super()`` for it) or a
+    silent override, one part's handler lost to the other's (as the roster's
+    ``_on_notice`` once took the notices socket's). Chaining is checked in the
+    source of every definition but the last in the MRO."""
+    import inspect
+
+    from ipyparallel_broadcast.client.client import Client
+    from ipyparallel_broadcast.compat import ipp
+    from ipyparallel_broadcast.controller.app import BroadcastController
+
+    bound = {name for hooks in ipp.HOOKS.values() for name in hooks}  # the seam binds these to ours
+    clashes = []
+    for cls in (Client, BroadcastController):
+        ours = [
+            c
+            for c in cls.__mro__
+            if c.__module__.startswith("ipyparallel_broadcast") and not c.__module__.endswith(".compat.ipp")
+        ]
+        seen: dict[str, list[type]] = {}
+        for part in ours:
+            for name, value in vars(part).items():
+                if inspect.isfunction(value) and not name.startswith("__") and name not in bound:
+                    seen.setdefault(name, []).append(part)
+        for name, parts in seen.items():
+            for part in parts[:-1]:  # each but the last must hand on to the next
+                source = inspect.getsource(vars(part)[name])
+                if f"super().{name}(" not in source and f"super({part.__name__}, self).{name}(" not in source:
+                    clashes.append(f"{cls.__name__}.{name}: {part.__name__} hides {parts[-1].__name__}'s")
+    assert clashes == []

@@ -131,7 +131,7 @@ class EngineRoster(ClientSeam):
         super()._open_streams()
         self._roster = RosterSync(dict(self._engine_table))
         handlers = self._notification_table
-        handlers[REGISTERED] = handlers[UNREGISTERED] = handlers[P.ROSTER] = self._on_notice
+        handlers[REGISTERED] = handlers[UNREGISTERED] = handlers[P.ROSTER] = self._on_roster_message
         if TREE_KEY in self._connection_info:
             self._ask_roster()
         else:  # a stock controller: its notifications, as they come
@@ -150,7 +150,7 @@ class EngineRoster(ClientSeam):
     def _hello_of(self, ask: int) -> bytes:
         return ROSTER_HELLO_PREFIX + f"{self.session.session}:{ask}".encode()
 
-    def _on_notice(self, msg):
+    def _on_roster_message(self, msg):
         """I/O thread (a contained handler: a malformed one is logged and dropped)."""
         self._apply_roster(self._roster.read(msg))
         if msg["header"]["msg_type"] == P.ROSTER:
