@@ -235,7 +235,9 @@ def test_hellos_and_replays_go_to_their_subscriber_alone():
     ours.pipe.inbox.clear()
     ours.hello()
     assert len(ours.pipe.inbox) == 1 and len(early.inbox) == 1 and len(late.pipe.inbox) == 1
-    assert all(not t.startswith(ROSTER_HELLO_PREFIX) for t in ours.pipe.topics)  # the hello topic is let go
+    ours.hello()  # a second hello: a topic of its own again
+    assert len(ours.pipe.inbox) == 2 and len(early.inbox) == 1 and len(late.pipe.inbox) == 1
+    assert len({t for p in (ours.pipe, late.pipe) for t in p.topics} - {DELIM}) == 3  # no topic shared
 
 
 def test_sync_changes_are_real_ones():

@@ -13,7 +13,7 @@ each subscriber is live and can send to that subscriber alone.
 - Every notification carries ``ipb_seq`` (one more per notification) and
   ``ipb_epoch`` (this roster's) in its metadata, signed anew.
 - A subscription to ``ROSTER_HELLO_PREFIX + anything`` (our clients') is
-  answered, on that topic only, by an ``ipb_roster`` message: the whole
+  answered, on that topic (so to that subscriber) only, by an ``ipb_roster`` message: the whole
   engine table and the sequence number it is at. Everything published after
   it reaches that client, so the table plus what follows is whole; a client
   that sees a gap in the numbers asks again the same way.
@@ -84,7 +84,7 @@ class Roster:
         self.seq = 0
         self.registered_at: dict[int, int] = {}  # engine id -> the number of its registration
         self.replies = Replies()
-        self.welcomes = self.replayed = 0  # hellos answered; registrations sent to stock subscribers
+        self.welcomes = self.replays = self.replayed = 0  # hellos answered; replays, registrations in them
 
     def stamp(self, frames: list) -> list:
         """A notification the hub serialized, with its number in its metadata, signed again."""
@@ -119,8 +119,7 @@ class Roster:
         if topic.startswith(ROSTER_HELLO_PREFIX):
             self.welcomes += 1
             msg = self.session.msg(P.ROSTER, content=dict(engines=self.table(), seq=self.seq, epoch=self.epoch))
-            welcome = self.session.serialize(msg, ident=[topic])
-            return [("subscribe", topic), ("send", welcome), ("unsubscribe", topic)]
+            return [("subscribe", topic), ("send", self.session.serialize(msg, ident=[topic]))]
         if topic:
             return [("subscribe", topic)]
         return [("subscribe", DELIM)] + self._replay(self.replies.take())
@@ -130,20 +129,29 @@ class Roster:
         if since is None:
             return []
         table, sends = self.engines(), []
+        topic = REPLAY_TOPIC + b":%d" % self.replays  # this subscriber's alone
         for eid, seq in self.registered_at.items():
             if seq > since and eid in table:
                 content = dict(id=eid, uuid=table[eid])
                 msg = self.session.msg(REGISTERED, content=content, metadata={P.SEQ_KEY: seq, P.EPOCH_KEY: self.epoch})
-                sends.append(("send", self.session.serialize(msg, ident=[REPLAY_TOPIC])))
+                sends.append(("send", self.session.serialize(msg, ident=[topic])))
         self.replayed += len(sends)
         if not sends:
             return []
-        return [("subscribe", REPLAY_TOPIC), *sends, ("unsubscribe", REPLAY_TOPIC)]
+        self.replays += 1
+        return [("subscribe", topic), *sends]
 
 
 class RosterDoor(ZMQStream):
     """The hub's notifier: an XPUB in manual mode that stamps what the hub
-    publishes and answers subscriptions as ``Roster`` says, on the hub's loop."""
+    publishes and answers subscriptions as ``Roster`` says, on the hub's loop.
+
+    Every message goes out through the stream's queue, in order: a send on
+    the socket behind the stream's back can take ZeroMQ's edge-triggered
+    read event, and subscriptions would then wait unread (a client never
+    welcomed, found at 1,024 engines). So a topic given to one pipe is never
+    taken back before its message has gone: it stays, unique to that pipe,
+    until the subscriber lets it go or leaves."""
 
     def __init__(self, socket: zmq.Socket, loop, roster: Roster):
         socket.setsockopt(zmq.XPUB_MANUAL, 1)
@@ -152,10 +160,9 @@ class RosterDoor(ZMQStream):
         self.roster = roster
         self.on_recv(self._on_subscription)
 
-    def send_multipart(self, msg, flags=0, copy=True, track=False, callback=None, **kwargs):
-        """The hub's notifications, stamped, sent at once (not queued behind the
-        loop: a hello answered meanwhile must not overtake them)."""
-        self.socket.send_multipart(self.roster.stamp(list(msg)), flags)
+    def send_multipart(self, msg, *args, **kwargs):
+        """The hub's notifications, stamped."""
+        super().send_multipart(self.roster.stamp(list(msg)), *args, **kwargs)
 
     def _on_subscription(self, frames):
         try:
@@ -163,12 +170,11 @@ class RosterDoor(ZMQStream):
         except Exception:
             log.exception("roster: a subscription could not be answered")
             return
-        sock = self.socket
-        for action, arg in actions:  # at once: they apply to the pipe that just subscribed
+        for action, arg in actions:  # subscriptions at once: they apply to the pipe that just subscribed
             if action == "send":
-                sock.send_multipart(arg)
+                super().send_multipart(arg)  # (queued behind what the hub sent before)
             else:
-                sock.setsockopt(zmq.SUBSCRIBE if action == "subscribe" else zmq.UNSUBSCRIBE, arg)
+                self.socket.setsockopt(zmq.SUBSCRIBE if action == "subscribe" else zmq.UNSUBSCRIBE, arg)
 
 
 def follow_connections(hub, roster: Roster):
