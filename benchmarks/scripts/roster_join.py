@@ -53,14 +53,15 @@ def one_run(n: int, hosts: int, timeout: float) -> dict:
         try:
             farm.start(timeout=max(120, n / 10))
             made = time.monotonic()
-            stock = ipp.Client(client_file)  # (first: ours waits for its roster)
-            ours = Client(client_file)
-            at_return = len(ours.ids)
             done: dict = {}
-            waits = [
-                threading.Thread(target=lambda c=c, k=k: done.__setitem__(k, waited(c, n, timeout)))
-                for k, c in (("ours", ours), ("stock", stock))
-            ]
+
+            def join(kind, make):  # each client made and waited for on a thread of its own, at once
+                client = done[kind + " client"] = make(client_file, timeout=60)
+                if kind == "ours":
+                    done["at return"] = len(client.ids)
+                done[kind] = waited(client, n, timeout)
+
+            waits = [threading.Thread(target=join, args=kind) for kind in (("stock", ipp.Client), ("ours", Client))]
             for w in waits:
                 w.start()
             for w in waits:
@@ -74,13 +75,14 @@ def one_run(n: int, hosts: int, timeout: float) -> dict:
             row = dict(
                 ours=ours_done is not None,
                 stock=stock_done is not None,
-                at_return=at_return,
+                at_return=done.get("at return", 0),
                 made=(last[-1] or made) - made,
                 lag=lag_of(ours_done),
                 stock_lag=lag_of(stock_done),
             )
-            ours.close()
-            stock.close()
+            for kind in ("ours", "stock"):
+                if kind + " client" in done:
+                    done[kind + " client"].close()
             return row
         finally:
             witness.close()
@@ -107,7 +109,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     lines = [
         "One run: a controller, a witness client, a farm of simulated hosts; one of our clients",
-        "and one stock `ipp.Client` made as soon as the farm has its registration replies (the hub",
+        "and one stock `ipp.Client` made at once (each on a thread, with a 60 s connect timeout) as",
+        "soon as the farm has its registration replies (the hub",
         "still finishing them). 'all': `wait_for_engines(N)` returned within "
         f"{args.timeout:.0f} s; 'ids then': our client's `len(rc.ids)` when `Client()` returned;",
         "'last reg.': seconds from the clients' making to the hub's last registration (as the",

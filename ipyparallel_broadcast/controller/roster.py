@@ -146,12 +146,14 @@ class RosterDoor(ZMQStream):
     """The hub's notifier: an XPUB in manual mode that stamps what the hub
     publishes and answers subscriptions as ``Roster`` says, on the hub's loop.
 
-    Every message goes out through the stream's queue, in order: a send on
-    the socket behind the stream's back can take ZeroMQ's edge-triggered
-    read event, and subscriptions would then wait unread (a client never
-    welcomed, found at 1,024 engines). So a topic given to one pipe is never
-    taken back before its message has gone: it stays, unique to that pipe,
-    until the subscriber lets it go or leaves."""
+    Every message goes through the stream's queue, in order, and the queue is
+    flushed at once (``flush``, which then looks for subscriptions waiting):
+    a send on the socket behind the stream's back can take ZeroMQ's
+    edge-triggered read event, and subscriptions would wait unread (a client
+    never welcomed, found at 1,024 engines); left to the loop, the queue goes
+    one message per turn, and a burst of thousands held a hello for seconds.
+    A topic given to one pipe stays, unique to it, until its subscriber lets
+    it go or leaves."""
 
     def __init__(self, socket: zmq.Socket, loop, roster: Roster):
         socket.setsockopt(zmq.XPUB_MANUAL, 1)
@@ -163,6 +165,7 @@ class RosterDoor(ZMQStream):
     def send_multipart(self, msg, *args, **kwargs):
         """The hub's notifications, stamped."""
         super().send_multipart(self.roster.stamp(list(msg)), *args, **kwargs)
+        self.flush(zmq.POLLOUT)
 
     def _on_subscription(self, frames):
         try:
@@ -175,6 +178,7 @@ class RosterDoor(ZMQStream):
                 super().send_multipart(arg)  # (queued behind what the hub sent before)
             else:
                 self.socket.setsockopt(zmq.SUBSCRIBE if action == "subscribe" else zmq.UNSUBSCRIBE, arg)
+        self.flush(zmq.POLLOUT)
 
 
 def follow_connections(hub, roster: Roster):
