@@ -29,7 +29,7 @@ from ..wire import protocol as P
 from ..wire.naming import ROSTER_HELLO_PREFIX, TREE_KEY
 
 log = logging.getLogger(__name__)
-REGISTERED, UNREGISTERED = "registration_notification", "unregistration_notification"
+REGISTERED, UNREGISTERED = P.REGISTERED, P.UNREGISTERED
 
 
 class RosterSync:

@@ -42,7 +42,7 @@ from ..wire.naming import ROSTER_HELLO_PREFIX
 log = logging.getLogger(__name__)
 DELIM = P.HUB_TOPIC
 REPLAY_TOPIC = b"ipb-roster-replay"  # the private topic of a stock subscriber's replay
-REGISTERED, UNREGISTERED = "registration_notification", "unregistration_notification"
+REGISTERED, UNREGISTERED = P.REGISTERED, P.UNREGISTERED
 OUTSTANDING = 256  # connection replies kept unmatched at most (the oldest dropped)
 
 

@@ -160,9 +160,9 @@ def from_hub(codec: P.Codec, frames) -> object | None:
     msg = codec.unpack(P.split_idents(frames)[1])
     kind, content = msg["header"].get("msg_type"), msg["content"]
     try:
-        if kind == "registration_notification":
+        if kind == P.REGISTERED:
             return EngineRegistered(int(content["id"]), str(content["uuid"]))
-        if kind == "unregistration_notification":
+        if kind == P.UNREGISTERED:
             return EngineUnregistered(str(content["uuid"]))
         if isinstance(content, dict) and "engines" in content:
             if content.get("status") != "ok":

@@ -93,6 +93,7 @@ NOTICES_KEY = "ipb_notices"  # the client connection file: the port of the notic
 # the hub -> one client, on its notification socket (``controller.roster``): every engine, and
 # the number of the last notification; each notification's metadata numbers it (and the roster's epoch)
 ROSTER, SEQ_KEY, EPOCH_KEY = "ipb_roster", "ipb_seq", "ipb_epoch"
+REGISTERED, UNREGISTERED = "registration_notification", "unregistration_notification"  # the hub's own
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a bundle the root sends up, for the records
 COALESCE, STREAM = "coalesce", "stream"
