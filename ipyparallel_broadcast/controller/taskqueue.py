@@ -9,6 +9,8 @@ engines' connections (a socket monitor's handshakes) and hands its engines
 to the scheduling only when as many are connected as the hub has, or after
 ``hold`` seconds (an engine that died meanwhile never reconnects). Tasks
 that come before are queued, as ipyparallel queues them with no engine.
+A registration notice that comes before then (a new engine, or the hub's
+replay of one it has: ``controller.roster``) joins the wait too.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
 
     def start(self):
         self._connected = 0
-        self._waiting: list[bytes] | None = None
+        self._waiting: list[bytes] | None = []  # None once released
+        self._queried = False  # the hub's engines known
         monitor = self.engine_stream.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._monitor = ZMQStream(monitor, self.loop)
         self._monitor.on_recv(self._on_connection)
@@ -45,14 +48,19 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         except (ValueError, KeyError, TypeError):
             self.log.warning("task: an invalid reply to the engines query, dropped")
             return
-        self._waiting = [uuid.encode("utf8") for uuid in content.get("engines", {}).values()]
+        for uuid in content.get("engines", {}).values():
+            self._add_engine(uuid.encode("utf8"))
+        self._queried = True
         self.loop.call_later(self.hold, self._release)
         self._release_if_connected()
 
     def _add_engine(self, uid):
-        """ipyparallel's, once per engine: a stock subscriber's replay
-        (``controller.roster``) can announce an engine this one has."""
-        if uid not in self.targets:
+        """ipyparallel's, once per engine, and only once released: before,
+        the engine joins the wait (it may not have reconnected yet)."""
+        if self._waiting is not None:
+            if uid not in self._waiting:
+                self._waiting.append(uid)
+        elif uid not in self.targets:
             super()._add_engine(uid)
 
     def _remove_engine(self, uid):
@@ -60,8 +68,9 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         dropped from the wait (ipyparallel's would fail to find it, and the
         engine would then be scheduled though dead: its tasks lost). Then the
         queued tasks that only engines now gone could run fail (``_fail_stranded``)."""
-        if self._waiting is not None and uid in self._waiting and uid not in self.targets:
-            self._waiting.remove(uid)
+        if self._waiting is not None:
+            if uid in self._waiting:
+                self._waiting.remove(uid)
             self._release_if_connected()
             return
         result = super()._remove_engine(uid)
@@ -82,7 +91,7 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
                 self.fail_unreachable(job.msg_id)
 
     def _release_if_connected(self):
-        if self._waiting is not None and self._connected >= len(self._waiting):
+        if self._queried and self._waiting is not None and self._connected >= len(self._waiting):
             self._release()
 
     def _release(self):
@@ -97,6 +106,6 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
                 self.hold,
             )
         for uid in waiting:
-            self._add_engine(uid)  # (a registration notice may have come first)
+            self._add_engine(uid)
         self.engine_stream.socket.disable_monitor()
         self._monitor.close()
