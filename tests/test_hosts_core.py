@@ -173,8 +173,8 @@ def test_a_restarted_leaf_is_found_again_by_its_host_relays(stream):
     leaf = sim.nodes[(0,)]
     assert not leaf.children.idents  # h1 hangs under leaf 0; the new process has not heard of it
     relay = sim.nodes[("h", "h1")]
-    assert relay.next_deadline() <= relay.parent_heard + relay.parent_silence
-    wait(sim, relay.parent_silence + leaf.ping_interval)
+    assert relay.next_deadline() <= relay.heartbeats.parent_heard + relay.heartbeats.parent_silence
+    wait(sim, relay.heartbeats.parent_silence + leaf.ping_interval)
     sim.client_inbox.clear()
     sim.request(ENGINES, stream=stream)
     replies, failures, _ = sim.outcomes()
@@ -256,16 +256,16 @@ def test_pings_and_pongs_take_the_pulse_link_once_a_host_relay_knows_it():
 
     sim = hosted(depth=0)
     leaf, relay = sim.nodes[()], sim.nodes[("h", "h1")]
-    leaf.pulse_port = 40001
+    leaf.heartbeats.pulse_port = 40001
     ident = leaf.children.idents[next(k for k in leaf.children if isinstance(k, bytes) and b"h1" in k)]
     sim.now += leaf.ping_interval
     pings = [s for s in leaf.on_tick() if s.frames[0] == ident]
     assert [s.socket for s in pings] == [DOWN]  # not pulsing yet: the data link tells the port
     answer = relay.on_up(pings[0].frames[1:])  # a pong each way: on the pulse link, it says who it is
-    assert relay.parent_pulse == 40001 and sorted(s.socket for s in answer) == [PULSE, UP]
+    assert relay.heartbeats.parent_pulse == 40001 and sorted(s.socket for s in answer) == [PULSE, UP]
     pulse = next(s for s in answer if s.socket == PULSE)
     assert leaf.on_pulse([ident] + pulse.frames) == [] and leaf.children.pulsing == {ident}
-    pong = relay.on_parent_pulse(leaf._ping(sim.now)[0].frames[1:])  # pings that come that way
+    pong = relay.on_parent_pulse(leaf.heartbeats._ping(sim.now)[0].frames[1:])  # pings that come that way
     assert [s.socket for s in pong] == [PULSE]  # are answered that way
     sim.now += leaf.ping_interval
     both = [s for s in leaf.on_tick() if s.frames[0] == ident]
@@ -290,7 +290,7 @@ def test_a_host_relay_back_from_a_cut_lists_engines_the_hub_dropped_and_gets_no_
     wait(sim, leaf.node_timeout + 1)
     assert not leaf.children.idents  # the silent relay, with no engine left, is forgotten
     del sim.down_nodes[relay_path]  # the link is back
-    wait(sim, relay.parent_silence + leaf.ping_interval)
+    wait(sim, relay.heartbeats.parent_silence + leaf.ping_interval)
     assert not {0, 1, 2} & set(leaf.routes.via)
     assert not {0, 1, 2} & set(relay.engines)  # told, the relay dropped them
     sim.down_nodes[relay_path] = "dead"  # and, its engines gone, it exits

@@ -71,11 +71,11 @@ class TreeSim:
         node.inflight.coalesce = self.coalesce
         self._watch(node)
         if self.bulk is not None:
-            node.bulk_url = f"tcp://{label}:5555"
-            self.bulk_urls[node.bulk_url] = key
+            node.heartbeats.bulk_url = f"tcp://{label}:5555"
+            self.bulk_urls[node.heartbeats.bulk_url] = key
             self.chunks_at.setdefault(key, 0)
         self.node_inbox[key] = []
-        self._run(node, node.hello(), key)
+        self._run(node, node.heartbeats.hello(), key)
         for eid in eids:
             self._run(node, node.on_join(eid, self.engines[eid], who=eid), key)
         return node
@@ -109,7 +109,7 @@ class TreeSim:
         node = self.nodes[path] = self._new_node(path)
         if node.is_leaf:
             node.on_registry({e: u for e, u in self.engines.items() if self.shape.serves(path, e)})
-        self._run(node, node.hello(), path)
+        self._run(node, node.heartbeats.hello(), path)
 
     # -- client side --------------------------------------------------------
     def request(self, targets, stream=False, inner=None, route=(b"client-1",), each=None, **extra):

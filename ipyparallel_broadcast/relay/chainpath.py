@@ -30,12 +30,18 @@ class ChainPath:
         spec = dict(spec or {})
         self.reduce_shape = spec.pop("reduce", "auto")  # a reduce's way between hosts (``uplinks.choose``)
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **spec)  # ... to hosts, in chunks
-        self.bulk_url: str | None = None  # a host relay's bulk socket, said in its pongs
         self.chains = upchain.Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
         self.uplinks = uplinks.Uplinks(self.chains)  # ... a host's own, in its parts
         self.rings = Rings(codec, self.chains, self.bulk.threshold, clock, 2 * node_timeout, self.sharing.drop_value)
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
+        bulk, rings = self.bulk, self.rings
+        self.deadlines.add(  # (no call into bulk while no chunk is in flight)
+            "chunks' stall", lambda: bulk.next_deadline() if bulk.incoming or bulk.early_since else None, self._stalled
+        )
+        self.deadlines.add("chains' stall", self._chain_deadline, self._chains_stalled)
+        binds = lambda: rings.next_deadline() if rings.results else None  # noqa: E731
+        self.deadlines.add("ring values' binds", binds, self._ring_tick)
 
     # ------------------------------------------------------------ the leaf
     def _chain_plan(self, p: Pending, groups: dict) -> dict:
@@ -152,8 +158,7 @@ class ChainPath:
         """When a chain whose hosts all answered would have stalled."""
         waiting = [self.pending.get(key) for key in self.chains.open] if self.chains.open else ()
         times = [p.chain.last + self.chains.stall for p in waiting if p is not None and self._all_but_chain(p)]
-        held = self.rings.next_deadline() if self.rings.results else None  # (a ring's value, for its bind)
-        return min(times + ([held] if held is not None else []), default=None)
+        return min(times, default=None)
 
     def _plane_stats(self) -> dict:
         """The data plane's counts, for a survey: chunks of pushes, chains and rings."""
@@ -166,15 +171,6 @@ class ChainPath:
             ring_forwarded=self.rings.forwarded,
             held_values=sum(len(p.gang.holders) for p in self.gangs.values()),  # engines' turns to come
         )
-
-    def _data_deadline(self) -> float | None:
-        """When chunks of either plane (``bulk``, a chain) next need a look."""
-        times = [t for t in (self._bulk_deadline(), self._chain_deadline()) if t is not None]
-        return min(times, default=None)
-
-    def _chain_tick(self, now: float) -> list[Send]:
-        deadline = self._chain_deadline()
-        return self._chains_stalled(now) + self._ring_tick(now) if deadline is not None and deadline <= now else []
 
     def _chains_stalled(self, now: float) -> list[Send]:
         sends = []

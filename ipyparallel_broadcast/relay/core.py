@@ -4,9 +4,11 @@ One ``RelayNode`` sits at each tree position, and one on each engine host (a
 host relay). It never touches a socket: ``on_up`` / ``on_down`` / ``on_hub``
 take the frames a socket received (parsed once, by ``events``), the other
 ``on_*`` methods what the shell learned, and each returns the ``Send`` list
-the shell performs. Its parts: ``routes`` (where engines are), ``liveness``
-(children alive), ``surveys`` (stats), ``pending`` (requests in flight and how
-their outcomes are packed) and ``reduction`` (folding values).
+the shell performs. Its parts, each owning its state and given only a
+``NodeContext``: ``routes`` (where engines are), ``liveness`` (children
+alive), ``heartbeat`` (pings and pongs), ``deadlines`` (every timer),
+``surveys`` (stats), ``pending`` (requests in flight and how their outcomes
+are packed) and ``reduction`` (folding values).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape, node_name
 from . import events as E
 from .chainpath import ChainPath
+from .context import NodeContext
+from .deadlines import Deadlines
 from .downpath import DownPath
 from .events import DOWN, MON, Send
 from .gangpath import GangPath
@@ -36,10 +40,10 @@ from .uppath import UpPath
 log = logging.getLogger(__name__)
 
 
-class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
+class RelayNode(DownPath, UpPath, ChainPath, RingPath, GangPath):
     """Routing, fan-out and coalescing for one node of the tree: its state and
-    its entry points here; its heartbeats, a request's way down and replies'
-    way up in ``heartbeat``, ``downpath`` and ``uppath``."""
+    its entry points here; a request's way down and replies' way up in
+    ``downpath`` and ``uppath``; its heartbeats a part (``heartbeat``)."""
 
     def __init__(
         self,
@@ -70,19 +74,25 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
         self.routes = Routes(shape, self.path, self.is_leaf)
         self.announce = Announcements(codec, self.routes, self.children.idents, self.is_root, host, self.boot)
         self.surveys = Surveys(codec)
-        self.parent_boot: str | None = None  # a new one: the parent restarted
-        self.pulse_port: int | None = None  # the shell's pulse link for host relays, if bound
-        self.parent_pulse: int | None = None  # host relay: the parent's pulse port, once told
-        # host relay: when its leaf last pinged it. A leaf that restarted does
-        # not know its host relays; each says hello again when its leaf is silent
-        self.parent_heard: float | None = clock() if host else None
-        self.parent_silence = min(node_timeout, 3 * ping_interval)  # three pings missed
+        self.context = NodeContext(codec, clock, self.name, self.boot, self.is_root, host, self._drop)
+        self.deadlines = Deadlines()  # every part's timers: ``on_tick`` fires them
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.engines: dict[int, str] = {}  # leaf: engine id -> uuid
         self.sharing = Sharing(codec, store)  # big buffers, once per host
+        self.deadlines.add("batches", self.inflight.next_deadline, self.inflight.due)
         self._data_planes(codec, clock, node_timeout, bulk)  # (``chainpath``)
         self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
+        self.deadlines.add("held values' turns", self._gang_deadline, self._gang_tick)
+        self.heartbeats = Heartbeats(
+            self.context,
+            self.children,
+            self.deadlines,
+            child_lost=self.on_child_lost,
+            held=lambda: {p.msg_id for p in self.pending.values()} | self.surveys.msg_ids(),
+            reannounce=lambda: self.announce.again(self.engines),
+            parent_restarted=self._leaf_restarted,
+        )
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
         # request without one never calls into them
         self.big_from = min(t for t in (self.bulk.threshold, self.sharing.threshold) if t is not None)
@@ -121,7 +131,8 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
                 own = self.stats(own_trace(event.content))
                 return self.surveys.start(key, event.route, event.content, self.children.idents, own)
             if isinstance(event, E.Ping):
-                return self._client_ping(event) if self.is_root else self._parent_ping(event.content)
+                beats = self.heartbeats
+                return beats.client_ping(event) if self.is_root else beats.parent_ping(event.content)
             if isinstance(event, E.RouteAck):
                 return self.announce.ack(event.content)
             if isinstance(event, E.ChainEnd):
@@ -225,18 +236,17 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
 
+    def on_pulse(self, frames) -> list[Send]:
+        """A host relay's pong on the pulse link (``heartbeat``)."""
+        return self.heartbeats.on_pulse(frames)
+
+    def on_parent_pulse(self, frames) -> list[Send]:
+        """A host relay: a ping on the pulse link (``heartbeat``)."""
+        return self.heartbeats.on_parent_pulse(frames)
+
     def on_tick(self) -> list[Send]:
-        """Time passed: send up batches whose interval is over; ping children."""
-        now = self.clock()
-        stall = self._bulk_deadline()  # (no call into bulk while no chunk is in flight)
-        sends = self.inflight.due(now) + (self._stalled(now) if stall is not None and stall <= now else [])
-        sends += self._chain_tick(now) + (self._gang_tick(now) if self.gangs else [])
-        if self.children.next_ping is not None and self.children.next_ping <= now:
-            sends += self._ping(now)
-        if self.parent_heard is not None and now - self.parent_heard >= self.parent_silence:
-            self.parent_heard = now  # again after as long, until a ping comes
-            sends += self.hello() + self.announce.again(self.engines)
-        return sends
+        """Time passed: every part's timers whose deadline has come fire (``deadlines``)."""
+        return self.deadlines.fire(self.clock())
 
     def on_drained(self) -> list[Send]:
         """The shell has read every message waiting on its sockets: streamed
@@ -245,18 +255,16 @@ class RelayNode(Heartbeats, DownPath, UpPath, ChainPath, RingPath, GangPath):
 
     def next_deadline(self) -> float | None:
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
-        silence = None if self.parent_heard is None else self.parent_heard + self.parent_silence
-        times = [
-            t
-            for t in (self.inflight.next_deadline(), self.children.next_ping, self._data_deadline(), silence)
-            + (self._gang_deadline(),)
-            if t is not None
-        ]
-        return min(times, default=None)
+        return self.deadlines.next()
 
-    def _bulk_deadline(self) -> float | None:
-        bulk = self.bulk
-        return bulk.next_deadline() if bulk.incoming or bulk.early_since else None
+    def _greet(self, eids) -> list[Send]:
+        """Ask engines served here (not through a host relay) whether they share our memory."""
+        return self.sharing.greet(
+            [self.engines[e] for e in eids if e in self.engines and e not in self.routes.via and self._serves(e)]
+        )
+
+    def _engines_served(self) -> int:
+        return len(self.engines) if self.host else self.routes.count_served(self.engines)
 
     def stats(self, trace=None) -> dict:
         """This node's own state, as a survey reports it; with ``trace`` (a

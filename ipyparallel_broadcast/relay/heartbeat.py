@@ -1,95 +1,138 @@
-"""A relay node's heartbeats: pings to its children, pongs to its parent,
-the pulse link of host relays, a client's pings about its requests, and the
-greetings that tell a parent which engines a node serves. Part of
-``RelayNode`` (``core``); sans I/O like the rest."""
+"""A relay node's heartbeats, a part that owns its state: pings to its
+children, pongs to its parent, the pulse link of host relays (``liveness``),
+a client's pings about its requests, and a host relay's hello when its leaf
+falls silent. Sans I/O; it reaches the node only through what it is given."""
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 
 from ..wire import protocol as P
 from . import events as E
+from .context import NodeContext
+from .deadlines import Deadlines
 from .events import DOWN, PULSE, UP, Send
-
-log = logging.getLogger("ipyparallel_broadcast.relay.core")
+from .liveness import Children
+from .routes import Key
 
 
 class Heartbeats:
-    """Pings, pongs and greetings of one relay node."""
+    """Pings, pongs and greetings of one relay node.
+
+    ``child_lost(key, why)`` fails what waits on a child; ``held()`` gives the
+    msg_ids of the requests held here; ``reannounce()`` tells the parent again
+    which engines are here; ``parent_restarted()`` lets go of what the parent's
+    old life led (chains and rings)."""
+
+    def __init__(
+        self,
+        node: NodeContext,
+        children: Children,
+        deadlines: Deadlines,
+        *,
+        child_lost: Callable[[Key, str], list[Send]],
+        held: Callable[[], set],
+        reannounce: Callable[[], list[Send]],
+        parent_restarted: Callable[[], list[Send]],
+    ):
+        self.node, self.children = node, children
+        ping_interval, node_timeout = children.ping_interval, children.node_timeout
+        self.ping_interval, self.node_timeout = ping_interval, node_timeout
+        self.child_lost, self.held = child_lost, held
+        self.reannounce, self.parent_restarted = reannounce, parent_restarted
+        self.parent_boot: str | None = None  # a new one: the parent restarted
+        self.pulse_port: int | None = None  # the shell's pulse link for host relays, if bound
+        self.parent_pulse: int | None = None  # host relay: the parent's pulse port, once told
+        self.bulk_url: str | None = None  # a host relay's chunk socket (the shell's), said in its pongs
+        # host relay: when its leaf last pinged it. A leaf that restarted does
+        # not know its host relays; each says hello again when its leaf is silent
+        self.parent_heard: float | None = node.clock() if node.host else None
+        self.parent_silence = min(node_timeout, 3 * ping_interval)  # three pings missed
+        deadlines.add("pings", lambda: children.next_ping, self._ping)
+        deadlines.add("parent silence", self._silence_ends, self._parent_silent)
 
     def hello(self) -> list[Send]:
         """Tell the parent this node is alive, and which life of it this is."""
-        if self.is_root:
+        node = self.node
+        if node.is_root:
             return []
-        return [Send(UP, self.codec.pack(P.PONG, dict(node=self.name, boot=self.boot, bulk=self.bulk_url)))]
+        return [Send(UP, node.codec.pack(P.PONG, dict(node=node.name, boot=node.boot, bulk=self.bulk_url)))]
 
-    def _ping(self, now) -> list[Send]:
+    # ------------------------------------------------------------ children
+    def _ping(self, now: float) -> list[Send]:
         sends = []
         for key in self.children.silent(now):
-            sends += self.on_child_lost(key, f"has not answered for {self.node_timeout:g} s")
-        ping = self.codec.pack(P.PING, dict(boot=self.boot, pulse=self.pulse_port))
+            sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
+        codec, boot = self.node.codec, self.node.boot
+        ping = codec.pack(P.PING, dict(boot=boot, pulse=self.pulse_port))
         sends += [Send(DOWN, [ident] + ping) for ident in self.children.idents.values()]
         if self.children.pulsing:  # signed apart: the same message twice would be a replay
-            ping = self.codec.pack(P.PING, dict(boot=self.boot, pulse=self.pulse_port))
+            ping = codec.pack(P.PING, dict(boot=boot, pulse=self.pulse_port))
             sends += [Send(PULSE, [self.children.idents[k]] + ping) for k in self.children.pulsing]
         self.children.after_pings()
         return sends
 
+    def pong(self, child: Key, content: dict) -> list[Send]:
+        """A child's pong (it spoke: ``children.heard`` is set already)."""
+        boot, bulk = content.get("boot"), content.get("bulk")
+        if not isinstance(boot, str):
+            raise P.ProtocolError("pong without a boot id")
+        if isinstance(child, bytes):
+            self.children.bulk_link(child, bulk)
+        return self.child_lost(child, "restarted") if self.children.pong(child, boot) else []
+
     def on_pulse(self, frames) -> list[Send]:
         """A host relay's pong on the pulse link (see ``liveness``)."""
         try:
-            event = E.from_below(self.codec, frames, False)
+            event = E.from_below(self.node.codec, frames, False)
             key = self.children.key_of(event.ident) if isinstance(event, E.ChildMessage) else None
             if not isinstance(key, bytes) or event.kind != P.PONG:
                 raise P.ProtocolError("only pongs of known host relays come on the pulse link")
             self.children.pulsing.add(key)
-            return self._child_message(event)
+            self.children.heard[key] = self.node.clock()
+            return self.pong(key, event.content(self.node.codec))
         except P.ProtocolError as e:
-            return self._drop(f"pulse: {e}")
+            return self.node.drop(f"pulse: {e}")
 
+    # -------------------------------------------------------------- parent
     def on_parent_pulse(self, frames) -> list[Send]:
         """A ping on the pulse link (a host relay's): the pong goes back that way."""
+        node = self.node
         try:
-            event = E.from_above(self.codec, frames, self.is_root, bool(self.host))
-            if not isinstance(event, E.Ping) or self.is_root:
+            event = E.from_above(node.codec, frames, node.is_root, bool(node.host))
+            if not isinstance(event, E.Ping) or node.is_root:
                 raise P.ProtocolError("only pings come on the pulse link")
-            return self._parent_ping(event.content, via=PULSE)
+            return self.parent_ping(event.content, via=PULSE)
         except P.ProtocolError as e:
-            return self._drop(f"pulse: {e}")
+            return node.drop(f"pulse: {e}")
 
-    def _client_ping(self, event: E.Ping) -> list[Send]:
+    def client_ping(self, event: E.Ping) -> list[Send]:
         """A client lists requests it waits on: answer with those not held here."""
         ids = event.content.get("ids")
         if not isinstance(ids, list):
             raise P.ProtocolError("client ping without a list of ids")
-        held = {p.msg_id for p in self.pending.values()} | self.surveys.msg_ids()
-        pong = dict(node=self.name, boot=self.boot, unknown=[m for m in ids if m not in held])
-        return [Send(UP, event.route + self.codec.pack(P.PONG, pong))]
+        held = self.held()
+        pong = dict(node=self.node.name, boot=self.node.boot, unknown=[m for m in ids if m not in held])
+        return [Send(UP, event.route + self.node.codec.pack(P.PONG, pong))]
 
-    def _parent_ping(self, content, via=UP) -> list[Send]:
+    def parent_ping(self, content: dict, via: str = UP) -> list[Send]:
         """Answer the parent; a parent that restarted hears our routes again."""
         boot, sends = content.get("boot"), [Send(via, s.frames) for s in self.hello()]
         if self.parent_heard is not None:
-            self.parent_heard = self.clock()
+            self.parent_heard = self.node.clock()
         pulse = content.get("pulse")
-        if self.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
+        if self.node.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
             self.parent_pulse = pulse  # the shell connects to it; a pong says who we are there
             sends += [Send(PULSE, s.frames) for s in self.hello()]
         if isinstance(boot, str):
             known, self.parent_boot = self.parent_boot, boot
             if known is not None and known != boot:  # (it holds none of the requests it had)
-                sends += self.announce.again(self.engines)
-                sends += self._chains_end(list(self.chains.links) + self.rings.everything(), "the leaf restarted")
+                sends += self.reannounce() + self.parent_restarted()
         return sends
 
-    def _greet(self, eids) -> list[Send]:
-        """Ask engines served here (not through a host relay) whether they share our memory."""
-        return self.sharing.greet(
-            [self.engines[e] for e in eids if e in self.engines and e not in self.routes.via and self._serves(e)]
-        )
+    def _silence_ends(self) -> float | None:
+        return None if self.parent_heard is None else self.parent_heard + self.parent_silence
 
-    def _engines_served(self) -> int:
-        if self.host:
-            return len(self.engines)
-        via = self.routes.via
-        return sum(1 for e in self.engines if e not in via and self.shape.serves(self.path, e))
+    def _parent_silent(self, now: float) -> list[Send]:
+        self.parent_heard = now  # again after as long, until a ping comes
+        return self.hello() + self.reannounce()

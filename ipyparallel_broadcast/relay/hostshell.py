@@ -66,7 +66,7 @@ class HostRelayShell(NodeShell):
             self.bulk.curve_server, self.bulk.curve_secretkey = True, place.secret
         ip = spec.get("ip") or local_ip_towards(spec["up_url"])  # BroadcastEngine.host_relay_ip
         port = self.bulk.bind_to_random_port(f"tcp://{ip}")
-        self.node.bulk_url = f"tcp://{ip}:{port}"
+        self.node.heartbeats.bulk_url = f"tcp://{ip}:{port}"
         self.notifications = self.registrar = self.monitor = self.pulse = None
         self.pulse_url = None  # where the parent's pulse link is, once connected
         self.sockets = [self.up, self.down, self.joins, self.bulk]
@@ -150,8 +150,8 @@ class HostRelayShell(NodeShell):
 
     def perform(self, sends):
         super().perform(sends)
-        if self.node.parent_pulse is not None:
-            self.follow_pulse(self.node.parent_pulse)
+        if self.node.heartbeats.parent_pulse is not None:
+            self.follow_pulse(self.node.heartbeats.parent_pulse)
 
     def follow_pulse(self, port: int):
         """Connect (again, if the parent moved) to the parent's pulse link
@@ -176,7 +176,7 @@ class HostRelayShell(NodeShell):
         self.log.info("%s: pings and pongs also on %s", self.node.name, url)
 
     def send_pulse(self, frames):
-        self.follow_pulse(self.node.parent_pulse)
+        self.follow_pulse(self.node.heartbeats.parent_pulse)
         if self.pulse is not None:
             send_frames(self.pulse, frames)
 

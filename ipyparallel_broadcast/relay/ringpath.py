@@ -119,6 +119,10 @@ class RingPath:
         self.rings.end(keys, why or "the leaf ended the ring")
         return self.uplinks.end(keys) + self._ring_settled()
 
+    def _leaf_restarted(self) -> list[Send]:
+        """The leaf restarted: it leads none of the chains and rings it led."""
+        return self._chains_end(list(self.chains.links) + self.rings.everything(), "the leaf restarted")
+
     def _ring_tick(self, now: float) -> list[Send]:
         for key in self.rings.expired(now):
             log.warning("%s: no bind came for the allreduce value of %s; let go", self.name, key)

@@ -57,6 +57,10 @@ class Routes:
         """The hub unregistered the engine ``uuid``: it is never routed again."""
         _remember(self.unregistered, [uuid])
 
+    def count_served(self, engines) -> int:
+        """How many of ``engines`` this node serves itself (not through a host relay)."""
+        return sum(1 for e in engines if e not in self.via and self.shape.serves(self.path, e))
+
     def serves(self, eid: int) -> bool:
         """Whether ``eid`` is in this node's subtree, as far as it knows."""
         return eid in self.via or eid in self.learned or self.shape.serves(self.path, eid)

@@ -129,7 +129,7 @@ class NodeShell:
             self.pulse.ROUTER_MANDATORY = 1
             self.pulse.ROUTER_HANDOVER = 1
             _curve_server(self.pulse, curve)
-            self.node.pulse_port = self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0])
+            self.node.heartbeats.pulse_port = self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0])
             self.sockets.append(self.pulse)
         self.notifications = self.registrar = None
         self.lookup_in_flight = False
@@ -238,7 +238,7 @@ class NodeShell:
                 self.log.info("removed %s, left by a relay that is gone", name)
         if self.node.is_leaf:
             self.ask_hub()
-        self.perform(self.node.hello())
+        self.perform(self.node.heartbeats.hello())
         self.log.info(
             "relay node %s up (%s), %d engine(s) known",
             self.node.name,

@@ -63,13 +63,7 @@ class UpPath:
             child = children.add_host(m.ident)
         children.heard[child] = self.clock()  # it spoke
         if m.kind == P.PONG:
-            content = m.content(self.codec)
-            boot, bulk = content.get("boot"), content.get("bulk")
-            if not isinstance(boot, str):
-                raise P.ProtocolError("pong without a boot id")
-            if isinstance(child, bytes):
-                self.children.bulk_link(child, bulk)
-            return self.on_child_lost(child, "restarted") if self.children.pong(child, boot) else []
+            return self.heartbeats.pong(child, m.content(self.codec))
         if m.kind == P.STATS_REPLY:
             return self.surveys.reply(child, m.content(self.codec))
         if m.kind == P.HOST and isinstance(child, bytes):

@@ -1,0 +1,150 @@
+"""A relay node's parts, each built and tested alone (``relay.deadlines``,
+``relay.heartbeat``): what a part is given (a ``NodeContext``, callbacks) is
+all it reaches of the node. Pure: no sockets, a clock the test moves."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jupyter_client.session import Session
+
+from ipyparallel_broadcast.relay import events as E
+from ipyparallel_broadcast.relay.context import NodeContext
+from ipyparallel_broadcast.relay.deadlines import Deadlines
+from ipyparallel_broadcast.relay.events import DOWN, PULSE, UP, Send
+from ipyparallel_broadcast.relay.heartbeat import Heartbeats
+from ipyparallel_broadcast.relay.liveness import Children
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.topology import node_identity
+
+pytestmark = pytest.mark.pure
+
+
+# ------------------------------------------------------------------ deadlines
+@given(st.lists(st.one_of(st.none(), st.floats(0, 100)), max_size=8), st.floats(0, 100))
+def test_the_registry_gives_the_earliest_deadline_and_fires_what_is_due_in_order(times, now):
+    deadlines, fired = Deadlines(), []
+    for i, t in enumerate(times):
+        deadlines.add(f"t{i}", lambda t=t: t, lambda at, i=i: fired.append((i, at)) or [Send(UP, [i])])
+    known = [t for t in times if t is not None]
+    assert deadlines.next() == (min(known) if known else None)
+    due = [i for i, t in enumerate(times) if t is not None and t <= now]
+    assert deadlines.due(now) == [f"t{i}" for i in due]
+    assert [s.frames[0] for s in deadlines.fire(now)] == due
+    assert fired == [(i, now) for i in due]
+
+
+def test_a_timer_name_is_taken_once():
+    deadlines = Deadlines()
+    deadlines.add("pings", lambda: None, lambda now: [])
+    with pytest.raises(ValueError, match="pings"):
+        deadlines.add("pings", lambda: 1.0, lambda now: [])
+
+
+def test_a_deadline_is_asked_anew_each_time():
+    deadlines, state = Deadlines(), {"at": 5.0}
+    deadlines.add("moving", lambda: state["at"], lambda now: state.update(at=None) or [])
+    assert deadlines.next() == 5.0
+    deadlines.fire(6.0)
+    assert deadlines.next() is None and deadlines.fire(7.0) == []
+
+
+# ----------------------------------------------------------------- heartbeats
+class Beating:
+    """One ``Heartbeats`` alone: a node at ``path`` with two children (or a
+    host relay), its callbacks recorded."""
+
+    def __init__(self, path=(0,), host=None, held=()):
+        self.now, self.calls, self.dropped = 0.0, [], []
+        self.codec = P.Codec(Session(key=b"k"))
+        clock = lambda: self.now  # noqa: E731
+        node = NodeContext(self.codec, clock, "test node", "boot-1", not path and not host, host, self.drop)
+        self.children = Children(path, [] if host else range(2), clock, 0.5, 10.0)
+        self.deadlines = Deadlines()
+        self.beats = Heartbeats(
+            node,
+            self.children,
+            self.deadlines,
+            child_lost=lambda key, why: self.calls.append(("lost", key, why)) or [],
+            held=lambda: set(held),
+            reannounce=lambda: self.calls.append(("reannounce",)) or [Send(UP, ["routes"])],
+            parent_restarted=lambda: self.calls.append(("restarted",)) or [],
+        )
+
+    def drop(self, why):
+        self.dropped.append(why)
+        return []
+
+    def ping(self, **content):
+        return self.codec.pack(P.PING, content)
+
+    def read(self, send) -> dict:
+        """A sent message, as its receiver reads it (a codec of its own: one
+        message sent to two children would be a replay to one codec)."""
+        return P.Codec(Session(key=b"k")).unpack(P.split_idents(send.frames)[1])
+
+    def kind(self, send):
+        return self.read(send)["header"]["msg_type"]
+
+
+def test_children_are_pinged_when_the_registry_says_and_a_silent_one_is_lost():
+    b = Beating()
+    assert b.deadlines.due(b.now) == ["pings"]
+    sends = b.deadlines.fire(b.now)
+    assert sorted(s.frames[0] for s in sends) == [node_identity((0, 0)), node_identity((0, 1))]
+    assert {b.kind(s) for s in sends} == {P.PING} and {s.socket for s in sends} == {DOWN}
+    assert b.deadlines.next() == 0.5
+    b.now = 10.5  # neither child answered
+    b.deadlines.fire(b.now)
+    assert [c[:2] for c in b.calls] == [("lost", 0), ("lost", 1)]
+    assert "has not answered for 10 s" in b.calls[0][2]
+
+
+def test_a_child_that_comes_back_with_a_new_boot_is_lost_and_a_pong_without_one_is_refused():
+    b = Beating()
+    assert b.beats.pong(0, dict(boot="a")) == [] and b.calls == []
+    b.beats.pong(0, dict(boot="b"))
+    assert b.calls == [("lost", 0, "restarted")]
+    with pytest.raises(P.ProtocolError, match="boot"):
+        b.beats.pong(1, {})
+
+
+def test_a_parent_that_restarted_hears_the_routes_again_and_its_chains_end():
+    b = Beating()
+    first = b.beats.parent_ping(dict(boot="p1"))
+    assert [b.kind(s) for s in first] == [P.PONG] and b.calls == []
+    b.beats.parent_ping(dict(boot="p1"))
+    assert b.calls == []
+    again = b.beats.parent_ping(dict(boot="p2"))
+    assert b.calls == [("reannounce",), ("restarted",)] and again[-1].frames == ["routes"]
+
+
+def test_a_host_relay_follows_the_pulse_port_and_says_hello_when_its_leaf_is_silent():
+    b = Beating(path=(0,), host="h1")
+    sends = b.beats.parent_ping(dict(boot="p1", pulse=40001))
+    assert b.beats.parent_pulse == 40001 and sorted(s.socket for s in sends) == [PULSE, UP]
+    assert b.beats.parent_ping(dict(boot="p1", pulse=70000)) and b.beats.parent_pulse == 40001  # not a port
+    silent = b.beats.parent_heard + b.beats.parent_silence
+    assert b.deadlines.next() == silent
+    b.now = silent
+    sends = b.deadlines.fire(b.now)
+    assert [b.kind(s) for s in sends[:1]] == [P.PONG] and b.calls == [("reannounce",)]
+    assert b.deadlines.next() == b.now + b.beats.parent_silence
+
+
+def test_a_client_hears_which_of_its_requests_are_not_held():
+    b = Beating(path=(), held=("m1",))
+    ping = E.Ping([b"client"], dict(ids=["m1", "m2"]))
+    (pong,) = b.beats.client_ping(ping)
+    assert pong.frames[0] == b"client" and b.read(pong)["content"]["unknown"] == ["m2"]
+    with pytest.raises(P.ProtocolError):
+        b.beats.client_ping(E.Ping([b"client"], dict(ids="m1")))
+
+
+def test_the_pulse_link_takes_pongs_of_known_host_relays_only():
+    b = Beating(path=(0,))
+    host = b.children.add_host(b"host-h1")
+    pong = [host] + b.codec.pack(P.PONG, dict(boot="x"))
+    assert b.beats.on_pulse(pong) == [] and host in b.children.pulsing
+    assert b.beats.on_pulse([b"host-h9"] + b.codec.pack(P.PONG, dict(boot="x"))) == []
+    assert b.beats.on_parent_pulse(b.codec.pack(P.PONG, dict(boot="x"))) == []
+    assert len(b.dropped) == 2 and all(why.startswith("pulse:") for why in b.dropped)
