@@ -148,3 +148,47 @@ def test_the_pulse_link_takes_pongs_of_known_host_relays_only():
     assert b.beats.on_pulse([b"host-h9"] + b.codec.pack(P.PONG, dict(boot="x"))) == []
     assert b.beats.on_parent_pulse(b.codec.pack(P.PONG, dict(boot="x"))) == []
     assert len(b.dropped) == 2 and all(why.startswith("pulse:") for why in b.dropped)
+
+
+# ------------------------------------------------------------------ host fold
+def test_the_host_fold_alone_drops_a_holder_past_its_turn_and_starts_again_without_it(tmp_path):
+    """Two engines of this host hold values; the first's turn runs past its
+    deadline: it fails (through the ``fail`` it was given), is told to let its
+    value go, and the turns start again, in a new segment, with the other."""
+    from ipyparallel_broadcast.host import shm
+    from ipyparallel_broadcast.relay.hostfold import HostFold
+    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.sharing import Sharing
+    from ipyparallel_broadcast.relay.state import FOLD
+    from ipyparallel_broadcast.wire.reduction import Held, Reduction
+
+    b, failed, deadlines = Beating(path=(0,), host="h1"), [], Deadlines()  # (b: a codec and a clock)
+    inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now)
+    sharing = Sharing(b.codec, shm.ShmStore(threshold=1 << 12))
+    fold = HostFold(
+        NodeContext(b.codec, lambda: b.now, "host h1", "boot-1", False, "h1", b.drop),
+        sharing,
+        inflight,
+        deadlines,
+        turn_timeout=20.0,
+        chunk=0,
+        uplinks=None,
+        rings=None,
+        fail=lambda p, eids, code, why: failed.append((eids, code, why)) or [],
+        settled=list,
+    )
+    p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=[])
+    p.reduction, p.n = Reduction("sum"), 2
+    for eid in (0, 1):
+        fold.held(p, eid, f"uuid-{eid}", Held("float64", [1024], False, f"t{eid}", 8192))
+    assert p.state.destinations == [FOLD] and fold.holds("r1") and fold.waiting() == 2
+    (first,) = fold.go(p)
+    assert first.frames[:2] == [b"uuid-0", P.FOLD_KEY] and b.read(Send(DOWN, first.frames[1:]))["content"]["first"]
+    assert deadlines.next() == 20.0
+    b.now = 20.0
+    release, again = deadlines.fire(b.now)
+    assert failed == [([0], P.UNREACHABLE, "did not combine its value within 20 s")]
+    assert release.frames[0] == b"uuid-0" and b.kind(Send(DOWN, release.frames[1:])) == P.FOLD_RELEASE
+    turn = b.read(Send(DOWN, again.frames[1:]))
+    assert again.frames[0] == b"uuid-1" and turn["content"]["round"] == 2 and fold.waiting() == 1
+    sharing.drop_value(fold.folds["r1"].turns.segment[0])  # (its name goes; nothing left in /dev/shm)

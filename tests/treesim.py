@@ -23,14 +23,15 @@ def engine_uuid(eid: int) -> str:
 
 
 class TreeSim:
-    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None, coalesce=False, bulk=None):
+    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None, coalesce=False, bulk=None, store=None):
         """``hosts``: {label: (leaf index, [engine ids])}: those engines sit
         behind a host relay under that leaf (keyed ``("h", label)``).
         ``coalesce``: nodes hold streamed outcomes until ``drain()``, as their
         shells do until every waiting message is read.
         ``bulk``: the nodes' chunk options; host relays then have bulk sockets,
-        and ``chunks_at[host]`` counts the chunks each got."""
-        self.coalesce, self.bulk = coalesce, bulk
+        and ``chunks_at[host]`` counts the chunks each got.
+        ``store``: a node's key -> the shared-memory store it is built with (or None)."""
+        self.coalesce, self.bulk, self.store = coalesce, bulk, store or (lambda key: None)
         self.finished = []  # each request a node finished: the phases it went through (relay.state)
         self.bulk_urls = {}  # url -> ("h", label)
         self.chunks_at = {}
@@ -66,7 +67,13 @@ class TreeSim:
         key = ("h", label)
         leaf = self.host_leaf[key] = self.shape.leaf_path(leaf_index)
         node = self.nodes[key] = RelayNode(
-            P.Codec(Session(key=self.key)), self.shape, leaf, clock=lambda: self.now, host=label, bulk=self.bulk
+            P.Codec(Session(key=self.key)),
+            self.shape,
+            leaf,
+            clock=lambda: self.now,
+            host=label,
+            bulk=self.bulk,
+            store=self.store(key),
         )
         node.inflight.coalesce = self.coalesce
         self._watch(node)
@@ -81,7 +88,8 @@ class TreeSim:
         return node
 
     def _new_node(self, path):
-        node = RelayNode(P.Codec(Session(key=self.key)), self.shape, path, clock=lambda: self.now, bulk=self.bulk)
+        codec = P.Codec(Session(key=self.key))
+        node = RelayNode(codec, self.shape, path, clock=lambda: self.now, bulk=self.bulk, store=self.store(path))
         node.inflight.coalesce = self.coalesce
         return self._watch(node)
 

@@ -6,11 +6,11 @@ A relay of this engine's host says in its greeting where its segments live
 anywhere when ``f`` returns it: the engine keeps it (``hold``) and answers
 with a token. Once every engine of the request on that host has answered, the
 relay makes one segment of the value's size and gives the holders turns in
-the order of their engine ids (``GANG_TURN``): the first copies its value in,
+the order of their engine ids (``FOLD_TURN``): the first copies its value in,
 each next one combines its own into it, on a few threads, at the host's
 memory speed (``turn``; a turn may be for a stripe of the value, when the
 host's value goes into a reduce chain stripe by stripe). Once the segment holds the host's value the relay
-lets them go (``GANG_RELEASE``). Until then the engine runs no other request
+lets them go (``FOLD_RELEASE``). Until then the engine runs no other request
 (``holding``): a later one could change the value it keeps. A greeting from
 another relay (its own restarted) lets every value go.
 """
@@ -143,11 +143,11 @@ class HoldingKernel:
         self.hold_for(hello)  # (a relay of another host: none)
         Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
 
-    def _gang(self, msg):
+    def _fold_message(self, msg):
         try:
-            frames = self.on_gang(self.codec, msg)
+            frames = self.on_fold_message(self.codec, msg)
         except (P.ProtocolError, ValueError) as e:
-            self.log.error("Invalid gang message: %s", e)
+            self.log.error("Invalid host fold message: %s", e)
             return
         if frames is not None:
             Direct(self.shell_stream).send_multipart(frames, copy=False)
@@ -178,23 +178,23 @@ class HoldingKernel:
         if not self.holding and self._released is not None:
             self._released.set()
 
-    def on_gang(self, codec: P.Codec, msg) -> list | None:
-        """A relay's ``GANG_TURN`` (the answer's frames) or ``GANG_RELEASE`` (None)."""
+    def on_fold_message(self, codec: P.Codec, msg) -> list | None:
+        """A relay's ``FOLD_TURN`` (the answer's frames) or ``FOLD_RELEASE`` (None)."""
         idents, body = P.split_idents(msg)
         parsed = codec.unpack(body)  # signed, and not a replay (a turn twice would add a value twice)
         kind, content = parsed["msg_type"], parsed["content"]
         if not isinstance(content, dict):
-            raise P.ProtocolError("a gang message without content")
-        if kind == P.GANG_RELEASE:
+            raise P.ProtocolError("a host fold message without content")
+        if kind == P.FOLD_RELEASE:
             if self.holds is not None:
                 self.holds.release(content.get("tokens"))
             self._let_go()
             return None
-        if kind != P.GANG_TURN:
-            raise P.ProtocolError(f"unknown gang message {kind!r}")
+        if kind != P.FOLD_TURN:
+            raise P.ProtocolError(f"unknown host fold message {kind!r}")
         if self.holds is None:
             answer = dict(req=content.get("req"), round=content.get("round"), token=content.get("token"))
             answer["error"] = "it keeps no values"
         else:
             answer = self.holds.turn(content)
-        return list(idents) + codec.serialize(P.GANG_DONE, answer, parsed["raw_header"])
+        return list(idents) + codec.serialize(P.FOLD_DONE, answer, parsed["raw_header"])

@@ -283,12 +283,12 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         be: the request is answered with the error); anything else is as it came."""
         at = shm.reference_in(msg)
         if at is None:
-            key = P.as_bytes(msg[1]) if len(msg) > 2 and len(msg[1]) in (len(P.HELLO_KEY), len(P.GANG_KEY)) else None
+            key = P.as_bytes(msg[1]) if len(msg) > 2 and len(msg[1]) in (len(P.HELLO_KEY), len(P.FOLD_KEY)) else None
             if key == P.HELLO_KEY:
                 self._greeted(msg)
                 return None
-            if key == P.GANG_KEY:
-                self._gang(msg)
+            if key == P.FOLD_KEY:
+                self._fold_message(msg)
                 return None
             return msg
         try:

@@ -255,7 +255,7 @@ class ShmStore:
         return map_reference(ref, self.root, engine=False)
 
     def take_value(self, content) -> memoryview:
-        """A reduce value left in a segment named for this relay (by a gang
+        """A reduce value left in a segment named for this relay (by a host fold
         of its engines, or a child relay of its host that passed it up:
         ``pass_value``), mapped shared and writable. Raises ``ShmError``."""
         ref = Reference.from_content(content)

@@ -13,6 +13,7 @@ from ..wire import reduction as R
 from . import upchain, uplinks
 from .bulk import Bulk
 from .events import DOWN, UP, Send
+from .hostfold import HostFold
 from .pending import Pending
 from .ring import Rings
 
@@ -26,7 +27,8 @@ class ChainPath:
 
     def _data_planes(self, codec: P.Codec, clock, node_timeout: float, spec: dict | None) -> None:
         """The data planes' state: big requests to hosts in chunks (``bulk``),
-        big reduce values host to host (``upchain``, ``uplinks``) and round a ring."""
+        big reduce values host to host (``upchain``, ``uplinks``) and round a
+        ring, and the host's own engines' values combined in turn (``hostfold``)."""
         spec = dict(spec or {})
         self.reduce_shape = spec.pop("reduce", "auto")  # a reduce's way between hosts (``uplinks.choose``)
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **spec)  # ... to hosts, in chunks
@@ -42,6 +44,18 @@ class ChainPath:
         self.deadlines.add("chains' stall", self._chain_deadline, self._chains_stalled)
         binds = lambda: rings.next_deadline() if rings.results else None  # noqa: E731
         self.deadlines.add("ring values' binds", binds, self._ring_tick)
+        self.fold = HostFold(  # the big values this host's engines hold, combined in turn
+            self.context,
+            self.sharing,
+            self.inflight,
+            self.deadlines,
+            turn_timeout=2 * node_timeout,
+            chunk=self.chains.chunk,
+            uplinks=self.uplinks,
+            rings=self.rings,
+            fail=self._fail,
+            settled=self._ring_settled,
+        )
 
     # ------------------------------------------------------------ the leaf
     def _chain_plan(self, p: Pending, groups: dict) -> dict:
@@ -169,7 +183,7 @@ class ChainPath:
             chain_shape=self.chains.shape,  # the last reduce's way between hosts: a chain or two trees
             ring_gathered=self.rings.gathered,  # final chunks of allreduce values written here
             ring_forwarded=self.rings.forwarded,
-            held_values=sum(len(p.gang.holders) for p in self.gangs.values()),  # engines' turns to come
+            held_values=self.fold.waiting(),  # engines' turns to come
         )
 
     def _chains_stalled(self, now: float) -> list[Send]:

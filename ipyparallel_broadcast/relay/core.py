@@ -27,7 +27,6 @@ from .context import NodeContext
 from .deadlines import Deadlines
 from .downpath import DownPath
 from .events import DOWN, MON, Send
-from .gangpath import GangPath
 from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
@@ -40,10 +39,11 @@ from .uppath import UpPath
 log = logging.getLogger(__name__)
 
 
-class RelayNode(DownPath, UpPath, ChainPath, RingPath, GangPath):
+class RelayNode(DownPath, UpPath, ChainPath, RingPath):
     """Routing, fan-out and coalescing for one node of the tree: its state and
     its entry points here; a request's way down and replies' way up in
-    ``downpath`` and ``uppath``; its heartbeats a part (``heartbeat``)."""
+    ``downpath`` and ``uppath``; its heartbeats and its host's fold parts
+    (``heartbeat``, ``hostfold``)."""
 
     def __init__(
         self,
@@ -82,8 +82,6 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath, GangPath):
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.deadlines.add("batches", self.inflight.next_deadline, self.inflight.due)
         self._data_planes(codec, clock, node_timeout, bulk)  # (``chainpath``)
-        self.gangs: dict = {}  # request key -> Pending whose engines here combine the big values they hold
-        self.deadlines.add("held values' turns", self._gang_deadline, self._gang_tick)
         self.heartbeats = Heartbeats(
             self.context,
             self.children,
@@ -97,7 +95,7 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath, GangPath):
         # request without one never calls into them
         self.big_from = min(t for t in (self.bulk.threshold, self.sharing.threshold) if t is not None)
         self.inflight.on_big_done = [self.sharing.release, self.bulk.release]  # a big request left
-        self.inflight.on_done.append(self._drop_values)  # (a reduce's segments)
+        self.inflight.on_done.append(self.sharing.drop_values)  # (a reduce's segments)
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
         # a restarted root must not reuse the keys of requests engines may still answer
@@ -180,7 +178,7 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath, GangPath):
         behind a host relay is failed by that relay, told here; here too if
         the relay has fallen silent (a host cut off). A value it held is lost."""
         sends = self._engine_lost(uuid, why)
-        return sends + (self._gangs_after_loss(uuid, why) if self.gangs else [])
+        return sends + (self.fold.engine_lost(uuid, why) if self.fold else [])
 
     def _engine_lost(self, uuid: str, why: str) -> list[Send]:
         eid = next((e for e, u in self.engines.items() if u == uuid), None)

@@ -49,7 +49,6 @@ class Pending:
     ring_ok: bool = False  # an allreduce whose targets are all under this node: its hosts may ring
     ring: list | None = None  # leaf: the hosts of its ring, until it ends (``ring``)
     ring_bind: str | None = None  # an allreduce's second half: the name hosts bind the ring's value to
-    gang: Any | None = None  # reduce: big values engines of this host hold, until combined (gang.Gang)
     segments: list = field(default_factory=list)  # reduce: segments of this host its values are in
     recorded: list = field(default_factory=list)  # reduce: its engines' replies, for the hub's records
     share_up: Callable | None = None  # reduce: how its value goes up by a segment's name (Sharing.passer)

@@ -71,7 +71,7 @@ class Sharing:
         new = [u for u in uuids if u not in self.greeted]
         self.greeted.update(new)
         # who greets: an engine of this host keeps its reduce values of
-        # ``threshold`` or more, to combine them into this relay's segment (``gang``)
+        # ``threshold`` or more, to combine them into this relay's segment (``hostfold``)
         hello = self.codec.pack(P.HELLO, dict(shm=self.store.ident, prefix=self.store.prefix, threshold=self.threshold))
         return [Send(DOWN, [u.encode(), P.HELLO_KEY] + hello) for u in new]
 
@@ -102,7 +102,7 @@ class Sharing:
 
     def value_segment(self, nbytes: int):
         """A new segment for the value the engines of this host combine
-        (``gang``): ``(reference content, writable view)``, or None if shared
+        (``hostfold``): ``(reference content, writable view)``, or None if shared
         memory cannot take it."""
         if not self.on:
             raise P.ProtocolError("engines hold values for this relay, but it shares no memory")
@@ -125,6 +125,25 @@ class Sharing:
         from ..host.shm import Reference  # imported by relays that have a store only
 
         self.store.drop(Reference.from_content(content))
+
+    def value_taker(self, p):
+        """How request ``p``'s children of this host hand up values in
+        segments: mapped, and named in ``p.segments`` (None: no sharing)."""
+        if not self.on:
+            return None
+
+        def take(content):
+            view = self.take_value(content)
+            p.segments.append(content)
+            return view
+
+        return take
+
+    def drop_values(self, p) -> None:
+        """``p`` is done here: the names of the segments its values were in
+        go (those passed up are the reader's now)."""
+        for content in p.segments:
+            self.drop_value(content)
 
     def passer(self, spec, client: bool):
         """How a value in one of this relay's segments goes up to the reader
@@ -253,7 +272,7 @@ class Sharing:
         """``shm_bytes``: written to segments here; ``shm_saved``: the engine
         copies that mapping avoided here (a host saves the sum of its relays'
         ``shm_saved`` less that of their ``shm_bytes``); ``shm_values``: reduce
-        values engines of this host combined into segments of this relay (``gang``)."""
+        values engines of this host combined into segments of this relay (``hostfold``)."""
         return dict(
             shm_local=len(self.local),
             shm_segments=self.segments,

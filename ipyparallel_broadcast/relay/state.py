@@ -3,7 +3,7 @@ transitions in one place (in the style of h11's ``_state.py``).
 
 ``RequestState`` holds what the request still waits for: per destination
 (an engine's uuid, a child's key, ``PARKED`` for engines the leaf must look
-up, ``AWAITING_DATA`` while a host relay's chunks come, ``GANG`` while engines
+up, ``AWAITING_DATA`` while a host relay's chunks come, ``FOLD`` while engines
 of this host combine the big reduce values they hold) the engines owed from
 it, and its ``Phase``::
 
@@ -27,7 +27,7 @@ from enum import Enum
 
 PARKED = "?"  # engines whose uuid the leaf must look up at the hub
 AWAITING_DATA = "~bulk"  # a host relay's targets, until the request's chunks are in
-GANG = "~gang"  # engines of this host holding big reduce values, until they are combined (``gang``)
+FOLD = "~fold"  # engines of this host holding big reduce values, until they are combined (``hostfold``)
 
 
 class Phase(Enum):

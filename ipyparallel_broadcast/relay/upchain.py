@@ -29,7 +29,7 @@ values did not combine). The leaf fails the chained engines by name when a
 host of the chain is lost, or when the chain stalls.
 
 A host's own value may come in stripes (``own_begin``, ``own_ready``: its
-engines combine it stripe by stripe, ``gang``): each chunk goes on as soon as
+engines combine it stripe by stripe, ``hostfold``): each chunk goes on as soon as
 its bytes are final, so the chain does not wait for the whole host's value.
 A host that cannot finish its value once part of it went on ends the chain
 with an error (``abort``): no host can take back what it sent.

@@ -17,7 +17,7 @@ from .routes import Key
 from .sharing import HELLO_KEY
 from .upchain import RCHUNK
 
-GANG_KEY = P.GANG_KEY.decode()
+FOLD_KEY = P.FOLD_KEY.decode()
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
@@ -31,8 +31,8 @@ class UpPath:
         greetings = sharing.on_reply(reply.uuid, reply.key, reply.body) if greeted else []
         if reply.key == HELLO_KEY:
             return greetings
-        if reply.key == GANG_KEY:
-            return greetings + self._gang_reply(reply.uuid, reply.body)
+        if reply.key == FOLD_KEY:
+            return greetings + self.fold.on_answer(reply.uuid, reply.body)
         p = self.pending.get(reply.key)
         if p is None or not p.state.owes(reply.uuid):
             raise P.ProtocolError(f"unexpected reply from engine {reply.uuid} to {reply.key}")
@@ -42,11 +42,11 @@ class UpPath:
         if self.records and p.reduction is not None and not p.quiet:  # for the hub: one copy of them all
             p.recorded.append(body)
         if p.reduction is not None:
-            hold = lambda eid, held: self._gang_held(p, eid, reply.uuid, held)  # noqa: E731
+            hold = lambda eid, held: self.fold.held(p, eid, reply.uuid, held)  # noqa: E731
             if not fold_reply(p.reduction, eids, body, self.codec, hold):
                 p.raised.append(body)
-            if p.gang is not None:
-                return greetings + self._gang_go(p)
+            if self.fold.holds(p.key):
+                return greetings + self.fold.go(p)
         elif p.stream:
             return greetings + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
         else:
@@ -89,7 +89,7 @@ class UpPath:
             self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
         if p.reduction is not None:
             chained = (lambda eids, at: self._chained(p, eids, at)) if p.chain is not None else None
-            raised, failed = fold_bundle(p.reduction, m.msg, self.codec, child, chained, self._value_taker(p))
+            raised, failed = fold_bundle(p.reduction, m.msg, self.codec, child, chained, self.sharing.value_taker(p))
             p.state.answer(child)
             p.raised.extend(raised)
             p.failed.extend(failed)

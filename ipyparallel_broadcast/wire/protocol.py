@@ -80,10 +80,10 @@ ROUTE, ROUTE_ACK = "ipb_route", "ipb_route_ack"  # routes announced up, acknowle
 JOIN, JOINED = "ipb_join", "ipb_joined"  # an engine and the relay on its host
 HELLO, HELLO_REPLY = "ipb_hello", "ipb_hello_reply"  # a relay greets an engine: shared memory?
 HELLO_KEY = b"?hello"  # a greeting's request key (no request has it: keys are r<n>)
-# a relay -> the engines of its host holding big reduce values (``relay.gang``, ``engine.holds``):
-# combine yours into this segment now (the engine answers GANG_DONE); let them go
-GANG_TURN, GANG_DONE, GANG_RELEASE = "ipb_gang_turn", "ipb_gang_done", "ipb_gang_release"
-GANG_KEY = b"?gang"  # their request key
+# a relay -> the engines of its host holding big reduce values (``relay.hostfold``, ``engine.holds``):
+# combine yours into this segment now (the engine answers FOLD_DONE); let them go
+FOLD_TURN, FOLD_DONE, FOLD_RELEASE = "ipb_gang_turn", "ipb_gang_done", "ipb_gang_release"  # (names on the wire kept)
+FOLD_KEY = b"?gang"  # their request key
 PROBE = b"ipb-probe"  # a host relay -> an engine, unsigned: is it connected? (engines drop it)
 DROPPED = "ipb_dropped"  # a host relay -> an engine the hub dropped (signed): it exits
 # the controller -> its clients, on their notices socket (``controller.notices``):

@@ -476,7 +476,7 @@ def fold_reply(reduction: Reduction, eids, body, codec, hold=None) -> bool:
     """Fold an engine's raw reply into ``reduction``. False if the engine's
     function raised: its reply is then passed up raw, as it came. A value the
     engine holds (``Held``) goes to ``hold(eid, held)`` instead: the engines
-    of this node's host combine those where they are (``relay.gang``)."""
+    of this node's host combine those where they are (``relay.hostfold``)."""
     try:
         status = codec.unpack_json(P.as_bytes(body[4])).get("status")
     except Exception:

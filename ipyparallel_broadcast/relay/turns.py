@@ -17,7 +17,7 @@ combined. The order of the values in each element is the same either way.
 
 A holder that dies, fails its turn or takes longer than its deadline is named
 and dropped, and the turns start again without it (the first copies: nothing
-of its value stays). ``Gang`` only keeps the order; ``gangpath`` sends.
+of its value stays). ``Turns`` only keeps the order; ``hostfold`` sends.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Holder:
     held: Held
 
 
-class Gang:
+class Turns:
     """One request's holders at one relay, and whose turn it is."""
 
     def __init__(self, key: str, op: str):
@@ -85,7 +85,7 @@ class Gang:
         return None if self.stripes is None else self.stripes[stripe][0]
 
     def turn(self) -> tuple[str, dict]:
-        """``(uuid, GANG_TURN content)`` of the turn under way."""
+        """``(uuid, FOLD_TURN content)`` of the turn under way."""
         stripe, k = divmod(self.at, len(self.order))
         holder = self.holders[self.order[k]]
         content = dict(

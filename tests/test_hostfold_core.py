@@ -1,5 +1,5 @@
 """Big reduce values combined where they are, pure: engines of a leaf's host
-hold their values and combine them into one segment in turn (``relay.gang``,
+hold their values and combine them into one segment in turn (``relay.hostfold``,
 ``engine.holds``); holders that die, stall or fail are named and the others'
 value still comes. Segments are real files in a temporary directory; engines
 are in-memory."""
@@ -17,8 +17,7 @@ from treesim import TreeSim
 
 from ipyparallel_broadcast.engine.holds import HoldingKernel
 from ipyparallel_broadcast.host import shm
-from ipyparallel_broadcast.relay.gangpath import stripes
-from ipyparallel_broadcast.relay.sharing import Sharing
+from ipyparallel_broadcast.relay.hostfold import stripes
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import ReduceError, Reduction, engine_value, hold_values_with
@@ -32,26 +31,26 @@ class SimEngine(HoldingKernel):
     _context = object()  # as on the lean path: requests can be held back
 
 
-class GangSim(TreeSim):
+class FoldSim(TreeSim):
     """A TreeSim whose leaves share memory with their engines, which hold
     their big values and answer turns as ``engine.holds`` does."""
 
-    def __init__(self, engine_ids, values, depth=0, fanout=2, **tree):
-        super().__init__(depth, fanout, engine_ids, **tree)
+    def __init__(self, engine_ids, values, depth=0, fanout=2, shared=True, **tree):
+        """``shared``: leaves share memory with their engines (host relays always do)."""
+        super().__init__(depth, fanout, engine_ids, store=lambda key: self._store(key, shared), **tree)
         self.values, self.turns, self.failing = values, [], set()
         self.slow = set()  # engines whose answers to their turns wait (``finish_turn``)
         self.unfinished = {}
         self.holders = {}
-        for node in self.nodes.values():
-            if node.is_leaf or node.host:  # (a host relay shares memory with its engines too)
-                node.sharing = Sharing(node.codec, shm.ShmStore(threshold=1 << 12))
-                node.inflight.on_big_done[0] = node.sharing.release  # (bound to the one it had)
-                node.rings.drop = node.sharing.drop_value
         for eid in engine_ids:
             engine = self.holders[eid] = SimEngine()
             engine.hold_for(dict(prefix=shm.relay_prefix(), threshold=1 << 12))
         hold_values_with(None)
         self.answer_with = self._value
+
+    def _store(self, key, shared):
+        host = key[0] == "h" if key else False
+        return shm.ShmStore(threshold=1 << 12) if host or (shared and self.shape.is_leaf(key)) else None
 
     def _value(self, eid, request):
         hold_values_with(self.holders[eid].holds.hold)
@@ -61,7 +60,7 @@ class GangSim(TreeSim):
             hold_values_with(None)
 
     def _engine_receive(self, leaf_path, frames):
-        if P.as_bytes(frames[1]) != P.GANG_KEY:
+        if P.as_bytes(frames[1]) != P.FOLD_KEY:
             return super()._engine_receive(leaf_path, frames)
         uuid = P.as_bytes(frames[0]).decode()
         eid = next((e for e, u in self.engines.items() if u == uuid), None)
@@ -71,7 +70,7 @@ class GangSim(TreeSim):
             return
         if eid in self.failing:
             self.holders[eid].holds.values.clear()  # its turn fails: it holds nothing
-        answer = self.holders[eid].on_gang(P.Codec(self.session), frames[1:])
+        answer = self.holders[eid].on_fold_message(P.Codec(self.session), frames[1:])
         if answer is None:
             return  # let go
         self.turns.append(eid)
@@ -120,7 +119,7 @@ def in_order(values, eids):
 @pytest.mark.parametrize("order", [[0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]])
 def test_a_hosts_engines_combine_their_values_in_turn_in_the_order_of_their_ids(order):
     values = values_of(range(4))
-    sim = GangSim(range(4), values)
+    sim = FoldSim(range(4), values)
     sim.request_answered_in(order, list(range(4)), reduce="sum")
     r, raised, failed = outcome(sim)
     assert r.result().tobytes() == in_order(values, range(4)).tobytes()  # bitwise, whatever the arrival order
@@ -132,7 +131,7 @@ def test_a_hosts_engines_combine_their_values_in_turn_in_the_order_of_their_ids(
 
 def test_turns_start_only_when_every_engine_here_has_answered():
     values = values_of(range(4))
-    sim = GangSim(range(4), values)
+    sim = FoldSim(range(4), values)
     sim.hold.add(3)
     sim.request(list(range(4)), reduce="sum")
     assert sim.turns == [] and sim.holding() == {0, 1, 2}  # they wait, holding their values
@@ -142,7 +141,7 @@ def test_turns_start_only_when_every_engine_here_has_answered():
 
 def test_a_holder_that_dies_before_the_turns_is_named_and_the_others_combine():
     values = values_of(range(4))
-    sim = GangSim(range(4), values)
+    sim = FoldSim(range(4), values)
     sim.hold.add(3)
     sim.request(list(range(4)), reduce="sum")
     sim.kill(1)
@@ -155,7 +154,7 @@ def test_a_holder_that_dies_before_the_turns_is_named_and_the_others_combine():
 
 def test_a_holder_that_dies_after_its_turn_makes_the_turns_start_again_without_it():
     values = values_of(range(4))
-    sim = GangSim(range(4), values)
+    sim = FoldSim(range(4), values)
     sim.slow.add(2)  # its answer to its turn waits
     sim.request(list(range(4)), reduce="sum")
     assert sim.turns == [0, 1, 2]
@@ -169,7 +168,7 @@ def test_a_holder_that_dies_after_its_turn_makes_the_turns_start_again_without_i
 
 def test_a_turn_past_its_deadline_names_its_engine_and_the_others_go_on():
     values = values_of(range(3))
-    sim = GangSim(range(3), values)
+    sim = FoldSim(range(3), values)
     sim.slow.add(1)
     sim.request(list(range(3)), reduce="sum")
     assert sim.client_inbox == [] and sim.turns == [0, 1]
@@ -182,7 +181,7 @@ def test_a_turn_past_its_deadline_names_its_engine_and_the_others_go_on():
 
 def test_a_failed_turn_names_its_engine():
     values = values_of(range(3))
-    sim = GangSim(range(3), values)
+    sim = FoldSim(range(3), values)
     sim.failing.add(2)
     sim.request(list(range(3)), reduce="sum")
     r, _, failed = outcome(sim)
@@ -193,7 +192,7 @@ def test_a_failed_turn_names_its_engine():
 def test_held_values_of_different_shapes_raise_reduce_error_and_are_let_go():
     values = values_of(range(3))
     values[1] = np.ones(2 * N)
-    sim = GangSim(range(3), values)
+    sim = FoldSim(range(3), values)
     sim.request(list(range(3)), reduce="sum")
     r, _, failed = outcome(sim)
     with pytest.raises(ValueError, match=r"engines \[1\] gave a float64 array of shape \(16384,\)"):
@@ -203,8 +202,7 @@ def test_held_values_of_different_shapes_raise_reduce_error_and_are_let_go():
 
 def test_a_held_value_at_a_relay_that_shares_no_memory_is_an_error_for_that_engine():
     values = values_of(range(2))
-    sim = GangSim(range(2), values)
-    sim.nodes[()].sharing = Sharing(sim.nodes[()].codec, None)
+    sim = FoldSim(range(2), values, shared=False)
     sim.request(list(range(2)), reduce="sum")
     r, _, _ = outcome(sim)
     with pytest.raises(ValueError, match="shares no memory"):
@@ -214,7 +212,7 @@ def test_a_held_value_at_a_relay_that_shares_no_memory_is_an_error_for_that_engi
 
 def test_small_values_and_holders_mix_in_a_tree_and_every_node_ends_clean():
     values = values_of(range(8))
-    sim = GangSim(range(8), values, depth=1, fanout=2)
+    sim = FoldSim(range(8), values, depth=1, fanout=2)
     sim.request_answered_in([7, 5, 3, 1, 0, 2, 4, 6], list(range(8)), reduce="sum")
     r, _, failed = outcome(sim)
     np.testing.assert_allclose(r.result(), in_order(values, range(8)), rtol=1e-12, atol=1e-6)
@@ -231,10 +229,10 @@ def test_malformed_and_stray_turn_answers_are_let_be_and_the_turns_go_on(seed):
 
     rng = random.Random(seed)
     values = values_of(range(4))
-    sim = GangSim(range(4), values)
+    sim = FoldSim(range(4), values)
     sim.slow.add(2)
     sim.request(list(range(4)), reduce="sum")
-    leaf, (key,) = sim.nodes[()], list(sim.nodes[()].gangs)
+    leaf, (key,) = sim.nodes[()], list(sim.nodes[()].fold.folds)
     for _ in range(300):
         fields = rng.sample(["req", "round", "token", "ok", "error"], rng.randrange(6))
         content = {k: rng.choice(NONSENSE) for k in fields}
@@ -242,7 +240,7 @@ def test_malformed_and_stray_turn_answers_are_let_be_and_the_turns_go_on(seed):
             content["req"] = key
         eid = rng.randrange(5)  # 4: no such engine
         uuid = sim.engines.get(eid, "uuid-9999")
-        frames = [uuid.encode(), P.GANG_KEY] + sim.codec.pack(P.GANG_DONE, content)
+        frames = [uuid.encode(), P.FOLD_KEY] + sim.codec.pack(P.FOLD_DONE, content)
         if rng.random() < 0.2:
             frames = frames[:3] + [b"junk"] + frames[4:]  # a broken signature or header
         leaf.on_down(frames)
@@ -272,28 +270,28 @@ def test_a_malformed_held_value_is_an_error_for_its_engine(bad):
         decode_engine(serialize_object(bad))
 
 
-def test_an_engine_refuses_a_malformed_or_replayed_gang_message():
+def test_an_engine_refuses_a_malformed_or_replayed_host_fold_message():
     engine = SimEngine()
     engine.hold_for(dict(prefix=shm.relay_prefix(), threshold=16))
     token = engine.holds.hold(np.ones(8))
     codec = P.Codec(Session(key=b"secret"))
-    release = [b"relay", P.GANG_KEY] + codec.pack(P.GANG_RELEASE, dict(tokens=[token]))
-    wrong = [b"relay", P.GANG_KEY] + P.Codec(Session(key=b"other")).pack(P.GANG_RELEASE, dict(tokens=[token]))
-    for bad in (wrong, release[:4], [b"relay", P.GANG_KEY] + codec.pack("ipb_gang_what", {})):
+    release = [b"relay", P.FOLD_KEY] + codec.pack(P.FOLD_RELEASE, dict(tokens=[token]))
+    wrong = [b"relay", P.FOLD_KEY] + P.Codec(Session(key=b"other")).pack(P.FOLD_RELEASE, dict(tokens=[token]))
+    for bad in (wrong, release[:4], [b"relay", P.FOLD_KEY] + codec.pack("ipb_gang_what", {})):
         with pytest.raises(P.ProtocolError):
-            engine.on_gang(P.Codec(Session(key=b"secret")), bad[1:])
+            engine.on_fold_message(P.Codec(Session(key=b"secret")), bad[1:])
     assert engine.holding
     receiving = P.Codec(Session(key=b"secret"))
-    assert engine.on_gang(receiving, release[1:]) is None and not engine.holding
+    assert engine.on_fold_message(receiving, release[1:]) is None and not engine.holding
     with pytest.raises(P.ProtocolError, match="replay"):
-        engine.on_gang(receiving, release[1:])
+        engine.on_fold_message(receiving, release[1:])
 
 
 # ------------------------------------------ host values in a chain of hosts
 CHUNK = 1024  # bytes per chain chunk: a value of N float64 is 64 chunks, in 6 stripes
 
 
-class ChainSim(GangSim):
+class ChainSim(FoldSim):
     """Hosts of ``per_host`` engines each under one leaf; each host's engines
     hold their values and combine them stripe by stripe while the chain
     sends each final stripe on. ``log``: turns (engine ids) and chain
@@ -302,10 +300,11 @@ class ChainSim(GangSim):
     def __init__(self, n_hosts, per_host, values, shape="chain"):
         hosts = {f"h{i}": (0, list(range(i * per_host, (i + 1) * per_host))) for i in range(n_hosts)}
         bulk = dict(chunk=CHUNK, threshold=CHUNK, reduce=shape)
-        super().__init__(range(n_hosts * per_host), values, hosts=hosts, bulk=bulk)
         self.fail_at = {}  # engine id -> its turn (counted from 1) that fails
-        self.log = self.turns
+        self.log = self.turns = []
         self.parts_sent = []  # (place in the log, host, part) of each chain message
+        super().__init__(range(n_hosts * per_host), values, hosts=hosts, bulk=bulk)
+        self.log = self.turns
         for label in hosts:
             node = self.nodes["h", label]
             run = node.chains._message
@@ -432,6 +431,10 @@ class RingSim(ChainSim):
             frames = frames[:1] + shm.expand(list(frames[1:]), at, P.Codec(self.session).sign)
             self.mapped[P.as_bytes(frames[0]).decode()] = True
         super()._engine_receive(leaf_path, frames)
+
+    def _store(self, key, shared):
+        host = key[0] == "h" if key else False
+        return shm.ShmStore(threshold=1 << 12) if host or (shared and self.shape.is_leaf(key)) else None
 
     def _value(self, eid, request):
         from ipyparallel.serialize import unpack_apply_message
