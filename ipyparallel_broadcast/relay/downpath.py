@@ -12,10 +12,10 @@ from ..wire import protocol as P
 from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
 from . import ring, upchain
 from .bulk import Incoming
-from .compat import CompatRequest, renamer
 from .events import DOWN, HUB, Send
 from .pending import Pending
 from .state import AWAITING_DATA, PARKED
+from .stock import CompatRequest, renamer
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..wire import protocol as P
 from ..wire.topology import HOST_PREFIX
-from .compat import CompatRequest
+from .stock import CompatRequest
 
 UP, DOWN, HUB = "up", "down", "hub"  # HUB: ask the hub for the engine table
 MON = "mon"  # a copy for the hub's task records (see ``records``)

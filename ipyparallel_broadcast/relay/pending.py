@@ -15,9 +15,9 @@ from typing import Any
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction
-from .compat import CompatRequest
 from .events import MON, UP, Send
 from .state import RequestState
+from .stock import CompatRequest
 
 
 @dataclass
