@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from jupyter_client.session import Session
 from treesim import TreeSim
 
-from ipyparallel_broadcast.relay.bulk import CHUNK_MSG, Bulk, Layout, plan
+from ipyparallel_broadcast.relay.dataplane.push import CHUNK_MSG, Bulk, Layout, plan
 from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure
@@ -235,7 +235,7 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
 
 
 def test_the_fanout_is_a_chain_for_few_hosts_and_wider_for_many():
-    from ipyparallel_broadcast.relay.bulk import choose_fanout
+    from ipyparallel_broadcast.relay.dataplane.push import choose_fanout
 
     assert choose_fanout(8, 64 << 20, 512 << 10) == 1
     assert choose_fanout(1000, 64 << 20, 512 << 10) > 1

@@ -350,7 +350,7 @@ def test_a_hosts_value_goes_into_the_chain_stripe_by_stripe_and_the_sum_is_the_s
 def by_trees(values, n_hosts, per_host):
     """Two trees' value: half t up a heap of the hosts (in order, then
     reversed), each host's value first, then its first feeder's, then its second's."""
-    from ipyparallel_broadcast.relay import ring
+    from ipyparallel_broadcast.relay.dataplane import ring
 
     host = [in_order(values, range(h * per_host, (h + 1) * per_host)) for h in range(n_hosts)]
     cut = [c // 8 for c in ring.cuts(N * 8, CHUNK, 2)]
@@ -449,7 +449,7 @@ class RingSim(ChainSim):
 
 def ring_of(values, n_hosts, per_host):
     """Part k: host k's value first, then host k-1's, ... round to host k+1's."""
-    from ipyparallel_broadcast.relay import ring
+    from ipyparallel_broadcast.relay.dataplane import ring
 
     host = [in_order(values, range(h * per_host, (h + 1) * per_host)) for h in range(n_hosts)]
     cut = [c // 8 for c in ring.cuts(N * 8, CHUNK, n_hosts)]

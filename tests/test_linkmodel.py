@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipyparallel_broadcast.relay.linkmodel import Link, best, candidates, depth_of, mpi_bounds, pipeline, predict
+from ipyparallel_broadcast.relay.dataplane.model import Link, best, candidates, depth_of, mpi_bounds, pipeline, predict
 
 pytestmark = pytest.mark.pure
 
@@ -54,14 +54,14 @@ def test_the_predicted_table_has_every_family_in_floors():
 
 @pytest.mark.parametrize("p", [2, 8, 100, 1000, 10000])
 def test_every_way_of_reducing_and_allreducing_is_at_least_its_lower_bound(p):
-    from ipyparallel_broadcast.relay.linkmodel import predict_collectives
+    from ipyparallel_broadcast.relay.dataplane.model import predict_collectives
 
     (row,) = predict_collectives([p])
     assert all(v >= 1 - 1e-9 for k, v in row.items() if k != "hosts"), row
 
 
 def test_two_trees_reduce_and_allreduce_within_half_again_their_bounds_at_a_thousand_hosts():
-    from ipyparallel_broadcast.relay.linkmodel import TEN_GBIT, collective_bounds, predict_collectives
+    from ipyparallel_broadcast.relay.dataplane.model import TEN_GBIT, collective_bounds, predict_collectives
 
     (row,) = predict_collectives([1000], 2**30, TEN_GBIT)
     assert row["reduce: two trees"] <= 1.5 and row["allreduce: two trees, overlapped"] <= 1.5

@@ -1,4 +1,4 @@
-"""An allreduce's big values round a ring of host relays (``relay.ring``), in the pure core.
+"""An allreduce's big values round a ring of host relays (``relay.dataplane.ring``), in the pure core.
 
 Each host's value is cut into parts; each part goes round the ring as a
 reduce chain, then its final bytes go round again, written over each host's
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from test_collectives_core import Engines, reduce_outcome
 from test_upchain import CHUNK, DTYPES, SHAPES, bed
 
-from ipyparallel_broadcast.relay import bulk, ring
+from ipyparallel_broadcast.relay.dataplane import push as bulk
+from ipyparallel_broadcast.relay.dataplane import ring
 from ipyparallel_broadcast.relay.events import UP
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import ReduceError, ufunc

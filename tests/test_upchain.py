@@ -1,4 +1,4 @@
-"""A reduce's big values across hosts in a pipelined chain (``relay.upchain``), in the pure core.
+"""A reduce's big values across hosts in a pipelined chain (``relay.dataplane.combine``), in the pure core.
 
 Host relays send their hosts' combined values host to host in chunks, each
 adding its own; only the chain's head sends to the leaf. The leaf's link
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from ipyparallel.serialize import serialize_object
 from treesim import TreeSim
 
-from ipyparallel_broadcast.relay import upchain, uplinks
+from ipyparallel_broadcast.relay.dataplane import combine as upchain
+from ipyparallel_broadcast.relay.dataplane import reduce_trees as uplinks
 from ipyparallel_broadcast.relay.events import UP
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P

@@ -1,5 +1,5 @@
 """Predicted broadcast times between hosts, from the alpha-beta model
-(``ipyparallel_broadcast.relay.linkmodel``), in multiples of the wire floor M/B;
+(``ipyparallel_broadcast.relay.dataplane.model``), in multiples of the wire floor M/B;
 with ``--collectives``, reduce and allreduce, in multiples of their lower bounds.
 
     python benchmarks/scripts/model_predict.py --alpha 2e-4 --rate 10e9 --mib 1024 \\
@@ -20,8 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.relay.linkmodel import Link, predict, predict_collectives  # noqa: E402
-from ipyparallel_broadcast.relay.uplinks import choose  # noqa: E402
+from ipyparallel_broadcast.relay.dataplane.model import Link, predict, predict_collectives  # noqa: E402
+from ipyparallel_broadcast.relay.dataplane.reduce_trees import choose  # noqa: E402
 
 FAMILIES = ("star", "tree", "pipelined tree", "two trees")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from traitlets import Bool, Enum, Float, Integer, Union, validate
 from traitlets.config import Configurable
 
-from ..relay import uplinks
+from ..relay.dataplane import reduce_trees
 from ..wire.topology import TreeShape, auto_shape
 
 ASSUMED_ENGINES = 64  # an 'auto' tree's engine count when nobody gave one
@@ -96,7 +96,7 @@ class TreeSettings(Configurable):
         "from the alpha-beta model (linkmodel).",
     )
     host_reduce_shape = Enum(
-        list(uplinks.SHAPES),
+        list(reduce_trees.SHAPES),
         "auto",
         config=True,
         help="How a reduce's big values go between host relays to their leaf: a 'chain' of the hosts, "

@@ -60,7 +60,7 @@ class BroadcastEngine(EngineSeam):
         "",
         config=True,
         help="""The address this host's relay listens on for the chunks of big requests
-        that other hosts send it (see ipyparallel_broadcast.relay.bulk); a random port.
+        that other hosts send it (see ipyparallel_broadcast.relay.dataplane.push); a random port.
         Default: the address of the interface that reaches the controller.""",
     )
     aliases = Dict(aliases)

@@ -1,6 +1,6 @@
 """A reduce's big values across hosts, at a relay node: the leaf plans the
 chain of its host relays and takes the value its head sends; a host relay
-sends its own value into the chain (``upchain``). Part of ``RelayNode``
+sends its own value into the chain (``dataplane.combine``). Part of ``RelayNode``
 (``core``); sans I/O."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import logging
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
-from . import upchain, uplinks
-from .bulk import Bulk
+from .dataplane import combine, reduce_trees
+from .dataplane.push import Bulk
+from .dataplane.ring import Rings
 from .events import DOWN, UP, Send
 from .hostfold import HostFold
 from .pending import Pending
-from .ring import Rings
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
@@ -27,13 +27,13 @@ class ChainPath:
 
     def _data_planes(self, codec: P.Codec, clock, node_timeout: float, spec: dict | None) -> None:
         """The data planes' state: big requests to hosts in chunks (``bulk``),
-        big reduce values host to host (``upchain``, ``uplinks``) and round a
+        big reduce values host to host (``dataplane.combine``, ``dataplane.reduce_trees``) and round a
         ring, and the host's own engines' values combined in turn (``hostfold``)."""
         spec = dict(spec or {})
-        self.reduce_shape = spec.pop("reduce", "auto")  # a reduce's way between hosts (``uplinks.choose``)
+        self.reduce_shape = spec.pop("reduce", "auto")  # a reduce's way between hosts (``reduce_trees.choose``)
         self.bulk = Bulk(codec, clock, 2 * node_timeout, **spec)  # ... to hosts, in chunks
-        self.chains = upchain.Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
-        self.uplinks = uplinks.Uplinks(self.chains)  # ... a host's own, in its parts
+        self.chains = combine.Chains(codec, 2 * node_timeout, self.bulk.chunk)  # big reduce values, host to host
+        self.uplinks = reduce_trees.Uplinks(self.chains)  # ... a host's own, in its parts
         self.rings = Rings(codec, self.chains, self.bulk.threshold, clock, 2 * node_timeout, self.sharing.drop_value)
         if self.sharing.on:  # chunks are written straight into the segment engines map
             self.bulk.reserve, self.bulk.discard = self.sharing.store.reserve, self.sharing.store.drop
@@ -65,10 +65,10 @@ class ChainPath:
         hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
         if len(hosts) < 2 or self.bulk.threshold is None or p.stock:
             return {}
-        shape = uplinks.choose(len(hosts), self.reduce_shape, self.bulk.chunk)
-        order, heads, contents = uplinks.plan(hosts, shape)
+        shape = reduce_trees.choose(len(hosts), self.reduce_shape, self.bulk.chunk)
+        order, heads, contents = reduce_trees.plan(hosts, shape)
         first = min(h[2] for h in hosts)
-        p.chain = upchain.Chain(order, heads, first - 0.5, self.clock())
+        p.chain = combine.Chain(order, heads, first - 0.5, self.clock())
         self.chains.open.add(p.key)
         self.chains.shape = shape
         p.state.expect(CHAIN, ())
@@ -77,8 +77,8 @@ class ChainPath:
 
     def _chain_message(self, child, m) -> list[Send]:
         """A chain message from the head of a part, at the leaf."""
-        msg, data = upchain.check(self.codec, m.body)
-        key, part = uplinks.split_key(msg["content"]["key"])
+        msg, data = combine.check(self.codec, m.body)
+        key, part = reduce_trees.split_key(msg["content"]["key"])
         p = self.pending.get(key)
         if p is None:  # the request was done without it (no host chained a value)
             return []
@@ -88,7 +88,7 @@ class ChainPath:
         chain.last = self.clock()
         if not chain.have:
             self.inflight.stamp(p, "chain in")
-        if not upchain.take(chain, part, msg, data):
+        if not combine.take(chain, part, msg, data):
             return []
         return self._chain_settled(p)
 

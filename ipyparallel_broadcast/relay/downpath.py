@@ -10,8 +10,8 @@ from functools import partial
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
-from . import ring, upchain
-from .bulk import Incoming
+from .dataplane import combine, ring
+from .dataplane.push import Incoming
 from .events import DOWN, HUB, Send
 from .pending import Pending
 from .state import AWAITING_DATA, PARKED
@@ -173,14 +173,14 @@ class DownPath:
     def on_chunk(self, frames) -> list[Send]:
         """A host relay: a chunk of a big request, from the host or leaf that
         feeds it (``bulk``), or of a reduce's value, from the host after it in
-        a chain (``upchain``)."""
+        a chain (``dataplane.combine``)."""
         try:
             _, body = P.split_idents(frames)
-            if len(body) > 1 and upchain.MARK in P.as_bytes(body[1]):
-                msg, data = upchain.check(self.codec, body)
+            if len(body) > 1 and combine.MARK in P.as_bytes(body[1]):
+                msg, data = combine.check(self.codec, body)
                 return self.chains.on_message(msg, data) + self._ring_settled()
-            if len(body) > 1 and upchain.CREDIT_MARK in P.as_bytes(body[1]):
-                return self.chains.on_credit(upchain.check_credit(self.codec, body))
+            if len(body) > 1 and combine.CREDIT_MARK in P.as_bytes(body[1]):
+                return self.chains.on_credit(combine.check_credit(self.codec, body))
             if len(body) > 1 and ring.MARK in P.as_bytes(body[1]):
                 msg, data = ring.check(self.codec, body)
                 return self.rings.on_gather(msg, data, body) + self._ring_settled()

@@ -11,7 +11,7 @@ import logging
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
-from . import ring as ringmod
+from .dataplane import ring as ringmod
 from .events import DOWN, UP, Send
 from .pending import Pending
 

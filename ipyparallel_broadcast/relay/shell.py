@@ -27,8 +27,8 @@ from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
-from .bulk import BULK
 from .core import RelayNode
+from .dataplane.push import BULK
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 
 BATCH = 256  # messages taken from one socket before looking at the others

@@ -11,11 +11,11 @@ from ..wire import protocol as P
 from ..wire.reduction import fold_bundle, fold_reply
 from ..wire.topology import HOST_PREFIX
 from . import events as E
+from .dataplane.combine import RCHUNK
 from .events import Send
 from .pending import Pending
 from .routes import Key
 from .sharing import HELLO_KEY
-from .upchain import RCHUNK
 
 FOLD_KEY = P.FOLD_KEY.decode()
 

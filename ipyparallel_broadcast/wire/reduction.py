@@ -74,7 +74,7 @@ class Held(NamedTuple):
 
 class RingValue(NamedTuple):
     """An allreduce's value that stays where it was combined: every host
-    relay of a ring holds it whole (``relay.ring``), and the root has their
+    relay of a ring holds it whole (``relay.dataplane.ring``), and the root has their
     engines bind it. It stands for the value in a reduction."""
 
     dtype: str

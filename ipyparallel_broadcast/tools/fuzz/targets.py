@@ -12,7 +12,7 @@ coverage-guided (atheris) for longer.
 
 - ``frames``: the parsers of what a node reads (``relay.events``).
 - ``bundle``: a client reading a bundle (``wire.bundles.iter_bundle``).
-- ``chunk``: the bulk plane's chunk headers (``relay.bulk``).
+- ``chunk``: the bulk plane's chunk headers (``relay.dataplane.push``).
 - ``shm_reference``: an engine mapping a request's shared-memory reference.
 - ``reduce_value``: the reduce unpickler (``wire.unpickle``): nothing but
   ``CannedArray`` is loaded, none of its code runs, no memory is asked for
@@ -33,8 +33,8 @@ from ...client.roster import RosterSync
 from ...controller.roster import Roster
 from ...host import shm
 from ...relay import events as E
-from ...relay.bulk import Bulk
 from ...relay.core import RelayNode
+from ...relay.dataplane.push import Bulk
 from ...wire import bundles as B
 from ...wire import protocol as P
 from ...wire import reduction, unpickle
@@ -266,8 +266,8 @@ def _roster_seeds() -> list[bytes]:
 
 def _ring_seed(codec) -> bytes:
     """A host relay given its place in an allreduce's ring, then a ring chunk."""
-    from ...relay import ring
-    from ...relay.bulk import digest
+    from ...relay.dataplane import ring
+    from ...relay.dataplane.chunks import digest
 
     content = dict(P.request_content("m2", [1], P.COALESCE, req="r9", reduce="sum"), ring=dict(urls=["a", "b"], at=0))
     inner = codec.session.serialize(codec.session.msg("apply_request", content={}))[1:] + [b"payload"]
@@ -280,8 +280,8 @@ def _ring_seed(codec) -> bytes:
 def _trees_seed(codec) -> bytes:
     """A host relay given its place in a reduce's two trees, then a feeder's
     chunk of the first half and a credit from the host it feeds."""
-    from ...relay import upchain
-    from ...relay.bulk import digest
+    from ...relay.dataplane import combine as upchain
+    from ...relay.dataplane.chunks import digest
 
     part = dict(to="a", feeds=1, slot=0, window=2, feeders=["b"])
     chain = dict(parts=[part, dict(part, to=None, feeds=0, feeders=[])])

@@ -22,16 +22,15 @@ that gets no chunk for ``stall`` seconds fails its engines, naming the cause.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..wire import protocol as P
-from ..wire.topology import HOST_PREFIX, host_ident
-from .events import Send
-from .linkmodel import Link, estimate
+from ...wire import protocol as P
+from ...wire.topology import HOST_PREFIX, host_ident
+from ..events import Send
+from .chunks import Assembly, checked, count, digest, size
+from .model import Link, estimate
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class Layout:
 
     @property
     def counts(self) -> list[int]:
-        return [max(1, -(-n // self.chunk)) for _, n in self.bufs]
+        return [max(1, count(n, self.chunk)) for _, n in self.bufs]
 
     @property
     def n(self) -> int:
@@ -66,11 +65,10 @@ class Layout:
 
     def locate(self, j: int) -> tuple[int, int, int]:
         """(position in ``bufs``, offset, size) of chunk ``j``."""
-        for k, count in enumerate(self.counts):
-            if j < count:
-                offset = j * self.chunk
-                return k, offset, min(self.chunk, self.bufs[k][1] - offset)
-            j -= count
+        for k, chunks in enumerate(self.counts):
+            if j < chunks:
+                return k, j * self.chunk, size(j, self.bufs[k][1], self.chunk)
+            j -= chunks
         raise IndexError(j)
 
     def content(self) -> dict:
@@ -109,28 +107,10 @@ def plan(hosts: Sequence, fanout: int) -> dict[object, list]:
 def choose_fanout(n_hosts: int, nbytes: int, chunk: int, link: Link = ASSUMED) -> int:
     """The pipelined tree's fanout the model finds fastest for this request
     (chunks fixed by ``chunk``); a chain for the few hosts of most clusters."""
-    chunks = max(1, math.ceil(nbytes / chunk))
+    chunks = max(1, count(nbytes, chunk))
     return min(
         range(1, 5), key=lambda k: estimate("pipelined tree", n_hosts, nbytes, link, k, max_chunks=chunks).seconds
     )
-
-
-def digest(data) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def checked(codec: P.Codec, body, kind: str, what: str) -> dict:
-    """A data plane's message of one chunk (a push's, a reduce chain's, a
-    ring's): ``[sig, header, parent, metadata, content, data]``, signed, of
-    type ``kind``, its bytes matching the digest its content gives; parsed."""
-    if len(body) != 6:
-        raise P.ProtocolError(f"a {what} has {len(body)} frames, needs 6")
-    msg = codec.unpack(body)
-    if msg["header"].get("msg_type") != kind or not isinstance(msg["content"], dict):
-        raise P.ProtocolError(f"not a {what}")
-    if digest(body[5]) != msg["content"].get("d"):
-        raise P.ProtocolError(f"a {what} that does not match its digest")
-    return msg
 
 
 @dataclass
@@ -154,7 +134,7 @@ class Incoming:
     key: str | None  # the request it completes (None: it was done here already)
     last: float  # when a chunk last arrived
     buffers: list = field(default_factory=list)  # writable views, in the order of ``layout.bufs``
-    have: set = field(default_factory=set)
+    have: Assembly = field(default_factory=Assembly)  # chunk indices written
     ref: object = None  # the shared-memory segment the buffers are in (``shm``), if any
 
     @property
@@ -302,15 +282,12 @@ class Bulk:
             j = self.codec.content(dict(content=body[4]))["i"]
         if not 0 <= j < inc.layout.n:
             raise P.ProtocolError(f"chunk {j} of {inc.id}, which has {inc.layout.n}")
-        if j in inc.have:
+        k, offset, size = inc.layout.locate(j)
+        if P.nbytes(body[5]) != size:
+            raise P.ProtocolError(f"chunk {j} of {inc.id} has {P.nbytes(body[5])} bytes, not {size}")
+        if not inc.have.put(j, inc.buffers[k], offset, body[5]):
             self.duplicates += 1
             return []
-        k, offset, size = inc.layout.locate(j)
-        data = memoryview(body[5]).cast("B")
-        if data.nbytes != size:
-            raise P.ProtocolError(f"chunk {j} of {inc.id} has {data.nbytes} bytes, not {size}")
-        inc.buffers[k][offset : offset + size] = data
-        inc.have.add(j)
         inc.last = self.clock()
         self.received += 1
         self.forwarded += len(inc.to)

@@ -33,22 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..wire import protocol as P
-from ..wire.topology import host_ident
-from .bulk import BULK, checked
-from .events import Send
-from .upchain import Chains, within
+from ...wire import protocol as P
+from ...wire.topology import host_ident
+from ..events import Send
+from .chunks import Assembly, checked, count, cuts, size
+from .combine import Chains, within
+from .push import BULK
 
 log = logging.getLogger(__name__)
 
 RGATHER = "ipb_rgather"
 MARK = b'"' + RGATHER.encode() + b'"'  # in a ring chunk's header frame
-
-
-def cuts(nbytes: int, chunk: int, n: int) -> list[int]:
-    """Where each of the ``n`` parts of an ``nbytes`` value starts (and the last ends), on chunk boundaries."""
-    chunks = -(-nbytes // chunk)
-    return [min(nbytes, (k * chunks // n) * chunk) for k in range(n + 1)]
 
 
 def takes_part(nbytes: int, chunk: int, n: int) -> bool:
@@ -74,7 +69,7 @@ class Ring:
     at: int  # this host's place
     own: tuple | None = None  # (value header, writable bytes): this host's value, the result in the end
     cuts: list[int] = field(default_factory=list)
-    have: set = field(default_factory=set)  # (part, chunk) final here
+    have: Assembly = field(default_factory=Assembly)  # (part, chunk) final here
     total: int = 0  # chunks in all
     outcome: str | None = None  # "value" or "failed"
     why: str = ""
@@ -193,7 +188,7 @@ class Rings:
     def _own(self, ring: Ring, header: dict, data) -> None:
         view = memoryview(data).cast("B")
         ring.own, ring.cuts = (header, view), cuts(view.nbytes, self.chunk, ring.n)
-        ring.total = -(-view.nbytes // self.chunk)
+        ring.total = count(view.nbytes, self.chunk)
 
     @staticmethod
     def _parts(ring: Ring):
@@ -208,7 +203,8 @@ class Rings:
         if not content.get("n"):
             return self._fail(ring, f"part {k} came round without a value")
         i = content["i"]
-        self._write(ring, k, i, data)
+        if not self._write(ring, k, i, data):
+            return []  # (it came twice)
         gather = dict(key=ring.key, k=k, i=i, n=content["n"], d=content["d"])
         return [ring.send(self.codec.pack(RGATHER, gather, [data]))] + self._check(ring)
 
@@ -224,24 +220,24 @@ class Rings:
         k, i, n = content.get("k"), content.get("i"), content.get("n")
         if type(k) is not int or not 0 <= k < ring.n or k == ring.at:
             raise P.ProtocolError(f"ring chunk of part {k!r}")
-        size = ring.cuts[k + 1] - ring.cuts[k]
-        if n != -(-size // self.chunk) or type(i) is not int or not 0 <= i < n or (k, i) in ring.have:
+        nbytes = ring.cuts[k + 1] - ring.cuts[k]
+        if n != count(nbytes, self.chunk) or type(i) is not int or not 0 <= i < n:
             raise P.ProtocolError(f"ring chunk {i!r} of {n!r} in part {k}, not one this host waits for")
-        if P.nbytes(data) != min(self.chunk, size - i * self.chunk):
+        if P.nbytes(data) != size(i, nbytes, self.chunk):
             raise P.ProtocolError(f"ring chunk {i} of part {k} has {P.nbytes(data)} bytes")
-        self._write(ring, k, i, data)
+        if not self._write(ring, k, i, data):
+            return []  # (it came twice: written and passed on once)
         sends = []
         if (ring.at + 1) % ring.n != k:
             sends.append(ring.send([P._DELIM] + list(body)))
             self.forwarded += 1
         return sends + self._check(ring)
 
-    def _write(self, ring: Ring, k: int, i: int, data) -> None:
-        start = ring.cuts[k] + i * self.chunk
-        chunk = memoryview(data).cast("B")
-        ring.own[1][start : start + chunk.nbytes] = chunk
-        ring.have.add((k, i))
+    def _write(self, ring: Ring, k: int, i: int, data) -> bool:
+        if not ring.have.put((k, i), ring.own[1], ring.cuts[k] + i * self.chunk, data):
+            return False
         self.gathered += 1
+        return True
 
     def _check(self, ring: Ring) -> list[Send]:
         if ring.outcome is None and ring.total and len(ring.have) == ring.total:

@@ -21,11 +21,11 @@ lie in the whole value (``at``, ``whole``).
 
 from __future__ import annotations
 
-from ..wire import protocol as P
-from .bulk import ASSUMED
-from .linkmodel import estimate
-from .ring import cuts
-from .upchain import MAX_FEEDS, Chains, within
+from ...wire import protocol as P
+from .chunks import parts
+from .combine import MAX_FEEDS, Chains, within
+from .model import estimate
+from .push import ASSUMED
 
 CHAIN, TWO_TREES = "chain", "two trees"
 SHAPES = ("auto", CHAIN, TWO_TREES)
@@ -108,16 +108,14 @@ class Uplinks:
     def _views(self, key: str, n: int, header: dict, data) -> list[tuple[str, dict, memoryview]]:
         """Each part's link key, value header and bytes of this host's value."""
         view = memoryview(data).cast("B")
-        bounds = cuts(view.nbytes, self.chains.chunk, n)
         return [
             (part_key(key, t), dict(header, at=lo, whole=view.nbytes), view[lo:hi])
-            for t, (lo, hi) in enumerate(zip(bounds, bounds[1:]))
+            for t, (lo, hi) in enumerate(parts(view.nbytes, self.chains.chunk, n))
         ]
 
     def ranges(self, key: str, nbytes: int) -> list[tuple[int, int]]:
         """The byte ranges of an ``nbytes`` value's parts, in part order."""
-        bounds = cuts(nbytes, self.chains.chunk, self.parts.get(key, 1))
-        return list(zip(bounds, bounds[1:]))
+        return parts(nbytes, self.chains.chunk, self.parts.get(key, 1))
 
     def own_begin(self, key: str, header: dict, data) -> bool:
         """This host's value will be final in ``data`` stripe by stripe."""

@@ -41,11 +41,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..wire import protocol as P
-from ..wire import reduction as R
-from ..wire.topology import HOST_PREFIX, host_ident
-from .bulk import BULK, checked, digest
-from .events import UP, Send
+from ...wire import protocol as P
+from ...wire import reduction as R
+from ...wire.topology import HOST_PREFIX, host_ident
+from ..events import UP, Send
+from .chunks import Assembly, checked, count, digest, piece, size
+from .push import BULK
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ class Chains:
         each feeding host in slot order: the chain's fixed order."""
         out = None
         if link.own is not None:
-            out = memoryview(link.own[1]).cast("B")[i * self.chunk : (i + 1) * self.chunk]
+            out = piece(memoryview(link.own[1]).cast("B"), i, self.chunk)
             link.used = True
         for chunk in came:
             out = chunk if out is None else R.combine_bytes(link.op, dtype, out, chunk)
@@ -311,12 +312,12 @@ class Chains:
         """This host's own value alone, chunk after chunk as each is final."""
         header, data = link.own
         view = memoryview(data).cast("B")
-        n = max(1, -(-view.nbytes // self.chunk))
+        n = max(1, count(view.nbytes, self.chunk))
         header = dict(header, nbytes=view.nbytes, chunk=self.chunk)
         sends = []
         while link.next_own < n and self._final(link, link.next_own) and self._may_send(link, link.next_own):
             i = link.next_own
-            sends += self._message(link, dict(i=i, n=n, v=header), view[i * self.chunk : (i + 1) * self.chunk])
+            sends += self._message(link, dict(i=i, n=n, v=header), piece(view, i, self.chunk))
             link.next_own, link.used = i + 1, True
         if link.next_own == n:
             return self._finish(link, sends)
@@ -364,11 +365,11 @@ def check(codec: P.Codec, body) -> tuple[dict, object]:
         v, i = content.get("v"), content.get("i")
         if not (isinstance(v, dict) and all(type(v.get(k)) is int and v[k] > 0 for k in ("nbytes", "chunk"))):
             raise P.ProtocolError("a chain chunk without its value's size")
-        if v["nbytes"] > MAX_VALUE or n != -(-v["nbytes"] // v["chunk"]):
+        if v["nbytes"] > MAX_VALUE or n != count(v["nbytes"], v["chunk"]):
             raise P.ProtocolError(f"a chain value of {v['nbytes']} bytes in {n} chunks")
         if type(i) is not int or not 0 <= i < n:
             raise P.ProtocolError(f"chain chunk {i!r} of {n}")
-        if P.nbytes(body[5]) != min(v["chunk"], v["nbytes"] - i * v["chunk"]):
+        if P.nbytes(body[5]) != size(i, v["nbytes"], v["chunk"]):
             raise P.ProtocolError(f"chain chunk {i} has {P.nbytes(body[5])} bytes")
     return msg, body[5]
 
@@ -394,7 +395,7 @@ class Chain:
     parts: dict = field(default_factory=dict)  # part -> (n, v) of its chunks; n = 0: none
     header: dict | None = None
     buffer: bytearray | None = None
-    have: set = field(default_factory=set)  # (part, chunk)
+    have: Assembly = field(default_factory=Assembly)  # (part, chunk) written
     stashed: list = field(default_factory=list)  # chained hosts' eids, until the value is in
     outcome: str | None = None  # "value", "none", "failed"
     why: str = ""
@@ -422,12 +423,8 @@ def take(chain: Chain, part: int, msg: dict, data) -> bool:
             chain.header, chain.buffer = v, bytearray(whole)
         elif _header(v) != _header(chain.header) or whole != len(chain.buffer):
             raise P.ProtocolError("chain parts that disagree on the value")
-        if (part, content["i"]) in chain.have:
-            raise P.ProtocolError(f"chain chunk {content['i']} came twice")
-        view = memoryview(data).cast("B")
-        start = at + content["i"] * v["chunk"]
-        chain.buffer[start : start + view.nbytes] = view
-        chain.have.add((part, content["i"]))
+        if not chain.have.put((part, content["i"]), chain.buffer, at + content["i"] * v["chunk"], data):
+            return False  # (it came twice: the outcome is as it was)
     chain.parts[part] = (n, v)
     if len(chain.parts) < len(chain.heads) or len(chain.have) < sum(n for n, _ in chain.parts.values()):
         return False
