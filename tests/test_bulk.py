@@ -52,7 +52,7 @@ def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copi
     n = Layout(((1, len(big)),), CHUNK).n
     assert n == 11
     leaf = sim.nodes[()]
-    assert leaf.bulk.sent == min(fanout, 5) * n  # the rest is forwarded host to host
+    assert leaf.big.bulk.sent == min(fanout, 5) * n  # the rest is forwarded host to host
     assert all(count == n for count in sim.chunks_at.values())  # each host got each chunk once
     for host in sim.chunks_at:  # the control link carried no big buffer
         (request,) = [
@@ -62,7 +62,7 @@ def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copi
         ]
         assert sum(P.nbytes(f) for f in request) < 2000
     assert sim.pending_total() == 0
-    assert all(not n.bulk.outgoing for n in sim.nodes.values())
+    assert all(not n.big.bulk.outgoing for n in sim.nodes.values())
 
 
 def test_small_requests_keep_the_one_message_path():

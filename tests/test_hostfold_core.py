@@ -232,7 +232,7 @@ def test_malformed_and_stray_turn_answers_are_let_be_and_the_turns_go_on(seed):
     sim = FoldSim(range(4), values)
     sim.slow.add(2)
     sim.request(list(range(4)), reduce="sum")
-    leaf, (key,) = sim.nodes[()], list(sim.nodes[()].fold.folds)
+    leaf, (key,) = sim.nodes[()], list(sim.nodes[()].big.fold.folds)
     for _ in range(300):
         fields = rng.sample(["req", "round", "token", "ok", "error"], rng.randrange(6))
         content = {k: rng.choice(NONSENSE) for k in fields}
@@ -307,14 +307,14 @@ class ChainSim(FoldSim):
         self.log = self.turns
         for label in hosts:
             node = self.nodes["h", label]
-            run = node.chains._message
+            run = node.big.chains._message
 
             def message(link, content, data=b"", run=run, label=label):
                 self.log.append(("chunk", label))
                 self.parts_sent.append((len(self.log), label, link.key[-1]))
                 return run(link, content, data)
 
-            node.chains._message = message
+            node.big.chains._message = message
 
     def _engine_receive(self, leaf_path, frames):
         uuid = P.as_bytes(frames[0]).decode()
@@ -344,7 +344,7 @@ def test_a_hosts_value_goes_into_the_chain_stripe_by_stripe_and_the_sum_is_the_s
     last_turn = max(i for i, e in enumerate(sim.log) if e in (6, 7, 8))
     assert len(tail) == 64 and tail[0] < last_turn  # the tail sent before its host's value was whole
     assert sim.holding() == set() and sim.pending_total() == 0
-    assert all(not node.chains.links for node in sim.nodes.values())
+    assert all(not node.big.chains.links for node in sim.nodes.values())
 
 
 def by_trees(values, n_hosts, per_host):
@@ -381,7 +381,7 @@ def test_a_hosts_value_goes_up_two_trees_stripe_by_stripe_and_the_sum_is_the_sam
     assert max(first.values()) < turns[len(turns) // 3]  # both trees start early: the halves take turns
     assert not raised and not failed
     assert sim.holding() == set() and sim.pending_total() == 0
-    assert all(not node.chains.links for node in sim.nodes.values())
+    assert all(not node.big.chains.links for node in sim.nodes.values())
 
 
 def test_a_holder_that_fails_before_any_stripe_went_on_is_named_and_its_host_starts_again():
@@ -411,7 +411,7 @@ def test_a_holder_that_fails_once_part_of_its_hosts_value_went_on_fails_the_chai
         r.result()
     assert "could not combine its value" in failed[eid]
     assert sim.holding() == set() and sim.pending_total() == 0
-    assert all(not node.chains.links for node in sim.nodes.values())
+    assert all(not node.big.chains.links for node in sim.nodes.values())
 
 
 # ------------------------------------------------- an allreduce round a ring
@@ -470,11 +470,11 @@ def test_an_allreduce_goes_round_the_ring_stripe_by_stripe_and_every_engine_maps
     assert sorted(sim.bound) == list(range(9)) and all(v.tobytes() == expected.tobytes() for v in sim.bound.values())
     assert len(sim.mapped) == 9  # each engine mapped its host's segment: no copy of the value went to it
     hosts = [sim.nodes["h", f"h{i}"] for i in range(3)]
-    assert all(node.rings.gathered == 64 for node in hosts)  # each host wrote each final chunk once
+    assert all(node.big.rings.gathered == 64 for node in hosts)  # each host wrote each final chunk once
     tail = [i for i, e in enumerate(sim.log) if e == ("chunk", "h1")]
     assert tail[0] < max(i for i, e in enumerate(sim.log) if e in (3, 4, 5))  # it sent before its value was whole
     assert sim.holding() == set() and sim.pending_total() == 0
-    assert all(not n.rings.rings and not n.rings.results and not n.chains.links for n in hosts)
+    assert all(not n.big.rings.rings and not n.big.rings.results and not n.big.chains.links for n in hosts)
 
 
 def test_a_holder_that_fails_once_part_of_its_hosts_value_went_round_ends_the_ring_and_nothing_binds():
@@ -487,4 +487,4 @@ def test_a_holder_that_fails_once_part_of_its_hosts_value_went_round_ends_the_ri
         r.result()
     assert not sim.bound and "could not combine its value" in failed[4]
     assert sim.holding() == set() and sim.pending_total() == 0
-    assert all(not n.rings.rings and not n.rings.results for n in (sim.nodes["h", "h0"], sim.nodes["h", "h1"]))
+    assert all(not n.big.rings.rings and not n.big.rings.results for n in (sim.nodes["h", "h0"], sim.nodes["h", "h1"]))

@@ -50,14 +50,14 @@ class ValuesToLeaf:
     def __init__(self, sim):
         self.chunks = 0
         for node in hosts_of(sim):
-            run = node.chains._message
+            run = node.big.chains._message
 
             def counted(link, content, data=b"", run=run):
                 sends = run(link, content, data)
                 self.chunks += sum(s.socket == UP for s in sends) if content.get("n") else 0
                 return sends
 
-            node.chains._message = counted
+            node.big.chains._message = counted
 
 
 def bound_values(engines, name="total"):
@@ -67,7 +67,7 @@ def bound_values(engines, name="total"):
 def clean(sim):
     assert sim.pending_total() == 0
     for node in hosts_of(sim):
-        assert not node.rings.rings and not node.rings.results and not node.chains.links
+        assert not node.big.rings.rings and not node.big.rings.results and not node.big.chains.links
 
 
 @settings(max_examples=30, deadline=None)
@@ -88,8 +88,8 @@ def test_every_engine_binds_the_value_the_ring_combined_and_no_value_reaches_the
     assert r.result() == len(engines_) and not raised and not failed
     assert to_leaf.chunks == 0  # no chain to the leaf: the value stayed in the hosts
     chunks = -(-expected.nbytes // CHUNK)
-    assert all(node.rings.gathered == chunks for node in hosts_of(sim))  # each host wrote each final chunk
-    assert sum(node.rings.forwarded for node in hosts_of(sim)) == chunks * (n_hosts - 2)
+    assert all(node.big.rings.gathered == chunks for node in hosts_of(sim))  # each host wrote each final chunk
+    assert sum(node.big.rings.forwarded for node in hosts_of(sim)) == chunks * (n_hosts - 2)
     clean(sim)
 
 
@@ -115,7 +115,7 @@ def test_small_values_do_not_go_round_and_bind_as_before():
     sim.answer_with = engines
     sim.request(engines_, reduce="sum", allreduce="total")
     assert bound_values(engines) == {e: sum(e + 1 for e in engines_) for e in engines_}
-    assert all(node.rings.gathered == 0 for node in hosts_of(sim))
+    assert all(node.big.rings.gathered == 0 for node in hosts_of(sim))
     clean(sim)
 
 
@@ -127,7 +127,7 @@ def test_a_reduce_does_not_ring_and_an_allreduce_with_engines_beside_the_hosts_d
     sim.request(engines_, reduce="sum", allreduce="total")
     expected = functools.reduce(np.add, [values[e] for e in engines_])
     assert all(np.array_equal(v, expected) for v in bound_values(engines).values())
-    assert all(node.rings.gathered == 0 for node in hosts_of(sim))  # a chain took it
+    assert all(node.big.rings.gathered == 0 for node in hosts_of(sim))  # a chain took it
     clean(sim)
 
 
@@ -138,8 +138,8 @@ def test_an_engine_that_raised_binds_nothing_and_the_hosts_let_their_values_go()
     sim.request(engines_, reduce="sum", allreduce="total")
     r, raised, failed = reduce_outcome(sim)
     assert not engines.bound and len(raised) == 1
-    assert any(node.rings.results for node in hosts_of(sim))  # the ring went round; no bind came
-    sim.tick(hosts_of(sim)[0].rings.stall + 1)
+    assert any(node.big.rings.results for node in hosts_of(sim))  # the ring went round; no bind came
+    sim.tick(hosts_of(sim)[0].big.rings.stall + 1)
     clean(sim)
 
 
@@ -184,7 +184,7 @@ def test_a_host_lost_mid_ring_fails_its_engines_by_name_the_others_let_go_and_no
     assert not engines.bound
     for label in ("h0", "h1", "h2"):
         node = sim.nodes["h", label]
-        assert not node.rings.rings and not node.rings.results and not node.chains.links
+        assert not node.big.rings.rings and not node.big.rings.results and not node.big.chains.links
     assert sim.nodes[()].pending == {}
 
 
@@ -206,9 +206,9 @@ def test_a_bind_for_a_value_a_host_does_not_hold_fails_its_engines_by_name():
 def test_forged_or_malformed_ring_chunks_are_dropped(forge):
     sim, engines_ = bed(3, 1)
     host = sim.nodes["h", "h0"]
-    host.rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2"], at=0))
+    host.big.rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2"], at=0))
     value = np.zeros(3 * CHUNK // 8)
-    host.rings.own_value("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
+    host.big.rings.own_value("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
     data = b"\1" * CHUNK
     content = dict(dict(key="r-1", k=1, i=0, n=1), **forge)
     content["d"] = bulk.digest(data)
@@ -221,9 +221,9 @@ def test_forged_or_malformed_ring_chunks_are_dropped(forge):
 def test_a_ring_chunk_with_a_wrong_digest_is_dropped():
     sim, engines_ = bed(3, 1)
     host = sim.nodes["h", "h0"]
-    host.rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2"], at=0))
+    host.big.rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2"], at=0))
     value = np.zeros(3 * CHUNK // 8)
-    host.rings.own_value("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
+    host.big.rings.own_value("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
     body = sim.codec.pack(ring.RGATHER, dict(key="r-1", k=1, i=0, n=1, d=bulk.digest(b"x")), [b"\1" * CHUNK])
     host.on_chunk([b"u0", host_ident("chain")] + body)
     assert host.dropped == 1 and value.sum() == 0
@@ -236,7 +236,7 @@ def test_a_request_with_a_malformed_ring_place_is_dropped_and_leaves_no_state(co
     body = dict(P.request_content("m-1", [0], P.COALESCE, req="r-y", reduce="sum"), ring=content)
     inner = sim.session.serialize(sim.session.msg("apply_request", content={}))[1:]
     host.on_up(sim.codec.pack(P.REQUEST, body, inner))
-    assert host.dropped == 1 and host.pending == {} and not host.rings.rings and not host.chains.links
+    assert host.dropped == 1 and host.pending == {} and not host.big.rings.rings and not host.big.chains.links
 
 
 def test_parts_fall_on_chunk_boundaries_and_cover_the_value():
@@ -249,7 +249,7 @@ def test_parts_fall_on_chunk_boundaries_and_cover_the_value():
 
 def test_a_host_combines_its_parts_in_the_order_the_ring_needs_them():
     sim, _ = bed(4, 1)
-    rings = sim.nodes["h", "h0"].rings
+    rings = sim.nodes["h", "h0"].big.rings
     rings.join("r-1", "m-1", "sum", dict(urls=["u0", "u1", "u2", "u3"], at=1))
     value = np.zeros(8 * CHUNK // 8)
     assert rings.own_begin("r-1", dict(t="nd", dtype="<f8", shape=[value.size], scalar=False), value.data)
@@ -272,7 +272,7 @@ def test_a_host_whose_value_comes_after_the_leaf_ended_its_ring_sends_an_error_n
 
     leaf.on_down = counted
     sim.request(engines_, reduce="sum", allreduce="total")
-    assert sim.nodes["h", "h3"].rings.ended  # told before its engines answered
+    assert sim.nodes["h", "h3"].big.rings.ended  # told before its engines answered
     sim.release(6)
     sim.release(7)
     r, raised, _ = reduce_outcome(sim)

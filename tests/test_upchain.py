@@ -60,14 +60,14 @@ class Links:
         self.to_leaf = 0
         for node in sim.nodes.values():
             if node.host:
-                run = node.chains._message
+                run = node.big.chains._message
 
                 def counted(link, content, data=b"", run=run):
                     sends = run(link, content, data)
                     self.to_leaf += sum(s.socket == UP for s in sends)
                     return sends
 
-                node.chains._message = counted
+                node.big.chains._message = counted
 
 
 def big(eid, n=2000, dtype=float):
@@ -92,7 +92,7 @@ def reduced(shape, n_hosts, per_host, op, dtype, n):
     expected = functools.reduce(ufunc(op), [values[e] for e in engines])
     np.testing.assert_array_equal(r.result(), expected)
     assert sorted(r.eids) == engines and not raised and not failed
-    assert all(not node.chains.links for node in sim.nodes.values())
+    assert all(not node.big.chains.links for node in sim.nodes.values())
     assert sim.pending_total() == 0
     return sim, -(-expected.nbytes // CHUNK), links
 
@@ -108,11 +108,11 @@ def test_the_chain_gives_the_same_value_as_combining_every_engines(n_hosts, per_
 @given(st.integers(2, 9), st.integers(1, 2), st.sampled_from(sorted(OPS)), DTYPES, st.integers(2100, 4000))
 def test_two_trees_give_the_same_value_and_each_hosts_link_carries_about_one_value(n_hosts, per_host, op, dtype, n):
     sim, chunks, links = reduced("two trees", n_hosts, per_host, op, dtype, n)
-    assert sim.nodes[()].chains.shape == "two trees"
+    assert sim.nodes[()].big.reduce_chains.shape == "two trees"
     assert links.to_leaf == chunks  # the two heads' halves: one value into the leaf
     hosts = [node for node in sim.nodes.values() if node.host]
-    assert all(node.chains.sent == chunks for node in hosts)  # each host sends each half once: one value
-    assert all(node.chains.received <= chunks + 1 for node in hosts)  # and gets at most two halves of one tree
+    assert all(node.big.chains.sent == chunks for node in hosts)  # each host sends each half once: one value
+    assert all(node.big.chains.received <= chunks + 1 for node in hosts)  # and gets at most two halves of one tree
 
 
 @pytest.mark.parametrize("n_hosts", range(2, 70))
@@ -149,7 +149,7 @@ def test_a_value_of_one_chunk_goes_whole_up_one_tree():
     sim.request(engines, reduce="max")
     r, raised, failed = outcome(sim)
     np.testing.assert_array_equal(r.result(), values[max(engines)])
-    assert sim.pending_total() == 0 and all(not node.chains.links for node in sim.nodes.values())
+    assert sim.pending_total() == 0 and all(not node.big.chains.links for node in sim.nodes.values())
 
 
 def test_in_two_trees_a_host_that_waits_holds_at_most_a_window_of_each_feeders_chunks():
@@ -159,13 +159,13 @@ def test_in_two_trees_a_host_that_waits_holds_at_most_a_window_of_each_feeders_c
     sim.hold.add(0)  # h0 (the first tree's head) waits for its engine; h1 and h2 feed it
     sim.request(engines, reduce="sum")
     (key,) = sim.nodes[()].pending
-    link = sim.nodes[("h", "h0")].chains.links[uplinks.part_key(key, 0)]
+    link = sim.nodes[("h", "h0")].big.chains.links[uplinks.part_key(key, 0)]
     held = [sum(slot in got for got in link.chunks.values()) for slot in (0, 1)]
     assert held == [uplinks.WINDOW] * 2  # not the 32 each could have sent
     sim.release(0)
     r, raised, failed = outcome(sim)
     np.testing.assert_array_equal(r.result(), sum(values[e] for e in engines))
-    assert all(not node.chains.links for node in sim.nodes.values()) and sim.pending_total() == 0
+    assert all(not node.big.chains.links for node in sim.nodes.values()) and sim.pending_total() == 0
 
 
 @pytest.mark.parametrize("upto", ["9", None, 1.5])
@@ -254,7 +254,7 @@ def test_a_host_lost_mid_chain_fails_the_chained_engines_by_name_and_nothing_han
     with pytest.raises(ReduceError):
         r.result()
     assert sim.nodes[()].pending == {}
-    assert all(not sim.nodes[("h", h)].chains.links for h in ("h0", "h1", "h2"))  # told: they let go
+    assert all(not sim.nodes[("h", h)].big.chains.links for h in ("h0", "h1", "h2"))  # told: they let go
 
 
 @WAYS
@@ -264,7 +264,7 @@ def test_hosts_whose_engines_compute_longer_than_the_chains_stall_time_still_cha
     sim.answer_with = answering(values)
     sim.hold.update([6, 7])  # the tail's engines compute for three stall times; the other hosts wait
     sim.request(engines, reduce="sum")
-    for _ in range(int(6 * sim.nodes[()].chains.stall)):
+    for _ in range(int(6 * sim.nodes[()].big.chains.stall)):
         sim.tick(0.5)  # (pings and pongs go on)
     assert not sim.client_inbox
     sim.release(6)
@@ -281,14 +281,14 @@ def test_a_chain_that_stops_fails_once_every_host_has_answered(shape):
     values = {e: big(e) for e in engines}
     sim.answer_with = answering(values)
     head = sim.nodes[("h", "h0")]
-    head.chains.on_message = lambda msg, data: []  # h1's chunks never get through to the head
+    head.big.chains.on_message = lambda msg, data: []  # h1's chunks never get through to the head
     sim.request(engines, reduce="sum")
     assert not sim.client_inbox
-    sim.tick(sim.nodes[()].chains.stall + 1)
+    sim.tick(sim.nodes[()].big.chains.stall + 1)
     r, _, failed = outcome(sim)
     assert sorted(f[0] for f in failed) == engines and all("nothing came" in f[2] for f in failed)
     assert sim.pending_total() == 0
-    assert all(not node.chains.links for node in sim.nodes.values())  # the leaf told every host
+    assert all(not node.big.chains.links for node in sim.nodes.values())  # the leaf told every host
 
 
 @pytest.mark.parametrize(
@@ -327,7 +327,7 @@ def test_a_chain_message_from_a_host_that_is_not_the_head_is_dropped(shape):
     part = uplinks.part_key(key, 0)  # (with two trees, h2 is the head of part 1, not of part 0)
     msg = sim.codec.pack(upchain.RCHUNK, dict(key=part, n=0, d=upchain.digest(data)), [data])
     leaf.on_down([tail] + msg)
-    assert leaf.dropped == 1 and leaf.pending[key].chain.outcome is None
+    assert leaf.dropped == 1 and leaf.big.reduce_chains.of[key].outcome is None
 
 
 @WAYS
@@ -336,18 +336,18 @@ def test_a_bundle_that_comes_after_the_chain_said_the_values_do_not_combine_gets
     sim, engines = bed(3, 2, shape=shape)
     sim.answer_with = answering({e: big(e, n=2000 if e < 4 else 3000) for e in engines})
     tail = sim.nodes[("h", "h2")]
-    own, late = tail._chain_own, []
+    own, late = tail.big.reduce_chains.own, []
 
     def bundle_held(p):  # the tail's bundle is held back; its chain chunks go
         sends = own(p)
         late.extend(s for s in sends if s.socket == UP and b"ipb_rchunk" not in b"".join(map(P.as_bytes, s.frames)))
         return [s for s in sends if s not in late]
 
-    tail._chain_own = bundle_held
+    tail.big.reduce_chains.own = bundle_held
     sim.request(engines, reduce="sum")
     leaf = sim.nodes[()]
     (p,) = leaf.pending.values()
-    assert p.chain.outcome == "failed" and len(late) == 1
+    assert leaf.big.reduce_chains.of[p.key].outcome == "failed" and len(late) == 1
     ident = next(k for k in leaf.children if isinstance(k, bytes) and b"h2" in k)
     sim._run(leaf, leaf.on_down([ident] + late[0].frames), ())
     r, _, failed = outcome(sim)

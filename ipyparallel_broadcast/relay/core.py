@@ -22,15 +22,14 @@ from itertools import count
 from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape, node_name
 from . import events as E
-from .chainpath import ChainPath
+from .bigdata import BigData
 from .context import NodeContext
 from .deadlines import Deadlines
 from .downpath import DownPath
-from .events import DOWN, MON, Send
+from .events import MON, Send
 from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
-from .ringpath import RingPath
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
@@ -39,11 +38,11 @@ from .uppath import UpPath
 log = logging.getLogger(__name__)
 
 
-class RelayNode(DownPath, UpPath, ChainPath, RingPath):
+class RelayNode(DownPath, UpPath):
     """Routing, fan-out and coalescing for one node of the tree: its state and
     its entry points here; a request's way down and replies' way up in
-    ``downpath`` and ``uppath``; its heartbeats and its host's fold parts
-    (``heartbeat``, ``hostfold``)."""
+    ``downpath`` and ``uppath``; its heartbeats and its big-data parts
+    (``heartbeat``, ``bigdata``) held as fields."""
 
     def __init__(
         self,
@@ -81,7 +80,17 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath):
         self.engines: dict[int, str] = {}  # leaf: engine id -> uuid
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.deadlines.add("batches", self.inflight.next_deadline, self.inflight.due)
-        self._data_planes(codec, clock, node_timeout, bulk)  # (``chainpath``)
+        self.big = BigData.build(  # the data plane, and the parts that use it
+            self.context,
+            self.inflight,
+            self.children,
+            self.sharing,
+            self.deadlines,
+            stall=2 * node_timeout,
+            spec=bulk,
+            fail=self._fail,
+            stalled=self._stalled,
+        )
         self.heartbeats = Heartbeats(
             self.context,
             self.children,
@@ -89,12 +98,12 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath):
             child_lost=self.on_child_lost,
             held=lambda: {p.msg_id for p in self.pending.values()} | self.surveys.msg_ids(),
             reannounce=lambda: self.announce.again(self.engines),
-            parent_restarted=self._leaf_restarted,
+            parent_restarted=self.big.leaf_restarted,
         )
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
         # request without one never calls into them
-        self.big_from = min(t for t in (self.bulk.threshold, self.sharing.threshold) if t is not None)
-        self.inflight.on_big_done = [self.sharing.release, self.bulk.release]  # a big request left
+        self.big_from = min(t for t in (self.big.bulk.threshold, self.sharing.threshold) if t is not None)
+        self.inflight.on_big_done = [self.sharing.release, self.big.bulk.release]  # a big request left
         self.inflight.on_done.append(self.sharing.drop_values)  # (a reduce's segments)
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
@@ -134,7 +143,7 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath):
             if isinstance(event, E.RouteAck):
                 return self.announce.ack(event.content)
             if isinstance(event, E.ChainEnd):
-                return self._chains_end(event.keys, event.why)
+                return self.big.leaf_ended(event.keys, event.why)
             return self.on_engine_lost(event.uuid, event.why)  # E.Lost
         except P.ProtocolError as e:
             return self._drop(f"request: {e}")
@@ -178,40 +187,7 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath):
         behind a host relay is failed by that relay, told here; here too if
         the relay has fallen silent (a host cut off). A value it held is lost."""
         sends = self._engine_lost(uuid, why)
-        return sends + (self.fold.engine_lost(uuid, why) if self.fold else [])
-
-    def _engine_lost(self, uuid: str, why: str) -> list[Send]:
-        eid = next((e for e, u in self.engines.items() if u == uuid), None)
-        host = self.routes.via.get(eid)
-        self.sharing.forget(uuid)
-        if why == P.DIED:
-            self.engines = {e: u for e, u in self.engines.items() if u != uuid}
-            self.routes.unregister(uuid)
-            if host is not None:
-                self.routes.host_lost_engine(eid)
-        code = P.DIED if why == P.DIED else P.UNREACHABLE
-        if host is None or host not in self.children:
-            sends = self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
-            if self.host and why == P.DIED:  # alive, maybe, but the hub will not take it back
-                sends.append(Send(DOWN, [uuid.encode()] + self.codec.pack(P.DROPPED, {})))
-            return sends
-        sends = [Send(DOWN, [host] + self.codec.pack(P.LOST, dict(uuid=uuid, why=why)))]
-        if why == P.DIED:
-            sends += self.announce.up([], [eid])
-        silent = self.clock() - self.children.heard[host]
-        if silent > 2 * self.ping_interval:
-            where = self.children.names[host]
-            sends += self.inflight.fail_via(
-                host,
-                eid,
-                [
-                    eid,
-                    uuid,
-                    f"Engine {eid} on {where} {why} before replying (its host relay silent for {silent:.1f} s)",
-                    code,
-                ],
-            )
-        return sends
+        return sends + (self.big.fold.engine_lost(uuid, why) if self.big.fold else [])
 
     def on_join(self, eid: int, uuid: str, who=None, shm=None) -> list[Send]:
         """Host relay: an engine on this host joined (again), with its
@@ -229,7 +205,7 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath):
         )
         sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
         if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
-            sends += self.bulk.orphaned(key) + self._chain_lost(key, f"{child[0].lower()}{child[1:]} {why}")
+            sends += self.big.host_lost(key, f"{child[0].lower()}{child[1:]} {why}")
         if isinstance(key, bytes) and key not in self.routes.via.values():
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
@@ -279,7 +255,7 @@ class RelayNode(DownPath, UpPath, ChainPath, RingPath):
         )
         if self.sharing.on:
             stats.update(self.sharing.stats())
-        stats.update(self._plane_stats())
+        stats.update(self.big.stats())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:

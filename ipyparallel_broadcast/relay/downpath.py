@@ -42,9 +42,9 @@ class DownPath:
         op = content.get("reduce")
         bound = None
         if self.host and op and content.get("ring") is not None:  # its big value goes round the hosts
-            self.rings.join(key, content["msg_id"], op, content["ring"])
+            self.big.rings.join(key, content["msg_id"], op, content["ring"])
         elif self.host and isinstance(content.get("ring_bind"), str):  # ... and is bound, from here
-            bound = self._ring_bound(content)
+            bound = self.big.reduce_rings.bound(content)
             if bound is not None:
                 inner, value_at = bound
         p = self.pending[key] = Pending(
@@ -72,10 +72,10 @@ class DownPath:
         p.ring_ok = content.get("allreduce") is not None if self.is_root else content.get("ring_ok") is True
         p.ring_bind = content.get("ring_bind") if isinstance(content.get("ring_bind"), str) else None
         if self.host and content.get("chain") is not None and p.reduction is not None:
-            self.uplinks.join(key, op, content["chain"])  # its big value goes host to host
-            p.then = self._chain_own
+            self.big.uplinks.join(key, op, content["chain"])  # its big value goes host to host
+            p.then = self.big.reduce_chains.own
         elif self.host and content.get("ring") is not None and p.reduction is not None:
-            p.then = self._ring_own
+            p.then = self.big.reduce_rings.own
         p.big = (
             content.get("shm") is not None
             or content.get("bulk") is not None
@@ -149,24 +149,26 @@ class DownPath:
         """Send ``p`` on: to engines served here, and one request to each child for its targets."""
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
-        chain = (self._ring_plan(p, groups, direct) or self._chain_plan(p, groups)) if self._plans(p, mode) else {}
+        big = self.big
+        plans = self._plans(p, mode)
+        chain = (big.reduce_rings.plan(p, groups, direct) or big.reduce_chains.plan(p, groups)) if plans else {}
         if p.reduction is not None:  # values combine in a fixed order: see Reduction
             p.reduction.expect({c: min(sub) for c, sub in groups.items()}, direct or ())
         sends = self._to_engines(p, direct) if direct else []
         hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
-        out = self.bulk.start(p, hosts, self.boot) if hosts and not mode and p.big else None
+        out = self.big.bulk.start(p, hosts, self.boot) if hosts and not mode and p.big else None
         for child, sub in groups.items():
             p.state.expect(child, sub)
             same_host = isinstance(child, int)  # a relay of this tree, not a host relay
             content, frames = p.request_for(sub, mode, p.shared if same_host else None)
             if out is not None and child in out.urls:  # its big buffers come in chunks
-                content["bulk"], frames = self.bulk.envelope(out, child, frames)
+                content["bulk"], frames = self.big.bulk.envelope(out, child, frames)
             content.update(chain.get(child, ()))  # its place in a chain or ring
             if same_host and p.reduction is not None and self.sharing.on:  # its value may come by name
                 content["vshm"] = ["", self.sharing.store.prefix, 0]
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
         if out is not None:
-            sends += self.bulk.sends_for(out, out.tree[None])
+            sends += self.big.bulk.sends_for(out, out.tree[None])
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)
 
@@ -178,27 +180,27 @@ class DownPath:
             _, body = P.split_idents(frames)
             if len(body) > 1 and combine.MARK in P.as_bytes(body[1]):
                 msg, data = combine.check(self.codec, body)
-                return self.chains.on_message(msg, data) + self._ring_settled()
+                return self.big.chains.on_message(msg, data) + self.big.reduce_rings.settled()
             if len(body) > 1 and combine.CREDIT_MARK in P.as_bytes(body[1]):
-                return self.chains.on_credit(combine.check_credit(self.codec, body))
+                return self.big.chains.on_credit(combine.check_credit(self.codec, body))
             if len(body) > 1 and ring.MARK in P.as_bytes(body[1]):
                 msg, data = ring.check(self.codec, body)
-                return self.rings.on_gather(msg, data, body) + self._ring_settled()
-            sends, inc = self.bulk.on_chunk(frames)
+                return self.big.rings.on_gather(msg, data, body) + self.big.reduce_rings.settled()
+            sends, inc = self.big.bulk.on_chunk(frames)
         except P.ProtocolError as e:
             return self._drop(f"chunk: {e}")
         return sends + (self._bulk_complete(inc) if inc is not None else [])
 
     def _expect_bulk(self, p: Pending, content, targets) -> list[Send]:
         p.state.await_data(targets)  # not done before its data came
-        inc, sends = self.bulk.expect(p, content, len(p.inner) - 5)
+        inc, sends = self.big.bulk.expect(p, content, len(p.inner) - 5)
         return sends + (self._bulk_complete(inc) if inc.complete else [])
 
     def _bulk_complete(self, inc: Incoming) -> list[Send]:
         """Every chunk is here and checked: the request goes to the engines."""
         p, buffers, ref = self.pending.get(inc.key), inc.buffers, inc.ref
         adopted = p is not None and p.state.owes(AWAITING_DATA)
-        self.bulk.finished(inc, adopted)
+        self.big.bulk.finished(inc, adopted)
         if not adopted:
             return []
         inner = list(p.inner)
@@ -212,12 +214,12 @@ class DownPath:
 
     def _stalled(self, now) -> list[Send]:
         sends = []
-        for inc in self.bulk.stalled(now):
+        for inc in self.big.bulk.stalled(now):
             p = self.pending.get(inc.key) if inc.key is not None else None
             if p is not None and p.state.owes(AWAITING_DATA):
                 why = (
                     f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
-                    f"then none for {self.bulk.stall:g} s"
+                    f"then none for {self.big.bulk.stall:g} s"
                 )
                 sends += self._fail(p, p.state.give_up(AWAITING_DATA), P.UNREACHABLE, why)
                 sends += self.inflight.finish_if_done(p)

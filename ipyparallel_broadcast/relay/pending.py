@@ -45,9 +45,7 @@ class Pending:
     raised: list = field(default_factory=list)  # reduce: replies of engines that raised
     then: Callable[[Pending], list] | None = None  # root: what follows once complete (an allreduce's second half)
     quiet: bool = False  # no copies of its replies to the hub's records
-    chain: Any | None = None  # leaf: its hosts' big reduce values, in a chain (dataplane.combine.Chain)
     ring_ok: bool = False  # an allreduce whose targets are all under this node: its hosts may ring
-    ring: list | None = None  # leaf: the hosts of its ring, until it ends (``ring``)
     ring_bind: str | None = None  # an allreduce's second half: the name hosts bind the ring's value to
     segments: list = field(default_factory=list)  # reduce: segments of this host its values are in
     recorded: list = field(default_factory=list)  # reduce: its engines' replies, for the hub's records

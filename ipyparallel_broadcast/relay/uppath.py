@@ -12,7 +12,7 @@ from ..wire.reduction import fold_bundle, fold_reply
 from ..wire.topology import HOST_PREFIX
 from . import events as E
 from .dataplane.combine import RCHUNK
-from .events import Send
+from .events import DOWN, Send
 from .pending import Pending
 from .routes import Key
 from .sharing import HELLO_KEY
@@ -32,7 +32,7 @@ class UpPath:
         if reply.key == HELLO_KEY:
             return greetings
         if reply.key == FOLD_KEY:
-            return greetings + self.fold.on_answer(reply.uuid, reply.body)
+            return greetings + self.big.fold.on_answer(reply.uuid, reply.body)
         p = self.pending.get(reply.key)
         if p is None or not p.state.owes(reply.uuid):
             raise P.ProtocolError(f"unexpected reply from engine {reply.uuid} to {reply.key}")
@@ -42,11 +42,11 @@ class UpPath:
         if self.records and p.reduction is not None and not p.quiet:  # for the hub: one copy of them all
             p.recorded.append(body)
         if p.reduction is not None:
-            hold = lambda eid, held: self.fold.held(p, eid, reply.uuid, held)  # noqa: E731
+            hold = lambda eid, held: self.big.fold.held(p, eid, reply.uuid, held)  # noqa: E731
             if not fold_reply(p.reduction, eids, body, self.codec, hold):
                 p.raised.append(body)
-            if self.fold.holds(p.key):
-                return greetings + self.fold.go(p)
+            if self.big.fold.holds(p.key):
+                return greetings + self.big.fold.go(p)
         elif p.stream:
             return greetings + self.inflight.emit(p, [body], [], eids) + self.inflight.finish_if_done(p)
         else:
@@ -74,7 +74,7 @@ class UpPath:
         if m.kind == P.ROUTE and isinstance(child, int):
             return self.announce.from_child(child, m.content(self.codec))
         if m.kind == RCHUNK and isinstance(child, bytes):
-            return self._chain_message(child, m)
+            return self.big.reduce_chains.on_message(child, m)
         return self._child_bundle(child, m)
 
     def _child_bundle(self, child: Key, m: E.ChildMessage) -> list[Send]:
@@ -88,13 +88,14 @@ class UpPath:
         if p.trace is not None:
             self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
         if p.reduction is not None:
-            chained = (lambda eids, at: self._chained(p, eids, at)) if p.chain is not None else None
+            chains, rings = self.big.reduce_chains, self.big.reduce_rings
+            chained = (lambda eids, at: chains.chained(p, eids, at)) if chains.has(p) else None
             raised, failed = fold_bundle(p.reduction, m.msg, self.codec, child, chained, self.sharing.value_taker(p))
             p.state.answer(child)
             p.raised.extend(raised)
             p.failed.extend(failed)
-            sends = self._ring_answered(p, child, m.msg) if p.ring is not None else []
-            return sends + (self._chain_unneeded(p) if p.chain is not None else []) + self.inflight.finish_if_done(p)
+            sends = rings.answered(p, child, m.msg) if rings.has(p) else []
+            return sends + (chains.unneeded(p) if chains.has(p) else []) + self.inflight.finish_if_done(p)
         if p.stream:
             eids = meta.get("eids")
             if (
@@ -107,6 +108,39 @@ class UpPath:
         p.state.answer(child)
         (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
         return self.inflight.finish_if_done(p)
+
+    def _engine_lost(self, uuid: str, why: str) -> list[Send]:
+        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        host = self.routes.via.get(eid)
+        self.sharing.forget(uuid)
+        if why == P.DIED:
+            self.engines = {e: u for e, u in self.engines.items() if u != uuid}
+            self.routes.unregister(uuid)
+            if host is not None:
+                self.routes.host_lost_engine(eid)
+        code = P.DIED if why == P.DIED else P.UNREACHABLE
+        if host is None or host not in self.children:
+            sends = self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
+            if self.host and why == P.DIED:  # alive, maybe, but the hub will not take it back
+                sends.append(Send(DOWN, [uuid.encode()] + self.codec.pack(P.DROPPED, {})))
+            return sends
+        sends = [Send(DOWN, [host] + self.codec.pack(P.LOST, dict(uuid=uuid, why=why)))]
+        if why == P.DIED:
+            sends += self.announce.up([], [eid])
+        silent = self.clock() - self.children.heard[host]
+        if silent > 2 * self.ping_interval:
+            where = self.children.names[host]
+            sends += self.inflight.fail_via(
+                host,
+                eid,
+                [
+                    eid,
+                    uuid,
+                    f"Engine {eid} on {where} {why} before replying (its host relay silent for {silent:.1f} s)",
+                    code,
+                ],
+            )
+        return sends
 
     def _fail_strays(self, p: Pending, strays) -> list[Send]:
         """Targets not under this node: engines whose route went as they died

@@ -109,7 +109,7 @@ class Chains:
     """A host relay's chain links in flight (pure: chain messages in, sends out)."""
 
     def __init__(self, codec: P.Codec, stall: float, chunk: int):
-        self.codec, self.stall, self.chunk = codec, stall, chunk  # stall: how long the leaf waits (``chainpath``)
+        self.codec, self.stall, self.chunk = codec, stall, chunk  # stall: how long the leaf waits (``reduce_chains``)
         self.links: dict[str, Link] = {}
         self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
         self.aborted: dict[str, None] = {}  # keys of links this host ended early: later chunks are dropped

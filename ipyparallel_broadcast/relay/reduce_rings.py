@@ -1,8 +1,9 @@
-"""An allreduce's big value round a ring of hosts, at a relay node: the leaf
-plans the ring and ends it when a host of it cannot take part; a host relay
-puts its value in, sends its bundle once the whole value is here, and has
-its engines bind it at the root's word (``ring``). Part of ``RelayNode``
-(``core``); sans I/O."""
+"""An allreduce's big value round a ring of host relays, a part of a relay
+node that owns its state: the leaf plans the ring (``plan``) and ends it
+when a host of it cannot take part; a host relay puts its value in
+(``own``), sends its bundle once the whole value is here (``settled``), and
+has its engines bind it at the root's word (``bound``). The ring itself is
+the data plane's (``dataplane.ring``). Sans I/O."""
 
 from __future__ import annotations
 
@@ -11,54 +12,78 @@ import logging
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
+from .context import NodeContext
 from .dataplane import ring as ringmod
+from .dataplane.ring import Rings
+from .deadlines import Deadlines
 from .events import DOWN, UP, Send
-from .pending import Pending
+from .liveness import Children
+from .pending import InFlight, Pending
+from .sharing import Sharing
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
 
-class RingPath:
-    """The leaf's and the host relays' parts of an allreduce's ring."""
+class ReduceRings:
+    """Given: the requests in flight, the children (their chunk sockets and
+    names), the host's shared memory, the deadline registry, and the data
+    plane's ``rings``."""
+
+    def __init__(
+        self,
+        node: NodeContext,
+        inflight: InFlight,
+        children: Children,
+        sharing: Sharing,
+        deadlines: Deadlines,
+        rings: Rings,
+    ):
+        self.node, self.inflight, self.children, self.sharing, self.rings = node, inflight, children, sharing, rings
+        self.of: dict[str, list[bytes]] = {}  # the leaf: request key -> the hosts of its ring, until it ends
+        inflight.on_done.append(lambda p: self.of.pop(p.key, None))
+        deadlines.add("ring values' binds", lambda: rings.next_deadline() if rings.results else None, self._expired)
 
     # ------------------------------------------------------------ the leaf
-    def _ring_plan(self, p: Pending, groups: dict, direct) -> dict:
+    def plan(self, p: Pending, groups: dict, direct) -> dict:
         """An allreduce whose targets are all on two or more host relays with
-        bulk links (and none elsewhere): their ring (``p.ring``), and each
-        host's part in it."""
+        chunk links (and none elsewhere): their ring, and each host's part in it."""
         hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
         if not p.ring_ok or direct or len(hosts) < 2 or len(hosts) != len(groups) or p.stock:
             return {}
-        p.ring, contents = ringmod.plan(hosts)
+        self.of[p.key], contents = ringmod.plan(hosts)
         return {c: dict(ring=content) for c, content in contents.items()}
 
-    def _ring_answered(self, p: Pending, child, msg: dict) -> list[Send]:
+    def has(self, p: Pending) -> bool:
+        return p.key in self.of
+
+    def answered(self, p: Pending, child, msg: dict) -> list[Send]:
         """A host's bundle came: one whose value is not the ring's ends the ring
         at the other hosts (they would wait for its parts)."""
-        if p.ring is None or child not in p.ring:
+        if child not in self.of.get(p.key, ()):
             return []
         state = B.reduced_parts(msg)[0]  # (its content is parsed: ``fold_bundle``)
         if isinstance(state.get("value"), dict) and state["value"].get("t") == "ring" and not state.get("error"):
             return []
         name = self.children.names.get(child, repr(child))
         cause = state.get("error") or ("its value was too small" if state.get("value") else "its engines gave none")
-        return self._ring_end(p, f"{name} gave it no value ({cause})", but=child)
+        return self._end(p, f"{name} gave it no value ({cause})", but=child)
 
-    def _ring_lost(self, host: bytes, why: str) -> list[Send]:
+    def host_lost(self, host: bytes, why: str) -> list[Send]:
         """A host relay is lost: the rings through it end at the other hosts."""
         sends = []
-        for p in list(self.pending.values()):
-            if p.ring is not None and host in p.ring:
-                sends += self._ring_end(p, f"it lost a host: {why}", but=host)
+        for key in [k for k, hosts in self.of.items() if host in hosts]:
+            p = self.inflight.requests.get(key)
+            if p is not None:
+                sends += self._end(p, f"it lost a host: {why}", but=host)
         return sends
 
-    def _ring_end(self, p: Pending, why: str, but=None) -> list[Send]:
-        hosts, p.ring = p.ring, None
-        end = self.codec.pack(P.CHAIN_END, dict(keys=[p.key], why=f"the ring of hosts ended: {why}"))
+    def _end(self, p: Pending, why: str, but=None) -> list[Send]:
+        hosts = self.of.pop(p.key)
+        end = self.node.codec.pack(P.CHAIN_END, dict(keys=[p.key], why=f"the ring of hosts ended: {why}"))
         return [Send(DOWN, [h] + end) for h in hosts if h != but]
 
     # --------------------------------------------------------- a host relay
-    def _ring_own(self, p: Pending) -> list[Send]:
+    def own(self, p: Pending) -> list[Send]:
         """All this host's engines are in: its value goes round; its bundle
         goes once the whole value is here (or at once, if it takes no part)."""
         p.then = None
@@ -78,10 +103,10 @@ class RingPath:
             r.add_error([], f"allreduce: {why}")  # (its value goes no further)
         if taken is None:  # it takes no part: its bundle goes as it is, and the leaf ends the ring
             self.rings.end([p.key], "this host took no part")
-            return self._ring_settled() + self.inflight.deliver(p, p.parts, p.failed, None)
-        return taken + self._ring_settled()
+            return self.settled() + self.inflight.deliver(p, p.parts, p.failed, None)
+        return taken + self.settled()
 
-    def _ring_settled(self) -> list[Send]:
+    def settled(self) -> list[Send]:
         """Bundles of requests whose ring's outcome is now known here."""
         sends = []
         while self.rings.settled:
@@ -94,12 +119,12 @@ class RingPath:
                 state = dict(state, value=dict(ring.own[0], t="ring"))
             else:
                 state = dict(state, value=None, error=f"allreduce: {ring.why}")
-            body = B.pack_reduced(self.codec, p.key, p.msg_id, state, [], p.raised, p.failed)
+            body = B.pack_reduced(self.node.codec, p.key, p.msg_id, state, [], p.raised, p.failed)
             self.inflight.stamp(p, "ring done", ring.outcome)
             sends += self.inflight.recorded(p, [Send(UP, P.with_route(p.route, body))], p.n)
         return sends
 
-    def _ring_bound(self, content: dict):
+    def bound(self, content: dict):
         """A host's part of an allreduce's bind (``ring_bind``: the name): the
         request the engines get, with the whole value here, and where that
         value lives ((segment, buffer index), or None); None if it is not here."""
@@ -108,22 +133,16 @@ class RingPath:
             return None
         header, view = ring.own
         value = R.decode(header, [view])
-        inner = R.assign_request(self.codec, content["msg_id"], content["ring_bind"], value)
+        inner = R.assign_request(self.node.codec, content["msg_id"], content["ring_bind"], value)
         index = R.buffer_of(value, inner[5:]) if ring.ref is not None else None
         if ring.ref is not None and index is None:
             self.sharing.drop_value(ring.ref)  # (the engines get its bytes)
         return inner, (ring.ref, index) if index is not None else None
 
-    def _chains_end(self, keys: list, why: str) -> list[Send]:
-        """The leaf gave up on these chains or rings."""
-        self.rings.end(keys, why or "the leaf ended the ring")
-        return self.uplinks.end(keys) + self._ring_settled()
-
-    def _leaf_restarted(self) -> list[Send]:
-        """The leaf restarted: it leads none of the chains and rings it led."""
-        return self._chains_end(list(self.chains.links) + self.rings.everything(), "the leaf restarted")
-
-    def _ring_tick(self, now: float) -> list[Send]:
+    def _expired(self, now: float) -> list[Send]:
         for key in self.rings.expired(now):
-            log.warning("%s: no bind came for the allreduce value of %s; let go", self.name, key)
+            log.warning("%s: no bind came for the allreduce value of %s; let go", self.node.name, key)
         return []
+
+    def stats(self) -> dict:
+        return dict(ring_gathered=self.rings.gathered, ring_forwarded=self.rings.forwarded)

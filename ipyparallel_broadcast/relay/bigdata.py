@@ -1,0 +1,104 @@
+"""A relay node's big-data parts, built together: the data plane's
+transports (``dataplane``: a push's chunks, a reduce's combining links and
+their way, an allreduce's ring) and the parts of the node that use them
+(``reduce_chains``, ``reduce_rings``, ``hostfold``). Sans I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .context import NodeContext
+from .dataplane.combine import Chains
+from .dataplane.push import Bulk
+from .dataplane.reduce_trees import Uplinks
+from .dataplane.ring import Rings
+from .deadlines import Deadlines
+from .events import Send
+from .hostfold import HostFold
+from .liveness import Children
+from .pending import InFlight
+from .reduce_chains import ReduceChains
+from .reduce_rings import ReduceRings
+from .sharing import Sharing
+
+
+@dataclass
+class BigData:
+    bulk: Bulk  # a push's big buffers to hosts, in chunks
+    chains: Chains  # a reduce's combining links, at a host relay
+    uplinks: Uplinks  # ... a host's own value, cut into its parts
+    rings: Rings  # an allreduce's ring, at a host relay
+    reduce_chains: ReduceChains
+    reduce_rings: ReduceRings
+    fold: HostFold  # the values this host's engines hold, combined in turn
+
+    @classmethod
+    def build(
+        cls,
+        node: NodeContext,
+        inflight: InFlight,
+        children: Children,
+        sharing: Sharing,
+        deadlines: Deadlines,
+        *,
+        stall: float,
+        spec: dict | None,
+        fail: Callable,
+        stalled: Callable[[float], list[Send]],
+    ) -> BigData:
+        """``spec``: the data plane's settings (chunk, threshold, fanout, and
+        ``reduce``: the way a reduce's values go between hosts); ``stall``:
+        how long chunks may not come; ``stalled(now)``: the node's handling
+        of pushes whose chunks stopped coming."""
+        spec = dict(spec or {})
+        shape = spec.pop("reduce", "auto")
+        bulk = Bulk(node.codec, node.clock, stall, **spec)
+        chains = Chains(node.codec, stall, bulk.chunk)
+        uplinks = Uplinks(chains)
+        rings = Rings(node.codec, chains, bulk.threshold, node.clock, stall, sharing.drop_value)
+        if sharing.on:  # chunks are written straight into the segment engines map
+            bulk.reserve, bulk.discard = sharing.store.reserve, sharing.store.drop
+        deadlines.add("chunks' stall", bulk.next_deadline, stalled)
+        parts = (node, inflight, children)
+        reduce_chains = ReduceChains(
+            *parts, deadlines, bulk=bulk, chains=chains, uplinks=uplinks, shape=shape, fail=fail
+        )
+        reduce_rings = ReduceRings(*parts, sharing, deadlines, rings)
+        fold = HostFold(
+            node,
+            sharing,
+            inflight,
+            deadlines,
+            turn_timeout=stall,
+            chunk=chains.chunk,
+            uplinks=uplinks,
+            rings=rings,
+            fail=fail,
+            settled=reduce_rings.settled,
+        )
+        return cls(bulk, chains, uplinks, rings, reduce_chains, reduce_rings, fold)
+
+    def host_lost(self, host: bytes, why: str) -> list[Send]:
+        """A host relay is lost: the hosts it fed chunks get them from here;
+        the chains and rings through it end."""
+        sends = self.bulk.orphaned(host) + self.reduce_chains.host_lost(host, why)
+        return sends + self.reduce_rings.host_lost(host, why)
+
+    def leaf_ended(self, keys: list, why: str) -> list[Send]:
+        """A host relay: the leaf gave up on these chains or rings."""
+        self.rings.end(keys, why or "the leaf ended the ring")
+        return self.uplinks.end(keys) + self.reduce_rings.settled()
+
+    def leaf_restarted(self) -> list[Send]:
+        """A host relay: its leaf restarted, and leads none of the chains and rings it led."""
+        return self.leaf_ended(list(self.chains.links) + self.rings.everything(), "the leaf restarted")
+
+    def stats(self) -> dict:
+        """Counts of chunks of pushes, chains and rings, and engines' turns to come."""
+        return dict(
+            self.bulk.stats(),
+            **self.reduce_chains.stats(),
+            **self.reduce_rings.stats(),
+            held_values=self.fold.waiting(),
+        )
