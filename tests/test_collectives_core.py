@@ -499,12 +499,12 @@ def test_big_arrays_combined_on_several_threads_are_the_same_to_the_bit(op):
 
 
 def test_an_allreduce_whose_value_the_root_cannot_send_down_fails_with_the_reason(monkeypatch):
-    from ipyparallel_broadcast.relay import downpath
+    from ipyparallel_broadcast.relay import down
 
     def broken(*args):
         raise RuntimeError("no pickling today")
 
-    monkeypatch.setattr(downpath, "assign_request", broken)
+    monkeypatch.setattr(down, "assign_request", broken)
     engines = Engines({e: e for e in range(4)})
     sim = TreeSim(1, 2, [0, 1, 2, 3])
     sim.answer_with = engines

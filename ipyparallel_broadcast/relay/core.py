@@ -4,11 +4,18 @@ One ``RelayNode`` sits at each tree position, and one on each engine host (a
 host relay). It never touches a socket: ``on_up`` / ``on_down`` / ``on_hub``
 take the frames a socket received (parsed once, by ``events``), the other
 ``on_*`` methods what the shell learned, and each returns the ``Send`` list
-the shell performs. Its parts, each owning its state and given only a
-``NodeContext``: ``routes`` (where engines are), ``liveness`` (children
-alive), ``heartbeat`` (pings and pongs), ``deadlines`` (every timer),
-``surveys`` (stats), ``pending`` (requests in flight and how their outcomes
-are packed) and ``reduction`` (folding values).
+the shell performs. It inherits from nothing: it holds its parts as
+fields, each owning its state and given only what it needs (a
+``NodeContext``, collaborators, callbacks):
+
+- ``down`` (a request's way down: split, sent to engines, parked) and
+  ``up`` (replies' way up: filed, folded, packed), the request's own flow;
+- ``inflight`` (requests in flight and how their outcomes are packed),
+  ``routes`` (where engines are), ``children`` (alive or not), ``announce``
+  (routes told up), ``surveys`` (stats), ``sharing`` (one copy per host);
+- ``heartbeats`` (pings and pongs) and ``deadlines`` (every part's timers);
+- ``big`` (``bigdata``): the data plane and the parts that use it (a push's
+  chunks, a reduce's chains, an allreduce's rings, the in-host fold).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from . import events as E
 from .bigdata import BigData
 from .context import NodeContext
 from .deadlines import Deadlines
-from .downpath import DownPath
+from .down import DownFlow
 from .events import MON, Send
 from .heartbeat import Heartbeats
 from .liveness import Children
@@ -33,16 +40,14 @@ from .pending import InFlight
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
-from .uppath import UpPath
+from .up import UpFlow
 
 log = logging.getLogger(__name__)
 
 
-class RelayNode(DownPath, UpPath):
-    """Routing, fan-out and coalescing for one node of the tree: its state and
-    its entry points here; a request's way down and replies' way up in
-    ``downpath`` and ``uppath``; its heartbeats and its big-data parts
-    (``heartbeat``, ``bigdata``) held as fields."""
+class RelayNode:
+    """Routing, fan-out and coalescing for one node of the tree: its entry
+    points, which parse an event and hand it to the part it is for."""
 
     def __init__(
         self,
@@ -75,9 +80,9 @@ class RelayNode(DownPath, UpPath):
         self.surveys = Surveys(codec)
         self.context = NodeContext(codec, clock, self.name, self.boot, self.is_root, host, self._drop)
         self.deadlines = Deadlines()  # every part's timers: ``on_tick`` fires them
-        self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall)
+        self.engines: dict[int, str] = {}  # leaf: engine id -> uuid; changed in place (the parts share it)
+        self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall, self.engines)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
-        self.engines: dict[int, str] = {}  # leaf: engine id -> uuid
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.deadlines.add("batches", self.inflight.next_deadline, self.inflight.due)
         self.big = BigData.build(  # the data plane, and the parts that use it
@@ -88,8 +93,8 @@ class RelayNode(DownPath, UpPath):
             self.deadlines,
             stall=2 * node_timeout,
             spec=bulk,
-            fail=self._fail,
-            stalled=self._stalled,
+            fail=self.inflight.fail,
+            stalled=lambda now: self.down.chunks_in.stalled(now),
         )
         self.heartbeats = Heartbeats(
             self.context,
@@ -102,7 +107,6 @@ class RelayNode(DownPath, UpPath):
         )
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
         # request without one never calls into them
-        self.big_from = min(t for t in (self.big.bulk.threshold, self.sharing.threshold) if t is not None)
         self.inflight.on_big_done = [self.sharing.release, self.big.bulk.release]  # a big request left
         self.inflight.on_done.append(self.sharing.drop_values)  # (a reduce's segments)
         self.dropped = 0  # messages dropped as malformed or unexpected
@@ -110,12 +114,25 @@ class RelayNode(DownPath, UpPath):
         # a restarted root must not reuse the keys of requests engines may still answer
         self._keys = count(int(self.boot[:8], 16) << 20)
         self.records = False  # copies to the hub's task records: see keep_hub_records
+        flow = (self.context, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big)
+        # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
+        # request without one never calls into them
+        big_from = min(t for t in (self.big.bulk.threshold, self.sharing.threshold) if t is not None)
+        self.down = DownFlow(*flow, is_leaf=self.is_leaf, wall=wall, keys=self._keys, big_from=big_from)
+        self.up = UpFlow(
+            *flow,
+            is_leaf=self.is_leaf,
+            announce=self.announce,
+            surveys=self.surveys,
+            heartbeats=self.heartbeats,
+            ping_interval=ping_interval,
+        )
 
     def keep_hub_records(self, on: bool = True):
         """Copies to the hub's task records (MON): the root copies each request
         and each bundle it sends up (one copy per host bundle at most); a leaf,
         each engine's reply to a reduction (the bundles carry only the combined value)."""
-        self.records = on
+        self.records = self.up.records = on
         self.inflight.records = on and self.is_root
 
     # ------------------------------------------------------------------ events
@@ -126,13 +143,13 @@ class RelayNode(DownPath, UpPath):
             event = E.from_above(self.codec, frames, self.is_root, bool(self.host))
             if isinstance(event, E.Request):
                 dropped = self.dropped
-                sends = self._start(event.route, event.content, event.inner, arrived=arrived)
+                sends = self.down.start(event.route, event.content, event.inner, arrived=arrived)
                 if self.records and self.is_root and self.dropped == dropped:  # taken: filed
                     inner_buffers = len(event.inner) - 5  # the user's data: kept out of the hub
                     sends.insert(0, Send(MON, [P.INBCAST] + P.strip_big(event.frames, inner_buffers)))
                 return sends
             if isinstance(event, E.StockRequest):
-                return self._start(event.route, event.compat.content, event.compat.inner, event.compat)
+                return self.down.start(event.route, event.compat.content, event.compat.inner, event.compat)
             if isinstance(event, E.StatsRequest):
                 key = f"s{next(self._keys)}" if self.is_root else event.content.get("req")
                 own = self.stats(own_trace(event.content))
@@ -153,8 +170,8 @@ class RelayNode(DownPath, UpPath):
         try:
             event = E.from_below(self.codec, frames, self.is_leaf)
             if isinstance(event, E.EngineReply):
-                return self._engine_reply(event)
-            return self._child_message(event)
+                return self.up.engine_reply(event)
+            return self.up.child_message(event)
         except P.ProtocolError as e:
             return self._drop(f"reply: {e}")
 
@@ -174,19 +191,20 @@ class RelayNode(DownPath, UpPath):
 
     def on_engine_registered(self, eid: int, uuid: str) -> list[Send]:
         self.engines[eid] = uuid
-        return self._greet([eid]) + self._retry_parked(final=False)
+        return self._greet([eid]) + self.down.retry_parked(final=False)
 
     def on_registry(self, engines: dict[int, str]) -> list[Send]:
         """The hub's full engine table. Parked targets still unknown fail."""
-        self.engines = dict(engines)
-        return self._greet(self.engines) + self._retry_parked(final=True)
+        self.engines.clear()
+        self.engines.update(engines)
+        return self._greet(self.engines) + self.down.retry_parked(final=True)
 
     def on_engine_lost(self, uuid: str, why: str = P.DIED) -> list[Send]:
         """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
         unregistered it) or a phrase such as "is not connected". An engine
         behind a host relay is failed by that relay, told here; here too if
         the relay has fallen silent (a host cut off). A value it held is lost."""
-        sends = self._engine_lost(uuid, why)
+        sends = self.up.engine_lost(uuid, why)
         return sends + (self.big.fold.engine_lost(uuid, why) if self.big.fold else [])
 
     def on_join(self, eid: int, uuid: str, who=None, shm=None) -> list[Send]:
@@ -203,12 +221,17 @@ class RelayNode(DownPath, UpPath):
         sends = self.surveys.child_lost(
             key, self.children.names.get(key, repr(key)), f"{child[0].lower()}{child[1:]} {why}"
         )
-        sends += self._fail_dest(key, P.UNREACHABLE, lambda eid: f"{child} {why}; engine {eid} did not answer")
+        unanswered = lambda eid: f"{child} {why}; engine {eid} did not answer"  # noqa: E731
+        sends += self.inflight.fail_waiting_on(key, P.UNREACHABLE, unanswered)
         if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
             sends += self.big.host_lost(key, f"{child[0].lower()}{child[1:]} {why}")
         if isinstance(key, bytes) and key not in self.routes.via.values():
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
+
+    def on_chunk(self, frames) -> list[Send]:
+        """A host relay: a message on its chunk socket (``chunks_in``)."""
+        return self.down.chunks_in.on_chunk(frames)
 
     def on_pulse(self, frames) -> list[Send]:
         """A host relay's pong on the pulse link (``heartbeat``)."""
@@ -231,10 +254,15 @@ class RelayNode(DownPath, UpPath):
         """When ``on_tick`` next has something to do (``None``: nothing timed)."""
         return self.deadlines.next()
 
+    def _drop(self, why: str) -> list[Send]:
+        self.dropped += 1
+        log.warning("relay node %s dropped a message: %s", self.name, why)
+        return []
+
     def _greet(self, eids) -> list[Send]:
         """Ask engines served here (not through a host relay) whether they share our memory."""
         return self.sharing.greet(
-            [self.engines[e] for e in eids if e in self.engines and e not in self.routes.via and self._serves(e)]
+            [self.engines[e] for e in eids if e in self.engines and e not in self.routes.via and self.down.serves(e)]
         )
 
     def _engines_served(self) -> int:

@@ -116,8 +116,9 @@ class InFlight:
 
     traces_kept = 64  # finished traced requests whose events a survey can still fetch
 
-    def __init__(self, codec: P.Codec, kind: str, batches: bool, clock, wall):
+    def __init__(self, codec: P.Codec, kind: str, batches: bool, clock, wall, engines: dict | None = None):
         self.codec, self.kind, self.batches, self.clock, self.wall = codec, kind, batches, clock, wall
+        self.engines = {} if engines is None else engines  # the node's engine table (id -> uuid), read only
         # streaming: hold what is ready until the shell has read every message
         # waiting on its sockets (``drained``), then send it up as one bundle:
         # replies that came together go together, and none waits for more
@@ -160,6 +161,15 @@ class InFlight:
             return self.emit(p, [], failed, [f[0] for f in failed])
         p.failed.extend(failed)
         return []
+
+    def fail(self, p: Pending, eids, code: str, reason: str) -> list[Send]:
+        """Engines ``eids`` of ``p`` fail: "Engine {eid} {reason}"."""
+        return self.record_failures(p, [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids])
+
+    def fail_waiting_on(self, dest, code: str, message: Callable[[int], str]) -> list[Send]:
+        """Every request waiting on ``dest`` (a child, or an engine's uuid): its engines there fail."""
+        uuid = dest if isinstance(dest, str) else None
+        return self.fail_dest(dest, lambda e: [e, uuid or self.engines.get(e), message(e), code])
 
     def fail_dest(self, dest, failure: Callable[[int], list]) -> list[Send]:
         """Every request waiting on ``dest``: its engines there fail."""

@@ -1,29 +1,61 @@
-"""A request on its way down a relay node: split among children or sent to
-engines, parked while its engines are not known yet, and, for big buffers,
-waiting for its chunks (``bulk``). Part of ``RelayNode`` (``core``); sans I/O."""
+"""A request's way down a relay node, a part that owns its flow: split
+among children or sent to engines, parked while its engines are not known
+yet, and, for big buffers, waiting for its chunks (``dataplane.push``).
+Sans I/O; it reaches the node only through what it is given."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from functools import partial
 
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
-from .dataplane import combine, ring
-from .dataplane.push import Incoming
+from .bigdata import BigData
+from .chunks_in import ChunksIn
+from .context import NodeContext
 from .events import DOWN, HUB, Send
-from .pending import Pending
-from .state import AWAITING_DATA, PARKED
+from .liveness import Children
+from .pending import InFlight, Pending
+from .routes import Routes
+from .sharing import Sharing
+from .state import PARKED
 from .stock import CompatRequest, renamer
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
 
-class DownPath:
-    """A request's way down: to children, or to engines."""
+class DownFlow:
+    """A request's way down: to children, or to engines. Given: what the node
+    is (``NodeContext``, and whether it is a leaf), the requests in flight
+    (which fail engines: ``InFlight.fail``), the engine table (kept in place
+    by the node), routes, children, shared memory, the big-data parts, the
+    request keys of a root, and the size from which a buffer is big."""
 
-    def _start(self, route, content, inner, compat=None, arrived=None, value_at=None) -> list[Send]:
+    def __init__(
+        self,
+        node: NodeContext,
+        inflight: InFlight,
+        engines: dict[int, str],
+        routes: Routes,
+        children: Children,
+        sharing: Sharing,
+        big: BigData,
+        *,
+        is_leaf: bool,
+        wall: Callable[[], float],
+        keys: Iterator[int],
+        big_from: int,
+    ):
+        self.codec, self.name, self.boot, self.is_root = node.codec, node.name, node.boot, node.is_root
+        self.host, self.drop, self.is_leaf, self.wall = node.host, node.drop, is_leaf, wall
+        self._keys, self.big_from = keys, big_from  # (a root's request keys; a big buffer's size)
+        self.inflight, self.pending, self.parked = inflight, inflight.requests, inflight.parked
+        self.engines, self.routes, self.children, self.sharing, self.big = engines, routes, children, sharing, big
+        self.chunks_in = ChunksIn(node, inflight, sharing, big, go_on=self._dispatch)  # (a host relay's)
+
+    def start(self, route, content, inner, compat=None, arrived=None, value_at=None) -> list[Send]:
         if compat is None:  # the client's own request: checked once, at the root
             if len(inner) < 5:
                 raise P.ProtocolError(f"the request inside has {len(inner)} frames, needs 5")
@@ -31,7 +63,7 @@ class DownPath:
                 self.codec.check_signature(inner[:5])
         key = f"r{next(self._keys)}" if self.is_root else content.get("req")
         if not isinstance(key, str) or key in self.pending:
-            return self._drop(f"request key {key!r} missing or in use")
+            return self.drop(f"request key {key!r} missing or in use")
         mode = content.get("compat")
         rename = None
         if self.is_leaf and mode == CompatRequest.RENAME:  # may raise: before any state
@@ -85,7 +117,7 @@ class DownPath:
             try:
                 self.sharing.take(p, content["shm"])
             except (OSError, P.ProtocolError) as e:  # shm.ShmError: the segment is gone
-                return self._fail(
+                return self.inflight.fail(
                     p, targets, P.UNREACHABLE, f"cannot get the request's buffers: {e}"
                 ) + self.inflight.finish_if_done(p)
         elif value_at is not None:  # (an allreduce's value, in a segment here)
@@ -94,17 +126,17 @@ class DownPath:
             self.sharing.pass_down(p)
         if p.ring_bind is not None and self.host and bound is None:  # (its ring ended here, or never was)
             why = "got no allreduce value: the ring of hosts did not give it to this host"
-            return self._fail(p, content["targets"], P.UNREACHABLE, why) + self.inflight.finish_if_done(p)
+            return self.inflight.fail(p, content["targets"], P.UNREACHABLE, why) + self.inflight.finish_if_done(p)
         if self.is_root:  # everything is under the root, but for engines whose route went
             strays = [e for e in targets if e in self.routes.departed] if self.routes.departed else []
         else:
-            strays = [e for e in targets if not self._serves(e)]
+            strays = [e for e in targets if not self.serves(e)]
         sends = self._fail_strays(p, strays) if strays else []
         if strays:
             gone = set(strays)
             targets = [e for e in targets if e not in gone]
         if content.get("bulk") is not None and self.host:  # its big buffers come in chunks
-            return sends + self._expect_bulk(p, content["bulk"], targets)
+            return sends + self.chunks_in.expect(p, content["bulk"], targets)
         return sends + self._dispatch(p, targets, mode)
 
     def _assign(self, name: str, p: Pending) -> list[Send]:
@@ -133,15 +165,15 @@ class DownPath:
         index = buffer_of(value, inner[5:]) if r.segment is not None and r.segment in p.segments else None
         if index is not None:  # the value's segment goes down as it is: engines map it
             p.segments.remove(r.segment)
-            return copies + self._start(p.route, content, inner, arrived=self.wall(), value_at=(r.segment, index))
-        return copies + self._start(p.route, content, inner, arrived=self.wall())
+            return copies + self.start(p.route, content, inner, arrived=self.wall(), value_at=(r.segment, index))
+        return copies + self.start(p.route, content, inner, arrived=self.wall())
 
     def _plans(self, p: Pending, mode) -> bool:
         """Whether this node plans a reduce's way between its hosts (a chain or
         a ring): not for a ring's bind, whose values are counts."""
         return p.reduction is not None and self.is_leaf and not self.host and not mode and p.ring_bind is None
 
-    def _serves(self, eid: int) -> bool:
+    def serves(self, eid: int) -> bool:
         """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""
         return eid in self.engines if self.host else self.routes.serves(eid)
 
@@ -172,58 +204,14 @@ class DownPath:
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)
 
-    def on_chunk(self, frames) -> list[Send]:
-        """A host relay: a chunk of a big request, from the host or leaf that
-        feeds it (``bulk``), or of a reduce's value, from the host after it in
-        a chain (``dataplane.combine``)."""
-        try:
-            _, body = P.split_idents(frames)
-            if len(body) > 1 and combine.MARK in P.as_bytes(body[1]):
-                msg, data = combine.check(self.codec, body)
-                return self.big.chains.on_message(msg, data) + self.big.reduce_rings.settled()
-            if len(body) > 1 and combine.CREDIT_MARK in P.as_bytes(body[1]):
-                return self.big.chains.on_credit(combine.check_credit(self.codec, body))
-            if len(body) > 1 and ring.MARK in P.as_bytes(body[1]):
-                msg, data = ring.check(self.codec, body)
-                return self.big.rings.on_gather(msg, data, body) + self.big.reduce_rings.settled()
-            sends, inc = self.big.bulk.on_chunk(frames)
-        except P.ProtocolError as e:
-            return self._drop(f"chunk: {e}")
-        return sends + (self._bulk_complete(inc) if inc is not None else [])
-
-    def _expect_bulk(self, p: Pending, content, targets) -> list[Send]:
-        p.state.await_data(targets)  # not done before its data came
-        inc, sends = self.big.bulk.expect(p, content, len(p.inner) - 5)
-        return sends + (self._bulk_complete(inc) if inc.complete else [])
-
-    def _bulk_complete(self, inc: Incoming) -> list[Send]:
-        """Every chunk is here and checked: the request goes to the engines."""
-        p, buffers, ref = self.pending.get(inc.key), inc.buffers, inc.ref
-        adopted = p is not None and p.state.owes(AWAITING_DATA)
-        self.big.bulk.finished(inc, adopted)
-        if not adopted:
-            return []
-        inner = list(p.inner)
-        for (i, _), buf in zip(inc.layout.bufs, buffers):
-            inner[5 + i] = buf
-        p.inner = inner
-        if ref is not None:
-            self.sharing.adopt(p, ref, [(i, buf) for (i, _), buf in zip(inc.layout.bufs, buffers)])
-        self.inflight.stamp(p, "chunks in", inc.layout.n)
-        return self._dispatch(p, p.state.data_came())
-
-    def _stalled(self, now) -> list[Send]:
-        sends = []
-        for inc in self.big.bulk.stalled(now):
-            p = self.pending.get(inc.key) if inc.key is not None else None
-            if p is not None and p.state.owes(AWAITING_DATA):
-                why = (
-                    f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
-                    f"then none for {self.big.bulk.stall:g} s"
-                )
-                sends += self._fail(p, p.state.give_up(AWAITING_DATA), P.UNREACHABLE, why)
-                sends += self.inflight.finish_if_done(p)
-        return sends
+    def _fail_strays(self, p: Pending, strays) -> list[Send]:
+        """Targets not under this node: engines whose route went as they died
+        (the request was on its way), or routed here by mistake."""
+        departed = self.routes.departed
+        dead = [e for e in strays if e in departed]
+        other = [e for e in strays if e not in departed]
+        sends = self.inflight.fail(p, dead, P.DIED, "died (it was unregistered) before replying") if dead else []
+        return sends + (self.inflight.fail(p, other, P.UNREACHABLE, "was routed to the wrong subtree") if other else [])
 
     def _to_engines(self, p: Pending, targets) -> list[Send]:
         sends, unknown = [], []
@@ -245,14 +233,14 @@ class DownPath:
                 frames = frames + own
             sends.append(Send(DOWN, frames))
         if unknown and self.host:  # a host relay knows its engines: no hub to ask
-            sends += self._fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
+            sends += self.inflight.fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
         elif unknown:
             p.state.park(unknown)
             self.parked.add(p.key)
             sends.append(Send(HUB, []))
         return sends
 
-    def _retry_parked(self, final: bool) -> list[Send]:
+    def retry_parked(self, final: bool) -> list[Send]:
         sends = []
         for key in list(self.parked):
             self.parked.discard(key)
@@ -263,7 +251,7 @@ class DownPath:
             sends += self._to_engines(p, [e for e in eids if e in self.engines])
             left = sorted(e for e in eids if e not in self.engines)
             if left and final:
-                sends += self._fail(p, left, P.UNKNOWN, "is not registered")
+                sends += self.inflight.fail(p, left, P.UNKNOWN, "is not registered")
             elif left:
                 p.state.park(left)
                 self.parked.add(key)

@@ -1,31 +1,61 @@
-"""Replies on their way up a relay node: an engine's reply, a child's bundle,
-and the failures that stand in for replies that cannot come. Part of
-``RelayNode`` (``core``); sans I/O."""
+"""Replies' way up a relay node, a part that owns its flow: an engine's
+reply, a child's bundle (or pong, survey reply, routes, chain message), and
+the failures that stand in for replies of an engine that is lost. Sans I/O;
+it reaches the node only through what it is given."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from ..wire import protocol as P
 from ..wire.reduction import fold_bundle, fold_reply
 from ..wire.topology import HOST_PREFIX
 from . import events as E
+from .bigdata import BigData
+from .context import NodeContext
 from .dataplane.combine import RCHUNK
 from .events import DOWN, Send
-from .pending import Pending
-from .routes import Key
-from .sharing import HELLO_KEY
+from .heartbeat import Heartbeats
+from .liveness import Children
+from .pending import InFlight
+from .routes import Announcements, Key, Routes
+from .sharing import HELLO_KEY, Sharing
+from .surveys import Surveys
 
 FOLD_KEY = P.FOLD_KEY.decode()
 
 log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
 
-class UpPath:
-    """Replies' way up: filed in their request, packed when complete."""
+class UpFlow:
+    """Replies' way up: filed in their request, packed when complete. Given:
+    what the node is, the requests in flight, the engine table (kept in
+    place), routes, children, shared memory, the big-data parts, the route
+    announcements, surveys and heartbeats of the node."""
 
-    def _engine_reply(self, reply: E.EngineReply) -> list[Send]:
+    def __init__(
+        self,
+        node: NodeContext,
+        inflight: InFlight,
+        engines: dict[int, str],
+        routes: Routes,
+        children: Children,
+        sharing: Sharing,
+        big: BigData,
+        *,
+        is_leaf: bool,
+        announce: Announcements,
+        surveys: Surveys,
+        heartbeats: Heartbeats,
+        ping_interval: float,
+    ):
+        self.codec, self.clock, self.name, self.host = node.codec, node.clock, node.name, node.host
+        self.is_leaf, self.ping_interval, self.records = is_leaf, ping_interval, False  # records: keep_hub_records
+        self.inflight, self.pending = inflight, inflight.requests
+        self.engines, self.routes, self.children, self.sharing, self.big = engines, routes, children, sharing, big
+        self.announce, self.surveys, self.heartbeats = announce, surveys, heartbeats
+
+    def engine_reply(self, reply: E.EngineReply) -> list[Send]:
         sharing = self.sharing  # a greeting's answer, or a reply from an engine greeted in vain
         greeted = sharing.on and (reply.key == HELLO_KEY or reply.uuid in sharing.unreached)
         greetings = sharing.on_reply(reply.uuid, reply.key, reply.body) if greeted else []
@@ -53,7 +83,7 @@ class UpPath:
             p.parts.append(body)
         return greetings + self.inflight.finish_if_done(p)
 
-    def _child_message(self, m: E.ChildMessage) -> list[Send]:
+    def child_message(self, m: E.ChildMessage) -> list[Send]:
         """From a child node or host relay: a bundle, pong, survey reply or route."""
         children = self.children  # (its tables read in place: this runs for every bundle)
         child = children.keys.get(m.ident)
@@ -109,18 +139,19 @@ class UpPath:
         (p.bundles if self.is_leaf else p.parts).append(m.msg if p.compat else m.body)
         return self.inflight.finish_if_done(p)
 
-    def _engine_lost(self, uuid: str, why: str) -> list[Send]:
+    def engine_lost(self, uuid: str, why: str) -> list[Send]:
         eid = next((e for e, u in self.engines.items() if u == uuid), None)
         host = self.routes.via.get(eid)
         self.sharing.forget(uuid)
         if why == P.DIED:
-            self.engines = {e: u for e, u in self.engines.items() if u != uuid}
+            for e in [e for e, u in self.engines.items() if u == uuid]:
+                del self.engines[e]  # (in place: the node's parts share the table)
             self.routes.unregister(uuid)
             if host is not None:
                 self.routes.host_lost_engine(eid)
         code = P.DIED if why == P.DIED else P.UNREACHABLE
         if host is None or host not in self.children:
-            sends = self._fail_dest(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
+            sends = self.inflight.fail_waiting_on(uuid, code, lambda eid: f"Engine {eid} {why} before replying")
             if self.host and why == P.DIED:  # alive, maybe, but the hub will not take it back
                 sends.append(Send(DOWN, [uuid.encode()] + self.codec.pack(P.DROPPED, {})))
             return sends
@@ -141,25 +172,3 @@ class UpPath:
                 ],
             )
         return sends
-
-    def _fail_strays(self, p: Pending, strays) -> list[Send]:
-        """Targets not under this node: engines whose route went as they died
-        (the request was on its way), or routed here by mistake."""
-        departed = self.routes.departed
-        dead = [e for e in strays if e in departed]
-        other = [e for e in strays if e not in departed]
-        sends = self._fail(p, dead, P.DIED, "died (it was unregistered) before replying") if dead else []
-        return sends + (self._fail(p, other, P.UNREACHABLE, "was routed to the wrong subtree") if other else [])
-
-    def _fail(self, p: Pending, eids, code, reason) -> list[Send]:
-        failed = [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids]
-        return self.inflight.record_failures(p, failed)
-
-    def _fail_dest(self, dest, code, message: Callable[[int], str]) -> list[Send]:
-        uuid = dest if isinstance(dest, str) else None
-        return self.inflight.fail_dest(dest, lambda e: [e, uuid or self.engines.get(e), message(e), code])
-
-    def _drop(self, why: str) -> list[Send]:
-        self.dropped += 1
-        log.warning("relay node %s dropped a message: %s", self.name, why)
-        return []
