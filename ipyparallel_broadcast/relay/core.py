@@ -34,6 +34,7 @@ from .context import NodeContext
 from .deadlines import Deadlines
 from .down import DownFlow
 from .events import MON, Send
+from .flow import FlowParts
 from .heartbeat import Heartbeats
 from .liveness import Children
 from .pending import InFlight
@@ -114,18 +115,18 @@ class RelayNode:
         # a restarted root must not reuse the keys of requests engines may still answer
         self._keys = count(int(self.boot[:8], 16) << 20)
         self.records = False  # copies to the hub's task records: see keep_hub_records
-        flow = (self.context, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big)
+        flow = FlowParts(
+            self.context, self.is_leaf, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big
+        )
         # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
         # request without one never calls into them
         big_from = min(t for t in (self.big.bulk.threshold, self.sharing.threshold) if t is not None)
-        self.down = DownFlow(*flow, is_leaf=self.is_leaf, wall=wall, keys=self._keys, big_from=big_from)
+        self.down = DownFlow(flow, wall=wall, keys=self._keys, big_from=big_from)
         self.up = UpFlow(
-            *flow,
-            is_leaf=self.is_leaf,
+            flow,
             announce=self.announce,
             surveys=self.surveys,
             heartbeats=self.heartbeats,
-            ping_interval=ping_interval,
         )
 
     def keep_hub_records(self, on: bool = True):

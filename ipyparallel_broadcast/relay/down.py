@@ -12,14 +12,10 @@ from functools import partial
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
-from .bigdata import BigData
 from .chunks_in import ChunksIn
-from .context import NodeContext
 from .events import DOWN, HUB, Send
-from .liveness import Children
-from .pending import InFlight, Pending
-from .routes import Routes
-from .sharing import Sharing
+from .flow import FlowParts
+from .pending import Pending
 from .state import PARKED
 from .stock import CompatRequest, renamer
 
@@ -27,33 +23,19 @@ log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
 
 class DownFlow:
-    """A request's way down: to children, or to engines. Given: what the node
-    is (``NodeContext``, and whether it is a leaf), the requests in flight
-    (which fail engines: ``InFlight.fail``), the engine table (kept in place
-    by the node), routes, children, shared memory, the big-data parts, the
-    request keys of a root, and the size from which a buffer is big."""
+    """A request's way down: to children, or to engines. Given: the node's
+    ``FlowParts``, the request keys of a root, and the size from which a
+    buffer is big."""
 
-    def __init__(
-        self,
-        node: NodeContext,
-        inflight: InFlight,
-        engines: dict[int, str],
-        routes: Routes,
-        children: Children,
-        sharing: Sharing,
-        big: BigData,
-        *,
-        is_leaf: bool,
-        wall: Callable[[], float],
-        keys: Iterator[int],
-        big_from: int,
-    ):
+    def __init__(self, parts: FlowParts, *, wall: Callable[[], float], keys: Iterator[int], big_from: int):
+        node = parts.node
         self.codec, self.name, self.boot, self.is_root = node.codec, node.name, node.boot, node.is_root
-        self.host, self.drop, self.is_leaf, self.wall = node.host, node.drop, is_leaf, wall
+        self.host, self.drop, self.is_leaf, self.wall = node.host, node.drop, parts.is_leaf, wall
         self._keys, self.big_from = keys, big_from  # (a root's request keys; a big buffer's size)
-        self.inflight, self.pending, self.parked = inflight, inflight.requests, inflight.parked
-        self.engines, self.routes, self.children, self.sharing, self.big = engines, routes, children, sharing, big
-        self.chunks_in = ChunksIn(node, inflight, sharing, big, go_on=self._dispatch)  # (a host relay's)
+        self.inflight, self.pending, self.parked = parts.inflight, parts.inflight.requests, parts.inflight.parked
+        self.engines, self.routes, self.children = parts.engines, parts.routes, parts.children
+        self.sharing, self.big = parts.sharing, parts.big
+        self.chunks_in = ChunksIn(node, self.inflight, self.sharing, self.big, go_on=self._dispatch)  # (a host's)
 
     def start(self, route, content, inner, compat=None, arrived=None, value_at=None) -> list[Send]:
         if compat is None:  # the client's own request: checked once, at the root

@@ -11,15 +11,12 @@ from ..wire import protocol as P
 from ..wire.reduction import fold_bundle, fold_reply
 from ..wire.topology import HOST_PREFIX
 from . import events as E
-from .bigdata import BigData
-from .context import NodeContext
 from .dataplane.combine import RCHUNK
 from .events import DOWN, Send
+from .flow import FlowParts
 from .heartbeat import Heartbeats
-from .liveness import Children
-from .pending import InFlight
-from .routes import Announcements, Key, Routes
-from .sharing import HELLO_KEY, Sharing
+from .routes import Announcements, Key
+from .sharing import HELLO_KEY
 from .surveys import Surveys
 
 FOLD_KEY = P.FOLD_KEY.decode()
@@ -29,30 +26,16 @@ log = logging.getLogger("ipyparallel_broadcast.relay.core")
 
 class UpFlow:
     """Replies' way up: filed in their request, packed when complete. Given:
-    what the node is, the requests in flight, the engine table (kept in
-    place), routes, children, shared memory, the big-data parts, the route
-    announcements, surveys and heartbeats of the node."""
+    the node's ``FlowParts``, and its route announcements, surveys and
+    heartbeats."""
 
-    def __init__(
-        self,
-        node: NodeContext,
-        inflight: InFlight,
-        engines: dict[int, str],
-        routes: Routes,
-        children: Children,
-        sharing: Sharing,
-        big: BigData,
-        *,
-        is_leaf: bool,
-        announce: Announcements,
-        surveys: Surveys,
-        heartbeats: Heartbeats,
-        ping_interval: float,
-    ):
+    def __init__(self, parts: FlowParts, *, announce: Announcements, surveys: Surveys, heartbeats: Heartbeats):
+        node = parts.node
         self.codec, self.clock, self.name, self.host = node.codec, node.clock, node.name, node.host
-        self.is_leaf, self.ping_interval, self.records = is_leaf, ping_interval, False  # records: keep_hub_records
-        self.inflight, self.pending = inflight, inflight.requests
-        self.engines, self.routes, self.children, self.sharing, self.big = engines, routes, children, sharing, big
+        self.is_leaf, self.ping_interval = parts.is_leaf, heartbeats.ping_interval
+        self.records = False  # engines' replies to reductions copied for the hub (``keep_hub_records``)
+        self.inflight, self.pending, self.engines = parts.inflight, parts.inflight.requests, parts.engines
+        self.routes, self.children, self.sharing, self.big = parts.routes, parts.children, parts.sharing, parts.big
         self.announce, self.surveys, self.heartbeats = announce, surveys, heartbeats
 
     def engine_reply(self, reply: E.EngineReply) -> list[Send]:

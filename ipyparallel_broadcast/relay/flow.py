@@ -1,0 +1,25 @@
+"""What a request's two flows (``down``, ``up``) are given of their node:
+the same collaborators, each owning its state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .bigdata import BigData
+from .context import NodeContext
+from .liveness import Children
+from .pending import InFlight
+from .routes import Routes
+from .sharing import Sharing
+
+
+@dataclass(frozen=True)
+class FlowParts:
+    node: NodeContext  # what the node is
+    is_leaf: bool
+    inflight: InFlight  # the requests in flight (which fail engines: ``InFlight.fail``)
+    engines: dict[int, str]  # the engine table, id -> uuid, kept in place by the node
+    routes: Routes
+    children: Children
+    sharing: Sharing  # the host's shared memory
+    big: BigData  # the data plane and the parts that use it
