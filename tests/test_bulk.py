@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from jupyter_client.session import Session
 from treesim import TreeSim
 
-from ipyparallel_broadcast.relay.dataplane.push import CHUNK_MSG, Bulk, Layout, plan
+from ipyparallel_broadcast.relay.dataplane.plans import heap as plan
+from ipyparallel_broadcast.relay.dataplane.push import CHUNK_MSG, Bulk, Layout
 from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure

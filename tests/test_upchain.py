@@ -15,6 +15,7 @@ from ipyparallel.serialize import serialize_object
 from treesim import TreeSim
 
 from ipyparallel_broadcast.relay.dataplane import combine as upchain
+from ipyparallel_broadcast.relay.dataplane import plans
 from ipyparallel_broadcast.relay.dataplane import reduce_trees as uplinks
 from ipyparallel_broadcast.relay.events import UP
 from ipyparallel_broadcast.wire import bundles as B
@@ -118,7 +119,7 @@ def test_two_trees_give_the_same_value_and_each_hosts_link_carries_about_one_val
 @pytest.mark.parametrize("n_hosts", range(2, 70))
 def test_in_two_trees_no_host_combines_for_both_and_a_half_climbs_log2_hosts(n_hosts):
     hosts = [(f"h{i}".encode(), f"tcp://h{i}", 10 * i) for i in range(n_hosts)]
-    order, heads, contents = uplinks.plan(hosts, uplinks.TWO_TREES)
+    order, heads, contents = plans.reduce_way(hosts, plans.TWO_TREES)
     assert order == [h[0] for h in hosts] and heads == [hosts[0][0], hosts[-1][0]]
     by_url = {h[1]: h[0] for h in hosts}
     for t in range(2):
@@ -161,7 +162,7 @@ def test_in_two_trees_a_host_that_waits_holds_at_most_a_window_of_each_feeders_c
     (key,) = sim.nodes[()].pending
     link = sim.nodes[("h", "h0")].big.chains.links[uplinks.part_key(key, 0)]
     held = [sum(slot in got for got in link.chunks.values()) for slot in (0, 1)]
-    assert held == [uplinks.WINDOW] * 2  # not the 32 each could have sent
+    assert held == [plans.WINDOW] * 2  # not the 32 each could have sent
     sim.release(0)
     r, raised, failed = outcome(sim)
     np.testing.assert_array_equal(r.result(), sum(values[e] for e in engines))

@@ -13,6 +13,7 @@ from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
 from .chunks_in import ChunksIn
+from .dataplane import plans
 from .events import DOWN, HUB, Send
 from .flow import FlowParts
 from .pending import Pending
@@ -164,12 +165,12 @@ class DownFlow:
         groups = self.routes.split(targets) if not self.host else {None: targets}
         direct = groups.pop(None, None)
         big = self.big
-        plans = self._plans(p, mode)
-        chain = (big.reduce_rings.plan(p, groups, direct) or big.reduce_chains.plan(p, groups)) if plans else {}
+        planned = self._plans(p, mode)
+        chain = (big.reduce_rings.plan(p, groups, direct) or big.reduce_chains.plan(p, groups)) if planned else {}
         if p.reduction is not None:  # values combine in a fixed order: see Reduction
             p.reduction.expect({c: min(sub) for c, sub in groups.items()}, direct or ())
         sends = self._to_engines(p, direct) if direct else []
-        hosts = [(c, self.children.bulk[c]) for c in groups if c in self.children.bulk]
+        hosts = [(h.ident, h.url) for h in plans.hosts_of(groups, self.children.bulk)]
         out = self.big.bulk.start(p, hosts, self.boot) if hosts and not mode and p.big else None
         for child, sub in groups.items():
             p.state.expect(child, sub)

@@ -12,7 +12,7 @@ from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
 from .context import NodeContext
-from .dataplane import combine, reduce_trees
+from .dataplane import combine, plans, reduce_trees
 from .dataplane.combine import Chain, Chains
 from .dataplane.push import Bulk
 from .dataplane.reduce_trees import Uplinks
@@ -56,12 +56,12 @@ class ReduceChains:
         """A reduce to two or more host relays with chunk links: their way to
         this leaf (a chain or two trees, ``reduce_trees``) and each one's
         part of it, by host."""
-        hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
+        hosts = plans.hosts_of(groups, self.children.bulk)
         if len(hosts) < 2 or self.bulk.threshold is None or p.stock:
             return {}
         shape = reduce_trees.choose(len(hosts), self.setting, self.bulk.chunk)
-        order, heads, contents = reduce_trees.plan(hosts, shape)
-        first = min(h[2] for h in hosts)
+        order, heads, contents = plans.reduce_way(hosts, shape)
+        first = hosts[0].first
         chain = self.of[p.key] = Chain(order, heads, first - 0.5, self.node.clock())
         self.open.add(p.key)
         self.shape = shape

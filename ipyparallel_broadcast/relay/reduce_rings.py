@@ -13,7 +13,7 @@ from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
 from .context import NodeContext
-from .dataplane import ring as ringmod
+from .dataplane import plans
 from .dataplane.ring import Rings
 from .deadlines import Deadlines
 from .events import DOWN, UP, Send
@@ -47,10 +47,10 @@ class ReduceRings:
     def plan(self, p: Pending, groups: dict, direct) -> dict:
         """An allreduce whose targets are all on two or more host relays with
         chunk links (and none elsewhere): their ring, and each host's part in it."""
-        hosts = [(c, self.children.bulk[c], min(sub)) for c, sub in groups.items() if c in self.children.bulk]
+        hosts = plans.hosts_of(groups, self.children.bulk)
         if not p.ring_ok or direct or len(hosts) < 2 or len(hosts) != len(groups) or p.stock:
             return {}
-        self.of[p.key], contents = ringmod.plan(hosts)
+        self.of[p.key], contents = plans.ring(hosts)
         return {c: dict(ring=content) for c, content in contents.items()}
 
     def has(self, p: Pending) -> bool:

@@ -46,6 +46,7 @@ from ...wire import reduction as R
 from ...wire.topology import HOST_PREFIX, host_ident
 from ..events import UP, Send
 from .chunks import Assembly, checked, count, digest, piece, size
+from .plans import MAX_FEEDS
 from .push import BULK
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ MARK = b'"' + RCHUNK.encode() + b'"'  # in a chain message's header frame
 RCREDIT = "ipb_rcredit"  # a host to its feeders: send chunks below ``upto`` (``window``)
 CREDIT_MARK = b'"' + RCREDIT.encode() + b'"'
 MAX_VALUE = 1 << 40  # a chain value said to be bigger is refused (no buffer of that size is made)
-MAX_FEEDS = 2  # hosts that send to one host: 1 in a chain, 2 in a binary tree
 
 
 def _header(value_header: dict | None) -> tuple | None:

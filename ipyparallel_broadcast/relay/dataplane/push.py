@@ -3,7 +3,7 @@
 A leaf with host relays sends every host its request directly (the control
 plane: small, so replies, routes and liveness keep their short paths), less
 the request's big buffers. Those go in chunks along a tree of the hosts
-(``plan``; fanout 1 is a chain), each host relay forwarding every chunk to its
+(``plans.heap``; fanout 1 is a chain), each host relay forwarding every chunk to its
 own children in the tree as soon as it has checked it (cut-through), on links
 of their own (``BULK`` sends: the shell connects to each host relay's bulk
 socket). So the controller host's link carries about ``fanout`` copies, not
@@ -23,7 +23,7 @@ that gets no chunk for ``stall`` seconds fails its engines, naming the cause.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...wire import protocol as P
@@ -31,6 +31,7 @@ from ...wire.topology import HOST_PREFIX, host_ident
 from ..events import Send
 from .chunks import Assembly, checked, count, digest, size
 from .model import Link, estimate
+from .plans import heap
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +92,6 @@ class Layout:
         ):
             raise P.ProtocolError(f"bad chunk layout {d!r}")
         return layout
-
-
-def plan(hosts: Sequence, fanout: int) -> dict[object, list]:
-    """A tree of ``hosts`` under the sender (key ``None``), breadth first:
-    the sender feeds the first ``fanout``; host ``i`` feeds hosts
-    ``fanout * (i + 1)`` to ``fanout * (i + 1) + fanout - 1``."""
-    tree: dict[object, list] = {None: list(hosts[:fanout])}
-    for i, host in enumerate(hosts):
-        first = fanout * (i + 1)
-        tree[host] = list(hosts[first : first + fanout])
-    return tree
 
 
 def choose_fanout(n_hosts: int, nbytes: int, chunk: int, link: Link = ASSUMED) -> int:
@@ -185,7 +175,7 @@ class Bulk:
             k, offset, size = layout.locate(j)
             data = memoryview(p.inner[5 + bufs[k][0]]).cast("B")[offset : offset + size]
             messages.append(self.codec.pack(CHUNK_MSG, dict(id=out_id, i=j, d=digest(data)), [data]))
-        out = Outgoing(out_id, layout, plan([h for h, _ in hosts], fanout), messages, dict(hosts))
+        out = Outgoing(out_id, layout, heap([h for h, _ in hosts], fanout), messages, dict(hosts))
         self.last = dict(fanout=fanout, chunks=layout.n, hosts=[h[len(HOST_PREFIX) :].decode() for h, _ in hosts])
         self.outgoing[p.key] = out
         return out

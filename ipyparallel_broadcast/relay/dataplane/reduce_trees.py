@@ -1,7 +1,7 @@
 """A reduce's big values on their way to the leaf: one chain of hosts, or two trees (sans I/O).
 
-The leaf plans the way (``plan``), by the alpha-beta model (``choose``; or
-``BroadcastController.host_reduce_shape``):
+The leaf picks the way by the alpha-beta model (``choose``; or
+``BroadcastController.host_reduce_shape``) and plans it (``plans.reduce_way``):
 
 - ``chain``: the hosts in a line, ordered by first engine id, the value in one
   part: ``v1 + (v2 + (... + vP))``. P hops.
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from ...wire import protocol as P
 from .chunks import parts
-from .combine import MAX_FEEDS, Chains, within
+from .combine import Chains, within
 from .model import estimate
+from .plans import CHAIN, TWO_TREES
 from .push import ASSUMED
 
-CHAIN, TWO_TREES = "chain", "two trees"
 SHAPES = ("auto", CHAIN, TWO_TREES)
 MAX_PARTS = 2
 # On the bed (200 Mbit/s, 2 cores for every host), two trees measured from 2 % faster
@@ -35,10 +35,6 @@ MAX_PARTS = 2
 # ahead: each host must have both halves' first bytes at once, and its engines' turns
 # to combine them share the cores. So the model must put them well ahead first.
 MARGIN = 1.5
-# chunks a host of two trees may send beyond what the host it feeds sent on: the
-# fewest that keep the links busy (8 hosts at 200 Mbit/s, 16 MiB: 1 was 12 % slower
-# than 2, and 4 was 11 % slower, its own half's chunks queued ahead of those it forwards)
-WINDOW = 2
 KEPT = 4096  # cuts of values whose request went without a word here (bounded)
 
 
@@ -62,24 +58,6 @@ def choose(n_hosts: int, setting: str = "auto", chunk: int = 512 << 10) -> str:
     m = 64 * chunk  # (the order does not depend on the size: both move one value per link)
     chain = estimate("pipelined tree", n_hosts, m, ASSUMED, 1).seconds
     return TWO_TREES if chain >= MARGIN * estimate("two trees", n_hosts, m, ASSUMED).seconds else CHAIN
-
-
-def plan(hosts: list[tuple[bytes, str, int]], shape: str) -> tuple[list[bytes], list[bytes], dict[bytes, dict]]:
-    """The way of ``hosts`` ((identity, bulk url, first engine id)) to the leaf:
-    the hosts in order, the host that sends each part to the leaf, and each
-    host's content (``parts``: its link in each part)."""
-    ordered = sorted(hosts, key=lambda h: h[2])
-    orders, arity = ([ordered], 1) if shape == CHAIN else ([ordered, ordered[::-1]], MAX_FEEDS)
-    contents: dict[bytes, dict] = {h[0]: dict(parts=[]) for h in ordered}
-    for order in orders:
-        for j, (ident, _url, _first) in enumerate(order):
-            feeders = [h[1] for h in order[arity * j + 1 : arity * j + arity + 1]]
-            to = order[(j - 1) // arity][1] if j else None
-            part = dict(to=to, feeds=len(feeders), slot=(j - 1) % arity if j else 0)
-            if shape == TWO_TREES:  # (two feeders share a link: each sends within a window, ``upchain``)
-                part.update(window=WINDOW, feeders=feeders)
-            contents[ident]["parts"].append(part)
-    return [h[0] for h in ordered], [order[0][0] for order in orders], contents
 
 
 class Uplinks:

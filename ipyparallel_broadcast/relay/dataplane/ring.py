@@ -1,7 +1,7 @@
 """An allreduce's big values among hosts: a ring of host relays (sans I/O).
 
 For an allreduce whose targets are all on two or more host relays of one
-leaf, the leaf puts those hosts in a ring (``plan``: by first engine id), and
+leaf, the leaf puts those hosts in a ring (``plans.ring``: by first engine id), and
 each host's combined value is cut into P parts on chunk boundaries (``cuts``).
 
 - Reduce-scatter: part k goes round as a reduce chain (``upchain``: a link per
@@ -49,14 +49,6 @@ MARK = b'"' + RGATHER.encode() + b'"'  # in a ring chunk's header frame
 def takes_part(nbytes: int, chunk: int, n: int) -> bool:
     """Whether a value of ``nbytes`` goes round a ring of ``n`` hosts: each part at least one chunk."""
     return nbytes >= n * chunk
-
-
-def plan(hosts: list[tuple[bytes, str, int]]) -> tuple[list[bytes], dict[bytes, dict]]:
-    """The ring of ``hosts`` ((identity, bulk url, first engine id)): their
-    order and each one's ring content."""
-    ordered = sorted(hosts, key=lambda h: h[2])
-    urls = [h[1] for h in ordered]
-    return [h[0] for h in ordered], {h[0]: dict(urls=urls, at=i) for i, h in enumerate(ordered)}
 
 
 @dataclass
