@@ -14,10 +14,11 @@ from ..wire import reduction as R
 from .context import NodeContext
 from .dataplane import combine, plans, reduce_trees
 from .dataplane.combine import Chain, Chains
+from .dataplane.ends import end_links
 from .dataplane.push import Bulk
 from .dataplane.reduce_trees import Uplinks
 from .deadlines import Deadlines
-from .events import DOWN, UP, Send
+from .events import UP, Send
 from .liveness import Children
 from .pending import InFlight, Pending
 
@@ -129,8 +130,7 @@ class ReduceChains:
 
     def _ended(self, p: Pending, chain: Chain, gone: bytes | None = None) -> list[Send]:
         """The chain's hosts let go of their links (they wait for as long as the leaf does)."""
-        end = self.node.codec.pack(P.CHAIN_END, dict(keys=[p.key]))
-        return [Send(DOWN, [host] + end) for host in chain.hosts if host != gone]
+        return end_links(self.node.codec, p.key, chain.hosts, but=gone)
 
     def unneeded(self, p: Pending) -> list[Send]:
         """Every host's bundle is in and none chained its value: no need to wait."""

@@ -14,9 +14,10 @@ from ..wire import protocol as P
 from ..wire import reduction as R
 from .context import NodeContext
 from .dataplane import plans
+from .dataplane.ends import end_links
 from .dataplane.ring import Rings
 from .deadlines import Deadlines
-from .events import DOWN, UP, Send
+from .events import UP, Send
 from .liveness import Children
 from .pending import InFlight, Pending
 from .sharing import Sharing
@@ -78,9 +79,7 @@ class ReduceRings:
         return sends
 
     def _end(self, p: Pending, why: str, but=None) -> list[Send]:
-        hosts = self.of.pop(p.key)
-        end = self.node.codec.pack(P.CHAIN_END, dict(keys=[p.key], why=f"the ring of hosts ended: {why}"))
-        return [Send(DOWN, [h] + end) for h in hosts if h != but]
+        return end_links(self.node.codec, p.key, self.of.pop(p.key), f"the ring of hosts ended: {why}", but)
 
     # --------------------------------------------------------- a host relay
     def own(self, p: Pending) -> list[Send]:

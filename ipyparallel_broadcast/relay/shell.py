@@ -28,7 +28,7 @@ from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
 from .core import RelayNode
-from .dataplane.push import BULK
+from .dataplane.chunks import BULK
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 
 BATCH = 256  # messages taken from one socket before looking at the others

@@ -2,14 +2,20 @@
 tree, a reduce's chain or trees, an allreduce's ring): how many a value
 has, where each lies, how a value is cut into parts on chunk boundaries,
 one assembly with one policy for a chunk that comes twice, and the check
-every chunk message passes (its signature, its type, its bytes' digest)."""
+every chunk message passes (its signature, its type, its bytes' digest),
+and how a message goes to another host's chunk socket."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from ...wire import protocol as P
+from ...wire.topology import host_ident
+from ..events import Send
+
+BULK = "bulk"  # a Send to a host relay's chunk socket: [url, identity, *message]; [url]: close the link
+LINK = host_ident("chain")  # the identity a host's links to other hosts' chunk sockets go by
 
 
 def count(nbytes: int, chunk: int) -> int:
@@ -56,6 +62,11 @@ def checked(codec: P.Codec, body, kind: str, what: str) -> dict:
     if digest(body[5]) != msg["content"].get("d"):
         raise P.ProtocolError(f"a {what} that does not match its digest")
     return msg
+
+
+def to_host(url: str, frames: Sequence, ident: bytes = LINK) -> Send:
+    """A message (its frames from the delimiter on) to the host whose chunk socket is ``url``."""
+    return Send(BULK, [url.encode(), ident, *frames])
 
 
 class Assembly:

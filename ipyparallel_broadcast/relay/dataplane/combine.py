@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 
 from ...wire import protocol as P
 from ...wire import reduction as R
-from ...wire.topology import HOST_PREFIX, host_ident
+from ...wire.topology import HOST_PREFIX
 from ..events import UP, Send
-from .chunks import Assembly, checked, count, digest, piece, size
+from .chunks import Assembly, checked, count, digest, piece, size, to_host
+from .ends import Ended
 from .plans import MAX_FEEDS
-from .push import BULK
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class Chains:
         self.codec, self.stall, self.chunk = codec, stall, chunk  # stall: how long the leaf waits (``reduce_chains``)
         self.links: dict[str, Link] = {}
         self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
-        self.aborted: dict[str, None] = {}  # keys of links this host ended early: later chunks are dropped
+        self.aborted = Ended()  # keys of links this host ended early: later chunks are dropped
         self.sent = self.received = 0  # chunks, for stats
         self.shape: str | None = None  # at a leaf: the last reduce's way between hosts, for stats
 
@@ -178,7 +178,7 @@ class Chains:
         link = self.links.get(key)
         if link is None:
             return []
-        self._ended(key)
+        self.aborted.add(key)
         return self._finish(link, self._message(link, dict(n=0, error=why)))
 
     def on_message(self, msg: dict, data) -> list[Send]:
@@ -280,7 +280,7 @@ class Chains:
             return []
         link.granted = len(link.sent)
         frames = self.codec.pack(RCREDIT, dict(key=link.key, upto=link.granted + link.window), [])
-        return [Send(BULK, [url.encode(), host_ident("chain")] + frames) for url in link.feeders]
+        return [to_host(url, frames) for url in link.feeders]
 
     def on_credit(self, msg: dict) -> list[Send]:
         """The host this one feeds grants chunks below ``upto``."""
@@ -331,7 +331,7 @@ class Chains:
         self.sent += 1
         if link.to is None:
             return [Send(UP, frames)]
-        return [Send(BULK, [link.to.encode(), host_ident("chain")] + frames)]  # (frames start with DELIM)
+        return [to_host(link.to, frames)]  # (frames start with DELIM)
 
     def _finish(self, link: Link, sends: list[Send]) -> list[Send]:
         link.done = True
@@ -345,13 +345,8 @@ class Chains:
         (its engines, or the hosts after it, may compute for hours)."""
         for key in keys:
             if self.links.pop(key, None) is not None:
-                self._ended(key)
+                self.aborted.add(key)
         return []  # (nothing to send: the leaf told every host)
-
-    def _ended(self, key: str) -> None:
-        self.aborted[key] = None
-        while len(self.aborted) > 256:
-            self.aborted.pop(next(iter(self.aborted)))
 
 
 def check(codec: P.Codec, body) -> tuple[dict, object]:

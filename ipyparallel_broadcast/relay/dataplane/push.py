@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from ...wire import protocol as P
 from ...wire.topology import HOST_PREFIX, host_ident
 from ..events import Send
-from .chunks import Assembly, checked, count, digest, size
+from .chunks import BULK, Assembly, checked, count, digest, size, to_host
 from .model import Link, estimate
 from .plans import heap
 
 log = logging.getLogger(__name__)
 
-BULK = "bulk"  # a Send to a host relay's bulk socket: [url, identity, *message]; [url]: close the link
 CHUNK_MSG = "ipb_chunk"
 CHUNK = 512 << 10  # bytes per chunk (MPI's large-message segments are 512 KB)
 THRESHOLD = 1 << 20  # buffers this big go in chunks
@@ -192,8 +191,7 @@ class Bulk:
         """Every chunk, to each of ``hosts`` (identities)."""
         sends = []
         for host in hosts:
-            target = [out.urls[host].encode(), host]
-            sends += [Send(BULK, target + m) for m in out.messages]
+            sends += [to_host(out.urls[host], m, host) for m in out.messages]
         self.sent += len(sends)
         return sends
 
@@ -282,7 +280,7 @@ class Bulk:
         self.received += 1
         self.forwarded += len(inc.to)
         message = list(body)
-        return [Send(BULK, [url.encode(), host_ident(label), P._DELIM] + message) for label, url in inc.to]
+        return [to_host(url, [P._DELIM, *message], host_ident(label)) for label, url in inc.to]
 
     def finished(self, inc: Incoming, adopted: bool):
         """The request has its buffers (``adopted``: and its segment, if any):

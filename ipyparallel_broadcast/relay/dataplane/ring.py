@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ...wire import protocol as P
-from ...wire.topology import host_ident
 from ..events import Send
-from .chunks import Assembly, checked, count, cuts, size
+from .chunks import Assembly, checked, count, cuts, size, to_host
 from .combine import Chains, within
-from .push import BULK
+from .ends import Ended
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class Ring:
         return f"{self.key}#{k}"
 
     def send(self, frames) -> Send:
-        return Send(BULK, [self.urls[(self.at + 1) % self.n].encode(), host_ident("chain")] + frames)
+        return to_host(self.urls[(self.at + 1) % self.n], frames)
 
 
 class Rings:
@@ -90,7 +89,7 @@ class Rings:
         self.rings: dict[str, Ring] = {}  # by key, while the value comes together here
         self.results: dict[str, Ring] = {}  # by key: whole values, until the root's bind takes them
         self.settled: list[Ring] = []  # outcomes just known: their bundles go (the node drains it)
-        self.ended: dict[str, str] = {}  # rings ended here, and why: what still comes for them is dropped
+        self.ended = Ended()  # rings ended here, and why: what still comes for them is dropped
         self.gathered = self.forwarded = 0  # final chunks written here, and passed on
 
     @property
@@ -250,9 +249,7 @@ class Rings:
         return []
 
     def _ended(self, ring: Ring) -> None:
-        self.ended[ring.key] = ring.why
-        while len(self.ended) > 256:
-            self.ended.pop(next(iter(self.ended)))
+        self.ended.add(ring.key, ring.why)
         if ring.ref is not None:
             self.drop(ring.ref)
             ring.ref = None
