@@ -210,7 +210,7 @@ def test_curve_end_to_end_through_every_hop():
                 assert plain.poll(500) == 0
                 plain.close()
         finally:
-            ctx.term()
+            ctx.destroy(linger=0)  # (a socket left open by a failed assertion must not hang the test)
         after = rc.broadcast_stats()
         assert [n["dropped"] for n in after] == [n["dropped"] for n in nodes] == [0] * len(nodes)
         assert all(n["pending"] == 0 and "error" not in n for n in after)
