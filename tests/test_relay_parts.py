@@ -192,3 +192,58 @@ def test_the_host_fold_alone_drops_a_holder_past_its_turn_and_starts_again_witho
     turn = b.read(Send(DOWN, again.frames[1:]))
     assert again.frames[0] == b"uuid-1" and turn["content"]["round"] == 2 and fold.waiting() == 1
     sharing.drop_value(fold.folds["r1"].turns.segment[0])  # (its name goes; nothing left in /dev/shm)
+
+
+# -------------------------------------------------------------- reduce chains
+def test_the_reduce_chains_alone_plan_a_chain_and_fail_its_engines_when_a_host_of_it_is_lost():
+    """A leaf's ``ReduceChains`` with three host relays (chunk links, no node):
+    the plan puts them in a chain by first engine id; two hosts' bundles say
+    their values are in the chain; the middle host is lost: those engines
+    fail, naming the chain, and the other hosts are told to let go."""
+    from ipyparallel_broadcast.relay.dataplane.combine import Chains
+    from ipyparallel_broadcast.relay.dataplane.push import Bulk
+    from ipyparallel_broadcast.relay.dataplane.reduce_trees import Uplinks
+    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.reduce_chains import CHAIN, ReduceChains
+    from ipyparallel_broadcast.wire.reduction import Reduction
+    from ipyparallel_broadcast.wire.topology import host_ident
+
+    b, failed = Beating(path=(0,)), []  # (b: a codec and a clock)
+    children = Children((0,), [], lambda: b.now, 0.5, 10.0)
+    hosts = [children.add_host(host_ident(f"h{i}")) for i in (2, 0, 1)]  # (said hello in any order)
+    for h in hosts:
+        children.bulk_link(h, f"tcp://{h.decode()}:1")
+    inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now)
+    bulk = Bulk(b.codec, lambda: b.now, 20.0)
+    chains = Chains(b.codec, 20.0, bulk.chunk)
+    part = ReduceChains(
+        NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop),
+        inflight,
+        children,
+        Deadlines(),
+        bulk=bulk,
+        chains=chains,
+        uplinks=Uplinks(chains),
+        shape="chain",
+        fail=lambda p, eids, code, why: failed.append((eids, code, why)) or [],
+    )
+    p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=[])
+    p.reduction = Reduction("sum")
+    groups = {host_ident(f"h{i}"): [2 * i, 2 * i + 1] for i in (2, 0, 1)}
+    for child, eids in groups.items():
+        p.state.expect(child, eids)
+    contents = part.plan(p, groups)
+    assert set(contents) == set(hosts) and part.has(p) and part.shape == "chain" and p.state.owes(CHAIN)
+    assert [c["chain"]["parts"][0]["to"] for c in (contents[host_ident(f"h{i}")] for i in range(3))] == [
+        None,
+        "tcp://ipb-host:h0:1",
+        "tcp://ipb-host:h1:1",
+    ]  # the chain in the order of first engine ids: h2 -> h1 -> h0 -> the leaf
+    for i in (0, 2):
+        part.chained(p, groups[host_ident(f"h{i}")], 2 * i)
+    sends = part.host_lost(host_ident("h1"), "is unreachable")
+    assert sorted(e for eids, _, _ in failed for e in eids) == [0, 1, 4, 5]
+    named = "lost its value in the reduce chain (the chain of hosts h0, h1, h2: is unreachable)"
+    assert all(code == P.UNREACHABLE and why == named for _, code, why in failed)
+    assert sorted(s.frames[0] for s in sends) == [host_ident("h0"), host_ident("h2")]
+    assert {b.kind(Send(DOWN, s.frames[1:])) for s in sends} == {P.CHAIN_END} and not part.open
