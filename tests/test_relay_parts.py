@@ -247,3 +247,45 @@ def test_the_reduce_chains_alone_plan_a_chain_and_fail_its_engines_when_a_host_o
     assert all(code == P.UNREACHABLE and why == named for _, code, why in failed)
     assert sorted(s.frames[0] for s in sends) == [host_ident("h0"), host_ident("h2")]
     assert {b.kind(Send(DOWN, s.frames[1:])) for s in sends} == {P.CHAIN_END} and not part.open
+
+
+# ------------------------------------------------------------------ chunks in
+def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_first_and_drops_junk():
+    """``ChunksIn`` with the data plane (``BigData``) and no node: a leaf's
+    ``Bulk`` cuts a buffer into chunks; they reach the host before the
+    request's envelope (another link), then the envelope comes: the request
+    goes on (``go_on``) with the exact bytes. A message that is no chunk is
+    dropped through the ``drop`` it was given."""
+    import os
+
+    from ipyparallel_broadcast.relay.bigdata import BigData
+    from ipyparallel_broadcast.relay.chunks_in import ChunksIn
+    from ipyparallel_broadcast.relay.dataplane.push import Bulk
+    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.sharing import Sharing
+    from ipyparallel_broadcast.wire.topology import host_ident
+
+    b, went = Beating(path=(0,), host="h1"), []  # (b: a codec, a clock and a drop)
+    node = NodeContext(b.codec, lambda: b.now, "host h1", "boot-1", False, "h1", b.drop)
+    spec = dict(chunk=1024, threshold=2048)
+    inflight, sharing = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now), Sharing(b.codec, None)
+    children = Children((0,), [], lambda: b.now, 0.5, 10.0)
+    big = BigData.build(node, inflight, children, sharing, Deadlines(), stall=20.0, spec=spec, fail=None, stalled=list)
+    chunks_in = ChunksIn(node, inflight, sharing, big, go_on=lambda p, targets: went.append((p, targets)) or [])
+
+    data = os.urandom(10_000)  # 10 chunks, the last short
+    request = [b"sig", b"{}", b"{}", b"{}", b"{}", data]
+    leaf = Bulk(P.Codec(Session(key=b"k")), lambda: b.now, 20.0, **spec)
+    sent = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=request)
+    out = leaf.start(sent, [(host_ident("h1"), "tcp://h1:1")], "boot-0")
+    content, frames = leaf.envelope(out, host_ident("h1"), request)
+    for send in leaf.sends_for(out, out.tree[None]):
+        assert chunks_in.on_chunk([b"leaf"] + send.frames[2:]) == []  # (early: its envelope is on its way)
+
+    p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=frames)
+    assert chunks_in.expect(p, content, [3, 4]) == []  # (it feeds no other host)
+    ((came, targets),) = went
+    assert came is p and targets == [3, 4] and bytes(p.inner[5]) == data and big.bulk.received == 10
+
+    assert chunks_in.on_chunk([b"leaf", b"junk"]) == [] and chunks_in.on_chunk([b"leaf"]) == []
+    assert len(b.dropped) == 2 and all(why.startswith("chunk:") for why in b.dropped)
