@@ -305,6 +305,8 @@ class Bulk:
         return gone
 
     def next_deadline(self) -> float | None:
+        if not self.incoming and not self.early_since:  # (asked every loop turn: most turns move no chunk)
+            return None
         times = [inc.last for inc in self.incoming.values()] + list(self.early_since.values())
         return min(times) + self.stall if times else None
 
