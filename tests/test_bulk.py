@@ -19,10 +19,11 @@ pytestmark = pytest.mark.pure
 CHUNK = 1000  # bytes: small, so that tests have many chunks
 
 
-def bed(n_hosts=4, per_host=2, fanout=1, chunk=CHUNK, threshold=CHUNK):
+def bed(n_hosts=4, per_host=2, fanout=1, chunk=CHUNK, threshold=CHUNK, push="auto"):
     hosts = {f"h{i}": (0, list(range(i * per_host, (i + 1) * per_host))) for i in range(n_hosts)}
     engines = list(range(n_hosts * per_host))
-    sim = TreeSim(0, 2, engines, hosts=hosts, bulk=dict(chunk=chunk, threshold=threshold, fanout=fanout))
+    spec = dict(chunk=chunk, threshold=threshold, fanout=fanout, push=push)
+    sim = TreeSim(0, 2, engines, hosts=hosts, bulk=spec)
     return sim, engines
 
 
@@ -66,6 +67,55 @@ def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copi
     assert all(not n.big.bulk.outgoing for n in sim.nodes.values())
 
 
+@pytest.mark.parametrize("n_hosts", [2, 3, 7, 10])
+def test_two_trees_deliver_every_chunk_once_and_each_host_sends_about_one_copy(n_hosts):
+    sim, engines = bed(n_hosts=n_hosts, fanout=0, push="two trees")
+    big = data(12_345)
+    sim.request(engines, inner=big_inner(sim, big))
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == engines and not failures
+    assert all(buffers_got(sim, e) == [big] for e in engines)
+    n = Layout(((0, len(big)),), CHUNK).n
+    leaf = sim.nodes[()]
+    assert leaf.big.bulk.last["shape"] == "two trees"
+    assert leaf.big.bulk.sent == n  # even chunks to one tree's root, odd to the other's
+    assert all(count == n for count in sim.chunks_at.values())  # each host got each chunk once
+    forwarded = [sim.nodes[h].big.bulk.forwarded for h in sim.chunks_at]
+    assert sum(forwarded) == (n_hosts - 1) * n  # every host but the roots is fed each chunk once
+    assert max(forwarded) <= 2 * -(-n // 2)  # interior in one tree at most: two children, half the chunks
+
+
+def test_two_trees_heal_around_a_hung_host_in_both_trees():
+    sim, engines = bed(n_hosts=7, fanout=0, push="two trees")
+    hung = ("h", "h5")  # interior in the mirrored tree (feeds h3 and h2 its odd chunks), a leaf of the first
+    sim.down_nodes[hung] = "hung"
+    big = data(9_000)
+    sim.request(engines, inner=big_inner(sim, big))
+    leaf = sim.nodes[()]
+    for _ in range(int(leaf.node_timeout / leaf.ping_interval) + 2):
+        sim.tick(leaf.ping_interval)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(failures) == [10, 11] and sorted(replies) == [e for e in engines if e not in (10, 11)]
+    for e in replies:
+        assert len(sim.engine_inbox[e]) == 1 and buffers_got(sim, e) == [big]
+    assert sim.pending_total() == 0
+
+
+def test_the_chunk_size_follows_the_link_the_leaf_timed():
+    from ipyparallel_broadcast.relay.dataplane.choice import MIN_CHUNK, Gauge, plan_push
+    from ipyparallel_broadcast.relay.dataplane.model import Link
+
+    gauge = Gauge()
+    fast = plan_push(8, 64 << 20, gauge.link).chunk
+    gauge.timed(64 << 20, 3.0, 8, 128)  # ~190 Mbit/s: a slow link
+    slow = plan_push(8, 64 << 20, gauge.link).chunk
+    assert MIN_CHUNK <= slow < fast
+    assert 150e6 < gauge.bits_per_second < 200e6
+    gauge.timed(64 << 20, 30.0, 8, 128)  # a push whose engines took long: not a slower link
+    assert plan_push(8, 64 << 20, gauge.link).chunk == slow
+    assert gauge.link == Link(gauge.start.alpha, min(gauge.betas))
+
+
 def test_small_requests_keep_the_one_message_path():
     sim, engines = bed()
     sim.request(engines, inner=big_inner(sim, data(CHUNK - 1)))
@@ -80,9 +130,10 @@ def test_small_requests_keep_the_one_message_path():
     fanout=st.integers(0, 4),
     sizes=st.lists(st.integers(0, 5000), max_size=3),
     chunk=st.integers(300, 3000),
+    push=st.sampled_from(["auto", "chain", "two trees"]),
 )
-def test_any_sizes_chunks_and_tree_deliver_the_exact_bytes(n_hosts, fanout, sizes, chunk):
-    sim, engines = bed(n_hosts=n_hosts, per_host=1, fanout=fanout, chunk=chunk, threshold=1000)
+def test_any_sizes_chunks_and_tree_deliver_the_exact_bytes(n_hosts, fanout, sizes, chunk, push):
+    sim, engines = bed(n_hosts=n_hosts, per_host=1, fanout=fanout, chunk=chunk, threshold=1000, push=push)
     buffers = [data(n, seed=i) for i, n in enumerate(sizes)]
     sim.request(engines, inner=big_inner(sim, *buffers))
     replies, failures, _ = sim.outcomes()
@@ -235,12 +286,14 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_fanout_is_a_chain_for_few_hosts_and_wider_for_many():
-    from ipyparallel_broadcast.relay.dataplane.push import choose_fanout
+def test_the_plan_is_a_chain_for_few_hosts_and_two_trees_for_many():
+    from ipyparallel_broadcast.relay.dataplane.choice import plan_push
 
-    assert choose_fanout(8, 64 << 20, 512 << 10) == 1
-    assert choose_fanout(1000, 64 << 20, 512 << 10) > 1
-    assert choose_fanout(1, 1 << 20, 512 << 10) == 1
+    assert plan_push(8, 64 << 20).shape == "chain"
+    assert plan_push(1, 1 << 20).shape == "chain"
+    assert plan_push(1000, 1 << 30).shape == "two trees"
+    assert plan_push(1000, 64 << 20, fanout=3) == plan_push(1000, 64 << 20, fanout=3, chunk=0)
+    assert plan_push(1000, 64 << 20, fanout=3).shape == "tree"
 
 
 def test_the_tree_shows_where_the_last_big_requests_chunks_went():
@@ -249,8 +302,10 @@ def test_the_tree_shows_where_the_last_big_requests_chunks_went():
     sim, engines = bed(n_hosts=3, fanout=1)
     sim.request(engines, inner=big_inner(sim, data(3_000)))
     last = sim.nodes[()].stats()["bulk_last"]
-    assert chunk_path("root", last) == "chunks of the last big request (3): root -> h0 -> h1 -> h2"
-    assert chunk_path("0", dict(last, fanout=2)).startswith("chunks of the last big request (3): 0 -> a 2-ary tree")
+    assert chunk_path("root", last) == "chunks of the last big request (3 of 1000 B): root -> h0 -> h1 -> h2"
+    assert chunk_path("0", dict(last, fanout=2)).startswith("chunks of the last big request (3 of 1000 B): 0 -> a 2-ary")
+    two = dict(last, shape="two trees", chunk=256 << 10)
+    assert chunk_path("0", two).startswith("chunks of the last big request (3 of 256 KiB): 0 -> two binary trees")
 
 
 def test_a_segment_whose_request_was_done_before_its_chunks_came_is_unlinked_when_they_have(tmp_path):

@@ -279,7 +279,7 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
     sent = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=request)
     out = leaf.start(sent, [(host_ident("h1"), "tcp://h1:1")], "boot-0")
     content, frames = leaf.envelope(out, host_ident("h1"), request)
-    for send in leaf.sends_for(out, out.tree[None]):
+    for send in leaf.first_sends(out):
         assert chunks_in.on_chunk([b"leaf"] + send.frames[2:]) == []  # (early: its envelope is on its way)
 
     p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=frames)

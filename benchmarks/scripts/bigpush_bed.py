@@ -121,7 +121,7 @@ def pss(pids) -> int:
     return total
 
 
-def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int, depth: int = 0) -> str:
+def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int, depth: int = 0, extra=()) -> str:
     """Start ``system`` on the bed; the address its client connects to."""
     if system == "dask":
         port = 8786
@@ -174,6 +174,7 @@ def start_system(stack: ExitStack, bed: NetBed, system: str, per_host: int, dept
         return f"tcp://{bed.controller.addr}:{port}"
     stock = system == "stock"
     args = ["--BroadcastController.host_chunks=False"] if system == "star" else []
+    args += list(extra) if system in ("ours", "star") else []
     cluster = stack.enter_context(BedCluster(bed, depth=1 if stock else depth, stock=stock, controller_args=args))
     for host in bed.hosts:
         cluster.start_engines(host, per_host, kind="stock" if stock else "broadcast")
@@ -188,7 +189,9 @@ def measure_system(args, system: str, hosts: int) -> dict:
         for host in [bed.controller] + bed.hosts:
             bed.limit(host, args.rate)
         drive = Driver(
-            bed, DRIVER, [start_system(stack, bed, system, args.per_host, args.depth), system, n, args.views]
+            bed,
+            DRIVER,
+            [start_system(stack, bed, system, args.per_host, args.depth, args.controller_arg), system, n, args.views],
         )
         try:
             for name in drive.views:
@@ -225,6 +228,9 @@ def main(argv=None):
     parser.add_argument("--systems", default="ours,star,stock,dask")
     parser.add_argument("--depth", type=int, default=0, help="our tree's depth (1: the default tree)")
     parser.add_argument("--views", default="all", help="the views to time, by name (default: every system's)")
+    parser.add_argument(
+        "--controller-arg", action="append", default=[], help="a setting for our controller (repeatable)"
+    )
     parser.add_argument("--out")
     parser.add_argument("--json", help="the rows as JSON too (for the notebook's plot)")
     args = parser.parse_args(argv)

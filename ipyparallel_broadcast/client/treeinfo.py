@@ -41,11 +41,15 @@ class TreeLayout:
 def chunk_path(leaf: str, last: dict) -> str:
     """How the last big request's chunks went from ``leaf`` to its hosts (``bulk``)."""
     hosts, k = last.get("hosts") or [], last.get("fanout") or 1
-    if k == 1:
+    if last.get("shape") == "two trees":
+        shape = f"{leaf} -> two binary trees of {len(hosts)} hosts (even chunks, odd chunks): " + ", ".join(hosts)
+    elif k == 1:
         shape = " -> ".join([leaf] + list(hosts))
     else:
         shape = f"{leaf} -> a {k}-ary tree of {len(hosts)} hosts: " + ", ".join(hosts)
-    return f"chunks of the last big request ({last.get('chunks')}): {shape}"
+    chunk = last.get("chunk") or 0
+    size = "" if not chunk else f" of {chunk >> 10} KiB" if chunk % 1024 == 0 else f" of {chunk} B"
+    return f"chunks of the last big request ({last.get('chunks')}{size}): {shape}"
 
 
 class TreeSurveys:

@@ -175,7 +175,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         if not self.host_chunks:
             return dict(threshold=1 << 62)
         spec = dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout)
-        return dict(spec, reduce=self.host_reduce_shape)
+        return dict(spec, reduce=self.host_reduce_shape, push=self.host_push_shape)
 
     def node_spec(self, path, monitor_url) -> dict:
         shape = self.shape

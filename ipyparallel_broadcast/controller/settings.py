@@ -12,7 +12,7 @@ from __future__ import annotations
 from traitlets import Bool, Enum, Float, Integer, Union, validate
 from traitlets.config import Configurable
 
-from ..relay.dataplane import reduce_trees
+from ..relay.dataplane import choice, reduce_trees
 from ..wire.topology import TreeShape, auto_shape
 
 ASSUMED_ENGINES = 64  # an 'auto' tree's engine count when nobody gave one
@@ -85,7 +85,12 @@ class TreeSettings(Configurable):
         help="Send a request's big buffers to host relays in pipelined chunks, host to host "
         "along a tree of the hosts (see bulk), instead of one whole copy from a leaf to each host.",
     )
-    host_chunk_size = Integer(512 << 10, config=True, help="Bytes per chunk (host_chunks).")
+    host_chunk_size = Integer(
+        0,
+        config=True,
+        help="Bytes per chunk (host_chunks); 0 picks it per push from the alpha-beta model, on the link "
+        "as the leaf timed its earlier pushes (a reduce's chunks are then 512 KiB).",
+    )
     host_chunk_threshold = Integer(
         1 << 20, config=True, help="The smallest request buffer, in bytes, that goes in chunks (host_chunks)."
     )
@@ -94,6 +99,14 @@ class TreeSettings(Configurable):
         config=True,
         help="How many hosts each host feeds chunks to: 1 is a chain; 0 picks it per request "
         "from the alpha-beta model (linkmodel).",
+    )
+    host_push_shape = Enum(
+        list(choice.SHAPES),
+        "auto",
+        config=True,
+        help="How a push's chunks go between host relays: a 'chain' of the hosts, or 'two trees' (Sanders, "
+        "Speck and Traeff: even chunks down one binary tree, odd chunks down its mirror); 'auto' picks per "
+        "request from the alpha-beta model, a chain, a k-ary tree (host_chunk_fanout) or two trees.",
     )
     host_reduce_shape = Enum(
         list(reduce_trees.SHAPES),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .context import NodeContext
 from .dataplane.combine import Chains
-from .dataplane.push import Bulk
+from .dataplane.push import CHUNK, Bulk
 from .dataplane.reduce_trees import Uplinks
 from .dataplane.ring import Rings
 from .deadlines import Deadlines
@@ -53,8 +53,8 @@ class BigData:
         of pushes whose chunks stopped coming."""
         spec = dict(spec or {})
         shape = spec.pop("reduce", "auto")
-        bulk = Bulk(node.codec, node.clock, stall, **spec)
-        chains = Chains(node.codec, stall, bulk.chunk)
+        bulk = Bulk(node.codec, node.clock, stall, shape=spec.pop("push", "auto"), **spec)
+        chains = Chains(node.codec, stall, bulk.chunk or CHUNK)  # (a reduce's hosts must agree on one)
         uplinks = Uplinks(chains)
         rings = Rings(node.codec, chains, bulk.threshold, node.clock, stall, sharing.drop_value)
         if sharing.on:  # chunks are written straight into the segment engines map

@@ -85,6 +85,7 @@ class ChunksIn:
         p.inner = inner
         if ref is not None:
             self.sharing.adopt(p, ref, [(i, buf) for (i, _), buf in zip(inc.layout.bufs, buffers)])
+        self.inflight.stamp(p, "first chunk in", ago=self.node.clock() - inc.first)
         self.inflight.stamp(p, "chunks in", inc.layout.n)
         return self.go_on(p, p.state.data_came())
 

@@ -183,7 +183,8 @@ class DownFlow:
                 content["vshm"] = ["", self.sharing.store.prefix, 0]
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
         if out is not None:
-            sends += self.big.bulk.sends_for(out, out.tree[None])
+            sends += self.big.bulk.first_sends(out)
+            self.inflight.stamp(p, "chunks out", self.big.bulk.last)
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)
 

@@ -131,9 +131,10 @@ class InFlight:
         self.on_done: list[Callable[[Pending], None]] = []  # each called as a request leaves this node
         self.on_big_done: list[Callable[[Pending], None]] = []  # ... a request with big buffers
 
-    def stamp(self, p: Pending, event: str, detail=None):
+    def stamp(self, p: Pending, event: str, detail=None, ago: float = 0.0):
+        """Note ``event`` in a traced request's trace (``ago`` seconds ago)."""
         if p.trace is not None:
-            p.trace.append([event, self.wall(), detail])
+            p.trace.append([event, self.wall() - ago, detail])
 
     def file_trace(self, p: Pending) -> None:
         """Keep a traced request's events once it is done here (with those of

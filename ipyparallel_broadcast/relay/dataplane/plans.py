@@ -6,6 +6,8 @@ built on that order:
 
 - ``heap``: a k-ary tree under the sender, breadth first (a push's; fanout 1
   is a chain);
+- ``binary``: a binary tree under one root (a push's two trees: one over the
+  order, one over its mirror);
 - ``reduce_way``: one chain, or two mirrored binary trees (a reduce's): each
   host's link in each part, the hosts that feed it, and the part's head;
 - ``ring``: the hosts round a ring (an allreduce's).
@@ -44,6 +46,16 @@ def heap(hosts: Sequence, fanout: int) -> dict[object, list]:
     for i, host in enumerate(hosts):
         first = fanout * (i + 1)
         tree[host] = list(hosts[first : first + fanout])
+    return tree
+
+
+def binary(hosts: Sequence) -> dict[object, list]:
+    """A binary tree of ``hosts`` in heap order under one root, which the
+    sender (key ``None``) feeds: host ``i`` feeds hosts ``2i + 1`` and ``2i + 2``
+    (a push's half of two trees; a reduce's runs the same way back)."""
+    tree: dict[object, list] = {None: list(hosts[:1])}
+    for i, host in enumerate(hosts):
+        tree[host] = list(hosts[MAX_FEEDS * i + 1 : MAX_FEEDS * i + MAX_FEEDS + 1])
     return tree
 
 

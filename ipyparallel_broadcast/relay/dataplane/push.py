@@ -1,13 +1,19 @@
-"""Big requests to many hosts: the data plane, in pipelined chunks.
+"""Big requests to many hosts: the data plane's push, in pipelined chunks.
 
 A leaf with host relays sends every host its request directly (the control
 plane: small, so replies, routes and liveness keep their short paths), less
-the request's big buffers. Those go in chunks along a tree of the hosts
-(``plans.heap``; fanout 1 is a chain), each host relay forwarding every chunk to its
-own children in the tree as soon as it has checked it (cut-through), on links
-of their own (``BULK`` sends: the shell connects to each host relay's bulk
-socket). So the controller host's link carries about ``fanout`` copies, not
-one per host, and a big push costs about one copy's time on one link.
+the request's big buffers. Those go in chunks along a tree of the hosts, each
+host relay forwarding every chunk to its own children in the tree as soon as
+it has checked it (cut-through), on links of their own (``BULK`` sends: the
+shell connects to each host relay's bulk socket). So the controller host's
+link carries about one copy, not one per host, and a big push costs about one
+copy's time on one link.
+
+The way and the chunk size are chosen per request by the model
+(``choice.plan_push``, on the link as timed from earlier pushes): a chain, a
+k-ary tree (``plans.heap``), or two trees (Sanders, Speck and Traeff), where
+even chunks go down one binary tree and odd chunks down its mirror, every
+host interior in at most one, so each host's link carries about one copy.
 
 Integrity: the envelope names the chunks' layout (``Layout``) and is signed;
 every chunk is a signed message whose content carries the SHA-256 of its
@@ -15,9 +21,10 @@ bytes, checked at each host before it is forwarded or used. A host hands its
 engines the request only once every chunk has arrived (``Incoming``); a
 chunk that comes twice (after healing) is dropped.
 
-Healing: when the leaf loses a host relay of a plan, it sends every chunk
-again straight to that host's children in the plan (``orphaned``); a host
-that gets no chunk for ``stall`` seconds fails its engines, naming the cause.
+Healing: when the leaf loses a host relay of a plan, it sends the chunks of
+each tree the host was in again straight to that host's children there
+(``orphaned``); a host that gets no chunk for ``stall`` seconds fails its
+engines, naming the cause.
 """
 
 from __future__ import annotations
@@ -29,18 +36,17 @@ from dataclasses import dataclass, field
 from ...wire import protocol as P
 from ...wire.topology import HOST_PREFIX, host_ident
 from ..events import Send
+from .choice import Gauge, PushPlan, plan_push
 from .chunks import BULK, Assembly, checked, count, digest, size, to_host
-from .model import Link, estimate
-from .plans import heap
+from .plans import TWO_TREES, binary, heap
 
 log = logging.getLogger(__name__)
 
 CHUNK_MSG = "ipb_chunk"
-CHUNK = 512 << 10  # bytes per chunk (MPI's large-message segments are 512 KB)
+CHUNK = 512 << 10  # bytes per chunk of a reduce's chain (MPI's large-message segments are 512 KB)
 THRESHOLD = 1 << 20  # buffers this big go in chunks
 MAX_CHUNKS = 1 << 20  # a layout naming more is refused
 EARLY_LIMIT = 256 << 20  # bytes of chunks held for envelopes not yet here
-ASSUMED = Link.of(1e-3, 1e9)  # the link the fanout is chosen for (only its alpha/beta ratio counts)
 
 
 @dataclass(frozen=True)
@@ -93,24 +99,21 @@ class Layout:
         return layout
 
 
-def choose_fanout(n_hosts: int, nbytes: int, chunk: int, link: Link = ASSUMED) -> int:
-    """The pipelined tree's fanout the model finds fastest for this request
-    (chunks fixed by ``chunk``); a chain for the few hosts of most clusters."""
-    chunks = max(1, count(nbytes, chunk))
-    return min(
-        range(1, 5), key=lambda k: estimate("pipelined tree", n_hosts, nbytes, link, k, max_chunks=chunks).seconds
-    )
-
-
 @dataclass
 class Outgoing:
     """At the leaf: a request's chunks and the plan they follow."""
 
     id: str
     layout: Layout
-    tree: dict[object, list]  # host key (None: the leaf) -> the hosts it feeds
+    plan: PushPlan
+    trees: list[dict[object, list]]  # per tree: host key (None: the leaf) -> the hosts it feeds
     messages: list[list]  # each chunk's signed message, made once
     urls: dict[bytes, str]  # host -> its bulk socket
+    start: float  # when its first chunks went
+
+    def chunks_of(self, t: int) -> list[list]:
+        """The messages of the chunks that go down tree ``t``."""
+        return self.messages[t :: len(self.trees)]
 
 
 @dataclass
@@ -119,16 +122,21 @@ class Incoming:
 
     id: str
     layout: Layout
-    to: list[tuple[str, str]]  # the hosts this one feeds: (label, url)
+    to: list[list[tuple[str, str]]]  # per tree, the hosts this one feeds: (label, url)
     key: str | None  # the request it completes (None: it was done here already)
     last: float  # when a chunk last arrived
     buffers: list = field(default_factory=list)  # writable views, in the order of ``layout.bufs``
     have: Assembly = field(default_factory=Assembly)  # chunk indices written
     ref: object = None  # the shared-memory segment the buffers are in (``shm``), if any
+    first: float | None = None  # when its first chunk came (a trace's)
 
     @property
     def complete(self) -> bool:
         return len(self.have) == self.layout.n
+
+
+def _is_feed(t) -> bool:
+    return isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t)
 
 
 class Bulk:
@@ -140,15 +148,18 @@ class Bulk:
         codec: P.Codec,
         clock: Callable[[], float],
         stall: float,
-        chunk: int = CHUNK,
+        chunk: int = 0,
         threshold: int = THRESHOLD,
         fanout: int = 0,
+        shape: str = "auto",
     ):
         self.codec, self.clock, self.stall = codec, clock, stall
         # where a host relay assembles: sizes -> (segment, views) in shared memory, or None
         self.reserve: Callable[[tuple], tuple | None] = lambda sizes: None
         self.discard: Callable[[object], None] = lambda ref: None  # a segment no request took
-        self.chunk, self.threshold, self.fanout = chunk, threshold, fanout  # fanout 0: chosen per request
+        self.chunk, self.threshold, self.fanout = chunk, threshold, fanout  # 0: chosen per request
+        self.shape = shape  # "auto": chosen per request
+        self.gauge = Gauge()  # the link, as this node's pushes timed it
         self.outgoing: dict[str, Outgoing] = {}  # request key -> its chunks
         self.incoming: dict[str, Incoming] = {}  # bulk id -> its assembly
         self.early: dict[str, list] = {}  # bulk id -> chunks come before their envelope
@@ -160,55 +171,73 @@ class Bulk:
     # ------------------------------------------------------------- the leaf
     def start(self, p, hosts: list[tuple[bytes, str]], boot: str) -> Outgoing | None:
         """Chunks for request ``p`` to ``hosts`` ((identity, bulk url)), if it
-        has big buffers; the first sends, to the hosts the leaf feeds, are ``sends_for``."""
+        has big buffers; the first sends, to the hosts the leaf feeds, are ``first_sends``."""
         if not hosts or p.stock or p.rename is not None:
             return None
         bufs = tuple((i, P.nbytes(b)) for i, b in enumerate(p.inner[5:]) if P.nbytes(b) >= self.threshold)
         if not bufs:
             return None
-        layout = Layout(bufs, self.chunk)
-        fanout = self.fanout or choose_fanout(len(hosts), layout.nbytes, self.chunk)
+        plan = plan_push(len(hosts), sum(n for _, n in bufs), self.gauge.link, self.fanout, self.chunk, self.shape)
+        layout = Layout(bufs, plan.chunk)
         out_id = f"{boot[:12]}.{p.key}"
         messages = []
         for j in range(layout.n):
             k, offset, size = layout.locate(j)
             data = memoryview(p.inner[5 + bufs[k][0]]).cast("B")[offset : offset + size]
             messages.append(self.codec.pack(CHUNK_MSG, dict(id=out_id, i=j, d=digest(data)), [data]))
-        out = Outgoing(out_id, layout, heap([h for h, _ in hosts], fanout), messages, dict(hosts))
-        self.last = dict(fanout=fanout, chunks=layout.n, hosts=[h[len(HOST_PREFIX) :].decode() for h, _ in hosts])
+        order = [h for h, _ in hosts]
+        two = plan.shape == TWO_TREES
+        trees = [binary(order), binary(order[::-1])] if two else [heap(order, plan.fanout)]
+        out = Outgoing(out_id, layout, plan, trees, messages, dict(hosts), self.clock())
+        self.last = dict(
+            shape=plan.shape,
+            fanout=plan.fanout,
+            chunks=layout.n,
+            chunk=plan.chunk,
+            link=round(self.gauge.bits_per_second),
+            hosts=[h[len(HOST_PREFIX) :].decode() for h in order],
+        )
         self.outgoing[p.key] = out
         return out
 
     def envelope(self, out: Outgoing, host: bytes, frames: list) -> tuple[dict, list]:
-        """What ``host``'s request carries: the layout and the hosts it feeds;
-        its frames, less the chunked buffers."""
+        """What ``host``'s request carries: the layout and the hosts it feeds
+        (``to``; with two trees, ``odd``: those it feeds the odd chunks); its
+        frames, less the chunked buffers."""
         chunked = {5 + i for i, _ in out.layout.bufs}
-        feeds = [[h[len(HOST_PREFIX) :].decode(), out.urls[h]] for h in out.tree.get(host, [])]
-        content = dict(out.layout.content(), id=out.id, to=feeds)
+        feeds = [[[h[len(HOST_PREFIX) :].decode(), out.urls[h]] for h in tree.get(host, [])] for tree in out.trees]
+        content = dict(out.layout.content(), id=out.id, to=feeds[0], **({"odd": feeds[1]} if len(feeds) > 1 else {}))
         return content, [b"" if k in chunked else f for k, f in enumerate(frames)]
 
-    def sends_for(self, out: Outgoing, hosts) -> list[Send]:
-        """Every chunk, to each of ``hosts`` (identities)."""
-        sends = []
-        for host in hosts:
-            sends += [to_host(out.urls[host], m, host) for m in out.messages]
+    def first_sends(self, out: Outgoing) -> list[Send]:
+        """The leaf's own sends: each tree's chunks to the hosts it feeds there."""
+        return [s for t, tree in enumerate(out.trees) for s in self.sends_for(out, tree[None], t)]
+
+    def sends_for(self, out: Outgoing, hosts, t: int) -> list[Send]:
+        """Tree ``t``'s chunks, to each of ``hosts`` (identities)."""
+        sends = [to_host(out.urls[host], m, host) for host in hosts for m in out.chunks_of(t)]
         self.sent += len(sends)
         return sends
 
     def orphaned(self, host: bytes) -> list[Send]:
-        """``host`` is lost: the hosts it fed get every chunk from the leaf
-        (and the link to it goes, with what it still held)."""
+        """``host`` is lost: the hosts it fed, in each tree, get that tree's
+        chunks from the leaf (and the link to it goes, with what it still held)."""
         urls = {out.urls[host] for out in self.outgoing.values() if host in out.urls}
         sends = [Send(BULK, [url.encode()]) for url in urls]
         for out in self.outgoing.values():
-            feeds = out.tree.pop(host, None)
-            if feeds:
-                out.tree[None] = out.tree[None] + feeds
-                sends += self.sends_for(out, feeds)
+            for t, tree in enumerate(out.trees):
+                feeds = tree.pop(host, None)
+                if feeds:
+                    tree[None] = tree[None] + feeds
+                    sends += self.sends_for(out, feeds, t)
         return sends
 
     def release(self, p):
-        """``p`` is done here: its transfers' state goes."""
+        """``p`` is done here: its transfers' state goes; a push that every
+        engine took is timed (``gauge``)."""
+        out = self.outgoing.get(p.key)
+        if out is not None and not p.failed:
+            self.gauge.timed(out.layout.nbytes, self.clock() - out.start, out.plan.stages, out.layout.n)
         self.done(p.key)
 
     def done(self, key: str):
@@ -223,15 +252,13 @@ class Bulk:
         if not isinstance(content, dict) or not isinstance(content.get("id"), str):
             raise P.ProtocolError("bulk content without an id")
         layout = Layout.from_content(content, n_buffers)
-        to = content.get("to") or []
-        if not isinstance(to, list) or not all(
-            isinstance(t, list) and len(t) == 2 and all(isinstance(s, str) for s in t) for t in to
-        ):
+        trees = [content.get("to") or []] + ([content["odd"]] if "odd" in content else [])
+        if not all(isinstance(to, list) and all(_is_feed(t) for t in to) for to in trees):
             raise P.ProtocolError("bulk content with a bad list of hosts to feed")
         if content["id"] in self.incoming:
             raise P.ProtocolError(f"bulk id {content['id']!r} in use")
         inc = self.incoming[content["id"]] = Incoming(
-            content["id"], layout, [tuple(t) for t in to], p.key, self.clock()
+            content["id"], layout, [[tuple(t) for t in to] for to in trees], p.key, self.clock()
         )
         made = self.reserve(layout.bufs)  # written in place: the engines of this host map it
         if made is not None:
@@ -277,10 +304,11 @@ class Bulk:
             self.duplicates += 1
             return []
         inc.last = self.clock()
+        inc.first = inc.last if inc.first is None else inc.first
         self.received += 1
-        self.forwarded += len(inc.to)
-        message = list(body)
-        return [to_host(url, [P._DELIM, *message], host_ident(label)) for label, url in inc.to]
+        to = inc.to[j % len(inc.to)]
+        self.forwarded += len(to)
+        return [to_host(url, [P._DELIM, *body], host_ident(label)) for label, url in to]
 
     def finished(self, inc: Incoming, adopted: bool):
         """The request has its buffers (``adopted``: and its segment, if any):

@@ -22,19 +22,14 @@ lie in the whole value (``at``, ``whole``).
 from __future__ import annotations
 
 from ...wire import protocol as P
+from .choice import ASSUMED, MARGIN
 from .chunks import parts
 from .combine import Chains, within
 from .model import estimate
 from .plans import CHAIN, TWO_TREES
-from .push import ASSUMED
 
 SHAPES = ("auto", CHAIN, TWO_TREES)
 MAX_PARTS = 2
-# On the bed (200 Mbit/s, 2 cores for every host), two trees measured from 2 % faster
-# to 20 % slower than a chain at 8 and 16 hosts, where the model put them 0 to 15 %
-# ahead: each host must have both halves' first bytes at once, and its engines' turns
-# to combine them share the cores. So the model must put them well ahead first.
-MARGIN = 1.5
 KEPT = 4096  # cuts of values whose request went without a word here (bounded)
 
 
