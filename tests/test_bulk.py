@@ -303,7 +303,7 @@ def test_the_tree_shows_where_the_last_big_requests_chunks_went():
     sim.request(engines, inner=big_inner(sim, data(3_000)))
     last = sim.nodes[()].stats()["bulk_last"]
     assert chunk_path("root", last) == "chunks of the last big request (3 of 1000 B): root -> h0 -> h1 -> h2"
-    assert chunk_path("0", dict(last, fanout=2)).startswith("chunks of the last big request (3 of 1000 B): 0 -> a 2-ary")
+    assert chunk_path("0", dict(last, fanout=2)).startswith("chunks of the last big request (3 of 1000 B): 0 -> a 2")
     two = dict(last, shape="two trees", chunk=256 << 10)
     assert chunk_path("0", two).startswith("chunks of the last big request (3 of 256 KiB): 0 -> two binary trees")
 
