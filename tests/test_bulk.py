@@ -1,4 +1,4 @@
-"""Big requests to host relays in pipelined chunks (``schedulers.bulk``), in the pure core.
+"""Big requests to host relays in pipelined chunks (``relay.dataplane.push``, ``push_in``), in the pure core.
 
 The leaf sends each host its request less the big buffers, and the chunks
 along a tree of hosts; every engine gets the whole request once, checked.
@@ -11,7 +11,8 @@ from jupyter_client.session import Session
 from treesim import TreeSim
 
 from ipyparallel_broadcast.relay.dataplane.plans import heap as plan
-from ipyparallel_broadcast.relay.dataplane.push import CHUNK_MSG, Bulk, Layout
+from ipyparallel_broadcast.relay.dataplane.push import CHUNK_MSG, Layout
+from ipyparallel_broadcast.relay.dataplane.push_in import PushIn
 from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.pure
@@ -54,7 +55,7 @@ def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copi
     n = Layout(((1, len(big)),), CHUNK).n
     assert n == 11
     leaf = sim.nodes[()]
-    assert leaf.big.bulk.sent == min(fanout, 5) * n  # the rest is forwarded host to host
+    assert leaf.big.push_out.sent == min(fanout, 5) * n  # the rest is forwarded host to host
     assert all(count == n for count in sim.chunks_at.values())  # each host got each chunk once
     for host in sim.chunks_at:  # the control link carried no big buffer
         (request,) = [
@@ -64,7 +65,7 @@ def test_every_engine_gets_the_whole_request_once_and_the_leaf_sends_fanout_copi
         ]
         assert sum(P.nbytes(f) for f in request) < 2000
     assert sim.pending_total() == 0
-    assert all(not n.big.bulk.outgoing for n in sim.nodes.values())
+    assert all(not n.big.push_out.outgoing for n in sim.nodes.values())
 
 
 @pytest.mark.parametrize("n_hosts", [2, 3, 7, 10])
@@ -77,10 +78,10 @@ def test_two_trees_deliver_every_chunk_once_and_each_host_sends_about_one_copy(n
     assert all(buffers_got(sim, e) == [big] for e in engines)
     n = Layout(((0, len(big)),), CHUNK).n
     leaf = sim.nodes[()]
-    assert leaf.big.bulk.last["shape"] == "two trees"
-    assert leaf.big.bulk.sent == n  # even chunks to one tree's root, odd to the other's
+    assert leaf.big.push_out.last["shape"] == "two trees"
+    assert leaf.big.push_out.sent == n  # even chunks to one tree's root, odd to the other's
     assert all(count == n for count in sim.chunks_at.values())  # each host got each chunk once
-    forwarded = [sim.nodes[h].big.bulk.forwarded for h in sim.chunks_at]
+    forwarded = [sim.nodes[h].big.push_in.forwarded for h in sim.chunks_at]
     assert sum(forwarded) == (n_hosts - 1) * n  # every host but the roots is fed each chunk once
     assert max(forwarded) <= 2 * -(-n // 2)  # interior in one tree at most: two children, half the chunks
 
@@ -195,10 +196,10 @@ def test_hosts_whose_chunks_stop_coming_fail_their_engines_naming_the_cause():
     assert sim.pending_total() == 0
 
 
-# --------------------------------------------------------------- one node's Bulk
+# ------------------------------------------------------ one host relay's PushIn
 def receiver(codec):
     clock = [0.0]
-    return Bulk(codec, lambda: clock[0], stall=10.0, chunk=4, threshold=4), clock
+    return PushIn(codec, lambda: clock[0], stall=10.0), clock
 
 
 class _P:
@@ -317,7 +318,7 @@ def test_a_segment_whose_request_was_done_before_its_chunks_came_is_unlinked_whe
     bulk.reserve, bulk.discard = store.reserve, store.drop
     content = dict(bufs=[[0, 8]], chunk=4, id="b1", to=[["h9", "tcp://10.0.0.9:1"]])
     inc, _ = bulk.expect(_P("r1"), content, 1)
-    bulk.done("r1")  # every engine here failed first; the chunks still go on to h9
+    bulk.release(_P("r1"))  # every engine here failed first; the chunks still go on to h9
     bulk.on_chunk(chunk_message(codec, "b1", 0, b"1234"))
     sends, done = bulk.on_chunk(chunk_message(codec, "b1", 1, b"5678"))
     assert done is None and len(sends) == 1

@@ -201,7 +201,7 @@ def test_the_reduce_chains_alone_plan_a_chain_and_fail_its_engines_when_a_host_o
     their values are in the chain; the middle host is lost: those engines
     fail, naming the chain, and the other hosts are told to let go."""
     from ipyparallel_broadcast.relay.dataplane.combine import Chains
-    from ipyparallel_broadcast.relay.dataplane.push import Bulk
+    from ipyparallel_broadcast.relay.dataplane.push import CHUNK, THRESHOLD
     from ipyparallel_broadcast.relay.dataplane.reduce_trees import Uplinks
     from ipyparallel_broadcast.relay.pending import InFlight, Pending
     from ipyparallel_broadcast.relay.reduce_chains import CHAIN, ReduceChains
@@ -214,14 +214,13 @@ def test_the_reduce_chains_alone_plan_a_chain_and_fail_its_engines_when_a_host_o
     for h in hosts:
         children.bulk_link(h, f"tcp://{h.decode()}:1")
     inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now)
-    bulk = Bulk(b.codec, lambda: b.now, 20.0)
-    chains = Chains(b.codec, 20.0, bulk.chunk)
+    chains = Chains(b.codec, 20.0, CHUNK)
     part = ReduceChains(
         NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop),
         inflight,
         children,
         Deadlines(),
-        bulk=bulk,
+        threshold=THRESHOLD,
         chains=chains,
         uplinks=Uplinks(chains),
         shape="chain",
@@ -252,7 +251,7 @@ def test_the_reduce_chains_alone_plan_a_chain_and_fail_its_engines_when_a_host_o
 # ------------------------------------------------------------------ chunks in
 def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_first_and_drops_junk():
     """``ChunksIn`` with the data plane (``BigData``) and no node: a leaf's
-    ``Bulk`` cuts a buffer into chunks; they reach the host before the
+    ``PushOut`` cuts a buffer into chunks; they reach the host before the
     request's envelope (another link), then the envelope comes: the request
     goes on (``go_on``) with the exact bytes. A message that is no chunk is
     dropped through the ``drop`` it was given."""
@@ -260,7 +259,7 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
 
     from ipyparallel_broadcast.relay.bigdata import BigData
     from ipyparallel_broadcast.relay.chunks_in import ChunksIn
-    from ipyparallel_broadcast.relay.dataplane.push import Bulk
+    from ipyparallel_broadcast.relay.dataplane.push import PushOut
     from ipyparallel_broadcast.relay.pending import InFlight, Pending
     from ipyparallel_broadcast.relay.sharing import Sharing
     from ipyparallel_broadcast.wire.topology import host_ident
@@ -275,7 +274,7 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
 
     data = os.urandom(10_000)  # 10 chunks, the last short
     request = [b"sig", b"{}", b"{}", b"{}", b"{}", data]
-    leaf = Bulk(P.Codec(Session(key=b"k")), lambda: b.now, 20.0, **spec)
+    leaf = PushOut(P.Codec(Session(key=b"k")), lambda: b.now, **spec)
     sent = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=request)
     out = leaf.start(sent, [(host_ident("h1"), "tcp://h1:1")], "boot-0")
     content, frames = leaf.envelope(out, host_ident("h1"), request)
@@ -285,7 +284,7 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
     p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=frames)
     assert chunks_in.expect(p, content, [3, 4]) == []  # (it feeds no other host)
     ((came, targets),) = went
-    assert came is p and targets == [3, 4] and bytes(p.inner[5]) == data and big.bulk.received == 10
+    assert came is p and targets == [3, 4] and bytes(p.inner[5]) == data and big.push_in.received == 10
 
     assert chunks_in.on_chunk([b"leaf", b"junk"]) == [] and chunks_in.on_chunk([b"leaf"]) == []
     assert len(b.dropped) == 2 and all(why.startswith("chunk:") for why in b.dropped)

@@ -214,6 +214,13 @@ class TreeSim:
     # -- routing ------------------------------------------------------------
     def _run(self, node, sends, path):
         self.queue.extend((path, s) for s in sends)
+        self._route_all()
+        while making := [p for p, n in self.nodes.items() if p not in self.down_nodes and n.big.push_out.unmade]:
+            for p in making:  # a push's chunks still to make: the shell's next loop turns make them
+                self.queue.extend((p, s) for s in self.nodes[p].big.push_out.make_more())
+            self._route_all()
+
+    def _route_all(self):
         while self.queue:
             path, send = self.queue.popleft()
             node = self.nodes[path]

@@ -98,6 +98,15 @@ DRIVER = textwrap.dedent("""
             view.push(dict(big=data), block=True)
             out = time.perf_counter() - tic
             view.execute("_ = float(big.sum())", block=True)  # every engine reads every page
+        elif what == "trace":  # one traced push: where its chunks were when
+            data = np.ones(size // 8)
+            with view.temp_flags(trace=True):
+                ar = view.push(dict(big=data), block=False)
+            ar.get()
+            events = ar.trace
+            t0 = min(e["time"] for e in events if e["where"] == "client" and e["event"] == "request out")
+            kept = ("chunks out", "first chunk in", "chunks in", "reply out", "done")
+            out = [[e["where"], e["event"], (e["time"] - t0) * 1e3, e["detail"]] for e in events if e["event"] in kept]
         elif what == "drop":
             view.execute("del big", block=True)
             out = 0
@@ -205,6 +214,9 @@ def measure_system(args, system: str, hosts: int) -> dict:
                         out.append((bed.link_bytes(bed.controller)[1] - start_out) / size)
                         mem.append(max(pss(bed.pids(h)) - m for h, m in zip(bed.hosts, start_mem)) / size)
                         drive(name, "drop")
+                    if args.trace:
+                        rows[name, hosts, mib, "trace"] = drive(name, "trace", size)
+                        drive(name, "drop")
                     rows[name, hosts, mib] = dict(
                         push=statistics.median(times),
                         each=times,
@@ -216,6 +228,38 @@ def measure_system(args, system: str, hosts: int) -> dict:
         finally:
             drive.close()
     return rows
+
+
+def trace_lines(name: str, mib: int, events: list, floor: float) -> list[str]:
+    """One traced push, hop by hop: when each host's first chunk came and when
+    it had them all (ms since the client sent it), and the gaps between hosts."""
+    plan = next((e[3] for e in events if e[1] == "chunks out"), None) or {}
+    at = {}
+    for where, what, ms, _ in events:
+        at.setdefault(where, {})[what] = ms
+    hosts = sorted((w for w in at if "first chunk in" in at[w]), key=lambda w: at[w]["first chunk in"])
+    lines = [
+        "",
+        f"One traced push of {mib} MiB ({name}): {plan.get('shape')}, {plan.get('chunks')} chunks of "
+        f"{(plan.get('chunk') or 0) >> 10} KiB, planned for {(plan.get('link') or 0) / 1e6:.0f} Mbit/s; "
+        f"floor {floor * 1e3:.0f} ms. Times in ms since the client sent it.",
+        "",
+        "| host | first chunk in | +hop | all chunks in | +hop | reply out |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    before = next((at[w]["chunks out"] for w in at if "chunks out" in at[w]), 0.0), None
+    for w in hosts:
+        first, full = at[w]["first chunk in"], at[w].get("chunks in", float("nan"))
+        gap_full = "" if before[1] is None else f"{full - before[1]:.1f}"
+        lines.append(
+            f"| {w} | {first:.1f} | {first - before[0]:.1f} | {full:.1f} | {gap_full} | "
+            f"{at[w].get('reply out', float('nan')):.1f} |"
+        )
+        before = first, full
+    done = next((at[w]["done"] for w in at if "done" in at[w]), None)
+    if done is not None:
+        lines.append(f"| client: every reply in | | | | | {done:.1f} |")
+    return lines
 
 
 def main(argv=None):
@@ -231,6 +275,7 @@ def main(argv=None):
     parser.add_argument(
         "--controller-arg", action="append", default=[], help="a setting for our controller (repeatable)"
     )
+    parser.add_argument("--trace", action="store_true", help="and one traced push per size: each hop's times")
     parser.add_argument("--out")
     parser.add_argument("--json", help="the rows as JSON too (for the notebook's plot)")
     args = parser.parse_args(argv)
@@ -258,7 +303,7 @@ def main(argv=None):
         "| system | hosts | M | push (s) | each (s) | x floor | out (x M) | host memory (x M) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    names = list(dict.fromkeys(name for name, _, _ in rows))
+    names = list(dict.fromkeys(key[0] for key in rows))
     table = []
     for name in names:
         for hosts in host_counts:
@@ -268,13 +313,16 @@ def main(argv=None):
                 table.append(dict(system=name, hosts=hosts, mib=mib, floor=floor, **r))
                 lines.append(
                     f"| {name} | {hosts} | {mib} MiB | {r['push']:.2f} | "
-                    f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['push'] / floor:.1f} | "
+                    f"{' '.join(f'{t:.2f}' for t in r['each'])} | {r['push'] / floor:.2f} | "
                     f"{r['out']:.2f} | {r['mem']:.2f} |"
                 )
     lines += ["", "| system | hosts | 1 kB echo (ms, median of 20) |", "|---|---:|---:|"]
     lines += [
         f"| {name} | {hosts} | {1e3 * rows[name, hosts, 'echo']:.1f} |" for name in names for hosts in host_counts
     ]
+    for key, events in rows.items():
+        if len(key) == 4:
+            lines += trace_lines(key[0], key[2], events, (key[2] << 20) / rate)
     text = report("bigpush_bed.py", argv, f"Big pushes across {args.hosts} hosts at {args.rate}", lines, args.out)
     if args.json:
         from report import STARTED_AT, command

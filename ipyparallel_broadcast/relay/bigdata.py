@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from .context import NodeContext
 from .dataplane.combine import Chains
-from .dataplane.push import CHUNK, Bulk
+from .dataplane.push import CHUNK, PushOut
+from .dataplane.push_in import PushIn
 from .dataplane.reduce_trees import Uplinks
 from .dataplane.ring import Rings
 from .deadlines import Deadlines
@@ -25,7 +26,8 @@ from .sharing import Sharing
 
 @dataclass
 class BigData:
-    bulk: Bulk  # a push's big buffers to hosts, in chunks
+    push_out: PushOut  # a push's big buffers to hosts, in chunks, at a leaf
+    push_in: PushIn  # ... assembled and passed on, at a host relay
     chains: Chains  # a reduce's combining links, at a host relay
     uplinks: Uplinks  # ... a host's own value, cut into its parts
     rings: Rings  # an allreduce's ring, at a host relay
@@ -53,16 +55,18 @@ class BigData:
         of pushes whose chunks stopped coming."""
         spec = dict(spec or {})
         shape = spec.pop("reduce", "auto")
-        bulk = Bulk(node.codec, node.clock, stall, shape=spec.pop("push", "auto"), **spec)
-        chains = Chains(node.codec, stall, bulk.chunk or CHUNK)  # (a reduce's hosts must agree on one)
+        push_out = PushOut(node.codec, node.clock, shape=spec.pop("push", "auto"), **spec)
+        push_in = PushIn(node.codec, node.clock, stall)
+        chains = Chains(node.codec, stall, push_out.chunk or CHUNK)  # (a reduce's hosts must agree on one)
         uplinks = Uplinks(chains)
-        rings = Rings(node.codec, chains, bulk.threshold, node.clock, stall, sharing.drop_value)
+        rings = Rings(node.codec, chains, push_out.threshold, node.clock, stall, sharing.drop_value)
         if sharing.on:  # chunks are written straight into the segment engines map
-            bulk.reserve, bulk.discard = sharing.store.reserve, sharing.store.drop
-        deadlines.add("chunks' stall", bulk.next_deadline, stalled)
+            push_in.reserve, push_in.discard = sharing.store.reserve, sharing.store.drop
+        deadlines.add("chunks' stall", push_in.next_deadline, stalled)
+        deadlines.add("chunks to make", push_out.making, lambda now: push_out.make_more())
         parts = (node, inflight, children)
         reduce_chains = ReduceChains(
-            *parts, deadlines, bulk=bulk, chains=chains, uplinks=uplinks, shape=shape, fail=fail
+            *parts, deadlines, threshold=push_out.threshold, chains=chains, uplinks=uplinks, shape=shape, fail=fail
         )
         reduce_rings = ReduceRings(*parts, sharing, deadlines, rings)
         fold = HostFold(
@@ -77,12 +81,12 @@ class BigData:
             fail=fail,
             settled=reduce_rings.settled,
         )
-        return cls(bulk, chains, uplinks, rings, reduce_chains, reduce_rings, fold)
+        return cls(push_out, push_in, chains, uplinks, rings, reduce_chains, reduce_rings, fold)
 
     def host_lost(self, host: bytes, why: str) -> list[Send]:
         """A host relay is lost: the hosts it fed chunks get them from here;
         the chains and rings through it end."""
-        sends = self.bulk.orphaned(host) + self.reduce_chains.host_lost(host, why)
+        sends = self.push_out.orphaned(host) + self.reduce_chains.host_lost(host, why)
         return sends + self.reduce_rings.host_lost(host, why)
 
     def leaf_ended(self, keys: list, why: str) -> list[Send]:
@@ -97,7 +101,8 @@ class BigData:
     def stats(self) -> dict:
         """Counts of chunks of pushes, chains and rings, and engines' turns to come."""
         return dict(
-            self.bulk.stats(),
+            self.push_out.stats(),
+            **self.push_in.stats(),
             **self.reduce_chains.stats(),
             **self.reduce_rings.stats(),
             held_values=self.fold.waiting(),

@@ -12,7 +12,7 @@ from ..wire import protocol as P
 from .bigdata import BigData
 from .context import NodeContext
 from .dataplane import combine, ring
-from .dataplane.push import Incoming
+from .dataplane.push_in import Incoming
 from .events import Send
 from .pending import InFlight, Pending
 from .sharing import Sharing
@@ -50,7 +50,7 @@ class ChunksIn:
             handler = next((h for mark, h in self.handlers.items() if mark in header), None)
             if handler is not None:
                 return handler(body)
-            sends, inc = self.big.bulk.on_chunk(frames)
+            sends, inc = self.big.push_in.on_chunk(frames)
         except P.ProtocolError as e:
             return self.node.drop(f"chunk: {e}")
         return sends + (self._complete(inc) if inc is not None else [])
@@ -69,14 +69,14 @@ class ChunksIn:
     def expect(self, p: Pending, content, targets) -> list[Send]:
         """``p`` came with a chunk layout: it waits for its data."""
         p.state.await_data(targets)  # not done before its data came
-        inc, sends = self.big.bulk.expect(p, content, len(p.inner) - 5)
+        inc, sends = self.big.push_in.expect(p, content, len(p.inner) - 5)
         return sends + (self._complete(inc) if inc.complete else [])
 
     def _complete(self, inc: Incoming) -> list[Send]:
         """Every chunk is here and checked: the request goes to the engines."""
         p, buffers, ref = self.inflight.requests.get(inc.key), inc.buffers, inc.ref
         adopted = p is not None and p.state.owes(AWAITING_DATA)
-        self.big.bulk.finished(inc, adopted)
+        self.big.push_in.finished(inc, adopted)
         if not adopted:
             return []
         inner = list(p.inner)
@@ -92,12 +92,12 @@ class ChunksIn:
     def stalled(self, now: float) -> list[Send]:
         """Pushes whose chunks stopped coming: their engines here fail."""
         sends = []
-        for inc in self.big.bulk.stalled(now):
+        for inc in self.big.push_in.stalled(now):
             p = self.inflight.requests.get(inc.key) if inc.key is not None else None
             if p is not None and p.state.owes(AWAITING_DATA):
                 why = (
                     f"did not get the request's data: {len(inc.have)} of {inc.layout.n} chunks came, "
-                    f"then none for {self.big.bulk.stall:g} s"
+                    f"then none for {self.big.push_in.stall:g} s"
                 )
                 sends += self.inflight.fail(p, p.state.give_up(AWAITING_DATA), P.UNREACHABLE, why)
                 sends += self.inflight.finish_if_done(p)

@@ -106,9 +106,13 @@ class RelayNode:
             reannounce=lambda: self.announce.again(self.engines),
             parent_restarted=self.big.leaf_restarted,
         )
-        # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
+        # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
         # request without one never calls into them
-        self.inflight.on_big_done = [self.sharing.release, self.big.bulk.release]  # a big request left
+        self.inflight.on_big_done = [
+            self.sharing.release,
+            self.big.push_out.release,
+            self.big.push_in.release,
+        ]  # a big request left
         self.inflight.on_done.append(self.sharing.drop_values)  # (a reduce's segments)
         self.dropped = 0  # messages dropped as malformed or unexpected
         self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
@@ -118,9 +122,9 @@ class RelayNode:
         flow = FlowParts(
             self.context, self.is_leaf, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big
         )
-        # a buffer this big takes the big-data path (``sharing``, ``bulk``); a
+        # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
         # request without one never calls into them
-        big_from = min(t for t in (self.big.bulk.threshold, self.sharing.threshold) if t is not None)
+        big_from = min(t for t in (self.big.push_out.threshold, self.sharing.threshold) if t is not None)
         self.down = DownFlow(flow, wall=wall, keys=self._keys, big_from=big_from)
         self.up = UpFlow(
             flow,

@@ -171,20 +171,20 @@ class DownFlow:
             p.reduction.expect({c: min(sub) for c, sub in groups.items()}, direct or ())
         sends = self._to_engines(p, direct) if direct else []
         hosts = [(h.ident, h.url) for h in plans.hosts_of(groups, self.children.bulk)]
-        out = self.big.bulk.start(p, hosts, self.boot) if hosts and not mode and p.big else None
+        out = self.big.push_out.start(p, hosts, self.boot) if hosts and not mode and p.big else None
         for child, sub in groups.items():
             p.state.expect(child, sub)
             same_host = isinstance(child, int)  # a relay of this tree, not a host relay
             content, frames = p.request_for(sub, mode, p.shared if same_host else None)
             if out is not None and child in out.urls:  # its big buffers come in chunks
-                content["bulk"], frames = self.big.bulk.envelope(out, child, frames)
+                content["bulk"], frames = self.big.push_out.envelope(out, child, frames)
             content.update(chain.get(child, ()))  # its place in a chain or ring
             if same_host and p.reduction is not None and self.sharing.on:  # its value may come by name
                 content["vshm"] = ["", self.sharing.store.prefix, 0]
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
         if out is not None:
-            sends += self.big.bulk.first_sends(out)
-            self.inflight.stamp(p, "chunks out", self.big.bulk.last)
+            sends += self.big.push_out.first_sends(out)
+            self.inflight.stamp(p, "chunks out", self.big.push_out.last)
         self.inflight.stamp(p, "request out", len(sends))
         return sends + self.inflight.finish_if_done(p)
 

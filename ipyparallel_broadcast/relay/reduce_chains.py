@@ -15,7 +15,6 @@ from .context import NodeContext
 from .dataplane import combine, plans, reduce_trees
 from .dataplane.combine import Chain, Chains
 from .dataplane.ends import end_links
-from .dataplane.push import Bulk
 from .dataplane.reduce_trees import Uplinks
 from .deadlines import Deadlines
 from .events import UP, Send
@@ -27,7 +26,7 @@ CHAIN = ("chain",)  # the leaf's request state: the chain's value is owed
 
 class ReduceChains:
     """Given: the requests in flight, the children (their chunk sockets), the
-    deadline registry; the data plane's ``bulk`` (its threshold and chunk),
+    deadline registry; the data plane's threshold (the least bytes that go in chunks),
     ``chains`` and ``uplinks``; ``shape``, the setting that picks the way;
     ``fail(p, eids, code, reason)`` of the node."""
 
@@ -38,14 +37,14 @@ class ReduceChains:
         children: Children,
         deadlines: Deadlines,
         *,
-        bulk: Bulk,
+        threshold: int | None,
         chains: Chains,
         uplinks: Uplinks,
         shape: str,
         fail: Callable[[Pending, list, str, str], list[Send]],
     ):
         self.node, self.inflight, self.children = node, inflight, children
-        self.bulk, self.chains, self.uplinks, self.setting, self.fail = bulk, chains, uplinks, shape, fail
+        self.threshold, self.chains, self.uplinks, self.setting, self.fail = threshold, chains, uplinks, shape, fail
         self.of: dict[str, Chain] = {}  # the leaf: request key -> its chain, while the request is here
         self.open: set[str] = set()  # ... those whose chain's outcome is not known yet
         self.shape: str | None = None  # the last reduce's way between hosts, for stats
@@ -58,9 +57,9 @@ class ReduceChains:
         this leaf (a chain or two trees, ``reduce_trees``) and each one's
         part of it, by host."""
         hosts = plans.hosts_of(groups, self.children.bulk)
-        if len(hosts) < 2 or self.bulk.threshold is None or p.stock:
+        if len(hosts) < 2 or self.threshold is None or p.stock:
             return {}
-        shape = reduce_trees.choose(len(hosts), self.setting, self.bulk.chunk)
+        shape = reduce_trees.choose(len(hosts), self.setting, self.chains.chunk)
         order, heads, contents = plans.reduce_way(hosts, shape)
         first = hosts[0].first
         chain = self.of[p.key] = Chain(order, heads, first - 0.5, self.node.clock())
@@ -194,7 +193,7 @@ class ReduceChains:
         p.then = None
         state, frames = p.reduction.state()
         header = data = None
-        if state["value"] is not None and frames and P.nbytes(frames[0]) >= self.bulk.threshold:
+        if state["value"] is not None and frames and P.nbytes(frames[0]) >= self.threshold:
             header, data = state["value"], frames[0]
             state, frames = dict(state, value=None, chained=True), []
         body = B.pack_reduced(self.node.codec, p.key, p.msg_id, state, frames, p.raised, p.failed)

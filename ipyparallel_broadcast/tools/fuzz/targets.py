@@ -12,7 +12,7 @@ coverage-guided (atheris) for longer.
 
 - ``frames``: the parsers of what a node reads (``relay.events``).
 - ``bundle``: a client reading a bundle (``wire.bundles.iter_bundle``).
-- ``chunk``: the bulk plane's chunk headers (``relay.dataplane.push``).
+- ``chunk``: a push's chunk headers at a host relay (``relay.dataplane.push_in``).
 - ``shm_reference``: an engine mapping a request's shared-memory reference.
 - ``reduce_value``: the reduce unpickler (``wire.unpickle``): nothing but
   ``CannedArray`` is loaded, none of its code runs, no memory is asked for
@@ -34,7 +34,7 @@ from ...controller.roster import Roster
 from ...host import shm
 from ...relay import events as E
 from ...relay.core import RelayNode
-from ...relay.dataplane.push import Bulk
+from ...relay.dataplane.push_in import PushIn
 from ...wire import bundles as B
 from ...wire import protocol as P
 from ...wire import reduction, unpickle
@@ -108,7 +108,7 @@ def bundle(data: bytes) -> None:
 
 
 def chunk(data: bytes) -> None:
-    bulk = Bulk(Signer().codec, lambda: 0.0, 10.0)
+    bulk = PushIn(Signer().codec, lambda: 0.0, 10.0)
     try:
         bulk.on_chunk([HOST_PREFIX + b"feeder"] + _mixed(data))
     except P.ProtocolError:
