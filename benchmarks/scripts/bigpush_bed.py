@@ -105,7 +105,7 @@ DRIVER = textwrap.dedent("""
             ar.get()
             events = ar.trace
             t0 = min(e["time"] for e in events if e["where"] == "client" and e["event"] == "request out")
-            kept = ("chunks out", "first chunk in", "chunks in", "reply out", "done")
+            kept = ("request in", "request out", "chunks out", "first chunk in", "chunks in", "reply out", "done")
             out = [[e["where"], e["event"], (e["time"] - t0) * 1e3, e["detail"]] for e in events if e["event"] in kept]
         elif what == "drop":
             view.execute("del big", block=True)
@@ -247,6 +247,9 @@ def trace_lines(name: str, mib: int, events: list, floor: float) -> list[str]:
         "| host | first chunk in | +hop | all chunks in | +hop | reply out |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+    for w in sorted((w for w in at if not w.startswith("host") and w != "client"), key=lambda w: min(at[w].values())):
+        steps = ", ".join(f"{what} {ms:.1f}" for what, ms in sorted(at[w].items(), key=lambda kv: kv[1]))
+        lines.append(f"| {w}: {steps} | | | | | |")
     before = next((at[w]["chunks out"] for w in at if "chunks out" in at[w]), 0.0), None
     for w in hosts:
         first, full = at[w]["first chunk in"], at[w].get("chunks in", float("nan"))
