@@ -288,3 +288,59 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
 
     assert chunks_in.on_chunk([b"leaf", b"junk"]) == [] and chunks_in.on_chunk([b"leaf"]) == []
     assert len(b.dropped) == 2 and all(why.startswith("chunk:") for why in b.dropped)
+
+
+# ------------------------------------------------------------- the two flows
+def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_one_by_name():
+    """``DownFlow`` and ``UpFlow`` built from ``FlowParts`` and no node: a
+    leaf's request to engines 0 and 2 goes to each engine's identity; engine
+    4, not in the engine table yet, parks the request and asks the hub.
+    Engine 0 answers; engine 2 dies: the request's bundle goes up with engine
+    0's reply and engine 2's failure, named."""
+    from itertools import count
+
+    from ipyparallel_broadcast.relay.bigdata import BigData
+    from ipyparallel_broadcast.relay.down import DownFlow
+    from ipyparallel_broadcast.relay.flow import FlowParts
+    from ipyparallel_broadcast.relay.pending import InFlight
+    from ipyparallel_broadcast.relay.routes import Announcements, Routes
+    from ipyparallel_broadcast.relay.sharing import Sharing
+    from ipyparallel_broadcast.relay.surveys import Surveys
+    from ipyparallel_broadcast.relay.up import UpFlow
+    from ipyparallel_broadcast.wire import bundles as B
+    from ipyparallel_broadcast.wire.topology import TreeShape
+
+    b = Beating(path=(0,))  # (b: a codec, a clock, a drop, and heartbeats to hand UpFlow)
+    node = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
+    engines = {0: "uuid-0", 2: "uuid-2"}  # (leaf 0 of two serves the even ids)
+    inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now, engines)
+    routes, sharing = Routes(TreeShape(1, 2), (0,), True), Sharing(b.codec, None)
+    children = Children((0,), [], lambda: b.now, 0.5, 10.0)
+    big = BigData.build(node, inflight, children, sharing, Deadlines(), stall=20.0, spec={}, fail=None, stalled=list)
+    parts = FlowParts(node, True, inflight, engines, routes, children, sharing, big)
+    down = DownFlow(parts, wall=lambda: b.now, keys=count(), big_from=1 << 20)
+    announce = Announcements(b.codec, routes, children.idents, False, None, "boot-1")
+    up = UpFlow(parts, announce=announce, surveys=Surveys(b.codec), heartbeats=b.beats)
+
+    inner_msg = b.codec.session.msg("apply_request", content={}, metadata={})
+    inner = b.codec.session.serialize(inner_msg)[1:] + [b"payload"]
+    content = dict(P.request_content(inner_msg["header"]["msg_id"], [0, 2], P.COALESCE), req="r1")
+    sends = down.start([b"client"], content, inner)
+    assert sorted(P.as_bytes(s.frames[0]) for s in sends if s.socket == DOWN) == [b"uuid-0", b"uuid-2"]
+    assert inflight.requests["r1"].state.owes("uuid-0") and inflight.requests["r1"].state.owes("uuid-2")
+
+    later = dict(P.request_content("m2", [4], P.COALESCE), req="r2")
+    asked = down.start([b"client"], later, inner)
+    assert [s.socket for s in asked] == ["hub"] and "r2" in inflight.parked  # parked until the hub answers
+
+    reply = b.codec.session.msg(
+        "apply_reply", content=dict(status="ok", eid=0), parent=inner_msg["header"], metadata=dict(engine="uuid-0")
+    )
+    body = b.codec.session.serialize(reply)[1:]
+    assert up.engine_reply(E.EngineReply(b"uuid-0", "uuid-0", "r1", body)) == []  # (one engine still owes)
+    (bundle,) = up.engine_lost("uuid-2", P.DIED)
+    assert bundle.socket == UP and not b.dropped
+    _, frames = P.split_idents(bundle.frames)
+    items = list(B.iter_bundle(b.codec, b.codec.unpack(frames)))
+    failures = [item for what, item in items if what not in ("reply", "parsed")]
+    assert len(items) == 2 and [f[0] for f in failures] == [2] and "Engine 2" in failures[0][2]
