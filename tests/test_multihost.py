@@ -308,7 +308,7 @@ def test_a_big_reduce_up_two_trees_enters_the_controller_once_and_a_host_killed_
 def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_once(bed):
     rc = bed.rc
     before = {s["node"]: s for s in rc.broadcast_stats()}
-    data = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: 16 chunks of 512 KiB
+    data = np.arange(1 << 20, dtype=np.float64)  # 8 MiB, in chunks of a size the leaf picks
     out = bed.bed.link_bytes(bed.bed.controller)[1]
     view = rc.broadcast_view(block=True)
     view.push(dict(big=data))
@@ -321,13 +321,16 @@ def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_
     }  # a relay restarted by an earlier test counts from zero
     leaves = [k for k in after if not after[k].get("host") and moved[k]["bulk_sent"]]
     relays_moved = [moved[k] for k in after if after[k].get("host")]
-    assert all(m["bulk_received"] == 16 for m in relays_moved)  # each host got each chunk once
+    plan = after[leaves[0]]["bulk_last"]
+    n = -(-data.nbytes // plan["chunk"])
+    assert plan["chunks"] == n and plan["shape"] == "chain" and n >= 2
+    assert all(m["bulk_received"] == n for m in relays_moved)  # each host got each chunk once
     assert len(relays_moved) == 3
     # every host hangs under the first leaf: one chain, one copy out of the controller host
-    assert [after[k]["node"] for k in leaves] == ["0"] and moved[leaves[0]]["bulk_sent"] == 16
+    assert [after[k]["node"] for k in leaves] == ["0"] and moved[leaves[0]]["bulk_sent"] == n
     assert out < 1.3 * data.nbytes
     shown = repr(rc.broadcast_tree())  # the data plane: the chunks' path from each leaf
-    assert shown.count("chunks of the last big request (16)") == len(leaves)
+    assert shown.count(f"chunks of the last big request ({n} of") == len(leaves)
     assert all(label in shown.split("chunks of the last", 1)[1] for label in relays(rc))
 
 
@@ -368,7 +371,8 @@ def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
     from ipyparallel_broadcast.host import shm
     from ipyparallel_broadcast.tools.netbed import kill_namespace
 
-    with slow_bed("--BroadcastController.host_chunk_fanout=1") as (bed, rc):
+    chunks = ("--BroadcastController.host_chunk_fanout=1", "--BroadcastController.host_chunk_size=524288")
+    with slow_bed(*chunks) as (bed, rc):  # (8 MiB: 16 chunks)
         view = rc.broadcast_view()
         found = relays(rc)
         head_label = min(found, key=lambda label: min(found[label]["eids"]))  # the chain's order: targets'
@@ -392,6 +396,29 @@ def test_a_host_that_feeds_others_killed_mid_push_is_healed_around():
     # the killed relay's segment (it was writing the chunks into it) went with the bed
     left = [n for n in os.listdir(shm.directory()) if n.startswith(f"ipb-shm-{os.getuid()}-")]
     assert not [n for n in left if not shm.pid_alive(n.split("-")[3])], left
+
+
+def test_a_push_down_two_trees_reaches_every_engine_and_the_next_is_planned_for_the_link_as_timed():
+    """Two binary trees of the three hosts (``host_push_shape``): even chunks
+    down one, odd down its mirror; every engine gets the exact bytes, and the
+    leaf sends one copy. The first push is planned for a 10 Gbit/s link; the
+    leaf times it, so the next is planned for the 50 Mbit/s link it has, in
+    smaller chunks."""
+    with slow_bed("--BroadcastController.host_push_shape=two trees") as (bed, rc):
+        view = rc.broadcast_view(block=True)
+        data = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+        plans = []
+        for _ in range(2):
+            view.push(dict(big=data))
+            assert view.apply(_mapped_sum) == [(True, float(data.sum()))] * 3
+            (leaf,) = [s for s in rc.broadcast_stats() if s.get("bulk_last")]
+            plans.append(leaf["bulk_last"])
+        assert [p["shape"] for p in plans] == ["two trees"] * 2
+        assert plans[0]["link"] == 10e9 and 10e6 < plans[1]["link"] < 60e6  # (its links are capped at 50 Mbit/s)
+        assert plans[1]["chunk"] < plans[0]["chunk"]
+        received = [n["bulk_received"] for n in relays(rc).values()]
+        assert received == [plans[0]["chunks"] + plans[1]["chunks"]] * 3  # each host got each chunk once
+        assert "two binary trees" in repr(rc.broadcast_tree())
 
 
 def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_path):
