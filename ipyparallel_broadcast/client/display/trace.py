@@ -11,7 +11,9 @@ from three places:
   from the root), ``done`` (every engine's outcome is in);
 - each relay node, fetched with one stats survey: ``request in``, ``request
   out``, ``reply in`` (each engine's reply or each bundle from below),
-  ``reply out``;
+  ``reply out``; for a push whose big buffers go host to host in chunks, the
+  leaf's ``chunks out`` (its plan) and each host relay's ``first chunk in``
+  and ``chunks in``;
 - each engine, from its reply: ``received`` (our engines only), ``started``
   (request parsed, call begins) and ``finished`` (reply made).
 
