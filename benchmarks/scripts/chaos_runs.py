@@ -63,7 +63,7 @@ def main(argv=None):
         f"Bed: {args.hosts} hosts x {args.engines} real engines (network namespaces, links at 200 Mbit/s), "
         f"{args.sim_hosts} simulated hosts x {args.sim_engines} engines; {args.clients} clients for "
         f"{args.seconds:g} s per run; faults at {args.rate:g}/s; every call must end within {args.bound:g} s; "
-        f"a big reduce's way between hosts: {args.reduce_shape}. "
+        f"a big reduce's way between hosts: {args.reduce_shape}; a big push's: {args.push_shape}. "
         "A BroadcastView on the `direct` path, DirectView and LoadBalancedView reach real engines only.",
         "",
         f"Runs with no call hung, lost, unnamed, misdelivered or run twice, and every operation working "

@@ -26,7 +26,7 @@ import time
 import psutil
 
 from ...compat import ipp
-from ...relay.dataplane import reduce_trees
+from ...relay.dataplane import choice, reduce_trees
 from ..bedcluster import BedCluster
 from ..netbed import Managed, NetBed
 from ..sim import SimEngines
@@ -63,9 +63,11 @@ class SoakBed(Managed):
         node_timeout=3.0,
         shm_size="128m",
         reduce_shape="auto",
+        push_shape="auto",
     ):
         self.n_hosts, self.per_host, self.n_sims, self.per_sim = hosts, engines, sim_hosts, sim_engines
         self.reduce_shape = reduce_shape  # a big reduce's way between hosts (``host_reduce_shape``)
+        self.push_shape = push_shape  # ... a big push's (``host_push_shape``)
         self.link, self.node_timeout, self.shm_size = link, node_timeout, shm_size
         self.tmp = tempfile.TemporaryDirectory(prefix="ipb-soak-")
         self.shm_dir = os.path.join(self.tmp.name, "shm")
@@ -89,6 +91,7 @@ class SoakBed(Managed):
         self.bed = NetBed(hosts=self.n_hosts).__enter__()
         args = [f"--BroadcastController.node_timeout={self.node_timeout}", "--BroadcastController.ping_interval=0.3"]
         args.append(f"--BroadcastController.host_reduce_shape={self.reduce_shape}")
+        args.append(f"--BroadcastController.host_push_shape={self.push_shape}")
         self.cluster = BedCluster(self.bed, depth=1, fanout=2, controller_args=args).__enter__()
         for host in [self.bed.controller] + self.bed.hosts:
             self.bed.limit(host, self.link)
@@ -347,12 +350,14 @@ def soak_options(ap, hosts=2, engines=2, sim_hosts=2, sim_engines=16, seconds=60
     ap.add_argument("--ops", default=",".join(workload.OPS), help="the clients' operations, comma-separated")
     ap.add_argument("--views", default=",".join(workload.VIEWS), help="the clients' views, comma-separated")
     ap.add_argument("--reduce-shape", default="auto", choices=reduce_trees.SHAPES, help="host_reduce_shape")
+    ap.add_argument("--push-shape", default="auto", choices=choice.SHAPES, help="host_push_shape")
 
 
 def soak(args, progress=print) -> dict:
     """A bed as ``args`` say, a run on it (``run``), the bed taken down; the run's result."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the bed is taken down on the way out
-    with SoakBed(args.hosts, args.engines, args.sim_hosts, args.sim_engines, reduce_shape=args.reduce_shape) as bed:
+    shapes = dict(reduce_shape=args.reduce_shape, push_shape=args.push_shape)
+    with SoakBed(args.hosts, args.engines, args.sim_hosts, args.sim_engines, **shapes) as bed:
         return run(
             bed,
             args.clients,
