@@ -344,3 +344,46 @@ def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_o
     items = list(B.iter_bundle(b.codec, b.codec.unpack(frames)))
     failures = [item for what, item in items if what not in ("reply", "parsed")]
     assert len(items) == 2 and [f[0] for f in failures] == [2] and "Engine 2" in failures[0][2]
+
+
+# ------------------------------------------------------------------ reduce rings
+def test_a_leafs_reduce_rings_alone_plan_a_ring_in_engine_order_and_end_it_when_a_host_is_lost():
+    """``ReduceRings`` with no node: an allreduce over three host relays (that
+    said hello in any order) gets a ring in the order of their first engine
+    ids, each host told the ring's chunk sockets and its place; a request
+    with a target off the hosts gets none. The middle host is lost: the
+    other two are told to let go, naming the cause, and the lost one is not."""
+    from ipyparallel_broadcast.relay.dataplane.combine import Chains
+    from ipyparallel_broadcast.relay.dataplane.push import CHUNK, THRESHOLD
+    from ipyparallel_broadcast.relay.dataplane.ring import Rings
+    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.reduce_rings import ReduceRings
+    from ipyparallel_broadcast.relay.sharing import Sharing
+    from ipyparallel_broadcast.wire.topology import host_ident
+
+    b = Beating(path=(0,))  # (b: a codec and a clock)
+    children = Children((0,), [], lambda: b.now, 0.5, 10.0)
+    hosts = [children.add_host(host_ident(f"h{i}")) for i in (2, 0, 1)]  # (said hello in any order)
+    for h in hosts:
+        children.bulk_link(h, f"tcp://{h.decode()}:1")
+    inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now)
+    rings = Rings(b.codec, Chains(b.codec, 20.0, CHUNK), THRESHOLD, lambda: b.now, 20.0)
+    node = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
+    part = ReduceRings(node, inflight, children, Sharing(b.codec, None), Deadlines(), rings)
+
+    p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=[], ring_ok=True)
+    groups = {host_ident(f"h{i}"): [2 * i, 2 * i + 1] for i in (2, 0, 1)}
+    assert part.plan(p, groups, direct=[9]) == {}  # (a target served off the hosts: no ring)
+    contents = part.plan(p, groups, direct=None)
+    assert part.has(p) and set(contents) == set(hosts)
+    urls = ["tcp://ipb-host:h0:1", "tcp://ipb-host:h1:1", "tcp://ipb-host:h2:1"]
+    assert [contents[host_ident(f"h{i}")]["ring"] for i in range(3)] == [dict(urls=urls, at=i) for i in range(3)]
+
+    sends = part.host_lost(host_ident("h1"), "is unreachable")
+    assert sorted(s.frames[0] for s in sends) == [host_ident("h0"), host_ident("h2")] and not part.has(p)
+    ended = [b.read(Send(DOWN, s.frames[1:])) for s in sends]
+    assert all(m["msg_type"] == P.CHAIN_END for m in ended)
+    assert all(
+        m["content"] == dict(keys=["r1"], why="the ring of hosts ended: it lost a host: is unreachable") for m in ended
+    )
+    assert part.host_lost(host_ident("h0"), "is unreachable") == []  # (that ring is gone already)
