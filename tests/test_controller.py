@@ -233,3 +233,37 @@ def test_the_controller_picks_its_ports_below_the_ephemeral_range():
             ports += [p for v in info.values() if isinstance(v, list) for p in v if isinstance(p, int)]
         ports = [p for p in ports if isinstance(p, int) and p > 0]
         assert ports and all(p < span[0] for p in ports), sorted(ports)
+
+
+def test_the_engine_state_file_lists_every_engine_and_follows_a_stopped_one():
+    """The file ``ipcontroller --restore`` reads, written once per burst: it
+    ends with every engine's id and uuid, and without an engine that left."""
+    import json
+
+    from ipyparallel_broadcast.compat.ipp import engine_uuids
+
+    with tempfile.TemporaryDirectory() as profile_dir:
+        started = ipcluster("start", "-n", "4", f"--profile-dir={profile_dir}", "--controller=broadcast", "--daemonize")
+        assert started.returncode == 0, started.stderr
+        try:
+            rc = ipb.Client(profile_dir=profile_dir)
+            rc.wait_for_engines(4, timeout=60)
+            path = os.path.join(profile_dir, "log", "engines.json")
+
+            def listed():
+                try:
+                    with open(path) as f:
+                        return {int(e): u for e, u in json.load(f)["engines"].items()}
+                except (OSError, ValueError):  # (not written yet, or being written)
+                    return None
+
+            engines = engine_uuids(rc)
+            until(lambda: listed() == engines, what="every engine in the engine-state file")
+            gone = max(engines)
+            rc[gone].shutdown(block=True)
+            del engines[gone]
+            until(lambda: listed() == engines, what="the stopped engine to leave the file")
+            rc.close()
+        finally:
+            stopped = ipcluster("stop", f"--profile-dir={profile_dir}")
+            assert stopped.returncode == 0, stopped.stderr

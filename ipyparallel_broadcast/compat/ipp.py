@@ -30,6 +30,7 @@ Checked against IPython Parallel 9.2.0 (the suite) and 9.1.0 (the oldest that
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 # where each seam's upstream class lives
 BASES = {
@@ -259,6 +260,13 @@ def hub_next_id(hub) -> int:
     return hub._idcounter
 
 
+def coalesce_hub_state_file(hub, wrap: Callable[[Callable[[], None]], Callable[[], None]]) -> None:
+    """``Hub._save_engine_state``: ipyparallel calls it on every registration
+    and unregistration, and it rewrites the whole engine-state file; ours
+    replaces it with ``wrap(its own)``: one write per burst (``controller.statefile``)."""
+    hub._save_engine_state = wrap(hub._save_engine_state)
+
+
 def ar_engine_futures(ar) -> list:
     """``AsyncResult._children``: an AsyncResult's per-engine futures (tools)."""
     return ar._children
@@ -314,6 +322,7 @@ DIRECT = {
     },
     "ipyparallel.client.futures:MessageFuture._tracker": "an engine future without a tracker it does not need",
     "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves",
+    "ipyparallel.controller.hub:Hub._save_engine_state": "the engine-state file written once per burst, not per engine",
     "ipyparallel.client.asyncresult:_raw_text": "grouped outputs labelled as ipyparallel labels one engine's",
     "ipyparallel.util:_push": "a tree scatter runs on engines what DirectView's push does",
     "ipyparallel.util:_pull": "a tree gather runs on engines what DirectView's pull does",

@@ -18,6 +18,7 @@ a queue's by the clients, told on the notices socket (``supervise``,
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import sys
@@ -46,6 +47,7 @@ from .records import BroadcastDictDB, BroadcastRecords
 from .registry import Registry
 from .roster import Roster, RosterDoor, follow_connections
 from .settings import TreeSettings
+from .statefile import CoalescedWrites
 from .supervise import Supervisor, child_process
 
 aliases = dict(ipp_aliases)
@@ -95,6 +97,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         self._open_roster(hub)
         self._supervise_heart_monitor()
         hub.new_engine_id = self.new_engine_id
+        ipp.coalesce_hub_state_file(hub, self._coalesced)
         self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
         if self.hub_records:
             self.broadcast_records = BroadcastRecords(self.hub)
@@ -113,6 +116,13 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             self.roster_door = RosterDoor(xpub, socket.io_loop, Roster(self.session, engines=self._engine_table))
             socket = self.roster_door
         return super().bind(socket, url)
+
+    def _coalesced(self, write):
+        """The hub's engine-state file, written once per burst (``statefile``);
+        what is due is written at exit."""
+        self.state_file = CoalescedWrites(write, self.hub.loop.call_later)
+        atexit.register(self.state_file.flush)
+        return self.state_file.changed
 
     def _engine_table(self) -> dict:
         return {eid: ec.uuid for eid, ec in self.hub.engines.items()}
