@@ -45,6 +45,12 @@ def cpu(procs) -> float:
     return total
 
 
+def code_commit(tree: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
 def one_run(n: int, hosts: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
         cluster = Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, log_level=40, controller_args=HEARTBEATS)
@@ -87,7 +93,7 @@ def main(argv=None):
         "from the farm's start until the client saw every engine; 'center CPU': the controller's processes",
         "meanwhile (the hub, relay nodes, queues, heart monitor); 'idle': their CPU once all are in, over",
         f"{IDLE_WINDOW_S:g} s, in a share of one core. Every process is on this machine (2 cores)."
-        + (f" The controller and the farm ran the package of `{args.code}`." if args.code else ""),
+        + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
         "| engines / hosts | all in (s) | center CPU (s) | per engine (ms) | idle (% of a core) | center RSS (MiB) |",
         "|---|---:|---:|---:|---:|---:|",
