@@ -60,17 +60,17 @@ def one_run(n: int, hosts: int, timeout: float) -> dict:
         procs = center(cluster.controller.pid)
         farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=True)
         try:
-            before, tic = cpu(procs), time.monotonic()
+            before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
             farm.start(timeout=max(120, n / 10))
             client.wait_for_engines(n, timeout=timeout)
             seconds = time.monotonic() - tic
             procs = center(cluster.controller.pid)  # (and whatever it started meanwhile)
-            registering = cpu(procs) - before
+            registering, hub = cpu(procs) - before, cpu(procs[:1]) - hub_before
             idle_from = cpu(procs)
             time.sleep(IDLE_WINDOW_S)  # the idle window: whole heartbeat periods
             idle = (cpu(procs) - idle_from) / IDLE_WINDOW_S
             rss = sum(p.memory_info().rss for p in procs if p.is_running())
-            return dict(seconds=seconds, cpu=registering, idle=idle, rss=rss)
+            return dict(seconds=seconds, cpu=registering, hub=hub, idle=idle, rss=rss)
         finally:
             client.close()
             farm.stop()
@@ -85,8 +85,11 @@ def main(argv=None):
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    if args.code:  # (the processes started below import the package from there)
+    if args.code:  # the processes started below import the package from there: on their path first,
+        # and their working directory (``python -m`` puts it before the path)
+        args.out = args.out and os.path.abspath(args.out)
         os.environ["PYTHONPATH"] = os.path.abspath(args.code) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        os.chdir(args.code)
     lines = [
         "A controller (depth 1, fan-out 2; heartbeats every 3 s, 10 misses), a client connected before",
         "any engine, then a farm of simulated hosts, each process a host with its own host relay. 'all in':",
@@ -95,13 +98,14 @@ def main(argv=None):
         f"{IDLE_WINDOW_S:g} s, in a share of one core. Every process is on this machine (2 cores)."
         + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
-        "| engines / hosts | all in (s) | center CPU (s) | per engine (ms) | idle (% of a core) | center RSS (MiB) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | per engine (ms) | idle (% of a core) "
+        "| center RSS (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n, hosts in zip(args.engines, args.hosts, strict=True):
         r = one_run(n, hosts, args.timeout)
         lines.append(
-            f"| {n} / {hosts} | {r['seconds']:.1f} | {r['cpu']:.1f} | {1e3 * r['cpu'] / n:.2f} | "
+            f"| {n} / {hosts} | {r['seconds']:.1f} | {r['cpu']:.1f} | {r['hub']:.1f} | {1e3 * r['cpu'] / n:.2f} | "
             f"{100 * r['idle']:.1f} | {r['rss'] / 2**20:.0f} |"
         )
         print(lines[-1], flush=True)
