@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
 from ipyparallel_broadcast import Cluster  # noqa: E402
+from ipyparallel_broadcast.tools.bench import cpu_seconds as cpu  # noqa: E402
 from ipyparallel_broadcast.tools.farm import HEARTBEATS, IDLE_WINDOW_S  # noqa: E402
 from ipyparallel_broadcast.tools.sim import SimEngines  # noqa: E402
 
@@ -32,17 +33,6 @@ from ipyparallel_broadcast.tools.sim import SimEngines  # noqa: E402
 def center(pid: int) -> list[psutil.Process]:
     main = psutil.Process(pid)
     return [main, *main.children(recursive=True)]
-
-
-def cpu(procs) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def code_commit(tree: str) -> str:
