@@ -197,9 +197,10 @@ def test_hosts_whose_chunks_stop_coming_fail_their_engines_naming_the_cause():
 
 
 # ------------------------------------------------------ one host relay's PushIn
-def receiver(codec):
+def receiver(codec, store=None):
     clock = [0.0]
-    return PushIn(codec, lambda: clock[0], stall=10.0), clock
+    into = dict(reserve=store.reserve, discard=store.drop) if store is not None else {}
+    return PushIn(codec, lambda: clock[0], stall=10.0, **into), clock
 
 
 class _P:
@@ -273,9 +274,7 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
     from ipyparallel_broadcast.host.shm import ShmStore
 
     codec = P.Codec(Session(key=b"k"))
-    bulk, clock = receiver(codec)
-    store = ShmStore(root=str(tmp_path))
-    bulk.reserve, bulk.discard = store.reserve, store.drop
+    bulk, clock = receiver(codec, ShmStore(root=str(tmp_path)))
     inc, _ = bulk.expect(_P("r1"), dict(bufs=[[0, 8]], chunk=4, id="b1", to=[]), 1)
     (name,) = [p.name for p in tmp_path.iterdir()]
     assert inc.ref.name == name
@@ -313,9 +312,7 @@ def test_a_segment_whose_request_was_done_before_its_chunks_came_is_unlinked_whe
     from ipyparallel_broadcast.host.shm import ShmStore
 
     codec = P.Codec(Session(key=b"k"))
-    bulk, _ = receiver(codec)
-    store = ShmStore(root=str(tmp_path))
-    bulk.reserve, bulk.discard = store.reserve, store.drop
+    bulk, _ = receiver(codec, ShmStore(root=str(tmp_path)))
     content = dict(bufs=[[0, 8]], chunk=4, id="b1", to=[["h9", "tcp://10.0.0.9:1"]])
     inc, _ = bulk.expect(_P("r1"), content, 1)
     bulk.release(_P("r1"))  # every engine here failed first; the chunks still go on to h9

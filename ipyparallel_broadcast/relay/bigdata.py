@@ -56,12 +56,11 @@ class BigData:
         spec = dict(spec or {})
         shape = spec.pop("reduce", "auto")
         push_out = PushOut(node.codec, node.clock, shape=spec.pop("push", "auto"), **spec)
-        push_in = PushIn(node.codec, node.clock, stall)
+        store = dict(reserve=sharing.store.reserve, discard=sharing.store.drop) if sharing.on else {}
+        push_in = PushIn(node.codec, node.clock, stall, **store)  # (chunks written into the segment engines map)
         chains = Chains(node.codec, stall, push_out.chunk or CHUNK)  # (a reduce's hosts must agree on one)
         uplinks = Uplinks(chains)
         rings = Rings(node.codec, chains, push_out.threshold, node.clock, stall, sharing.drop_value)
-        if sharing.on:  # chunks are written straight into the segment engines map
-            push_in.reserve, push_in.discard = sharing.store.reserve, sharing.store.drop
         deadlines.add("chunks' stall", push_in.next_deadline, stalled)
         deadlines.add("chunks to make", push_out.making, lambda now: push_out.make_more())
         parts = (node, inflight, children)
