@@ -27,7 +27,7 @@ def link():
     info = {"interface": "tcp://127.0.0.1", "broadcast": [9], TREE_KEY: {"depth": 0, "fanout": 2}}
     session = Session(key=secrets.token_hex(16).encode())
     link = HostLink.from_connection(info, session, f"test-{secrets.token_hex(4)}", log_level=20)
-    link.attach(0)
+    link.attach()
     link.spec["grace"] = 1.0  # how long a relay with no engine waits (5 s by default)
     yield link
     for path in (link.place.lock_path, link.place.leaf_path, link.place.log_path):

@@ -58,6 +58,8 @@ def test_each_host_runs_one_relay_serving_its_engines(bed):
     rc = bed.rc
     found = relays(rc)
     assert len(found) == 3 and all(n["engines"] == PER_HOST for n in found.values())
+    # each registered its engines with the hub, by host (``relay.registrar``)
+    assert all(n["registered_here"] == PER_HOST for n in found.values())
     assert sorted(e for n in found.values() for e in n["eids"]) == rc.ids
     layout = rc.broadcast_tree()
     assert set(layout.hosts) == set(found)

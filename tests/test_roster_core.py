@@ -52,6 +52,20 @@ class Hub:
         self.engines[eid] = f"uuid-{eid}"
         self.publish(REGISTERED, eid, self.engines[eid])
 
+    def register_host(self, k):
+        """A host relay's batch of engines (``controller.hostreg``): one notification."""
+        batch = {}
+        for _ in range(1 + k % 5):
+            eid = next(self.ids)
+            batch[eid] = self.engines[eid] = f"uuid-{eid}"
+        for frames in self.roster.registrations(batch):
+            for pipe in self.pipes:
+                pipe.offer(frames)
+
+    def run(self, steps):
+        for op, k in steps:
+            {"r": lambda k: self.register(), "u": self.unregister, "h": self.register_host}[op](k)
+
     def unregister(self, k):
         if self.engines:
             eid = sorted(self.engines)[k % len(self.engines)]
@@ -78,6 +92,7 @@ class OurClient:
 
     def subscribe_all(self):
         self.hub.subscribe(self.pipe, b"")
+        self.hub.subscribe(self.pipe, P.OURS_TOPIC)  # as ours do: batches, not stock copies
 
     def hello(self):
         self.asks += 1
@@ -91,13 +106,8 @@ class OurClient:
                 continue
             _, body = self.reader.feed_identities(frames)
             msg = self.reader.deserialize(body)
-            content, md = msg["content"], msg["metadata"]
-            if msg["header"]["msg_type"] == P.ROSTER:
-                self.sync.roster(content["engines"], content["seq"], content["epoch"])
-                continue
-            changes = self.sync.notification(
-                msg["header"]["msg_type"], content["id"], content["uuid"], md.get(P.SEQ_KEY), md.get(P.EPOCH_KEY)
-            )
+            assert frames[0] != P.STOCK_TOPIC  # ours read batches, never the stock copies
+            changes = self.sync.read(msg)
             if ("ask",) in changes:
                 self.hello()
 
@@ -118,7 +128,7 @@ class StockClient(OurClient):
         self.pipe.inbox = []
 
 
-ops = st.lists(st.tuples(st.sampled_from("ru"), st.integers(0, 50)), max_size=40)
+ops = st.lists(st.tuples(st.sampled_from("ruh"), st.integers(0, 50)), max_size=40)
 
 
 @settings(max_examples=300, deadline=None)
@@ -128,11 +138,7 @@ def test_a_client_that_connects_at_any_moment_ends_whole(before, missed, between
     (all missed), between its subscription and its hello, and after it (one
     lost on the way: the gap is seen and a new roster asked for)."""
     hub = Hub()
-
-    def run(steps):
-        for op, k in steps:
-            hub.register() if op == "r" else hub.unregister(k)
-
+    run = hub.run
     run(before)
     client = OurClient(hub)
     run(missed)  # nothing reaches it: no subscription is applied yet
@@ -159,8 +165,7 @@ def test_stock_clients_are_sent_every_registration_they_missed(history, order):
     subscribes), engines register and unregister meanwhile: every engine
     registered at the end is in every subscribed stock client's table."""
     hub = Hub()
-    for op, k in history:
-        hub.register() if op == "r" else hub.unregister(k)
+    hub.run(history)
     clients: dict[int, StockClient] = {}
     subscribed = set()
     for who, step, steps in order:
@@ -169,8 +174,7 @@ def test_stock_clients_are_sent_every_registration_they_missed(history, order):
         elif step == "subscribe" and who in clients and who not in subscribed:
             hub.subscribe(clients[who].pipe, b"")
             subscribed.add(who)
-        for op, k in steps:
-            hub.register() if op == "r" else hub.unregister(k)
+        hub.run(steps)
     for who in subscribed:
         clients[who].read()
         table = clients[who].sync.engines
@@ -198,7 +202,7 @@ def test_a_stamp_is_signed_numbered_and_kept_by_a_stock_reader():
     pipe = Pipe()
     hub.pipes.append(pipe)
     hub.subscribe(pipe, b"")
-    assert pipe.topics == {DELIM}
+    assert pipe.topics == {DELIM, P.STOCK_TOPIC}
     hub.register()
     hub.register()
     metas = [hub.session.deserialize(hub.session.feed_identities(f)[1])["metadata"] for f in pipe.inbox]
@@ -231,24 +235,48 @@ def test_hellos_and_replays_go_to_their_subscriber_alone():
     hub.subscribe(late.pipe, b"")
     assert len(late.pipe.inbox) == 1 and early.inbox and len(early.inbox) == 1
     ours = OurClient(hub)
-    hub.subscribe(ours.pipe, b"")
+    ours.subscribe_all()
     ours.pipe.inbox.clear()
     ours.hello()
     assert len(ours.pipe.inbox) == 1 and len(early.inbox) == 1 and len(late.pipe.inbox) == 1
     ours.hello()  # a second hello: a topic of its own again
     assert len(ours.pipe.inbox) == 2 and len(early.inbox) == 1 and len(late.pipe.inbox) == 1
-    assert len({t for p in (ours.pipe, late.pipe) for t in p.topics} - {DELIM}) == 3  # no topic shared
+    shared = {DELIM, P.STOCK_TOPIC, P.BATCH_TOPIC}
+    assert len({t for p in (ours.pipe, late.pipe) for t in p.topics} - shared) == 3  # no other topic shared
 
 
 def test_sync_changes_are_real_ones():
     sync = RosterSync({0: "a"})
-    assert sync.notification(REGISTERED, 0, "a") == []
-    assert sync.notification(UNREGISTERED, 5, "z") == []  # never known: nothing to tell
+    assert sync.notification([(REGISTERED, 0, "a")]) == []
+    assert sync.notification([(UNREGISTERED, 5, "z")]) == []  # never known: nothing to tell
     assert sync.roster({"0": "a", "1": "b"}, 4, "e") == [("register", 1, "b")]
-    assert sync.notification(REGISTERED, 2, "c", 5, "e") == [("register", 2, "c")]
-    assert sync.notification(REGISTERED, 2, "c", 5, "e") == []  # counted in already
-    assert sync.notification(UNREGISTERED, 0, "a", 7, "e") == [("unregister", 0, "a"), ("ask",)]
-    assert sync.notification(REGISTERED, 3, "d", 1, "other") == [("register", 3, "d")]  # asking: no second ask
+    assert sync.notification([(REGISTERED, 2, "c")], 5, "e") == [("register", 2, "c")]
+    assert sync.notification([(REGISTERED, 2, "c")], 5, "e") == []  # counted in already
+    assert sync.notification([(UNREGISTERED, 0, "a")], 7, "e") == [("unregister", 0, "a"), ("ask",)]
+    assert sync.notification([(REGISTERED, 3, "d")], 1, "other") == [("register", 3, "d")]  # asking: no second ask
     assert sync.roster({"1": "b", "2": "c", "3": "d"}, 1, "other") == []
-    assert sync.notification(REGISTERED, 4, "e", 1, "restarted") == [("register", 4, "e"), ("ask",)]
+    assert sync.notification([(REGISTERED, 4, "e")], 1, "restarted") == [("register", 4, "e"), ("ask",)]
     assert sync.gaps == 2
+
+
+def test_a_host_batch_is_one_notification_and_stock_copies_only_for_stock_subscribers():
+    hub = Hub()
+    ours = OurClient(hub)
+    ours.subscribe_all()
+    ours.hello()
+    ours.read()
+    assert hub.roster.stock == 0
+    hub.register_host(4)  # 5 engines
+    assert len(ours.pipe.inbox) == 1  # one notification, no copy made for nobody
+    ours.read()
+    assert ours.sync.engines == hub.engines and ours.sync.seq == hub.roster.seq == 1
+    stock = StockClient(hub)
+    hub.subscribe(stock.pipe, b"")
+    assert hub.roster.stock == 1
+    hub.register_host(2)  # 3 engines
+    assert [f[0] for f in stock.pipe.inbox[-3:]] == [P.STOCK_TOPIC] * 3 and len(ours.pipe.inbox) == 1
+    seqs = {hub.session.deserialize(hub.session.feed_identities(f)[1])["metadata"][P.SEQ_KEY] for f in stock.pipe.inbox}
+    assert seqs >= {2}  # the copies carry their batch's number
+    stock.read()
+    ours.read()
+    assert stock.sync.engines == ours.sync.engines == hub.engines and ours.sync.gaps == 0

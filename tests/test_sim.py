@@ -1,12 +1,14 @@
-"""SimEngines against a real controller: simulated engines register through
-the hub, are reached by DirectView and through the relay tree, and one can be
-killed on demand (the hub notices its silence; the others still answer)."""
+"""SimEngines against a real controller: simulated engines register with
+the hub (behind a simulated host: through its relay, by host), are reached
+by DirectView and through the relay tree, and one can be killed on demand
+(the hub notices its silence; the others still answer)."""
 
 import glob
 import os
 import tempfile
 import time
 
+import ipyparallel as ipp
 import psutil
 import pytest
 from cluster_util import quiet_config, until
@@ -81,15 +83,23 @@ def test_simulated_hosts_each_run_a_host_relay():
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()
         (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        (client_file,) = glob.glob(os.path.join(profile_dir, "security", "*-client.json"))
+        stock = ipp.Client(client_file)  # ipyparallel's: told each engine, not a host's batch
         sim = SimEngines(engine_file, 12, per_process=4, reply_bytes=10, hosts=True)
         try:
             sim.start(timeout=120)
             rc.wait_for_engines(12, timeout=120)
+            stock.wait_for_engines(12, timeout=120)
+            assert stock.ids == rc.ids
+            stock.close()
             for coalescing in (True, False):
                 assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
             relays = [n for n in rc.broadcast_stats() if n.get("host")]
             assert len(relays) == 3 and sorted(e for n in relays for e in n["eids"]) == rc.ids
             assert sorted(len(n["eids"]) for n in relays) == [4, 4, 4]
+            # each registered its 4 engines with the hub (``relay.registrar``), the first alone at most
+            assert [n["registered_here"] for n in relays] == [4, 4, 4]
+            assert all(1 <= n["registration_batches"] <= 4 for n in relays)
             rc.close()
         finally:
             sim.stop()

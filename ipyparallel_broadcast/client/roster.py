@@ -60,11 +60,14 @@ class RosterSync:
                     raise TypeError(f"engines is a {type(engines).__name__}")
                 table = {int(k): str(v) for k, v in engines.items()}
                 return self.roster(table, int(content["seq"]), str(content["epoch"]))
-            if kind in (REGISTERED, UNREGISTERED):
+            if kind in (REGISTERED, UNREGISTERED, P.REGISTRATIONS):
                 seq = md.get(P.SEQ_KEY)
                 seq = None if seq is None else int(seq)
                 epoch = md.get(P.EPOCH_KEY)
-                return self.notification(kind, int(content["id"]), str(content["uuid"]), seq, epoch)
+                if kind == P.REGISTRATIONS:  # one host's engines, one notification
+                    engines = [(REGISTERED, int(e), str(u)) for e, u in content["engines"].items()]
+                    return self.notification(engines, seq=seq, epoch=epoch)
+                return self.notification([(kind, int(content["id"]), str(content["uuid"]))], seq, epoch)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise P.ProtocolError(f"bad {kind!r} notification: {e!r}") from e
         return []
@@ -79,8 +82,9 @@ class RosterSync:
         self.rosters += 1
         return changes
 
-    def notification(self, kind: str, eid: int, uuid: str, seq: int | None = None, epoch=None) -> list[tuple]:
-        """One registration or unregistration; ``seq``/``epoch`` its number (None from a stock hub)."""
+    def notification(self, changes: list[tuple], seq: int | None = None, epoch=None) -> list[tuple]:
+        """One notification: its registrations and unregistrations, ``(kind, id, uuid)``;
+        ``seq``/``epoch`` its number (None from a stock hub)."""
         extra = []
         if seq is not None and self.seq is not None and not self.asking:
             if epoch == self.epoch and seq <= self.seq:
@@ -92,7 +96,7 @@ class RosterSync:
             else:
                 self.seq = seq
         # applied as they come, counted or not: the roster asked for sets the table right
-        return self._apply(kind, int(eid), uuid) + extra
+        return [c for kind, eid, uuid in changes for c in self._apply(kind, int(eid), uuid)] + extra
 
     def _apply(self, kind: str, eid: int, uuid: str) -> list[tuple]:
         if kind == REGISTERED:
@@ -131,8 +135,10 @@ class EngineRoster(ClientSeam):
         super()._open_streams()
         self._roster = RosterSync(dict(self._engine_table))
         handlers = self._notification_table
-        handlers[REGISTERED] = handlers[UNREGISTERED] = handlers[P.ROSTER] = self._on_roster_message
+        for kind in (REGISTERED, UNREGISTERED, P.ROSTER, P.REGISTRATIONS):
+            handlers[kind] = self._on_roster_message
         if TREE_KEY in self._connection_info:
+            self._notification_sock.setsockopt(zmq.SUBSCRIBE, P.OURS_TOPIC)  # batches, not stock copies
             self._ask_roster()
         else:  # a stock controller: its notifications, as they come
             self._roster_ready.set()

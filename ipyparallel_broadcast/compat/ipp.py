@@ -267,6 +267,12 @@ def coalesce_hub_state_file(hub, wrap: Callable[[Callable[[], None]], Callable[[
     hub._save_engine_state = wrap(hub._save_engine_state)
 
 
+def save_hub_state(hub) -> None:
+    """``Hub._save_engine_state``: a batch of engines registered by host is
+    written once (through the coalescing wrapper, when there is one)."""
+    hub._save_engine_state()
+
+
 def ar_engine_futures(ar) -> list:
     """``AsyncResult._children``: an AsyncResult's per-engine futures (tools)."""
     return ar._children

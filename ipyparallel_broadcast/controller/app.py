@@ -39,6 +39,7 @@ from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from ..wire.topology import balanced_id, node_name
 from .children import ChildSupervision
+from .hostreg import HostRegistrations
 from .iopubrelay import run_iopub_relay
 from .location import Location
 from .ports import quiet_port
@@ -99,6 +100,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         hub.new_engine_id = self.new_engine_id
         ipp.coalesce_hub_state_file(hub, self._coalesced)
         self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
+        self.host_registrations = HostRegistrations(hub, self.roster_door.publish_registrations, self.registry)
         if self.hub_records:
             self.broadcast_records = BroadcastRecords(self.hub)
         inner = [path for path in self.shape.nodes() if not self.shape.is_leaf(path)]

@@ -11,6 +11,8 @@
   hub ignores that "new heart". Ours answers it with ``ipb_dropped`` on the
   registration socket, which every engine keeps (``BroadcastEngine`` reads
   it). The engine exits, and its launcher or supervisor replaces it.
+  An engine registered by its host relay (``hostreg``) is told through
+  that relay, which forwards the notice to it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Registry:
     def __init__(self, hub, remembered: int = REMEMBERED):
         self.hub, self.remembered = hub, remembered
         self.dropped: OrderedDict[bytes, int] = OrderedDict()  # heart -> the engine id it had
+        self.via: dict[bytes, str] = {}  # heart -> the host whose relay registered it (``hostreg``)
+        self.relay_of = lambda heart: None  # the idents of that relay (``hostreg`` sets its own)
         self._unregister, self._new_heart = hub.unregister_engine, hub.handle_new_heart
         hub.unregister_engine = hub.query_handlers["unregistration_request"] = self.unregister_engine
         hub.handle_new_heart = self.handle_new_heart
@@ -43,7 +47,7 @@ class Registry:
         if ec is not None and ec.id not in hub.engines:
             self.dropped[ec.ident] = ec.id
             while len(self.dropped) > self.remembered:
-                self.dropped.popitem(last=False)
+                self.via.pop(self.dropped.popitem(last=False)[0], None)
 
     def handle_new_heart(self, heart: bytes):
         eid = self.dropped.pop(heart, None)
@@ -51,4 +55,8 @@ class Registry:
             return self._new_heart(heart)
         # the heart is the engine's identity on every socket, its registration socket too
         self.hub.log.warning("engine %s was dropped but its heart beats again: telling it to exit", eid)
-        self.hub.session.send(self.hub.query, P.DROPPED, {}, ident=heart)
+        relay = self.relay_of(heart)
+        if relay is not None:  # its registration socket is its relay's
+            self.hub.session.send(self.hub.query, P.DROPPED, dict(uuid=heart.decode()), ident=relay)
+        else:
+            self.hub.session.send(self.hub.query, P.DROPPED, {}, ident=heart)

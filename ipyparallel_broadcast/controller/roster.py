@@ -24,6 +24,12 @@ each subscriber is live and can send to that subscriber alone.
   matched with a subscription (replies and subscriptions are not paired on
   the wire; see ``Replies``). Unregistrations are not replayed: a stock
   client given one it never saw fails its ``wait_for_engines``.
+- Engines a host relay registers (``hostreg``) are told in one
+  ``ipb_registrations`` notification, numbered once, on a topic of its own
+  (``BATCH_TOPIC``). Our clients subscribe to ``OURS_TOPIC`` after ``b""``,
+  which takes their pipe off the stock copies and onto the batches. The
+  per-engine copies ipyparallel's clients read (``STOCK_TOPIC``, the same
+  number as their batch) are made only once a stock subscriber has come.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class Roster:
         self.registered_at: dict[int, int] = {}  # engine id -> the number of its registration
         self.replies = Replies()
         self.welcomes = self.replays = self.replayed = 0  # hellos answered; replays, registrations in them
+        self.stock = 0  # subscribers to everything, less those that said they are ours (never below)
 
     def stamp(self, frames: list) -> list:
         """A notification the hub serialized, with its number in its metadata, signed again."""
@@ -114,15 +121,38 @@ class Roster:
         if not frame or frame[0] not in (0, 1):
             return []
         on, topic = frame[0] == 1, frame[1:]
+        if topic == P.OURS_TOPIC:
+            if not on:
+                return []
+            self.stock = max(0, self.stock - 1)
+            return [("unsubscribe", P.STOCK_TOPIC), ("subscribe", P.BATCH_TOPIC)]
         if not on:
-            return [("unsubscribe", topic or DELIM)]
+            return [("unsubscribe", DELIM), ("unsubscribe", P.STOCK_TOPIC)] if not topic else [("unsubscribe", topic)]
         if topic.startswith(ROSTER_HELLO_PREFIX):
             self.welcomes += 1
             msg = self.session.msg(P.ROSTER, content=dict(engines=self.table(), seq=self.seq, epoch=self.epoch))
             return [("subscribe", topic), ("send", self.session.serialize(msg, ident=[topic]))]
         if topic:
             return [("subscribe", topic)]
-        return [("subscribe", DELIM)] + self._replay(self.replies.take())
+        self.stock += 1
+        return [("subscribe", DELIM), ("subscribe", P.STOCK_TOPIC)] + self._replay(self.replies.take())
+
+    def registrations(self, engines: dict[int, str]) -> list[list]:
+        """One host's engines registered: the batch, and a copy per engine
+        for stock subscribers if any came; all of them one notification."""
+        self.seq += 1
+        md = {P.SEQ_KEY: self.seq, P.EPOCH_KEY: self.epoch}
+        for eid in engines:
+            self.registered_at[eid] = self.seq
+        batch = self.session.msg(
+            P.REGISTRATIONS, content=dict(engines={str(e): u for e, u in engines.items()}), metadata=md
+        )
+        out = [self.session.serialize(batch, ident=[P.BATCH_TOPIC])]
+        if self.stock:
+            for eid, uuid in engines.items():
+                msg = self.session.msg(REGISTERED, content=dict(id=eid, uuid=uuid), metadata=md)
+                out.append(self.session.serialize(msg, ident=[P.STOCK_TOPIC]))
+        return out
 
     def _replay(self, since: int | None) -> list[tuple]:
         """Registrations after ``since``, to the new stock subscriber alone."""
@@ -165,6 +195,12 @@ class RosterDoor(ZMQStream):
     def send_multipart(self, msg, *args, **kwargs):
         """The hub's notifications, stamped."""
         super().send_multipart(self.roster.stamp(list(msg)), *args, **kwargs)
+        self.flush(zmq.POLLOUT)
+
+    def publish_registrations(self, engines: dict[int, str]):
+        """One host's engines registered (``hostreg``), told as ``Roster.registrations`` says."""
+        for frames in self.roster.registrations(engines):
+            super().send_multipart(frames)
         self.flush(zmq.POLLOUT)
 
     def _on_subscription(self, frames):

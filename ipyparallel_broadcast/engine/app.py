@@ -22,7 +22,7 @@ from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..compat.ipp import EngineSeam
-from ..host.link import HOST_KEY, HostLink, host_label
+from ..host.link import HOST_KEY, JOIN_TIMEOUT, HostLink, host_label
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
 from . import compose
@@ -130,9 +130,49 @@ class BroadcastEngine(EngineSeam):
             return False
         return self.host_relay == "always" or info.get(HOST_KEY) != host_label()
 
+    async def register(self):
+        """ipyparallel's, but behind a host relay the request goes to the relay
+        (started here if need be), which registers its host's engines with the
+        hub in batches (``relay.registrar``); the reply is the hub's own."""
+        if self._use_host_relay():
+            self.host_link = HostLink.from_connection(
+                self.connection_info,
+                self.session,
+                host_label(),
+                self.curve_serverkey,
+                self.log_level,
+                ip=self.host_relay_ip,
+            )
+            self.host_link.attach()  # under its leaf
+            self.host_link.ensure_relay()
+            self.timeout = max(self.timeout, JOIN_TIMEOUT)  # the relay may be starting (a Python process)
+        await super().register()
+
+    def init_connector(self):
+        """ipyparallel's; behind a host relay, the registration socket
+        connects to the relay (the nanny still tells the hub itself)."""
+        connect, maybe_tunnel = super().init_connector()
+        if self.host_link is None:
+            return connect, maybe_tunnel
+        hub_url, place = self.registration_url, self.host_link.place
+
+        def via_relay(sock, url, curve_serverkey=None):
+            if url != hub_url:
+                return connect(sock, url, curve_serverkey=curve_serverkey)
+            self._relay_keys(sock)
+            sock.connect(place.register_url)
+
+        return via_relay, maybe_tunnel
+
+    def _relay_keys(self, sock):
+        """A socket to the host relay: its derived server key, this engine's keys."""
+        if self.host_link.place.public:
+            sock.curve_serverkey = self.host_link.place.public
+            sock.curve_publickey, sock.curve_secretkey = self.curve_publickey, self.curve_secretkey
+
     async def complete_registration(self, msg, connect, maybe_tunnel):
         ipp_engine_app.Kernel = BroadcastKernel  # the kernel class ipyparallel instantiates
-        if self._use_host_relay():
+        if self.host_link is not None:
             connect = await self._join_host_relay(msg, connect)
         await super().complete_registration(msg, connect, maybe_tunnel)
         if self.kernel is not None:
@@ -154,16 +194,7 @@ class BroadcastEngine(EngineSeam):
         content = self.session.unpack(self.session.feed_identities(msg)[1][4])
         if content.get("status") != "ok":
             return connect  # ipyparallel reports the refusal
-        eid, uuid = content["id"], self.bident.decode()
-        link = self.host_link = HostLink.from_connection(
-            self.connection_info,
-            self.session,
-            host_label(),
-            self.curve_serverkey,
-            self.log_level,
-            ip=self.host_relay_ip,
-        )
-        link.attach(eid)
+        eid, uuid, link = content["id"], self.bident.decode(), self.host_link
         place, leaves = link.place, link.leaves
         await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)
         atexit.register(link.leave, uuid)
@@ -172,9 +203,7 @@ class BroadcastEngine(EngineSeam):
         def via_relay(sock, url, curve_serverkey=None):
             if url not in leaves:
                 return connect(sock, url, curve_serverkey=curve_serverkey)
-            if place.public:
-                sock.curve_serverkey = place.public
-                sock.curve_publickey, sock.curve_secretkey = self.curve_publickey, self.curve_secretkey
+            self._relay_keys(sock)
             sock.connect(place.down_url)
 
         return via_relay

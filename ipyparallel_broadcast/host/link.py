@@ -61,6 +61,7 @@ class Place:
         self.name = f"{self.prefix(key)}{label}"
         self.down_url = f"ipc://@{self.name}"
         self.join_url = f"ipc://@{self.name}-join"
+        self.register_url = f"ipc://@{self.name}-register"  # engines register here (``relay.registrar``)
         base = self.base()
         os.makedirs(base, mode=0o700, exist_ok=True)
         self.lock_path = os.path.join(base, f"{self.name}.lock")
@@ -104,6 +105,8 @@ class HostLink:
                 shm=info[TREE_KEY].get("shm", True),
                 shm_threshold=info[TREE_KEY].get("shm_threshold"),
                 down_url=place.down_url,
+                # the hub's: its engines register through the relay (none: each by itself)
+                registration_url=f"{info['interface']}:{info['registration']}" if "registration" in info else None,
                 log_level=log_level,
                 ip=ip,
                 curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
@@ -115,7 +118,7 @@ class HostLink:
         link.leaves = [f"{info['interface']}:{port}" for port in info["broadcast"]]
         return link
 
-    def attach(self, eid: int):
+    def attach(self):
         """Place the relay under its leaf: the first leaf of the tree, for
         every host. One process of the controller host then plans the data
         plane of all hosts, in both directions (a push's chunks, a reduce's

@@ -186,17 +186,17 @@ class RelayNode:
             event = E.from_hub(self.codec, frames)
         except P.ProtocolError as e:
             return self._drop(f"hub: {e}")
-        if isinstance(event, E.EngineRegistered):
-            return self.on_engine_registered(event.eid, event.uuid)
+        if isinstance(event, (E.EngineRegistered, E.EnginesRegistered)):  # one engine, or a host's
+            return self.on_engines_registered(getattr(event, "engines", None) or {event.eid: event.uuid})
         if isinstance(event, E.EngineUnregistered):
             return self.on_engine_lost(event.uuid, P.DIED)
         if isinstance(event, E.Registry):
             return self.on_registry(event.engines)
         return []
 
-    def on_engine_registered(self, eid: int, uuid: str) -> list[Send]:
-        self.engines[eid] = uuid
-        return self._greet([eid]) + self.down.retry_parked(final=False)
+    def on_engines_registered(self, engines: dict[int, str]) -> list[Send]:
+        self.engines.update(engines)
+        return self._greet(list(engines)) + self.down.retry_parked(final=False)
 
     def on_registry(self, engines: dict[int, str]) -> list[Send]:
         """The hub's full engine table. Parked targets still unknown fail."""

@@ -146,6 +146,11 @@ class EngineRegistered:
 
 
 @dataclass
+class EnginesRegistered:  # one host's, in one notification
+    engines: dict[int, str]
+
+
+@dataclass
 class EngineUnregistered:
     uuid: str
 
@@ -162,6 +167,8 @@ def from_hub(codec: P.Codec, frames) -> object | None:
     try:
         if kind == P.REGISTERED:
             return EngineRegistered(int(content["id"]), str(content["uuid"]))
+        if kind == P.REGISTRATIONS:
+            return EnginesRegistered({int(k): str(v) for k, v in content["engines"].items()})
         if kind == P.UNREGISTERED:
             return EngineUnregistered(str(content["uuid"]))
         if isinstance(content, dict) and "engines" in content:

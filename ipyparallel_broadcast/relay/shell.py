@@ -136,6 +136,7 @@ class NodeShell:
         if self.node.is_leaf and spec.get("notification_url"):
             self.notifications = _socket(ctx, zmq.SUB)
             self.notifications.SUBSCRIBE = P.HUB_TOPIC  # the hub's own: no stock replay (controller.roster)
+            self.notifications.SUBSCRIBE = P.BATCH_TOPIC  # engines registered by host, a batch each
             _connect(self.notifications, spec["notification_url"], curve)
             self.registrar = _socket(ctx, zmq.DEALER)
             _connect(self.registrar, spec["registration_url"], curve)

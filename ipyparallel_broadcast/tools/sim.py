@@ -124,7 +124,8 @@ class SimProcess:
     async def register(self, engine: SimEngine):
         reg = self.ctx.socket(zmq.DEALER)
         reg.IDENTITY, reg.LINGER = engine.ident, 0
-        reg.connect(self.url(self.info["registration"]))
+        # behind a host relay, through it (registration by host), as a real engine does
+        reg.connect(self.link.place.register_url if self.link else self.url(self.info["registration"]))
         try:
             self.session.send(reg, "registration_request", content=dict(uuid=engine.uuid))
             _, body = self.session.feed_identities(await reg.recv_multipart())
@@ -139,7 +140,6 @@ class SimProcess:
         if self.link is None:
             engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
         else:  # joined once the whole tree routes to it, as a real engine does
-            self.link.attach(engine.id)
             await asyncio.get_running_loop().run_in_executor(  # no shared memory: bytes, as over TCP
                 None, partial(self.link.join, engine.id, engine.uuid, self.session, maps=False)
             )
@@ -281,6 +281,9 @@ class SimProcess:
         self.iopub.connect(self.url(self.info["iopub"]))
         threading.Thread(target=self.beat, daemon=True, name="heartbeats").start()
         threading.Thread(target=self.server.run, daemon=True, name="shells").start()
+        if self.link is not None:
+            self.link.attach()  # under its leaf
+            self.link.ensure_relay()
         await asyncio.gather(*(self.register(SimEngine(self.sync_ctx)) for _ in range(self.count)))
         conn.send(sorted(self.engines))
         loop = asyncio.get_running_loop()

@@ -94,6 +94,14 @@ NOTICES_KEY = "ipb_notices"  # the client connection file: the port of the notic
 # the number of the last notification; each notification's metadata numbers it (and the roster's epoch)
 ROSTER, SEQ_KEY, EPOCH_KEY = "ipb_roster", "ipb_seq", "ipb_epoch"
 REGISTERED, UNREGISTERED = "registration_notification", "unregistration_notification"  # the hub's own
+# registration by host (``relay.registrar``, ``controller.hostreg``): a host relay -> the hub, its
+# engines that ask to register and those gone; the hub's answer (the ids granted, in one message)
+HOST_ENGINES, HOST_ENGINES_REPLY = "ipb_host_engines", "ipb_host_engines_reply"
+# the hub -> clients and leaves: the engines one host registered, in one notification, on a
+# topic of its own; ipyparallel's per-engine notifications go to stock subscribers alone
+REGISTRATIONS = "ipb_registrations"
+BATCH_TOPIC, STOCK_TOPIC = b"ipb-registrations", b"ipb-stock"
+OURS_TOPIC = b"ipb-ours"  # a subscription that says: no stock copies here, batches instead
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a bundle the root sends up, for the records
 COALESCE, STREAM = "coalesce", "stream"

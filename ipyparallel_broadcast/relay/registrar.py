@@ -1,0 +1,138 @@
+"""A host relay's registrar: its engines register with the hub by host.
+
+An engine behind a host relay sends ipyparallel's own ``registration_request``
+to the relay (``Place.register_url``), not to the hub. The relay sends the hub
+one ``ipb_host_engines`` message for every engine waiting; while one is in
+flight the next ones wait for its answer, so engines that start together
+register in a few messages, whatever their number. The hub grants the ids in
+one step and answers in one message (``controller.hostreg``); each engine
+gets ipyparallel's ``registration_reply``, as the hub would have sent it.
+The engines the relay finds gone (their process ended, or they asked to
+unregister) go up the same way. The hub's notice that it dropped an engine
+(``ipb_dropped``) comes down to that engine.
+
+Sans-I/O: frames in, ``Send`` out, to ``ENGINES`` (the relay's registration
+socket, ROUTER) or ``HUB`` (a DEALER to the hub's registration socket).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..wire import protocol as P
+from .events import Send
+
+ENGINES, HUB = "registrar-engines", "registrar-hub"
+REPLY_TIMEOUT = 10.0  # seconds without the hub's answer: the batch is sent again (the hub's is idempotent)
+
+
+class Registrar:
+    """One host's registrations and departures, one batch in flight."""
+
+    def __init__(self, codec: P.Codec, host: str, clock: Callable[[], float] = time.monotonic):
+        self.codec, self.host, self.clock = codec, host, clock
+        self.waiting: dict[str, tuple[list, int | None]] = {}  # uuid -> (the engine's idents, id asked for)
+        self.gone: set[str] = set()  # uuids of engines gone, for the hub
+        self.sent: dict[str, tuple[list, int | None]] = {}  # the batch in flight (registrations)
+        self.sent_gone: set[str] = set()
+        self.sent_at: float | None = None
+        self.granted: dict[str, int] = {}  # uuid -> id, of engines registered through this relay
+        self.batches = self.engines_registered = 0
+
+    # -------------------------------------------------------------- engines
+    def from_engine(self, frames) -> list[Send]:
+        """ipyparallel's registration or unregistration request, from an engine of this host."""
+        idents, body = P.split_idents(frames)
+        msg = self.codec.unpack(body)
+        kind, content = msg["header"].get("msg_type"), msg["content"]
+        if kind == "registration_request":
+            uuid, asked = content.get("uuid"), content.get("id")
+            if not isinstance(uuid, str) or not (asked is None or type(asked) is int):
+                raise P.ProtocolError("registration request without a uuid")
+            self.gone.discard(uuid)
+            self.waiting[uuid] = ([P.as_bytes(i) for i in idents], asked)
+            return self.flush()
+        if kind == "unregistration_request":
+            eid = content.get("id")
+            uuid = next((u for u, e in self.granted.items() if e == eid), None)
+            return self.lost([uuid]) if uuid is not None else []
+        raise P.ProtocolError(f"unexpected {kind!r} on the registration socket")
+
+    def lost(self, uuids) -> list[Send]:
+        """Engines of this host that are gone: the hub unregisters them."""
+        for uuid in uuids:  # (a relay restarted has granted none: the hub checks whose they were)
+            self.waiting.pop(uuid, None)
+            self.granted.pop(uuid, None)
+            self.gone.add(uuid)
+        return self.flush()
+
+    # ------------------------------------------------------------------ hub
+    def flush(self) -> list[Send]:
+        """The next batch, if none is in flight and one is due."""
+        if self.sent_at is not None or not (self.waiting or self.gone):
+            return []
+        self.sent, self.waiting = self.waiting, {}
+        self.sent_gone, self.gone = self.gone, set()
+        self.sent_at = self.clock()
+        self.batches += 1
+        content = dict(
+            host=self.host,
+            engines=[dict(uuid=u, id=asked) for u, (_, asked) in self.sent.items()],
+            gone=sorted(self.sent_gone),
+        )
+        return [Send(HUB, self.codec.pack(P.HOST_ENGINES, content))]
+
+    def hello(self) -> list[Send]:
+        """A relay (re)started tells the hub where it is, with nothing to register."""
+        if self.sent_at is not None:
+            return []
+        self.sent_at = self.clock()
+        return [Send(HUB, self.codec.pack(P.HOST_ENGINES, dict(host=self.host, engines=[], gone=[])))]
+
+    def from_hub(self, frames) -> list[Send]:
+        """The hub's answer to a batch, or its notice that it dropped an engine."""
+        msg = self.codec.unpack(P.split_idents(frames)[1])
+        kind, content = msg["header"].get("msg_type"), msg["content"]
+        if kind == P.DROPPED:
+            uuid = content.get("uuid")
+            if not isinstance(uuid, str):
+                raise P.ProtocolError("a drop notice without the engine's uuid")
+            self.granted.pop(uuid, None)
+            return [Send(ENGINES, [uuid.encode(), *self.codec.pack(P.DROPPED, {})])]
+        if kind != P.HOST_ENGINES_REPLY or not isinstance(content.get("engines"), list):
+            raise P.ProtocolError(f"unexpected {kind!r} from the hub")
+        common = {k: content[k] for k in ("hb_period", "connection_info") if k in content}
+        sends = []
+        for answer in content["engines"]:
+            uuid = answer.get("uuid") if isinstance(answer, dict) else None
+            if uuid not in self.sent:
+                continue  # (an answer to a batch sent again)
+            idents, _ = self.sent.pop(uuid)
+            reply = {k: v for k, v in answer.items() if k != "uuid"}
+            if reply.get("status") == "ok":
+                if type(reply.get("id")) is not int:
+                    raise P.ProtocolError("a granted registration without an id")
+                self.granted[uuid] = reply["id"]
+                self.engines_registered += 1
+                reply.update(common)
+            sends.append(Send(ENGINES, idents + self.codec.pack("registration_reply", reply)))
+        self.waiting = {**self.sent, **self.waiting}  # not answered: in the next batch
+        self.sent, self.sent_gone, self.sent_at = {}, set(), None
+        return sends + self.flush()
+
+    # ---------------------------------------------------------------- timing
+    def next_deadline(self) -> float | None:
+        return None if self.sent_at is None else self.sent_at + REPLY_TIMEOUT
+
+    def on_tick(self) -> list[Send]:
+        """No answer in time (the hub restarting, a message lost): send the batch again."""
+        if self.sent_at is None or self.clock() < self.sent_at + REPLY_TIMEOUT:
+            return []
+        self.waiting = {**self.sent, **self.waiting}
+        self.gone |= self.sent_gone
+        self.sent, self.sent_gone, self.sent_at = {}, set(), None
+        return self.flush()
+
+    def stats(self) -> dict:
+        return dict(registration_batches=self.batches, registered_here=self.engines_registered)
