@@ -8,12 +8,17 @@ file once. ipyparallel registers each engine in a request, a heart handshake,
 a notification and a state-file write, and scans its pending registrations
 for each: a burst of N engines cost the center O(N²).
 
-The relay vouches for its engines (each asked it on a local socket, from a
-process it watches), so a batch is finished at once, without waiting for
-each engine's first heartbeat. A second batch naming an engine registered
-through the same host is answered with the same id: a relay that sends a
-batch again (its answer late, the hub restarting) registers nothing twice.
-Ids are ipyparallel's own, from its counter, in the order the hub grants them.
+An engine is filed, and told to clients, once its heart beats, as in
+ipyparallel: by then it has joined its relay and connected its sockets, so
+a call sent at once reaches it. Every heart that starts in one period comes
+in one message of the heart monitor, and all of them are filed together and
+told in one notification. (The pending engines are kept here, not in the
+hub's ``incoming_registrations``, which ipyparallel scans per registration.)
+One that never beats is forgotten after the hub's ``registration_timeout``.
+A second batch naming an engine registered through the same host is
+answered with the same id: a relay that sends a batch again (its answer
+late, the hub restarting) registers nothing twice. Ids are ipyparallel's
+own, from its counter, in the order the hub grants them.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ class HostRegistrations:
     def __init__(self, hub, publish: Callable[[dict[int, str]], None], registry):
         self.hub, self.publish, self.registry = hub, publish, registry
         self.relays: dict[str, list] = {}  # host label -> the idents its relay last wrote from
+        self.pending: dict[bytes, EngineConnector] = {}  # heart -> an engine granted its id, not beating yet
+        self.beating: dict[int, str] = {}  # engines filed since the last notification
         self.batches = self.registered = 0
         hub.query_handlers[P.HOST_ENGINES] = self.on_batch
         registry.relay_of = self.relay_of  # a dropped engine is told through its relay
+        self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
 
     def on_batch(self, idents, msg):
         content = msg["content"]
@@ -50,30 +58,54 @@ class HostRegistrations:
         reply = dict(engines=answers, hb_period=hub.heartmonitor_period, connection_info=hub.engine_info)
         hub.session.send(hub.query, P.HOST_ENGINES_REPLY, content=reply, parent=msg, ident=idents)
         if new:
-            self.registered += len(new)
-            hub.log.info("registration::host %s: %i engines registered (%s)", host, len(new), _span(new))
-            self.publish(new)
-            ipp.save_hub_state(hub)
+            hub.log.info("registration::host %s: ids %s granted to %i engines", host, _span(new), len(new))
+            hub.loop.call_later(hub.registration_timeout, self._purge, [u.encode() for u in new.values()])
+
+    def handle_new_heart(self, heart: bytes):
+        """An engine granted its id beats: filed; told with the others that began in this period."""
+        ec = self.pending.pop(heart, None)
+        if ec is None:
+            return self._new_heart(heart)
+        self._file(ec)
+        if not self.beating:  # the heart monitor's message is handled whole before this runs
+            self.hub.loop.add_callback(self._announce)
+        self.beating[ec.id] = ec.uuid
+
+    def _announce(self):
+        beating, self.beating = self.beating, {}
+        self.registered += len(beating)
+        self.hub.log.info("registration::%i engines registered by host (%s)", len(beating), _span(beating))
+        self.publish(beating)
+        ipp.save_hub_state(self.hub)
+
+    def _purge(self, hearts):
+        for heart in hearts:
+            ec = self.pending.pop(heart, None)
+            if ec is not None:
+                self.hub.log.error("registration::engine %i:%s never beat; forgotten", ec.id, ec.uuid)
+                self.registry.via.pop(heart, None)
 
     def _grant(self, host: str, asks: list) -> tuple[list[dict], dict[int, str]]:
         hub, via = self.hub, self.registry.via
-        pending = {ec.uuid for ec in hub.incoming_registrations.values()}
+        stock_pending = {ec.uuid for ec in hub.incoming_registrations.values()}
         answers, new = [], {}
         for ask in asks:
             uuid = ask.get("uuid") if isinstance(ask, dict) else None
             if not isinstance(uuid, str) or not uuid:
                 continue
             heart = uuid.encode()
-            eid = hub.by_ident.get(heart)
+            eid = hub.by_ident.get(heart, self.pending[heart].id if heart in self.pending else None)
             if eid is not None and via.get(heart) == host:  # asked again: the same answer
                 answers.append(dict(uuid=uuid, status="ok", id=eid))
                 continue
-            if eid is not None or uuid in pending or uuid in new.values():
+            if eid is not None or uuid in stock_pending:
                 answers.append(dict(uuid=uuid, status="error", ename="KeyError", evalue=f"uuid {uuid!r} in use"))
                 continue
             asked = ask.get("id")
-            eid = type(hub).new_engine_id(hub, asked if type(asked) is int else None)  # ipyparallel's counter
-            self._file(EngineConnector(id=eid, uuid=uuid, ident=heart))
+            if type(asked) is not int or any(ec.id == asked for ec in self.pending.values()):
+                asked = None
+            eid = type(hub).new_engine_id(hub, asked)  # ipyparallel's counter (or the id asked for, if free)
+            self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
             via[heart] = host
             new[eid] = uuid
             answers.append(dict(uuid=uuid, status="ok", id=eid))
@@ -81,7 +113,7 @@ class HostRegistrations:
 
     def _file(self, ec):
         """The engine registered, as ``Hub.finish_registration`` files it
-        (its notification and state-file write are the batch's)."""
+        (its notification and state-file write are its period's)."""
         hub, eid = self.hub, ec.id
         hub.ids.add(eid)
         hub.engines[eid] = ec
@@ -96,6 +128,8 @@ class HostRegistrations:
         hub, via = self.hub, self.registry.via
         for uuid in uuids:
             heart = uuid.encode()
+            if via.get(heart) == host and self.pending.pop(heart, None) is not None:
+                continue  # gone before its first beat
             eid = hub.by_ident.get(heart)
             if eid is not None and via.get(heart) == host:
                 hub.log.info("registration::host %s: engine %i is gone", host, eid)
