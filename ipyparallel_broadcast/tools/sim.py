@@ -2,8 +2,10 @@
 machine cannot hold with real ones (a real engine costs ~100 MB and 0.4 s).
 
 Each simulated engine does what an engine does on the wire, and no more:
-- it registers with the hub through the real registration protocol and
-  answers the heart monitor's pings, so the hub counts it like any engine;
+- it registers with the hub through the real registration protocol (behind
+  a simulated host, through that host's relay, by host, as a real engine
+  there does) and answers the heart monitor's pings, so the hub counts it
+  like any engine;
 - it connects one shell socket (identity: its uuid) to the mux and to its
   broadcast leaf (``id % leaves``, as real engines choose);
 - it answers ``apply_request`` and ``execute_request`` with correctly signed
