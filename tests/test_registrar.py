@@ -121,3 +121,14 @@ def test_malformed_or_forged_requests_are_refused(setup, frames):
     with pytest.raises(P.ProtocolError):
         reg.from_engine(frames(codec))
     assert reg.waiting == {} and reg.sent == {}
+
+
+def test_hearts_that_began_to_beat_go_up_in_the_next_batch(setup):
+    reg, codec, _ = setup
+    (out,) = reg.from_engine(ask(codec, "a"))
+    assert reg.beating(["a"]) == []  # a batch is in flight: it waits
+    (nxt,) = reg.from_hub(answer(codec, unpack(codec, out.frames)["content"]))[1:]
+    assert unpack(codec, nxt.frames)["content"]["beating"] == ["a"]
+    reg.lost(["a"])  # gone before its beat went up: never said to beat
+    reg.from_hub(answer(codec, dict(engines=[])))
+    assert reg.beats == set() and reg.sent_at is not None  # (the departure went)

@@ -172,6 +172,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             # host relays, which engines start, run with the tree's timing and data plane
             ping_interval=self.ping_interval,
             node_timeout=self.node_timeout,
+            pause_limit=self.engine_pause_limit,
             bulk=self._bulk_spec(),
         )
         if self.auto_inputs:  # what an 'auto' shape was picked for

@@ -8,13 +8,16 @@ file once. ipyparallel registers each engine in a request, a heart handshake,
 a notification and a state-file write, and scans its pending registrations
 for each: a burst of N engines cost the center O(N²).
 
-An engine is filed, and told to clients, once its heart beats, as in
-ipyparallel: by then it has joined its relay and connected its sockets, so
-a call sent at once reaches it. Every heart that starts in one period comes
-in one message of the heart monitor, and all of them are filed together and
-told in one notification. (The pending engines are kept here, not in the
-hub's ``incoming_registrations``, which ipyparallel scans per registration.)
-One that never beats is forgotten after the hub's ``registration_timeout``.
+Heartbeats go by host too: the hub's heart monitor pings the relays, and
+each relay watches its own engines' hearts (``relay.enginehearts``). An
+engine is filed, and told to clients, once its relay says its heart beats,
+as ipyparallel files one at its first beat: by then it has joined its relay
+and connected its sockets, so a call sent at once reaches it. The engines a
+batch says beat are filed together and told in one notification. (The
+pending engines are kept here, not in the hub's ``incoming_registrations``,
+which ipyparallel scans per registration.) One that never beats is
+forgotten after the hub's ``registration_timeout``. A relay whose heart
+stops takes its host's engines with it, unregistered by name.
 A second batch naming an engine registered through the same host is
 answered with the same id: a relay that sends a batch again (its answer
 late, the hub restarting) registers nothing twice. Ids are ipyparallel's
@@ -29,6 +32,7 @@ from ipyparallel.controller.hub import EngineConnector
 
 from ..compat import ipp
 from ..wire import protocol as P
+from ..wire.topology import host_ident
 
 
 class HostRegistrations:
@@ -38,21 +42,25 @@ class HostRegistrations:
         self.hub, self.publish, self.registry = hub, publish, registry
         self.relays: dict[str, list] = {}  # host label -> the idents its relay last wrote from
         self.pending: dict[bytes, EngineConnector] = {}  # heart -> an engine granted its id, not beating yet
-        self.beating: dict[int, str] = {}  # engines filed since the last notification
+        self.host_hearts: dict[bytes, str] = {}  # a relay's heart -> its host
         self.batches = self.registered = 0
         hub.query_handlers[P.HOST_ENGINES] = self.on_batch
         registry.relay_of = self.relay_of  # a dropped engine is told through its relay
         self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
+        self._stopped_heart, hub.handle_stopped_heart = hub.handle_stopped_heart, self.handle_stopped_heart
 
     def on_batch(self, idents, msg):
         content = msg["content"]
-        host, asks, gone = content.get("host"), content.get("engines"), content.get("gone") or []
-        if not isinstance(host, str) or not isinstance(asks, list) or not isinstance(gone, list):
+        host, asks = content.get("host"), content.get("engines")
+        gone, beating = content.get("gone") or [], content.get("beating") or []
+        if not isinstance(host, str) or not all(isinstance(x, list) for x in (asks, gone, beating)):
             self.hub.log.error("registration by host: a malformed batch dropped: %.200r", content)
             return
         self.relays[host] = list(idents)
+        self.host_hearts[host_ident(host)] = host
         self.batches += 1
         self._depart(host, [u for u in gone if isinstance(u, str)])
+        self._beat(host, [u for u in beating if isinstance(u, str)])
         answers, new = self._grant(host, asks)
         hub = self.hub
         reply = dict(engines=answers, hb_period=hub.heartmonitor_period, connection_info=hub.engine_info)
@@ -61,22 +69,42 @@ class HostRegistrations:
             hub.log.info("registration::host %s: ids %s granted to %i engines", host, _span(new), len(new))
             hub.loop.call_later(hub.registration_timeout, self._purge, [u.encode() for u in new.values()])
 
-    def handle_new_heart(self, heart: bytes):
-        """An engine granted its id beats: filed; told with the others that began in this period."""
-        ec = self.pending.pop(heart, None)
-        if ec is None:
-            return self._new_heart(heart)
-        self._file(ec)
-        if not self.beating:  # the heart monitor's message is handled whole before this runs
-            self.hub.loop.add_callback(self._announce)
-        self.beating[ec.id] = ec.uuid
+    def _beat(self, host: str, uuids: list[str]):
+        """Engines whose heart beats, as their relay says: filed, and told in one notification."""
+        filed = {}
+        for uuid in uuids:
+            heart = uuid.encode()
+            ec = self.pending.get(heart)
+            if ec is not None and self.registry.via.get(heart) == host:
+                del self.pending[heart]
+                self._file(ec)
+                filed[ec.id] = ec.uuid
+            elif heart not in self.hub.by_ident:
+                self.registry.tell_if_dropped(heart)  # dropped, and beating again: told to exit
+        if filed:
+            self.registered += len(filed)
+            self.hub.log.info("registration::host %s: %i engines registered (%s)", host, len(filed), _span(filed))
+            self.publish(filed)
+            ipp.save_hub_state(self.hub)
 
-    def _announce(self):
-        beating, self.beating = self.beating, {}
-        self.registered += len(beating)
-        self.hub.log.info("registration::%i engines registered by host (%s)", len(beating), _span(beating))
-        self.publish(beating)
-        ipp.save_hub_state(self.hub)
+    def handle_new_heart(self, heart: bytes):
+        if heart not in self.host_hearts:  # (a relay's heart: nothing to file)
+            self._new_heart(heart)
+
+    def handle_stopped_heart(self, heart: bytes):
+        """A relay's heart stopped: its host's engines are lost, named."""
+        host = self.host_hearts.get(heart)
+        if host is None:
+            return self._stopped_heart(heart)
+        hub, via = self.hub, self.registry.via
+        lost = [h for h, where in via.items() if where == host and h in hub.by_ident]
+        for h in lost:
+            self.pending.pop(h, None)
+        if lost:
+            hub.log.warning("heartbeat::the relay of host %s is silent: its %i engines are lost", host, len(lost))
+        for h in lost:
+            if h in hub.by_ident:
+                hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
 
     def _purge(self, hearts):
         for heart in hearts:
@@ -120,8 +148,7 @@ class HostRegistrations:
         hub.by_ident[ec.ident] = eid
         hub.queues[eid] = []
         hub.tasks[eid] = []
-        hub.completed[eid] = []
-        hub.hearts[ec.ident] = eid
+        hub.completed[eid] = []  # (no heart: its relay's stands for it)
 
     def _depart(self, host: str, uuids: list[str]):
         """Engines the relay found gone: unregistered as ipyparallel unregisters one."""

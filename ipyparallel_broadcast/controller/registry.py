@@ -50,9 +50,14 @@ class Registry:
                 self.via.pop(self.dropped.popitem(last=False)[0], None)
 
     def handle_new_heart(self, heart: bytes):
+        if not self.tell_if_dropped(heart):
+            self._new_heart(heart)
+
+    def tell_if_dropped(self, heart: bytes) -> bool:
+        """If the hub dropped this engine, tell it to exit (True)."""
         eid = self.dropped.pop(heart, None)
         if eid is None:
-            return self._new_heart(heart)
+            return False
         # the heart is the engine's identity on every socket, its registration socket too
         self.hub.log.warning("engine %s was dropped but its heart beats again: telling it to exit", eid)
         relay = self.relay_of(heart)
@@ -60,3 +65,4 @@ class Registry:
             self.hub.session.send(self.hub.query, P.DROPPED, dict(uuid=heart.decode()), ident=relay)
         else:
             self.hub.session.send(self.hub.query, P.DROPPED, {}, ident=heart)
+        return True

@@ -54,6 +54,13 @@ class TreeSettings(Configurable):
         help="A child relay node silent for this many seconds is lost: what waits on it fails. "
         "(A node that dies is noticed at the next ping: its link closes.)",
     )
+    engine_pause_limit = Float(
+        60.0,
+        config=True,
+        help="Seconds an engine behind a host relay may be silent while its process lives "
+        "(paused: a debugger, swap, a suspended job) before it is given up; an engine whose "
+        "process is gone is given up at once (see relay.enginehearts).",
+    )
     heap_trim_interval = Float(
         10.0,
         config=True,

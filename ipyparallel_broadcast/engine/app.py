@@ -109,11 +109,21 @@ class BroadcastEngine(EngineSeam):
                 raise
             self.log.info("stopped")
 
-    def start_heartbeat(self, *args, **kwargs):
+    def start_heartbeat(self, hb_ping, hb_pong, hb_period, identity):
         """ipyparallel's heart, but the main thread no longer wakes for each
         ping: ``_check_heart`` (every period + 0.5 s) drains the pings that came
-        (a Python wake-up per ping in every engine cost idle clusters CPU)."""
-        super().start_heartbeat(*args, **kwargs)
+        (a Python wake-up per ping in every engine cost idle clusters CPU).
+        Behind a host relay the heart beats to the relay, which passes the
+        hub's pings on and answers for its host (``relay.enginehearts``)."""
+        if self.host_link is None:
+            super().start_heartbeat(hb_ping, hb_pong, hb_period, identity)
+        else:
+            place, hub_key = self.host_link.place, self.curve_serverkey
+            self.curve_serverkey = place.public or hub_key  # ipyparallel's Heart takes the server key from here
+            try:
+                super().start_heartbeat(place.ping_url, place.pong_url, hb_period, identity)
+            finally:
+                self.curve_serverkey = hub_key
         stream = self._heart_stream
         if stream is not None:
             stream.stop_on_recv()

@@ -62,6 +62,8 @@ class Place:
         self.down_url = f"ipc://@{self.name}"
         self.join_url = f"ipc://@{self.name}-join"
         self.register_url = f"ipc://@{self.name}-register"  # engines register here (``relay.registrar``)
+        self.ping_url = f"ipc://@{self.name}-ping"  # the hub's pings, passed on (``relay.enginehearts``)
+        self.pong_url = f"ipc://@{self.name}-pong"  # ... and the engines' hearts' answers
         base = self.base()
         os.makedirs(base, mode=0o700, exist_ok=True)
         self.lock_path = os.path.join(base, f"{self.name}.lock")
@@ -105,13 +107,19 @@ class HostLink:
                 shm=info[TREE_KEY].get("shm", True),
                 shm_threshold=info[TREE_KEY].get("shm_threshold"),
                 down_url=place.down_url,
-                # the hub's: its engines register through the relay (none: each by itself)
+                # the hub's: its engines register and beat through the relay (none: each by itself)
                 registration_url=f"{info['interface']}:{info['registration']}" if "registration" in info else None,
+                hb_ping_url=f"{info['interface']}:{info['hb_ping']}" if "hb_ping" in info else None,
+                hb_pong_url=f"{info['interface']}:{info['hb_pong']}" if "hb_pong" in info else None,
                 log_level=log_level,
                 ip=ip,
                 curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
                 # the controller's timing and data plane (a controller before these: the defaults)
-                **{k: info[TREE_KEY][k] for k in ("ping_interval", "node_timeout", "bulk") if k in info[TREE_KEY]},
+                **{
+                    k: info[TREE_KEY][k]
+                    for k in ("ping_interval", "node_timeout", "bulk", "pause_limit")
+                    if k in info[TREE_KEY]
+                },
             ),
             place,
         )
@@ -177,10 +185,11 @@ class HostLink:
     def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True):
         """Join the host's relay (starting it if need be); return once the
         whole tree routes to this engine. Then watch the relay. ``maps``: the
-        engine can map the relay's shared memory (simulated engines cannot)."""
+        engine is a process of its own, which can map the relay's shared
+        memory (a simulated engine is neither: its silence is its death)."""
         from .shm import identity
 
-        me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None)
+        me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None, process=maps)
         ctx = zmq.Context.instance()
         codec = P.Codec(session)
         deadline = time.monotonic() + timeout

@@ -34,7 +34,7 @@ from ..host.shm import pid_alive
 from ..wire import protocol as P
 from ..wire.frames import send_frames
 from ..wire.topology import host_ident
-from .registrar import ENGINES, HUB, Registrar
+from .hubside import HubSide
 from .shell import NodeShell, _socket, run_node
 
 GRACE = 5.0  # seconds a relay with no engine waits for one before it exits (spec "grace")
@@ -78,24 +78,16 @@ class HostRelayShell(NodeShell):
             self.joins: self.on_join,
             self.bulk: self.node.on_chunk,
         }
-        self.registrations = None
-        if spec.get("registration_url"):  # engines register through this relay, by host
-            self.registrations = Registrar(self.codec, spec["host"])
-            self.reg_engines = _socket(ctx, zmq.ROUTER)
-            if place.secret:
-                self.reg_engines.curve_server, self.reg_engines.curve_secretkey = True, place.secret
-            self.reg_engines.bind(place.register_url)
-            self.reg_hub = _socket(ctx, zmq.DEALER)
-            if self.curve_serverkey:  # the hub's key, keys of its own
-                public, secret = zmq.curve_keypair()
-                self.reg_hub.curve_serverkey = self.curve_serverkey
-                self.reg_hub.curve_publickey, self.reg_hub.curve_secretkey = public, secret
-            self.reg_hub.connect(spec["registration_url"])
-            self.sockets += [self.reg_engines, self.reg_hub]
-            self.handlers[self.reg_engines] = partial(self.registering, self.registrations.from_engine)
-            self.handlers[self.reg_hub] = partial(self.registering, self.registrations.from_hub)
+        self.hub_side = None
+        if spec.get("registration_url"):  # engines register and beat through this relay, by host
+            self.hub_side = HubSide(spec, place, self.codec, ctx, _socket)
+            self.hub_side.alive, self.hub_side.lost = self.engine_alive, self.engines_silent
+            self.sockets += self.hub_side.sockets
+            for sock, handler in self.hub_side.handlers.items():
+                self.handlers[sock] = partial(self.hub_side.handle, handler)
             probe = self.node.probe
-            self.node.probe = lambda: {**probe(), **self.registrations.stats()}  # in its survey
+            self.node.probe = lambda: {**probe(), **self.hub_side.stats()}  # in its survey
+        self.own_process: dict = {}  # uuid -> whether the engine is a process of its own (its pid)
         self.grace = float(spec.get("grace", GRACE))
         self.empty_since: float | None = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
@@ -105,12 +97,16 @@ class HostRelayShell(NodeShell):
         self.pids: dict = {}  # uuid -> the pid of the engine's process
         self.next_check = time.monotonic() + self.grace
 
-    def registering(self, handler, frames) -> list:
-        try:
-            return handler(frames)
-        except P.ProtocolError as e:
-            self.log.warning("%s: a registration message dropped: %s", self.node.name, e)
-            return []
+    def engine_alive(self, uuid: str) -> bool | None:
+        """Whether an engine's process runs (None: the relay cannot tell)."""
+        pid = self.pids.get(uuid)
+        return pid_alive(pid) if pid is not None and self.own_process.get(uuid, True) else None
+
+    def engines_silent(self, uuids):
+        """Engines whose heart stopped (``enginehearts``): lost."""
+        for uuid in uuids:
+            self.pids.pop(uuid, None)
+            self.perform(self.node.on_engine_lost(uuid, P.DIED))
 
     def probe(self):
         """Announce the expected engines that are connected again (a send to
@@ -126,6 +122,7 @@ class HostRelayShell(NodeShell):
                 continue
             del self.expected[uuid]
             self.pids[uuid] = engine.get("pid")
+            self.own_process[uuid] = engine.get("process", True) is not False
             self.perform(self.node.on_join(engine["eid"], uuid, shm=engine.get("shm")))
         self.next_probe = time.monotonic() + PROBE_INTERVAL if self.expected else None
 
@@ -135,8 +132,8 @@ class HostRelayShell(NodeShell):
             self.probe()
         if self.next_check <= now:
             self.check_engines()
-        if self.registrations is not None:
-            self.perform(self.registrations.on_tick())
+        if self.hub_side is not None:
+            self.perform(self.hub_side.on_tick())
         super().on_tick()
 
     def check_engines(self):
@@ -147,8 +144,8 @@ class HostRelayShell(NodeShell):
             if pid is not None and not pid_alive(pid):
                 del self.pids[uuid]
                 self.perform(self.node.on_engine_lost(uuid, P.DIED))
-                if self.registrations is not None:  # the hub unregisters it now, not at its missed beats
-                    self.perform(self.registrations.lost([uuid]))
+                if self.hub_side is not None:  # the hub unregisters it now
+                    self.perform(self.hub_side.engines_lost([uuid]))
 
     def joined_engines(self):
         """The join files of engines that are still alive."""
@@ -177,25 +174,15 @@ class HostRelayShell(NodeShell):
             raise P.ProtocolError("expected ipb_join {eid, uuid, pid}")
         pid = content.get("pid")
         self.pids[content["uuid"]] = pid if type(pid) is int else None
+        self.own_process[content["uuid"]] = content.get("process", True) is not False
         return self.node.on_join(content["eid"], content["uuid"], who=list(idents), shm=content.get("shm"))
 
     def perform(self, sends):
-        if self.registrations is not None and any(s.socket in (ENGINES, HUB) for s in sends):
-            for send in [s for s in sends if s.socket in (ENGINES, HUB)]:
-                self._send_registration(send)
-            sends = [s for s in sends if s.socket not in (ENGINES, HUB)]
+        if self.hub_side is not None:
+            sends = self.hub_side.perform(sends)
         super().perform(sends)
         if self.node.heartbeats.parent_pulse is not None:
             self.follow_pulse(self.node.heartbeats.parent_pulse)
-
-    def _send_registration(self, send):
-        if send.socket == HUB:
-            send_frames(self.reg_hub, send.frames)
-            return
-        try:  # an engine that left meanwhile: nothing to answer
-            self.reg_engines.send_multipart(send.frames, zmq.NOBLOCK)
-        except zmq.ZMQError as e:
-            self.log.info("%s: an engine left before its registration's answer: %s", self.node.name, e)
 
     def follow_pulse(self, port: int):
         """Connect (again, if the parent moved) to the parent's pulse link
@@ -230,8 +217,8 @@ class HostRelayShell(NodeShell):
                 self.joins.send_multipart(idents + self.codec.pack(P.JOINED, dict(boot=self.node.boot)))
 
     def start(self):
-        if self.registrations is not None:  # where the hub finds this relay (one restarted: anew)
-            self.perform(self.registrations.hello())
+        if self.hub_side is not None:  # where the hub finds this relay (one restarted: anew)
+            self.perform(self.hub_side.registrar.hello())
         super().start()
         self.clean_up()
 
@@ -270,7 +257,7 @@ class HostRelayShell(NodeShell):
         return True
 
     def next_deadline(self):
-        registrations = self.registrations.next_deadline() if self.registrations is not None else None
+        registrations = self.hub_side.next_deadline() if self.hub_side is not None else None
         times = [t for t in (self.node.next_deadline(), self.next_probe, self.next_check, registrations) if t]
         if self.empty_since is not None:
             times.append(self.empty_since + self.grace + 0.01)

@@ -7,8 +7,10 @@ flight the next ones wait for its answer, so engines that start together
 register in a few messages, whatever their number. The hub grants the ids in
 one step and answers in one message (``controller.hostreg``); each engine
 gets ipyparallel's ``registration_reply``, as the hub would have sent it.
-The engines the relay finds gone (their process ended, or they asked to
-unregister) go up the same way. The hub's notice that it dropped an engine
+An engine is filed by the hub once the relay tells it that its heart beats
+(``enginehearts``): by then it has joined the relay and connected its
+sockets. That, and the engines the relay finds gone (their process ended, or
+they asked to unregister), go up in the same batches. The hub's notice that it dropped an engine
 (``ipb_dropped``) comes down to that engine.
 
 Sans-I/O: frames in, ``Send`` out, to ``ENGINES`` (the relay's registration
@@ -34,8 +36,10 @@ class Registrar:
         self.codec, self.host, self.clock = codec, host, clock
         self.waiting: dict[str, tuple[list, int | None]] = {}  # uuid -> (the engine's idents, id asked for)
         self.gone: set[str] = set()  # uuids of engines gone, for the hub
+        self.beats: set[str] = set()  # uuids of engines whose heart began to beat, for the hub
         self.sent: dict[str, tuple[list, int | None]] = {}  # the batch in flight (registrations)
         self.sent_gone: set[str] = set()
+        self.sent_beats: set[str] = set()
         self.sent_at: float | None = None
         self.granted: dict[str, int] = {}  # uuid -> id, of engines registered through this relay
         self.batches = self.engines_registered = 0
@@ -64,22 +68,30 @@ class Registrar:
         for uuid in uuids:  # (a relay restarted has granted none: the hub checks whose they were)
             self.waiting.pop(uuid, None)
             self.granted.pop(uuid, None)
+            self.beats.discard(uuid)
             self.gone.add(uuid)
+        return self.flush()
+
+    def beating(self, uuids) -> list[Send]:
+        """Engines whose heart answered the relay for the first time: the hub files them."""
+        self.beats.update(uuids)
         return self.flush()
 
     # ------------------------------------------------------------------ hub
     def flush(self) -> list[Send]:
         """The next batch, if none is in flight and one is due."""
-        if self.sent_at is not None or not (self.waiting or self.gone):
+        if self.sent_at is not None or not (self.waiting or self.gone or self.beats):
             return []
         self.sent, self.waiting = self.waiting, {}
         self.sent_gone, self.gone = self.gone, set()
+        self.sent_beats, self.beats = self.beats, set()
         self.sent_at = self.clock()
         self.batches += 1
         content = dict(
             host=self.host,
             engines=[dict(uuid=u, id=asked) for u, (_, asked) in self.sent.items()],
             gone=sorted(self.sent_gone),
+            beating=sorted(self.sent_beats),
         )
         return [Send(HUB, self.codec.pack(P.HOST_ENGINES, content))]
 
@@ -88,7 +100,7 @@ class Registrar:
         if self.sent_at is not None:
             return []
         self.sent_at = self.clock()
-        return [Send(HUB, self.codec.pack(P.HOST_ENGINES, dict(host=self.host, engines=[], gone=[])))]
+        return [Send(HUB, self.codec.pack(P.HOST_ENGINES, dict(host=self.host, engines=[], gone=[], beating=[])))]
 
     def from_hub(self, frames) -> list[Send]:
         """The hub's answer to a batch, or its notice that it dropped an engine."""
@@ -118,7 +130,7 @@ class Registrar:
                 reply.update(common)
             sends.append(Send(ENGINES, idents + self.codec.pack("registration_reply", reply)))
         self.waiting = {**self.sent, **self.waiting}  # not answered: in the next batch
-        self.sent, self.sent_gone, self.sent_at = {}, set(), None
+        self.sent, self.sent_gone, self.sent_beats, self.sent_at = {}, set(), set(), None
         return sends + self.flush()
 
     # ---------------------------------------------------------------- timing
@@ -131,7 +143,8 @@ class Registrar:
             return []
         self.waiting = {**self.sent, **self.waiting}
         self.gone |= self.sent_gone
-        self.sent, self.sent_gone, self.sent_at = {}, set(), None
+        self.beats |= self.sent_beats
+        self.sent, self.sent_gone, self.sent_beats, self.sent_at = {}, set(), set(), None
         return self.flush()
 
     def stats(self) -> dict:

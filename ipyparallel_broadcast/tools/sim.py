@@ -146,7 +146,8 @@ class SimProcess:
                 None, partial(self.link.join, engine.id, engine.uuid, self.session, maps=False)
             )
             engine.shell.connect(self.link.place.down_url)
-        engine.heart.connect(self.url(self.info["hb_pong"]))
+        # behind a host relay its heart answers the relay, which answers the hub for the host
+        engine.heart.connect(self.link.place.pong_url if self.link else self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
         self.server.command(("serve", engine))
 
@@ -155,7 +156,7 @@ class SimProcess:
         engine's heart, however busy the engines' event loop is."""
         ping = self.sync_ctx.socket(zmq.SUB)
         ping.SUBSCRIBE = b""
-        ping.connect(self.url(self.info["hb_ping"]))
+        ping.connect(self.link.place.ping_url if self.link else self.url(self.info["hb_ping"]))
         while True:
             frames = ping.recv_multipart()
             try:

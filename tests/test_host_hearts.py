@@ -1,0 +1,64 @@
+"""Registration and heartbeats by host, with real engines behind a host
+relay on this machine (``host_relay='always'``): the engines register and
+beat through their relay; an engine stopped (SIGSTOP) for longer than the
+hub would have waited for its heart is kept, and answers once resumed; an
+engine killed with its nanny (nobody tells the hub) is unregistered, and its
+peers are served. (Across hosts, on the multi-host bed: test_multihost.)"""
+
+import os
+import signal
+
+import psutil
+import pytest
+from cluster_util import quiet_config, running_cluster, until
+
+pytestmark = pytest.mark.cluster
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def rc():
+    config = quiet_config()
+    config.BroadcastEngine.host_relay = "always"
+    with running_cluster(N, 1, 2, config=config) as rc:
+        yield rc
+
+
+def relay(rc) -> dict:
+    (stats,) = [n for n in rc.broadcast_stats() if n.get("host")]
+    return stats
+
+
+def engine_pid(rc, eid) -> int:
+    return rc[eid].apply_sync(os.getpid)
+
+
+def test_engines_register_and_beat_through_their_relay(rc):
+    stats = relay(rc)
+    assert stats["registered_here"] == N and stats["hearts"] == N and sorted(stats["eids"]) == rc.ids
+
+
+def test_an_engine_paused_past_the_hubs_bound_is_kept_and_answers_when_resumed(rc):
+    ids = list(rc.ids)
+    pid = engine_pid(rc, ids[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        until(lambda: relay(rc)["paused"] == 1, timeout=60, what="the relay to see the engine paused")
+        pings = relay(rc)["pings"]
+        # the hub's own heart monitor gives an engine up after 3 missed pings
+        until(lambda: relay(rc)["pings"] >= pings + 6, timeout=60, what="six more pings while it is paused")
+        assert rc.ids == ids and relay(rc)["paused"] == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert rc.broadcast_view().apply_sync(lambda: 1) == [1] * N
+    until(lambda: relay(rc)["paused"] == 0, timeout=60, what="the engine's heart to answer again")
+
+
+def test_an_engine_killed_with_its_nanny_is_unregistered_and_its_peers_served(rc):
+    victim = rc.ids[-1]
+    proc = psutil.Process(engine_pid(rc, victim))
+    for p in proc.children(recursive=True) + [proc]:  # (its nanny is its child: nobody tells the hub)
+        p.kill()
+    until(lambda: victim not in rc.ids, timeout=60, what="the hub to unregister the killed engine")
+    assert rc.broadcast_view().apply_sync(lambda: 1) == [1] * (N - 1)
