@@ -97,9 +97,8 @@ def test_simulated_hosts_each_run_a_host_relay():
             relays = [n for n in rc.broadcast_stats() if n.get("host")]
             assert len(relays) == 3 and sorted(e for n in relays for e in n["eids"]) == rc.ids
             assert sorted(len(n["eids"]) for n in relays) == [4, 4, 4]
-            # each registered its 4 engines with the hub (``relay.registrar``), the first alone at most
-            assert [n["registered_here"] for n in relays] == [4, 4, 4]
-            assert all(1 <= n["registration_batches"] <= 4 for n in relays)
+            # each registered its 4 engines with the hub and watches their hearts (by host)
+            assert [(n["registered_here"], n["hearts"]) for n in relays] == [(4, 4)] * 3
             rc.close()
         finally:
             sim.stop()
@@ -136,6 +135,32 @@ def test_an_output_reaches_its_call_after_the_client_forgot_its_engine():
                     assert "routed" in ar.stdout[0], (coalescing, ar.stdout, ar.stderr)
                 finally:
                     rc._engines[eid] = uuid
+            rc.close()
+        finally:
+            sim.stop()
+            cluster.stop_cluster_sync()
+
+
+def test_behind_simulated_hosts_a_silent_engine_and_a_killed_host_are_unregistered():
+    """Heartbeats by host: a simulated engine that falls silent is given up
+    by its relay (it cannot see the engine's process: silence is death), and
+    a host killed whole (relay and engines) takes its engines with it."""
+    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
+        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
+        cluster.start_controller_sync()
+        rc = cluster.connect_client_sync()
+        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        sim = SimEngines(engine_file, 8, per_process=4, hosts=True)
+        try:
+            sim.start(timeout=120)
+            rc.wait_for_engines(8, timeout=120)
+            victim = sim.processes[0][2][0]
+            sim.kill(victim)
+            until(lambda: victim not in rc.ids, timeout=60, what="the silent engine to be unregistered")
+            lost = sim.kill_process(1)
+            until(lambda: not set(lost) & set(rc.ids), timeout=60, what="the killed host's engines to go")
+            assert rc.ids == sim.ids and len(rc.ids) == 3
+            assert rc.broadcast_view().apply_sync(lambda: 1) == [b""] * 3
             rc.close()
         finally:
             sim.stop()
