@@ -88,8 +88,14 @@ class HostRegistrations:
             ipp.save_hub_state(self.hub)
 
     def handle_new_heart(self, heart: bytes):
-        if heart not in self.host_hearts:  # (a relay's heart: nothing to file)
-            self._new_heart(heart)
+        """A relay's heart beats (again): the engines of its host the hub
+        dropped while it was silent are told so, through it, and exit."""
+        host = self.host_hearts.get(heart)
+        if host is None:
+            return self._new_heart(heart)
+        registry = self.registry
+        for h in [h for h, where in registry.via.items() if where == host and h in registry.dropped]:
+            registry.tell_if_dropped(h)
 
     def handle_stopped_heart(self, heart: bytes):
         """A relay's heart stopped: its host's engines are lost, named."""

@@ -77,6 +77,7 @@ class SoakBed(Managed):
         self.sims = None
         self.killed: set = set()  # ids of simulated engines whose host was killed
         self.simulated: set = set()  # ids of every simulated engine, killed or not
+        self.missing_since: dict[int, float] = {}  # simulated host (pid) -> since when some engines are missing
         self.lock = threading.Lock()
         self._env = {}
 
@@ -206,14 +207,28 @@ class SoakBed(Managed):
             json.dump(sorted(self.simulated), f)
         os.replace(self.sim_file + ".new", self.sim_file)
 
+    DROPPED_AFTER = 5.0  # seconds a simulated host's engines may be missing before it is taken for dropped
+
     def top_up(self):
-        """Replace what the faults took: engines that exited, simulated hosts killed."""
+        """Replace what the faults took: engines that exited, simulated hosts
+        killed, and simulated hosts whose engines the hub dropped (a relay
+        paused past the heartbeat bound takes its host's engines: a real
+        engine told so exits and is replaced here; a simulated one only
+        falls silent, so its host is replaced whole)."""
         with self.lock:
             for host in self.bed.hosts:
                 alive = [p for p in self.engines[host.name] if p.poll() is None]
                 if len(alive) < self.per_host:
                     alive += self.cluster.start_engines(host, self.per_host - len(alive))
                 self.engines[host.name] = alive
+            registered, now = set(self.rc.ids), time.monotonic()
+            for index in reversed(range(len(self.sims.processes))):
+                proc, _, ids = self.sims.processes[index]
+                if set(ids) <= registered:
+                    self.missing_since.pop(proc.pid, None)
+                elif now - self.missing_since.setdefault(proc.pid, now) >= self.DROPPED_AFTER:
+                    self.killed.update(self.sims.kill_process(index))
+                    self.missing_since.pop(proc.pid, None)
             missing = self.n_sims - len(self.sims.processes)
         for _ in range(missing):
             self.sims.add(self.per_sim)
