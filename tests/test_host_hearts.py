@@ -55,10 +55,27 @@ def test_an_engine_paused_past_the_hubs_bound_is_kept_and_answers_when_resumed(r
     until(lambda: relay(rc)["paused"] == 0, timeout=60, what="the engine's heart to answer again")
 
 
-def test_an_engine_killed_with_its_nanny_is_unregistered_and_its_peers_served(rc):
-    victim = rc.ids[-1]
-    proc = psutil.Process(engine_pid(rc, victim))
-    for p in proc.children(recursive=True) + [proc]:  # (its nanny is its child: nobody tells the hub)
+def kill_engine(rc, eid, relay_too=False):
+    """SIGKILL an engine and its nanny (nobody tells the hub); ``relay_too``:
+    and its host's relay (an engine's child if that engine started it)."""
+    proc = psutil.Process(engine_pid(rc, eid))
+    relay_pid = relay(rc)["pid"]
+    victims = [p for p in proc.children(recursive=True) if p.pid != relay_pid] + [proc]
+    if relay_too:
+        victims.append(psutil.Process(relay_pid))
+    for p in victims:
         p.kill()
+
+
+@pytest.mark.parametrize("relay_too", [False, True], ids=["engine", "engine-and-relay"])
+def test_an_engine_killed_with_its_nanny_is_unregistered_and_its_peers_served(rc, relay_too):
+    """Killed alone, the relay sees it die; killed with the relay, the
+    relay started next finds that it died (its join file, a dead pid)."""
+    if len(rc.ids) < N:
+        rc.cluster.start_engines_sync(N - len(rc.ids))
+        rc.wait_for_engines(N, timeout=60)
+    victim = rc.ids[-1]
+    kill_engine(rc, victim, relay_too)
     until(lambda: victim not in rc.ids, timeout=60, what="the hub to unregister the killed engine")
+    until(lambda: relay(rc)["engines"] == N - 1, timeout=60, what="the (restarted) relay to serve the others")
     assert rc.broadcast_view().apply_sync(lambda: 1) == [1] * (N - 1)

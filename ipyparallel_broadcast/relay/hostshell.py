@@ -21,6 +21,7 @@ CurveZMQ, its keys are derived from the session key, so no key file is needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -92,7 +93,8 @@ class HostRelayShell(NodeShell):
         self.empty_since: float | None = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
         # each is announced once a probe shows it connected
-        self.expected = {e["uuid"]: e for e in self.joined_engines()}
+        self.died_before: list[str] = []  # engines that died while no relay ran: the hub is told
+        self.expected = {e["uuid"]: e for e in self.joined_engines(self.died_before)}
         self.next_probe: float | None = time.monotonic() if self.expected else None
         self.pids: dict = {}  # uuid -> the pid of the engine's process
         self.next_check = time.monotonic() + self.grace
@@ -147,8 +149,9 @@ class HostRelayShell(NodeShell):
                 if self.hub_side is not None:  # the hub unregisters it now
                     self.perform(self.hub_side.engines_lost([uuid]))
 
-    def joined_engines(self):
-        """The join files of engines that are still alive."""
+    def joined_engines(self, dead: list | None = None):
+        """The join files of engines that are still alive (``dead``: the
+        uuids of those whose process is gone, their files removed)."""
         engines = []
         for name in os.listdir(self.place.joins) if os.path.isdir(self.place.joins) else ():
             if name.endswith(".new"):
@@ -160,6 +163,10 @@ class HostRelayShell(NodeShell):
                 continue
             if isinstance(engine, dict) and pid_alive(engine.get("pid")):
                 engines.append(engine)
+            elif dead is not None and isinstance(engine, dict) and isinstance(engine.get("uuid"), str):
+                dead.append(engine["uuid"])
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.place.joins, name))
         return engines
 
     def on_join(self, frames):
@@ -219,6 +226,7 @@ class HostRelayShell(NodeShell):
     def start(self):
         if self.hub_side is not None:  # where the hub finds this relay (one restarted: anew)
             self.perform(self.hub_side.registrar.hello())
+            self.perform(self.hub_side.engines_lost(self.died_before))  # (after the hello's answer)
         super().start()
         self.clean_up()
 
