@@ -84,7 +84,7 @@ class TreeSim:
         self.node_inbox[key] = []
         self._run(node, node.heartbeats.hello(), key)
         for eid in eids:
-            self._run(node, node.on_join(eid, self.engines[eid], who=eid), key)
+            self._run(node, node.on_join([(eid, self.engines[eid], eid, None)]), key)
         return node
 
     def _new_node(self, path):

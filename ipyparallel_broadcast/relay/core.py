@@ -63,10 +63,8 @@ class RelayNode:
         store=None,
         bulk: dict | None = None,
     ):
-        self.codec, self.clock, self.shape = codec, clock, shape
-        self.wall = wall  # trace timestamps: comparable across processes
-        self.path = tuple(path)  # a host relay: its leaf's
-        self.host = host  # a host relay's label: it serves the engines that joined it
+        self.codec, self.clock, self.shape, self.wall = codec, clock, shape, wall  # wall: for traces, across processes
+        self.path, self.host = tuple(path), host  # a host relay: its leaf's path; its label (it serves who joined)
         self.name = f"host {host}" if host else node_name(self.path)
         self.is_root = not self.path and not host
         self.is_leaf = bool(host) or shape.is_leaf(self.path)
@@ -212,13 +210,15 @@ class RelayNode:
         sends = self.up.engine_lost(uuid, why)
         return sends + (self.big.fold.engine_lost(uuid, why) if self.big.fold else [])
 
-    def on_join(self, eid: int, uuid: str, who=None, shm=None) -> list[Send]:
-        """Host relay: an engine on this host joined (again), with its
-        shared-memory identity. Its leaf learns all of them; once the root has
-        the route, ``Send(JOINED, [who, ...])``."""
-        self.engines[eid] = uuid
-        sends = self.announce.host_engines(self.engines, [who] if who is not None else [])
-        return sends + (self.sharing.joined(uuid, shm) if shm is not None else self._greet([eid]))
+    def on_join(self, joins: list[tuple]) -> list[Send]:
+        """Host relay: engines of this host joined (again), ``(eid, uuid, who, shm)``
+        each (shm: its shared-memory identity). Its leaf learns all of the host's in one
+        announcement; once the root has the route, ``Send(JOINED, [who, ...])``."""
+        self.engines.update((eid, uuid) for eid, uuid, _, _ in joins)
+        sends = self.announce.host_engines(self.engines, [who for _, _, who, _ in joins if who is not None])
+        for eid, uuid, _, shm in joins:
+            sends += self.sharing.joined(uuid, shm) if shm is not None else self._greet([eid])
+        return sends
 
     def on_child_lost(self, key: Key, why: str = "is unreachable") -> list[Send]:
         """A child (relay node or host relay) cannot answer: what waits on it fails."""

@@ -89,6 +89,7 @@ class HostRelayShell(NodeShell):
             probe = self.node.probe
             self.node.probe = lambda: {**probe(), **self.hub_side.stats()}  # in its survey
         self.own_process: dict = {}  # uuid -> whether the engine is a process of its own (its pid)
+        self.joining: list[tuple] = []  # engines joined since the last batch: (eid, uuid, who, shm)
         self.grace = float(spec.get("grace", GRACE))
         self.empty_since: float | None = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
@@ -113,6 +114,7 @@ class HostRelayShell(NodeShell):
     def probe(self):
         """Announce the expected engines that are connected again (a send to
         one that is not fails at once: ROUTER_MANDATORY)."""
+        back = []
         for uuid, engine in list(self.expected.items()):
             try:
                 self.down.send_multipart([uuid.encode(), P.PROBE], zmq.NOBLOCK)
@@ -125,7 +127,9 @@ class HostRelayShell(NodeShell):
             del self.expected[uuid]
             self.pids[uuid] = engine.get("pid")
             self.own_process[uuid] = engine.get("process", True) is not False
-            self.perform(self.node.on_join(engine["eid"], uuid, shm=engine.get("shm")))
+            back.append((engine["eid"], uuid, None, engine.get("shm")))
+        if back:
+            self.perform(self.node.on_join(back))
         self.next_probe = time.monotonic() + PROBE_INTERVAL if self.expected else None
 
     def on_tick(self):
@@ -182,7 +186,13 @@ class HostRelayShell(NodeShell):
         pid = content.get("pid")
         self.pids[content["uuid"]] = pid if type(pid) is int else None
         self.own_process[content["uuid"]] = content.get("process", True) is not False
-        return self.node.on_join(content["eid"], content["uuid"], who=list(idents), shm=content.get("shm"))
+        self.joining.append((content["eid"], content["uuid"], list(idents), content.get("shm")))
+        return []
+
+    def drained(self):
+        """The engines that joined in this batch, announced to the leaf in one message."""
+        joining, self.joining = self.joining, []
+        return (self.node.on_join(joining) if joining else []) + super().drained()
 
     def perform(self, sends):
         if self.hub_side is not None:

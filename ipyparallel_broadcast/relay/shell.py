@@ -266,11 +266,15 @@ class NodeShell:
                     except Exception:  # a bug must not take the node down
                         self.log.exception("error handling a message")
                     self.busy += time.perf_counter() - tic
-            self.perform(self.node.on_drained())
+            self.perform(self.drained())
             if time.monotonic() >= self.trimmer.due:  # checked here: no call per loop turn
                 self.trimmer.maybe()
             if deadline is not None:
                 self.on_tick()
+
+    def drained(self):
+        """Every socket read: what was held for the batch goes now."""
+        return self.node.on_drained()
 
     def on_tick(self):
         self.perform(self.node.on_tick())
