@@ -165,14 +165,28 @@ class EngineRoster(ClientSeam):
     def _apply_roster(self, changes):
         """Each change as ipyparallel files a notification (its callbacks, e.g.
         ``wait_for_engines``, called), or a new roster asked for."""
-        for change in changes:
+        run: dict[int, str] = {}  # registrations in a row: filed together
+        for change in [*changes, ("end",)]:
+            if change[0] == "register":
+                run[change[1]] = change[2]
+                continue
+            if run:
+                self._file_registrations(run)
+                run = {}
             if change[0] == "ask":
                 log.warning("A registration notice was missed: asking the controller for its engines again")
                 self._ask_roster()
-                continue
-            kind, eid, uuid = change
-            filed = dict(content=dict(id=eid, uuid=uuid))
-            if kind == "register":
-                self._file_registration(filed)
-            else:
-                self._file_unregistration(filed)
+            elif change[0] == "unregister":
+                self._file_unregistration(dict(content=dict(id=change[1], uuid=change[2])))
+
+    def _file_registrations(self, engines: dict[int, str]):
+        """Engines registered, as ipyparallel files each (its callbacks called
+        per engine), in one update of its tables: it sorts its ids at each, and a
+        host's batch of thousands, filed one by one, held the client a second."""
+        if len(engines) == 1:
+            ((eid, uuid),) = engines.items()
+            return self._file_registration(dict(content=dict(id=eid, uuid=uuid)))
+        self._file_engines(engines)
+        for eid, uuid in engines.items():
+            for callback in list(self._registered_callbacks):
+                callback(dict(event="register", id=eid, uuid=uuid))

@@ -65,6 +65,7 @@ STATE = {
         "_ssh": ("_tunneled", "a client through an ssh tunnel does not read the controller's notices"),
         "_notification_handlers": ("_notification_table", "registrations read through our roster (client.roster)"),
         "_notification_socket": ("_notification_sock", "the roster's hello subscription"),
+        "_registration_callbacks": ("_registered_callbacks", "called per engine of a batch filed in one update"),
     },
     "ResultSeam": {
         "_client": ("_rc", "set as ipyparallel's __init__ does, over one call"),
@@ -140,6 +141,7 @@ CALLS = {
         "_handle_apply_reply": ("_file_apply_reply", "a vanished engine's request failed as its death is"),
         "_register_engine": ("_file_registration", "a roster's change filed as ipyparallel files a notification"),
         "_unregister_engine": ("_file_unregistration", "the same, for an engine gone"),
+        "_update_engines": ("_file_engines", "a host's engines filed in one update: ipyparallel sorts its ids at each"),
     },
     "ResultSeam": {
         "_display_stream": ("_print_stream", "grouped outputs shown as ipyparallel shows one"),
