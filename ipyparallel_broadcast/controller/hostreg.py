@@ -40,12 +40,10 @@ class HostRegistrations:
 
     def __init__(self, hub, publish: Callable[[dict[int, str]], None], registry):
         self.hub, self.publish, self.registry = hub, publish, registry
-        self.relays: dict[str, list] = {}  # host label -> the idents its relay last wrote from
         self.pending: dict[bytes, EngineConnector] = {}  # heart -> an engine granted its id, not beating yet
         self.host_hearts: dict[bytes, str] = {}  # a relay's heart -> its host
         self.batches = self.registered = 0
         hub.query_handlers[P.HOST_ENGINES] = self.on_batch
-        registry.relay_of = self.relay_of  # a dropped engine is told through its relay
         self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
         self._stopped_heart, hub.handle_stopped_heart = hub.handle_stopped_heart, self.handle_stopped_heart
 
@@ -56,7 +54,7 @@ class HostRegistrations:
         if not isinstance(host, str) or not all(isinstance(x, list) for x in (asks, gone, beating)):
             self.hub.log.error("registration by host: a malformed batch dropped: %.200r", content)
             return
-        self.relays[host] = list(idents)
+        self.registry.relay_at(host, idents)  # where a dropped engine of it is told so
         self.host_hearts[host_ident(host)] = host
         self.batches += 1
         self._depart(host, [u for u in gone if isinstance(u, str)])
@@ -75,7 +73,7 @@ class HostRegistrations:
         for uuid in uuids:
             heart = uuid.encode()
             ec = self.pending.get(heart)
-            if ec is not None and self.registry.via.get(heart) == host:
+            if ec is not None and self.registry.host_of(heart) == host:
                 del self.pending[heart]
                 self._file(ec)
                 filed[ec.id] = ec.uuid
@@ -94,33 +92,31 @@ class HostRegistrations:
         if host is None:
             return self._new_heart(heart)
         registry = self.registry
-        for h in [h for h, where in registry.via.items() if where == host and h in registry.dropped]:
-            registry.tell_if_dropped(h)
+        for h in registry.hearts_via(host):
+            if h in registry.dropped:
+                registry.tell_if_dropped(h)
 
     def handle_stopped_heart(self, heart: bytes):
         """A relay's heart stopped: its host's engines are lost, named."""
         host = self.host_hearts.get(heart)
         if host is None:
             return self._stopped_heart(heart)
-        hub, via = self.hub, self.registry.via
-        lost = [h for h, where in via.items() if where == host and h in hub.by_ident]
-        for h in lost:
-            self.pending.pop(h, None)
+        hub = self.hub
+        lost = [h for h in self.registry.hearts_via(host) if h in hub.by_ident]
         if lost:
             hub.log.warning("heartbeat::the relay of host %s is silent: its %i engines are lost", host, len(lost))
         for h in lost:
-            if h in hub.by_ident:
-                hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
+            hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
 
     def _purge(self, hearts):
         for heart in hearts:
             ec = self.pending.pop(heart, None)
             if ec is not None:
                 self.hub.log.error("registration::engine %i:%s never beat; forgotten", ec.id, ec.uuid)
-                self.registry.via.pop(heart, None)
+                self.registry.forget(heart)
 
     def _grant(self, host: str, asks: list) -> tuple[list[dict], dict[int, str]]:
-        hub, via = self.hub, self.registry.via
+        hub, registry = self.hub, self.registry
         stock_pending = {ec.uuid for ec in hub.incoming_registrations.values()}
         answers, new = [], {}
         for ask in asks:
@@ -129,7 +125,7 @@ class HostRegistrations:
                 continue
             heart = uuid.encode()
             eid = hub.by_ident.get(heart, self.pending[heart].id if heart in self.pending else None)
-            if eid is not None and via.get(heart) == host:  # asked again: the same answer
+            if eid is not None and registry.host_of(heart) == host:  # asked again: the same answer
                 answers.append(dict(uuid=uuid, status="ok", id=eid))
                 continue
             if eid is not None or uuid in stock_pending:
@@ -140,7 +136,7 @@ class HostRegistrations:
                 asked = None
             eid = type(hub).new_engine_id(hub, asked)  # ipyparallel's counter (or the id asked for, if free)
             self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
-            via[heart] = host
+            registry.registered_via(heart, host)
             new[eid] = uuid
             answers.append(dict(uuid=uuid, status="ok", id=eid))
         return answers, new
@@ -158,20 +154,17 @@ class HostRegistrations:
 
     def _depart(self, host: str, uuids: list[str]):
         """Engines the relay found gone: unregistered as ipyparallel unregisters one."""
-        hub, via = self.hub, self.registry.via
+        hub = self.hub
         for uuid in uuids:
             heart = uuid.encode()
-            if via.get(heart) == host and self.pending.pop(heart, None) is not None:
+            if self.registry.host_of(heart) != host:
+                continue  # not this relay's
+            if self.pending.pop(heart, None) is not None:
                 continue  # gone before its first beat
             eid = hub.by_ident.get(heart)
-            if eid is not None and via.get(heart) == host:
+            if eid is not None:
                 hub.log.info("registration::host %s: engine %i is gone", host, eid)
                 hub.unregister_engine([heart], dict(content=dict(id=eid)))
-
-    def relay_of(self, heart: bytes) -> list | None:
-        """The idents of the relay that registered this engine (None: it registered itself)."""
-        host = self.registry.via.get(heart)
-        return None if host is None else self.relays.get(host)
 
 
 def _span(eids) -> str:

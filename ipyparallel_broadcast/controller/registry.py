@@ -31,7 +31,7 @@ class Registry:
         self.hub, self.remembered = hub, remembered
         self.dropped: OrderedDict[bytes, int] = OrderedDict()  # heart -> the engine id it had
         self.via: dict[bytes, str] = {}  # heart -> the host whose relay registered it (``hostreg``)
-        self.relay_of = lambda heart: None  # the idents of that relay (``hostreg`` sets its own)
+        self.relays: dict[str, list] = {}  # host -> the idents its relay last wrote from
         self._unregister, self._new_heart = hub.unregister_engine, hub.handle_new_heart
         hub.unregister_engine = hub.query_handlers["unregistration_request"] = self.unregister_engine
         hub.handle_new_heart = self.handle_new_heart
@@ -48,6 +48,28 @@ class Registry:
             self.dropped[ec.ident] = ec.id
             while len(self.dropped) > self.remembered:
                 self.via.pop(self.dropped.popitem(last=False)[0], None)
+
+    # ------------------------------------------------ engines registered by host
+    def relay_at(self, host: str, idents: list):
+        """The relay of ``host`` wrote from ``idents`` (a relay restarted: anew)."""
+        self.relays[host] = list(idents)
+
+    def registered_via(self, heart: bytes, host: str):
+        self.via[heart] = host
+
+    def host_of(self, heart: bytes) -> str | None:
+        return self.via.get(heart)
+
+    def forget(self, heart: bytes):
+        self.via.pop(heart, None)
+
+    def hearts_via(self, host: str) -> list[bytes]:
+        return [h for h, where in self.via.items() if where == host]
+
+    def relay_of(self, heart: bytes) -> list | None:
+        """The idents of the relay that registered this engine (None: it registered itself)."""
+        host = self.via.get(heart)
+        return None if host is None else self.relays.get(host)
 
     def handle_new_heart(self, heart: bytes):
         if not self.tell_if_dropped(heart):
