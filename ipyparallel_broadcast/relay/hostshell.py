@@ -81,8 +81,7 @@ class HostRelayShell(NodeShell):
         }
         self.hub_side = None
         if spec.get("registration_url"):  # engines register and beat through this relay, by host
-            self.hub_side = HubSide(spec, place, self.codec, ctx, _socket)
-            self.hub_side.alive, self.hub_side.lost = self.engine_alive, self.engines_silent
+            self.hub_side = HubSide(spec, place, self.codec, ctx, _socket, self.engine_alive, self.engines_silent)
             self.sockets += self.hub_side.sockets
             for sock, handler in self.hub_side.handlers.items():
                 self.handlers[sock] = partial(self.hub_side.handle, handler)

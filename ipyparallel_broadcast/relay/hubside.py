@@ -34,11 +34,21 @@ OURS = (ENGINES, HUB, HUB_PONG, ENGINE_PING)
 class HubSide:
     """Registration and heartbeats of one host's engines, by host."""
 
-    def __init__(self, spec: dict, place: Place, codec: P.Codec, ctx: zmq.Context, make_socket: Callable):
+    def __init__(
+        self,
+        spec: dict,
+        place: Place,
+        codec: P.Codec,
+        ctx: zmq.Context,
+        make_socket: Callable,
+        alive: Callable[[str], bool | None],
+        lost: Callable[[list[str]], None],
+    ):
+        """``alive(uuid)``: whether an engine's process runs (None: cannot tell);
+        ``lost(uuids)``: engines given up (the shell fails what they owe)."""
         self.registrar = Registrar(codec, spec["host"])
         self.hearts = EngineHearts(pause_limit=float(spec.get("pause_limit") or PAUSE_LIMIT))
-        self.lost: Callable[[list[str]], None] = lambda uuids: None  # the shell's: engines given up
-        self.alive: Callable[[str], bool | None] = lambda uuid: None  # the shell's: does its process run?
+        self.alive, self.lost = alive, lost
         curve = spec.get("curve_serverkey")
         self.register = self._bound(make_socket(ctx, zmq.ROUTER), place.register_url, place)
         self.ping_out = self._bound(make_socket(ctx, zmq.PUB), place.ping_url, place)
