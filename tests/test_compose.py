@@ -17,7 +17,8 @@ from cluster_util import at_gate, process_gone, quiet_config, running_cluster, u
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.engine import compose
 from ipyparallel_broadcast.engine.compose import host, limits
-from ipyparallel_broadcast.engine.compose.host import cluster_key
+from ipyparallel_broadcast.host import composedir
+from ipyparallel_broadcast.host.composedir import cluster_key
 
 pytestmark = pytest.mark.cluster
 
@@ -174,7 +175,8 @@ def test_counting_regions_share_the_host(tmp_path):
         until(settled, what="a token each")
         open(gate, "w").close()
         both = ar.get(timeout=60)
-    until(lambda: not os.path.exists(host.host_path(key)), timeout=30, what="the stopped cluster's lock files to go")
+    gone = composedir.host_path(key)
+    until(lambda: not os.path.exists(gone), timeout=30, what="the stopped cluster's lock files to go")
     assert seen["slot"] == 2 and seen["tokens"] == CORES
     assert [r["live"] for r in both] == [max(1, r["held"]) for r in both]
     assert sum(r["held"] for r in both) == seen["token"]
@@ -198,7 +200,7 @@ def test_engines_killed_together_leave_no_host_directory(fork):
     """Their exit handlers never run: once they have stopped, the launcher
     removes the directory (as the cluster stops: its event loop runs then)."""
     with running_cluster(2, 1, 2, compose="counting", fork_engines=fork) as rc:
-        path = host.host_path(cluster_key(rc.session.key))
+        path = composedir.host_path(cluster_key(rc.session.key))
         pids = rc.broadcast_view().apply_sync(os.getpid)
         assert os.path.isdir(path)
         for pid in pids:
@@ -212,15 +214,30 @@ def test_engines_killed_together_leave_no_host_directory(fork):
     assert not os.path.exists(path)
 
 
+def test_engines_killed_behind_a_host_relay_leave_no_host_directory():
+    """Under a launcher that does not clean up after them (MPI's, killing its
+    ranks), the host's relay outlives its engines and removes the directory
+    as it exits, while the cluster still runs."""
+    config = quiet_config()
+    config.BroadcastEngine.host_relay = "always"
+    with running_cluster(2, 1, 2, compose="counting", config=config) as rc:
+        path = composedir.host_path(cluster_key(rc.session.key))
+        pids = rc.broadcast_view().apply_sync(os.getpid)
+        assert os.path.isdir(path)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        until(lambda: not os.path.exists(path), what="the host relay to remove the directory as it exits")
+
+
 def test_a_host_directory_no_engine_is_in_goes_when_engines_start():
     """Engines stopped past their exit handlers (``rc.shutdown``) under a
     launcher that does not clean up leave their directory: the next engines
     of this user on the host remove it."""
-    stale = host.host_path("left-by-a-cluster-long-gone")
+    stale = composedir.host_path("left-by-a-cluster-long-gone")
     os.makedirs(stale, exist_ok=True)
     open(os.path.join(stale, "alive"), "w").close()
     with running_cluster(2, 1, 2, compose="counting") as rc:
-        assert os.path.isdir(host.host_path(cluster_key(rc.session.key)))
+        assert os.path.isdir(composedir.host_path(cluster_key(rc.session.key)))
         assert not os.path.exists(stale)
 
 

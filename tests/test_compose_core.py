@@ -19,6 +19,7 @@ from ipyparallel_broadcast.engine.compose import limits as L
 from ipyparallel_broadcast.engine.compose.errors import ComposeError
 from ipyparallel_broadcast.engine.compose.runtime import Runtime
 from ipyparallel_broadcast.engine.compose.tokens import TokenPool
+from ipyparallel_broadcast.host import composedir
 
 pytestmark = pytest.mark.cluster
 
@@ -110,9 +111,9 @@ def test_a_sweep_removes_only_the_directories_no_engine_is_in(root, holders):
     p, _, _ = holders(key="killed")
     kill(p)
     os.makedirs(os.path.join(root, "ipb-compose-not-a-uid-x"))  # not this user's pattern: untouched
-    assert H.sweep_unused(root) == ["killed"]
+    assert composedir.sweep_unused(root) == ["killed"]
     assert sorted(os.listdir(root)) == sorted(
-        [os.path.basename(live.path), os.path.basename(H.host_path("held", root)), "ipb-compose-not-a-uid-x"]
+        [os.path.basename(live.path), os.path.basename(composedir.host_path("held", root)), "ipb-compose-not-a-uid-x"]
     )
     assert H.HostDir("killed", root).rank == 0  # a newcomer makes it again
 

@@ -77,18 +77,18 @@ def test_a_controller_on_all_interfaces_names_an_address_others_reach():
         assert reachable_location(routed) == routed
 
 
-def test_importing_the_compose_host_module_at_exit_registers_nothing():
+def test_importing_the_compose_directory_module_at_exit_registers_nothing():
     """A launcher's stop at interpreter exit (a cluster whose controller failed)
-    imports ``compose.host``; it imported loky, which registers an atexit
-    handler: ``RuntimeError: can't register atexit after shutdown``."""
+    imports ``host.composedir`` (once ``compose.host``, which imported loky, which registers an atexit
+    handler: ``RuntimeError: can't register atexit after shutdown``)."""
     code = textwrap.dedent(
         """
         import atexit
         import threading
 
         def at_exit():
-            from ipyparallel_broadcast.engine.compose import host
-            host.remove_if_unused("no-such-cluster")
+            from ipyparallel_broadcast.host import composedir
+            composedir.remove_if_unused("no-such-cluster")
 
         atexit.register(at_exit)
         threading.Thread(target=print).start()  # ipcluster's process has threads: their shutdown comes first

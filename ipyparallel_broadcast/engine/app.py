@@ -22,11 +22,11 @@ from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..compat.ipp import EngineSeam
+from ..host.composedir import cluster_key
 from ..host.link import HOST_KEY, JOIN_TIMEOUT, HostLink, host_label
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
 from . import compose
-from .compose.host import cluster_key
 from .kernel import BroadcastKernel
 
 ENGINE_CMD = ["-m", "ipyparallel_broadcast.engine"]

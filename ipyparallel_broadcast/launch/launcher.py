@@ -86,7 +86,7 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
 
     def compose_key(self):
         """The engines' compose key, as they derive it (``compose.runtime``); None if unknown."""
-        from ..engine.compose import host
+        from ..host import composedir
 
         env = dict(os.environ, **self.environment)  # what the engines were given
         if env.get("IPB_COMPOSE_KEY"):
@@ -94,7 +94,7 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
         name = f"ipcontroller-{self.cluster_id}-engine.json" if self.cluster_id else "ipcontroller-engine.json"
         try:
             with open(os.path.join(self.profile_dir, "security", name)) as f:
-                return host.cluster_key(json.load(f).get("key", "").encode())
+                return composedir.cluster_key(json.load(f).get("key", "").encode())
         except (OSError, ValueError) as e:
             self.log.warning("compose directory of these engines unknown: %s", e)
             return None
@@ -102,11 +102,11 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
     def remove_compose_dir(self):
         """Once every engine has stopped: their host directory, if killed
         engines left it (read at start: the controller's files go first)."""
-        from ..engine.compose import host
+        from ..host import composedir
 
         key = getattr(self, "_compose_key", None)
-        root = dict(os.environ, **self.environment).get(host.ROOT_ENV)
-        if key and host.remove_if_unused(key, root):
+        root = dict(os.environ, **self.environment).get(composedir.ROOT_ENV)
+        if key and composedir.remove_if_unused(key, root):
             self.log.info("removed the compose directory of stopped engines")
 
     def check_compose_mode(self):

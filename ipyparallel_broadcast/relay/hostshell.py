@@ -30,6 +30,7 @@ from functools import partial
 
 import zmq
 
+from ..host import composedir
 from ..host.link import Place
 from ..host.shm import pid_alive
 from ..wire import protocol as P
@@ -244,7 +245,8 @@ class HostRelayShell(NodeShell):
         started later makes them again; two cannot run: the socket is taken).
         An engine that joined while this relay was leaving keeps its join file
         (the relay it starts next, and any restarted after, find it there) and
-        the lock its engines wait on."""
+        the lock its engines wait on. The engines' compose directory goes if no
+        engine is in it."""
         place = self.place
         if self.joined_engines():
             return
@@ -262,6 +264,8 @@ class HostRelayShell(NodeShell):
             os.rmdir(place.joins)
         except OSError:
             pass
+        # engines killed before their exit handlers ran (an MPI launcher's SIGKILL) left it
+        composedir.remove_if_unused(composedir.cluster_key(self.spec["key"].encode()))
 
     def running(self) -> bool:
         if self.node.engines or self.expected:

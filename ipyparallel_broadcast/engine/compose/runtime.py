@@ -18,6 +18,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from ...host import composedir
 from . import host as H
 from . import limits as L
 from .errors import ComposeError
@@ -76,7 +77,7 @@ class Runtime:
             tbbmode.enable(self.cores)
         hint = H.launcher_hint()
         if mode != "default" and self.host is None:
-            H.sweep_unused(root)  # what engines gone without their exit handlers left
+            composedir.sweep_unused(root)  # what engines gone without their exit handlers left
             self.host = H.HostDir(_key(key), root, rank if rank is not None else hint and hint[1])
             atexit.register(self.close)
         self.mode, self.factor, self.pin = mode, float(factor), bool(pin)
@@ -275,5 +276,5 @@ def _key(key):
         return os.environ["IPB_COMPOSE_KEY"]
     kernel = _running_kernel()
     if kernel is not None:
-        return H.cluster_key(kernel.session.key)
+        return composedir.cluster_key(kernel.session.key)
     raise ComposeError("no cluster key: pass key=..., set IPB_COMPOSE_KEY or run in an engine")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-from .host import LockFiles, try_lock, unlock
+from ...host.composedir import try_lock, unlock
+from .host import LockFiles
 
 
 class TokenPool:
