@@ -6,6 +6,7 @@ sent again; departures and drop notices pass; malformed input is refused."""
 import pytest
 from jupyter_client.session import Session
 
+from ipyparallel_broadcast.host.link import JOIN_TIMEOUT
 from ipyparallel_broadcast.relay.registrar import ENGINES, HUB, REPLY_TIMEOUT, Registrar
 from ipyparallel_broadcast.wire import protocol as P
 
@@ -132,3 +133,32 @@ def test_hearts_that_began_to_beat_go_up_in_the_next_batch(setup):
     reg.lost(["a"])  # gone before its beat went up: never said to beat
     reg.from_hub(answer(codec, dict(engines=[])))
     assert reg.beats == set() and reg.sent_at is not None  # (the departure went)
+
+
+def test_engines_count_as_registering_until_they_join_or_could_no_longer(setup):
+    """A relay with no engine but these must not exit: their registrations
+    would go with it, unanswered (a farm of 64 hosts lost engines so)."""
+    reg, codec, clock = setup
+    assert not reg.registering()
+    (first,) = reg.from_engine(ask(codec, "a"))
+    assert reg.from_engine(ask(codec, "b")) == []
+    assert reg.registering()  # a in flight, b waiting
+    sends = reg.from_hub(answer(codec, unpack(codec, first.frames)["content"]))
+    (second,) = [s for s in sends if s.socket == HUB]  # b's batch
+    reg.joined(["a"])
+    assert reg.registering()  # b in flight
+    reg.from_hub(answer(codec, unpack(codec, second.frames)["content"], first_id=1))
+    assert reg.registering()  # b granted, not joined yet
+    reg.joined(["b"])
+    assert not reg.registering()
+    (third,) = reg.from_engine(ask(codec, "c"))
+    reg.from_hub(answer(codec, unpack(codec, third.frames)["content"], first_id=2))
+    (departure,) = reg.lost(["c"])  # gone before it joined
+    assert not reg.registering()
+    assert reg.from_engine(ask(codec, "d")) == []  # after the departure's answer
+    (fourth,) = reg.from_hub(answer(codec, unpack(codec, departure.frames)["content"]))
+    reg.from_hub(answer(codec, unpack(codec, fourth.frames)["content"], first_id=3))
+    clock.now += JOIN_TIMEOUT
+    assert reg.registering()
+    clock.now += 1
+    assert not reg.registering()  # d never joined: it died, or gave up

@@ -10,7 +10,8 @@ Who runs it: a lock file per (cluster, host). The engine that gets the lock
 starts the relay and hands it the locked descriptor; every engine keeps a
 thread blocked on the same lock, so when the relay dies one of them starts
 another at once (the others stay blocked). The last engine out stops it: a
-relay with no engine for ``GRACE`` seconds exits. A restarted relay finds its
+relay with no engine for ``GRACE`` seconds exits (engines still registering
+through it count: their answers would go with it). A restarted relay finds its
 engines in the host's join directory (one file per engine, with its pid).
 
 The host is told apart by hostname, boot id and network namespace (``label``):
@@ -192,6 +193,8 @@ class HostRelayShell(NodeShell):
     def drained(self):
         """The engines that joined in this batch, announced to the leaf in one message."""
         joining, self.joining = self.joining, []
+        if joining and self.hub_side is not None:
+            self.hub_side.joined([uuid for _, uuid, _, _ in joining])
         return (self.node.on_join(joining) if joining else []) + super().drained()
 
     def perform(self, sends):
@@ -268,7 +271,7 @@ class HostRelayShell(NodeShell):
         composedir.remove_if_unused(composedir.cluster_key(self.spec["key"].encode()))
 
     def running(self) -> bool:
-        if self.node.engines or self.expected:
+        if self.node.engines or self.expected or (self.hub_side is not None and self.hub_side.registering()):
             self.empty_since = None
         elif self.empty_since is None:
             self.empty_since = time.monotonic()

@@ -105,6 +105,13 @@ class HubSide:
             self.hearts.forget(uuid)
         return self.registrar.lost(uuids)
 
+    def joined(self, uuids) -> None:
+        self.registrar.joined(uuids)
+
+    def registering(self) -> bool:
+        """Engines of this host are registering (``Registrar.registering``)."""
+        return self.registrar.registering()
+
     def handle(self, handler, frames) -> list[Send]:
         try:
             return handler(frames)

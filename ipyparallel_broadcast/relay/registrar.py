@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..host.link import JOIN_TIMEOUT
 from ..wire import protocol as P
 from .events import Send
 
@@ -42,6 +43,7 @@ class Registrar:
         self.sent_beats: set[str] = set()
         self.sent_at: float | None = None
         self.granted: dict[str, int] = {}  # uuid -> id, of engines registered through this relay
+        self.unjoined: dict[str, float] = {}  # uuid -> when granted, of engines yet to join the relay
         self.batches = self.engines_registered = 0
 
     # -------------------------------------------------------------- engines
@@ -68,6 +70,7 @@ class Registrar:
         for uuid in uuids:  # (a relay restarted has granted none: the hub checks whose they were)
             self.waiting.pop(uuid, None)
             self.granted.pop(uuid, None)
+            self.unjoined.pop(uuid, None)
             self.beats.discard(uuid)
             self.gone.add(uuid)
         return self.flush()
@@ -125,13 +128,29 @@ class Registrar:
             if reply.get("status") == "ok":
                 if type(reply.get("id")) is not int:
                     raise P.ProtocolError("a granted registration without an id")
-                self.granted[uuid] = reply["id"]
+                self.granted[uuid], self.unjoined[uuid] = reply["id"], self.clock()
                 self.engines_registered += 1
                 reply.update(common)
             sends.append(Send(ENGINES, idents + self.codec.pack("registration_reply", reply)))
         self.waiting = {**self.sent, **self.waiting}  # not answered: in the next batch
         self.sent, self.sent_gone, self.sent_beats, self.sent_at = {}, set(), set(), None
         return sends + self.flush()
+
+    def joined(self, uuids) -> None:
+        """Engines that joined the relay: registered, and served."""
+        for uuid in uuids:
+            self.unjoined.pop(uuid, None)
+
+    def registering(self) -> bool:
+        """Whether engines of this host are registering: waiting, in a batch in
+        flight, or granted an id and not joined yet (for as long as an engine
+        waits to join). A relay with no engine but these must not exit: their
+        registrations would go with it, unanswered."""
+        now = self.clock()
+        for uuid, granted_at in list(self.unjoined.items()):
+            if now - granted_at > JOIN_TIMEOUT:  # it will not join (it died, or gave up)
+                del self.unjoined[uuid]
+        return bool(self.waiting or self.sent or self.unjoined)
 
     # ---------------------------------------------------------------- timing
     def next_deadline(self) -> float | None:
