@@ -13,13 +13,14 @@ import argparse
 import re
 
 
-def table_rows(path: str) -> list[list[str]]:
-    """The cells of every table row of a results file (header and rules left out)."""
+def table_rows(path: str, skip=("view", "ranks per host")) -> list[list[str]]:
+    """The cells of every table row of a results file (rules left out, and
+    headers: rows whose first cell is in ``skip``)."""
     rows = []
     for line in open(path):
         if line.startswith("|") and not re.match(r"\|[-:| ]+\|\s*$", line):
             rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    return [r for r in rows if r[0] not in ("view", "ranks per host")]
+    return [r for r in rows if r[0] not in skip]
 
 
 def ours_and_directview(path: str, mib: int = 16) -> dict[str, dict[str, float]]:

@@ -1,13 +1,20 @@
-"""What registering N engines costs the center: a farm of simulated hosts
-(``SimEngines``, ``hosts=True``: each process a host with its own host relay)
-registers with one controller, and a client connected before any engine
-waits for all of them. Per engine count: seconds until the client saw every
-engine, the controller's CPU meanwhile (its main process, the hub, and every
-process it started: relay nodes, queues, the heart monitor), the same per
-engine, the controller's idle CPU once all are in (its heartbeats), and its
-RSS.
+"""What registering N engines costs the center, ours beside a stock IPython
+Parallel controller: a farm of simulated engines (``SimEngines``; for ours,
+``hosts=True``: each process a host with its own host relay; for stock, the
+same processes, relay-less) registers with one controller, and a client
+connected before any engine waits for all of them. Meanwhile another thread
+makes clients one after another, each timed as it connects and as the hub
+answers one query (``queue_status``). Per engine count: seconds until the
+client saw every engine, the controller's CPU meanwhile (its main process,
+the hub, and every process it started: relay nodes, queues, the heart
+monitor), the same per engine, the controller's idle CPU once all are in (its
+heartbeats), its memory (summed RSS, which counts the pages forked processes
+share once per process, and PSS, which splits them: what the processes
+really hold), the probing clients' worst connection and query, and the round
+trip of a 1 kB echo on every engine (ours: a coalesced BroadcastView; stock:
+a DirectView).
 
-    python benchmarks/scripts/registration.py --engines 1024 4096 --hosts 16 64 --out FILE
+    python benchmarks/scripts/registration.py --engines 1024 4096 --hosts 16 64 --kinds ours stock --out FILE
 """
 
 from __future__ import annotations
@@ -15,24 +22,41 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
 
+import ipyparallel as ipp
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast import Cluster  # noqa: E402
+import ipyparallel_broadcast as ipb  # noqa: E402
 from ipyparallel_broadcast.tools.bench import cpu_seconds as cpu  # noqa: E402
-from ipyparallel_broadcast.tools.farm import HEARTBEATS, IDLE_WINDOW_S  # noqa: E402
+from ipyparallel_broadcast.tools.farm import HEARTBEATS, IDLE_WINDOW_S, t_echo  # noqa: E402
 from ipyparallel_broadcast.tools.sim import SimEngines  # noqa: E402
+
+ECHOES = 5  # timed echoes after one warm-up: their median
 
 
 def center(pid: int) -> list[psutil.Process]:
     main = psutil.Process(pid)
     return [main, *main.children(recursive=True)]
+
+
+def memory(procs: list[psutil.Process]) -> tuple[int, int]:
+    """(summed RSS, summed PSS) of the processes still running, in bytes."""
+    rss = pss = 0
+    for p in procs:
+        try:
+            m = p.memory_full_info()
+        except psutil.NoSuchProcess:
+            continue
+        rss, pss = rss + m.rss, pss + m.pss
+    return rss, pss
 
 
 def code_commit(tree: str) -> str:
@@ -41,36 +65,103 @@ def code_commit(tree: str) -> str:
     return subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-def one_run(n: int, hosts: int, timeout: float) -> dict:
+class Prober(threading.Thread):
+    """Clients made one after another until ``done``: each one's seconds to
+    connect, and for the hub to answer its ``queue_status``; failures by name."""
+
+    def __init__(self, connection_file: str, make_client, pause: float = 0.2):
+        super().__init__(daemon=True)
+        self.connection_file, self.make_client, self.pause = connection_file, make_client, pause
+        self.done = threading.Event()
+        self.connects: list[float] = []
+        self.queries: list[float] = []
+        self.failures: list[str] = []
+
+    def run(self):
+        while not self.done.is_set():
+            tic = time.monotonic()
+            try:
+                client = self.make_client(self.connection_file)
+            except Exception as e:  # what a user would have met: counted, named
+                self.failures.append(f"connect: {e!r}")
+                continue
+            try:
+                connected = time.monotonic()
+                client.queue_status()
+                self.connects.append(connected - tic)
+                self.queries.append(time.monotonic() - connected)
+            except Exception as e:
+                self.failures.append(f"query: {e!r}")
+            finally:
+                client.close()
+            self.done.wait(self.pause)
+
+
+def make_cluster(kind: str, profile_dir: str):
+    common = dict(n=0, profile_dir=profile_dir, log_level=40)
+    if kind == "ours":
+        return ipb.Cluster(depth=1, fanout=2, controller_args=HEARTBEATS, **common)
+    return ipp.Cluster(controller_args=HEARTBEATS, **common)
+
+
+def one_run(kind: str, n: int, hosts: int, timeout: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
-        cluster = Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, log_level=40, controller_args=HEARTBEATS)
+        cluster = make_cluster(kind, profile_dir)
         cluster.start_controller_sync()
         client = cluster.connect_client_sync()
-        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-        procs = center(cluster.controller.pid)
-        farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=True)
+        security = os.path.join(profile_dir, "security")
+        (engine_file,) = glob.glob(os.path.join(security, "*-engine.json"))
+        (client_file,) = glob.glob(os.path.join(security, "*-client.json"))
+        procs = center(cluster.controller.process.pid)
+        farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=kind == "ours")
+        prober = Prober(client_file, ipb.Client if kind == "ours" else ipp.Client)
         try:
             before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
-            farm.start(timeout=max(120, n / 10))
-            client.wait_for_engines(n, timeout=timeout)
+            prober.start()
+            try:
+                farm.start(timeout=max(120, n / 10))
+                client.wait_for_engines(n, timeout=timeout)
+            finally:
+                prober.done.set()
+                prober.join()
             seconds = time.monotonic() - tic
-            procs = center(cluster.controller.pid)  # (and whatever it started meanwhile)
+            procs = center(cluster.controller.process.pid)  # (and whatever it started meanwhile)
             registering, hub = cpu(procs) - before, cpu(procs[:1]) - hub_before
             idle_from = cpu(procs)
             time.sleep(IDLE_WINDOW_S)  # the idle window: whole heartbeat periods
             idle = (cpu(procs) - idle_from) / IDLE_WINDOW_S
-            rss = sum(p.memory_info().rss for p in procs if p.is_running())
-            return dict(seconds=seconds, cpu=registering, hub=hub, idle=idle, rss=rss)
+            rss, pss = memory(procs)
+            view = client.broadcast_view(coalescing=True) if kind == "ours" else client[:]
+            t_echo(view)  # warm up
+            echo = statistics.median(t_echo(view) for _ in range(ECHOES))
+            return dict(
+                seconds=seconds, cpu=registering, hub=hub, idle=idle, rss=rss, pss=pss, echo=echo, prober=prober
+            )
         finally:
             client.close()
             farm.stop()
             cluster.stop_cluster_sync()
 
 
+def row(kind: str, n: int, hosts: int, r: dict) -> str:
+    p = r["prober"]
+    probes = (
+        f"{len(p.connects)} | {1e3 * max(p.connects, default=0):.0f} | {1e3 * max(p.queries, default=0):.0f} | "
+        f"{len(p.failures)}"
+    )
+    where = f"{n} / {hosts}" if kind == "ours" else f"{n} ({-(-n // hosts)} per process)"
+    return (
+        f"| {kind} | {where} | {r['seconds']:.1f} | {r['cpu']:.1f} | {r['hub']:.1f} | {1e3 * r['cpu'] / n:.2f} | "
+        f"{100 * r['idle']:.1f} | {r['rss'] / 2**20:.0f} | {r['pss'] / 2**20:.0f} | {probes} | {1e3 * r['echo']:.0f} |"
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, nargs="+", default=[1024])
     parser.add_argument("--hosts", type=int, nargs="+", default=[16], help="simulated hosts, one per engine count")
+    parser.add_argument("--kinds", nargs="+", default=["ours"], choices=["ours", "stock"])
+    parser.add_argument("--stock-max", type=int, default=4096, help="the most engines a stock controller is given")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
@@ -81,24 +172,37 @@ def main(argv=None):
         os.environ["PYTHONPATH"] = os.path.abspath(args.code) + os.pathsep + os.environ.get("PYTHONPATH", "")
         os.chdir(args.code)
     lines = [
-        "A controller (depth 1, fan-out 2; heartbeats every 3 s, 10 misses), a client connected before",
-        "any engine, then a farm of simulated hosts, each process a host with its own host relay. 'all in':",
-        "from the farm's start until the client saw every engine; 'center CPU': the controller's processes",
-        "meanwhile (the hub, relay nodes, queues, heart monitor); 'idle': their CPU once all are in, over",
-        f"{IDLE_WINDOW_S:g} s, in a share of one core. Every process is on this machine (2 cores)."
+        "A controller (ours: depth 1, fan-out 2; heartbeats every 3 s, 10 misses, for both), a client connected",
+        "before any engine, then a farm of simulated engines: for ours, each process a host with its own host",
+        "relay; for stock, the same processes without. 'all in': from the farm's start until the client saw",
+        "every engine; 'center CPU': the controller's processes meanwhile (the hub, relay nodes, queues, heart",
+        f"monitor); 'idle': their CPU once all are in, over {IDLE_WINDOW_S:g} s, in a share of one core; 'RSS':",
+        "summed over those processes (pages that forked processes share counted once each); 'PSS': each shared",
+        "page split among its sharers. Probes: clients made one after another while the engines registered: how",
+        "many, the slowest connection, the slowest answer to a query (queue_status), and how many failed.",
+        f"'echo': the median of {ECHOES} round trips of a 1 kB apply on every engine once all are in (ours: a",
+        "coalesced BroadcastView; stock: a DirectView). Every process is on this machine (2 cores)."
         + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
-        "| engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | per engine (ms) | idle (% of a core) "
-        "| center RSS (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| controller | engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | per engine (ms) "
+        "| idle (% of a core) | RSS (MiB) | PSS (MiB) | probes | slowest connect (ms) | slowest query (ms) "
+        "| failed probes | echo (ms) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for n, hosts in zip(args.engines, args.hosts, strict=True):
-        r = one_run(n, hosts, args.timeout)
-        lines.append(
-            f"| {n} / {hosts} | {r['seconds']:.1f} | {r['cpu']:.1f} | {r['hub']:.1f} | {1e3 * r['cpu'] / n:.2f} | "
-            f"{100 * r['idle']:.1f} | {r['rss'] / 2**20:.0f} |"
-        )
-        print(lines[-1], flush=True)
+    for kind in args.kinds:
+        for n, hosts in zip(args.engines, args.hosts, strict=True):
+            if kind == "stock" and n > args.stock_max:
+                continue
+            try:
+                r = one_run(kind, n, hosts, args.timeout)
+            except Exception as e:  # a controller that cannot take this many: said in the table
+                lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 11)
+            else:
+                lines.append(row(kind, n, hosts, r))
+                failures = sorted(set(r["prober"].failures))
+                if failures:
+                    print(f"{kind} {n}: probe failures: {failures[:5]}", flush=True)
+            print(lines[-1], flush=True)
     report("registration.py", argv, "What registering engines costs the center", lines, args.out)
 
 
