@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import glob
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 import ipyparallel as ipp
@@ -65,36 +65,52 @@ def code_commit(tree: str) -> str:
     return subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-class Prober(threading.Thread):
-    """Clients made one after another until ``done``: each one's seconds to
-    connect, and for the hub to answer its ``queue_status``; failures by name."""
+def probe(connection_file: str, kind: str, done, out, pause: float = 0.2):
+    """In a process of its own (a user's, beside the farm): clients made one
+    after another until ``done``; each one's seconds to connect, and for the hub
+    to answer its ``queue_status``; failures by name. All sent to ``out``."""
+    make_client = ipb.Client if kind == "ours" else ipp.Client
+    connects, queries, failures = [], [], []
+    while not done.is_set():
+        tic = time.monotonic()
+        try:
+            client = make_client(connection_file)
+        except Exception as e:  # what a user would have met: counted, named
+            failures.append(f"connect: {e!r}")
+            continue
+        try:
+            connected = time.monotonic()
+            client.queue_status()
+            connects.append(connected - tic)
+            queries.append(time.monotonic() - connected)
+        except Exception as e:
+            failures.append(f"query: {e!r}")
+        finally:
+            client.close()
+        done.wait(pause)
+    out.send((connects, queries, failures))
 
-    def __init__(self, connection_file: str, make_client, pause: float = 0.2):
-        super().__init__(daemon=True)
-        self.connection_file, self.make_client, self.pause = connection_file, make_client, pause
-        self.done = threading.Event()
+
+class Prober:
+    """``probe`` in a process of its own, started and stopped around the registrations."""
+
+    def __init__(self, connection_file: str, kind: str):
+        ctx = multiprocessing.get_context("spawn")  # (this process runs a client's threads: no fork)
+        self.done = ctx.Event()
+        self.results, there = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=probe, args=(connection_file, kind, self.done, there), daemon=True)
         self.connects: list[float] = []
         self.queries: list[float] = []
         self.failures: list[str] = []
 
-    def run(self):
-        while not self.done.is_set():
-            tic = time.monotonic()
-            try:
-                client = self.make_client(self.connection_file)
-            except Exception as e:  # what a user would have met: counted, named
-                self.failures.append(f"connect: {e!r}")
-                continue
-            try:
-                connected = time.monotonic()
-                client.queue_status()
-                self.connects.append(connected - tic)
-                self.queries.append(time.monotonic() - connected)
-            except Exception as e:
-                self.failures.append(f"query: {e!r}")
-            finally:
-                client.close()
-            self.done.wait(self.pause)
+    def start(self):
+        self.process.start()
+
+    def stop(self):
+        self.done.set()
+        if self.results.poll(120):
+            self.connects, self.queries, self.failures = self.results.recv()
+        self.process.join(10)
 
 
 def make_cluster(kind: str, profile_dir: str):
@@ -104,7 +120,7 @@ def make_cluster(kind: str, profile_dir: str):
     return ipp.Cluster(controller_args=HEARTBEATS, **common)
 
 
-def one_run(kind: str, n: int, hosts: int, timeout: float) -> dict:
+def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
         cluster = make_cluster(kind, profile_dir)
         cluster.start_controller_sync()
@@ -113,8 +129,8 @@ def one_run(kind: str, n: int, hosts: int, timeout: float) -> dict:
         (engine_file,) = glob.glob(os.path.join(security, "*-engine.json"))
         (client_file,) = glob.glob(os.path.join(security, "*-client.json"))
         procs = center(cluster.controller.process.pid)
-        farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=kind == "ours")
-        prober = Prober(client_file, ipb.Client if kind == "ours" else ipp.Client)
+        farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=kind == "ours", nice=nice)
+        prober = Prober(client_file, kind)
         try:
             before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
             prober.start()
@@ -122,8 +138,7 @@ def one_run(kind: str, n: int, hosts: int, timeout: float) -> dict:
                 farm.start(timeout=max(120, n / 10))
                 client.wait_for_engines(n, timeout=timeout)
             finally:
-                prober.done.set()
-                prober.join()
+                prober.stop()
             seconds = time.monotonic() - tic
             procs = center(cluster.controller.process.pid)  # (and whatever it started meanwhile)
             registering, hub = cpu(procs) - before, cpu(procs[:1]) - hub_before
@@ -163,6 +178,13 @@ def main(argv=None):
     parser.add_argument("--kinds", nargs="+", default=["ours"], choices=["ours", "stock"])
     parser.add_argument("--stock-max", type=int, default=4096, help="the most engines a stock controller is given")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--farm-nice",
+        type=int,
+        default=0,
+        help="run the farm (and its host relays) at this lower priority: the controller is served first, "
+        "as if the engines ran on hosts of their own",
+    )
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -181,7 +203,13 @@ def main(argv=None):
         "page split among its sharers. Probes: clients made one after another while the engines registered: how",
         "many, the slowest connection, the slowest answer to a query (queue_status), and how many failed.",
         f"'echo': the median of {ECHOES} round trips of a 1 kB apply on every engine once all are in (ours: a",
-        "coalesced BroadcastView; stock: a DirectView). Every process is on this machine (2 cores)."
+        "coalesced BroadcastView; stock: a DirectView). Every process is on this machine (2 cores)"
+        + (
+            f"; the farm and its host relays ran at nice {args.farm_nice}, so the controller was served first"
+            if args.farm_nice
+            else ""
+        )
+        + ". The probing clients ran in a process of their own."
         + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
         "| controller | engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | per engine (ms) "
@@ -194,7 +222,7 @@ def main(argv=None):
             if kind == "stock" and n > args.stock_max:
                 continue
             try:
-                r = one_run(kind, n, hosts, args.timeout)
+                r = one_run(kind, n, hosts, args.timeout, args.farm_nice)
             except Exception as e:  # a controller that cannot take this many: said in the table
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 11)
             else:

@@ -36,6 +36,7 @@ import io
 import json
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -382,8 +383,10 @@ class Server:
                     done.set()
 
 
-def _run_process(info, count, reply_bytes, delay, host, conn):
+def _run_process(info, count, reply_bytes, delay, host, nice, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if nice:  # (its host relay, started from here, inherits it)
+        os.nice(nice)
     asyncio.run(SimProcess(info, count, reply_bytes, delay, host).main(conn))
 
 
@@ -391,7 +394,10 @@ class SimEngines:
     """A farm of ``n`` simulated engines, ``per_process`` to a process.
 
     ``start()`` returns once every engine is registered (its ids known);
-    ``kill(eid)`` silences one engine; ``stop()`` ends the farm.
+    ``kill(eid)`` silences one engine; ``stop()`` ends the farm. ``nice``: the
+    farm's processes (and host relays) run at that lower priority, so the
+    controller on the same cores is served first, as if the engines ran on
+    hosts of their own.
     """
 
     def __init__(
@@ -402,10 +408,11 @@ class SimEngines:
         reply_bytes: int = 0,
         delay: float = 0.0,
         hosts: bool = False,
+        nice: int = 0,
     ):
         with open(connection_file) as f:
             self.info = json.load(f)
-        self.n, self.per_process, self.hosts = n, per_process, hosts
+        self.n, self.per_process, self.hosts, self.nice = n, per_process, hosts, nice
         self.reply_bytes, self.delay = reply_bytes, delay
         self.processes: list[tuple] = []  # (process, pipe, engine ids)
         self._labels = counter()
@@ -425,7 +432,7 @@ class SimEngines:
         host = f"{host_label()}-sim{next(self._labels)}" if self.hosts else None  # a new host each time
         proc = multiprocessing.Process(
             target=_run_process,
-            args=(self.info, count, self.reply_bytes, self.delay, host, there),
+            args=(self.info, count, self.reply_bytes, self.delay, host, self.nice, there),
             daemon=True,
             name=f"SimEngines({count})",
         )
