@@ -162,3 +162,8 @@ def test_engines_count_as_registering_until_they_join_or_could_no_longer(setup):
     assert reg.registering()
     clock.now += 1
     assert not reg.registering()  # d never joined: it died, or gave up
+    reg.from_engine(ask(codec, "e"))  # and a hub that never answers
+    clock.now += JOIN_TIMEOUT
+    assert reg.registering()
+    clock.now += 1
+    assert not reg.registering()

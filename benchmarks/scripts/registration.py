@@ -65,12 +65,13 @@ def code_commit(tree: str) -> str:
     return subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-def probe(connection_file: str, kind: str, done, out, pause: float = 0.2):
+def probe(connection_file: str, kind: str, ready, done, out, pause: float = 0.2):
     """In a process of its own (a user's, beside the farm): clients made one
     after another until ``done``; each one's seconds to connect, and for the hub
     to answer its ``queue_status``; failures by name. All sent to ``out``."""
     make_client = ipb.Client if kind == "ours" else ipp.Client
     connects, queries, failures = [], [], []
+    ready.set()  # (imports done: a spawned process's start is slow on a loaded machine)
     while not done.is_set():
         tic = time.monotonic()
         try:
@@ -96,15 +97,19 @@ class Prober:
 
     def __init__(self, connection_file: str, kind: str):
         ctx = multiprocessing.get_context("spawn")  # (this process runs a client's threads: no fork)
-        self.done = ctx.Event()
+        self.ready, self.done = ctx.Event(), ctx.Event()
         self.results, there = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=probe, args=(connection_file, kind, self.done, there), daemon=True)
+        args = (connection_file, kind, self.ready, self.done, there)
+        self.process = ctx.Process(target=probe, args=args, daemon=True)
         self.connects: list[float] = []
         self.queries: list[float] = []
         self.failures: list[str] = []
 
     def start(self):
+        """Once the prober is ready to make clients (before the farm starts)."""
         self.process.start()
+        if not self.ready.wait(120):
+            raise RuntimeError("the probing process did not start in 120 s")
 
     def stop(self):
         self.done.set()
@@ -132,8 +137,8 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0) -> dic
         farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=kind == "ours", nice=nice)
         prober = Prober(client_file, kind)
         try:
-            before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
             prober.start()
+            before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
             try:
                 farm.start(timeout=max(120, n / 10))
                 client.wait_for_engines(n, timeout=timeout)

@@ -44,6 +44,7 @@ class Registrar:
         self.sent_at: float | None = None
         self.granted: dict[str, int] = {}  # uuid -> id, of engines registered through this relay
         self.unjoined: dict[str, float] = {}  # uuid -> when granted, of engines yet to join the relay
+        self.asked_at: float | None = None  # when an engine last asked to register
         self.batches = self.engines_registered = 0
 
     # -------------------------------------------------------------- engines
@@ -58,6 +59,7 @@ class Registrar:
                 raise P.ProtocolError("registration request without a uuid")
             self.gone.discard(uuid)
             self.waiting[uuid] = ([P.as_bytes(i) for i in idents], asked)
+            self.asked_at = self.clock()
             return self.flush()
         if kind == "unregistration_request":
             eid = content.get("id")
@@ -143,14 +145,16 @@ class Registrar:
 
     def registering(self) -> bool:
         """Whether engines of this host are registering: waiting, in a batch in
-        flight, or granted an id and not joined yet (for as long as an engine
-        waits to join). A relay with no engine but these must not exit: their
-        registrations would go with it, unanswered."""
+        flight, or granted an id and not joined yet (each for as long as an
+        engine waits: ``JOIN_TIMEOUT``). A relay with no engine but these must
+        not exit: their registrations would go with it, unanswered. (Past that,
+        a hub that does not answer has lost them: the engines gave up.)"""
         now = self.clock()
         for uuid, granted_at in list(self.unjoined.items()):
             if now - granted_at > JOIN_TIMEOUT:  # it will not join (it died, or gave up)
                 del self.unjoined[uuid]
-        return bool(self.waiting or self.sent or self.unjoined)
+        asking = bool(self.waiting or self.sent) and now - self.asked_at <= JOIN_TIMEOUT
+        return asking or bool(self.unjoined)
 
     # ---------------------------------------------------------------- timing
     def next_deadline(self) -> float | None:
