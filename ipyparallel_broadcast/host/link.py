@@ -29,6 +29,7 @@ from ..wire import protocol as P
 log = logging.getLogger(__name__)
 HOST_KEY = "ipb_host"  # in the engine connection file: the controller's host label
 JOIN_TIMEOUT = 30.0
+MAX_JOIN_WAIT = 8.0  # seconds: the longest an engine waits for its relay's answer before it asks again
 
 
 def host_label() -> str:
@@ -190,34 +191,50 @@ class HostLink:
         from .shm import identity
 
         me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None, process=maps)
-        ctx = zmq.Context.instance()
         codec = P.Codec(session)
         deadline = time.monotonic() + timeout
-        while True:
-            self._write_join_file(me)  # each try: where every relay started later finds this engine
-            self.ensure_relay()
-            sock = ctx.socket(zmq.DEALER)
-            sock.LINGER = 0
-            if self.place.public:
-                public, secret = zmq.curve_keypair()
-                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.place.public, public, secret
-            sock.connect(self.place.join_url)
-            try:
+        sock = self._join_socket()
+        try:
+            # one socket throughout: an answer to any try is heard. Tries back off,
+            # so a relay slow to answer (a loaded host) is not flooded with joins
+            wait = 1.0
+            while True:
+                self._write_join_file(me)  # each try: where every relay started later finds this engine
+                self.ensure_relay()
                 sock.send_multipart(codec.pack(P.JOIN, me))
-                if sock.poll(1000):
-                    msg = codec.unpack(P.split_idents(sock.recv_multipart())[1])
-                    if msg["header"].get("msg_type") == P.JOINED:
-                        break
-            finally:
-                sock.close()
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the host relay of {self.place.label} did not take engine {eid} "
-                    f"in {timeout:g} s; see {self.place.log_path}"
-                )
+                if self._joined(sock, codec, min(time.monotonic() + wait, deadline)):
+                    break
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"the host relay of {self.place.label} did not take engine {eid} "
+                        f"in {timeout:g} s; see {self.place.log_path}"
+                    )
+                wait = min(2 * wait, MAX_JOIN_WAIT)
+        finally:
+            sock.close()
         if not self.watching:
             self.watching = True
             threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()
+
+    def _join_socket(self) -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.LINGER = 0
+        if self.place.public:
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.place.public, public, secret
+        sock.connect(self.place.join_url)
+        return sock
+
+    @staticmethod
+    def _joined(sock: zmq.Socket, codec: P.Codec, until: float) -> bool:
+        """Whether the relay's ``ipb_joined`` came before ``until``."""
+        while (left := until - time.monotonic()) > 0:
+            if not sock.poll(int(1000 * left) + 1):
+                return False
+            msg = codec.unpack(P.split_idents(sock.recv_multipart())[1])
+            if msg["header"].get("msg_type") == P.JOINED:
+                return True
+        return False
 
     def _write_join_file(self, me: dict):
         os.makedirs(self.place.joins, mode=0o700, exist_ok=True)
