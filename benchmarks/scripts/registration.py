@@ -59,6 +59,14 @@ def memory(procs: list[psutil.Process]) -> tuple[int, int]:
     return rss, pss
 
 
+def process_name(p: psutil.Process) -> str:
+    """Ours name their processes (ipb-node-0, ipb-heart, ...); stock's are all python."""
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return "gone"
+
+
 def code_commit(tree: str) -> str:
     import subprocess
 
@@ -147,15 +155,27 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0) -> dic
             seconds = time.monotonic() - tic
             procs = center(cluster.controller.process.pid)  # (and whatever it started meanwhile)
             registering, hub = cpu(procs) - before, cpu(procs[:1]) - hub_before
-            idle_from = cpu(procs)
+            idle_from, each_from = cpu(procs), [cpu([p]) for p in procs]
             time.sleep(IDLE_WINDOW_S)  # the idle window: whole heartbeat periods
             idle = (cpu(procs) - idle_from) / IDLE_WINDOW_S
+            by_process: dict[str, float] = {}
+            for p, before_p in zip(procs, each_from):
+                name = "hub" if p is procs[0] else process_name(p)
+                by_process[name] = by_process.get(name, 0.0) + (cpu([p]) - before_p) / IDLE_WINDOW_S
             rss, pss = memory(procs)
             view = client.broadcast_view(coalescing=True) if kind == "ours" else client[:]
             t_echo(view)  # warm up
             echo = statistics.median(t_echo(view) for _ in range(ECHOES))
             return dict(
-                seconds=seconds, cpu=registering, hub=hub, idle=idle, rss=rss, pss=pss, echo=echo, prober=prober
+                seconds=seconds,
+                cpu=registering,
+                hub=hub,
+                idle=idle,
+                by_process=by_process,
+                rss=rss,
+                pss=pss,
+                echo=echo,
+                prober=prober,
             )
         finally:
             client.close()
@@ -222,6 +242,7 @@ def main(argv=None):
         "| failed probes | echo (ms) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    idle_lines = ["", "Idle CPU by controller process (% of a core, the same window):", ""]
     for kind in args.kinds:
         for n, hosts in zip(args.engines, args.hosts, strict=True):
             if kind == "stock" and n > args.stock_max:
@@ -232,10 +253,13 @@ def main(argv=None):
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 11)
             else:
                 lines.append(row(kind, n, hosts, r))
+                shares = sorted(r["by_process"].items(), key=lambda kv: -kv[1])
+                idle_lines.append(f"- {kind}, {n}: " + ", ".join(f"{k} {100 * v:.1f}" for k, v in shares))
                 failures = sorted(set(r["prober"].failures))
                 if failures:
                     print(f"{kind} {n}: probe failures: {failures[:5]}", flush=True)
             print(lines[-1], flush=True)
+    lines += idle_lines
     report("registration.py", argv, "What registering engines costs the center", lines, args.out)
 
 
