@@ -195,16 +195,22 @@ def test_tokens_return_when_a_holder_is_killed(tmp_path):
         assert other.apply_sync(grown_threads)[0][1] == CORES
 
 
+def kill_every_engine(rc) -> tuple[str, list[int]]:
+    """SIGKILL every engine (no exit handler runs); their host directory, which exists, and their pids."""
+    path = composedir.host_path(cluster_key(rc.session.key))
+    pids = rc.broadcast_view().apply_sync(os.getpid)
+    assert os.path.isdir(path)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return path, pids
+
+
 @pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
 def test_engines_killed_together_leave_no_host_directory(fork):
     """Their exit handlers never run: once they have stopped, the launcher
     removes the directory (as the cluster stops: its event loop runs then)."""
     with running_cluster(2, 1, 2, compose="counting", fork_engines=fork) as rc:
-        path = composedir.host_path(cluster_key(rc.session.key))
-        pids = rc.broadcast_view().apply_sync(os.getpid)
-        assert os.path.isdir(path)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        path, pids = kill_every_engine(rc)
         for pid in pids:
             until(
                 lambda pid=pid: process_gone(pid),
@@ -221,11 +227,7 @@ def test_engines_killed_behind_a_host_relay_leave_no_host_directory():
     config = quiet_config()
     config.BroadcastEngine.host_relay = "always"
     with running_cluster(2, 1, 2, compose="counting", config=config) as rc:
-        path = composedir.host_path(cluster_key(rc.session.key))
-        pids = rc.broadcast_view().apply_sync(os.getpid)
-        assert os.path.isdir(path)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        path, _ = kill_every_engine(rc)
         until(lambda: not os.path.exists(path), what="the host relay to remove the directory as it exits")
 
 
