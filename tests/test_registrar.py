@@ -167,3 +167,22 @@ def test_engines_count_as_registering_until_they_join_or_could_no_longer(setup):
     assert reg.registering()
     clock.now += 1
     assert not reg.registering()
+
+
+def test_engines_that_join_while_others_register_go_to_the_leaf_in_one_announcement():
+    """A host relay announces the engines that joined once none of its host is
+    still registering, or ``window`` after the first join: one route up the
+    tree and back for a batch, not one per engine (64 hosts of 64 engines: 2,535
+    announcements, then 923)."""
+    from ipyparallel_broadcast.relay.joinbatch import JoinBatch
+
+    batch = JoinBatch(window=0.25)
+    assert not batch and batch.take(0.0, registering=False) == []
+    batch.add((0, "a", [b"a"], None), now=1.0)
+    batch.add((1, "b", [b"b"], None), now=1.1)
+    assert batch.due == 1.25 and batch.take(1.2, registering=True) == []  # others still registering
+    assert [e[1] for e in batch.take(1.2, registering=False)] == ["a", "b"]  # none: at once
+    assert not batch and batch.due is None
+    batch.add((2, "c", [b"c"], None), now=2.0)
+    assert batch.take(2.2, registering=True) == []
+    assert [e[1] for e in batch.take(2.25, registering=True)] == ["c"]  # held no longer than the window

@@ -391,3 +391,61 @@ def test_coalesced_streams_answer_every_target_once(shape, data):
     replies, failures, n_messages = sim.outcomes()
     assert sorted(replies) == sorted(set(ENGINES) - dead) and sorted(failures) == sorted(dead)
     assert n_messages <= len(ENGINES) and sim.pending_total() == 0
+
+
+def test_a_leaf_greets_an_engine_registered_alone_but_not_a_hosts_batch():
+    """An engine registered alone may be connected to this leaf: it is greeted
+    (asked whether it shares this host's memory). A host's batch of engines is
+    served by that host's relay, which greets them: a leaf that greeted them
+    too would send one undeliverable message per engine, and remember each."""
+    from ipyparallel_broadcast.host.shm import ShmStore
+
+    store = ShmStore(threshold=1 << 20)  # (makes no segment until a buffer is shared)
+    codec = P.Codec(Session(key=b"secret"))
+    node = RelayNode(codec, TreeShape(1, 2), (0,), store=store)
+
+    def hub(kind, content):
+        return [b"hub"] + codec.pack(kind, content)
+
+    batch = node.on_hub(hub(P.REGISTRATIONS, dict(engines={"0": "host-0", "2": "host-2"})))
+    assert [s for s in batch if P.HELLO_KEY in s.frames[:2]] == []
+    alone = node.on_hub(hub(P.REGISTERED, dict(id=4, uuid="alone-4")))
+    assert [s.frames[0] for s in alone if P.HELLO_KEY in s.frames[:2]] == [b"alone-4"]
+    assert node.engines == {0: "host-0", 2: "host-2", 4: "alone-4"}
+    assert node.sharing.greeted == {"alone-4"}
+
+
+def test_the_engine_table_finds_an_engine_by_uuid_as_a_dict_would():
+    """``EngineTable``'s inverse index agrees with a scan of the table after any
+    sequence of the changes the node's parts make."""
+    from ipyparallel_broadcast.relay.engines import EngineTable
+
+    ops = st.one_of(
+        st.tuples(st.just("set"), st.integers(0, 6), st.sampled_from("abcd")),
+        st.tuples(st.just("del"), st.integers(0, 6), st.none()),
+        st.tuples(st.just("update"), st.dictionaries(st.integers(0, 6), st.sampled_from("abcd")), st.none()),
+        st.tuples(st.just("setdefault"), st.integers(0, 6), st.sampled_from("abcd")),
+        st.tuples(st.just("clear"), st.none(), st.none()),
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(ops, max_size=30))
+    def check(changes):
+        table, model = EngineTable(), {}
+        for op, a, b in changes:
+            for t in (table, model):
+                if op == "set":
+                    t[a] = b
+                elif op == "del":
+                    t.pop(a, None)
+                elif op == "update":
+                    t.update(a)
+                elif op == "setdefault":
+                    t.setdefault(a, b)
+                else:
+                    t.clear()
+            assert table == model
+            for uuid in "abcd":
+                assert table.eids_of(uuid) == sorted(e for e, u in model.items() if u == uuid)
+
+    check()

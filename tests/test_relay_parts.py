@@ -301,6 +301,7 @@ def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_o
 
     from ipyparallel_broadcast.relay.bigdata import BigData
     from ipyparallel_broadcast.relay.down import DownFlow
+    from ipyparallel_broadcast.relay.engines import EngineTable
     from ipyparallel_broadcast.relay.flow import FlowParts
     from ipyparallel_broadcast.relay.pending import InFlight
     from ipyparallel_broadcast.relay.routes import Announcements, Routes
@@ -312,7 +313,8 @@ def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_o
 
     b = Beating(path=(0,))  # (b: a codec, a clock, a drop, and heartbeats to hand UpFlow)
     node = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
-    engines = {0: "uuid-0", 2: "uuid-2"}  # (leaf 0 of two serves the even ids)
+    engines = EngineTable()
+    engines.update({0: "uuid-0", 2: "uuid-2"})  # (leaf 0 of two serves the even ids)
     inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now, engines)
     routes, sharing = Routes(TreeShape(1, 2), (0,), True), Sharing(b.codec, None)
     children = Children((0,), [], lambda: b.now, 0.5, 10.0)

@@ -43,8 +43,8 @@ class Registry:
         except (KeyError, TypeError):
             ec = None  # ipyparallel's handler logs the bad request
         self._unregister(ident, msg)
-        hub.ids.intersection_update(hub.engines)
         if ec is not None and ec.id not in hub.engines:
+            hub.ids.discard(ec.id)  # (only this engine's id: a sweep of all ids per engine is O(N²) as hosts leave)
             self.dropped[ec.ident] = ec.id
             while len(self.dropped) > self.remembered:
                 self.via.pop(self.dropped.popitem(last=False)[0], None)

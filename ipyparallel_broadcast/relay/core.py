@@ -33,6 +33,7 @@ from .bigdata import BigData
 from .context import NodeContext
 from .deadlines import Deadlines
 from .down import DownFlow
+from .engines import EngineTable
 from .events import MON, Send
 from .flow import FlowParts
 from .heartbeat import Heartbeats
@@ -79,7 +80,7 @@ class RelayNode:
         self.surveys = Surveys(codec)
         self.context = NodeContext(codec, clock, self.name, self.boot, self.is_root, host, self._drop)
         self.deadlines = Deadlines()  # every part's timers: ``on_tick`` fires them
-        self.engines: dict[int, str] = {}  # leaf: engine id -> uuid; changed in place (the parts share it)
+        self.engines = EngineTable()  # leaf: engine id -> uuid; changed in place (the parts share it)
         self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall, self.engines)
         self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
         self.sharing = Sharing(codec, store)  # big buffers, once per host
@@ -184,17 +185,15 @@ class RelayNode:
             event = E.from_hub(self.codec, frames)
         except P.ProtocolError as e:
             return self._drop(f"hub: {e}")
-        if isinstance(event, (E.EngineRegistered, E.EnginesRegistered)):  # one engine, or a host's
-            return self.on_engines_registered(getattr(event, "engines", None) or {event.eid: event.uuid})
+        if isinstance(event, (E.EngineRegistered, E.EnginesRegistered)):  # one, or a host's (its relay greets them)
+            alone = isinstance(event, E.EngineRegistered)
+            self.engines.update({event.eid: event.uuid} if alone else event.engines)
+            return (self._greet([event.eid]) if alone else []) + self.down.retry_parked(final=False)
         if isinstance(event, E.EngineUnregistered):
             return self.on_engine_lost(event.uuid, P.DIED)
         if isinstance(event, E.Registry):
             return self.on_registry(event.engines)
         return []
-
-    def on_engines_registered(self, engines: dict[int, str]) -> list[Send]:
-        self.engines.update(engines)
-        return self._greet(list(engines)) + self.down.retry_parked(final=False)
 
     def on_registry(self, engines: dict[int, str]) -> list[Send]:
         """The hub's full engine table. Parked targets still unknown fail."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .bigdata import BigData
 from .context import NodeContext
+from .engines import EngineTable
 from .liveness import Children
 from .pending import InFlight
 from .routes import Routes
@@ -18,7 +19,7 @@ class FlowParts:
     node: NodeContext  # what the node is
     is_leaf: bool
     inflight: InFlight  # the requests in flight (which fail engines: ``InFlight.fail``)
-    engines: dict[int, str]  # the engine table, id -> uuid, kept in place by the node
+    engines: EngineTable  # the engine table, id -> uuid, kept in place by the node
     routes: Routes
     children: Children
     sharing: Sharing  # the host's shared memory

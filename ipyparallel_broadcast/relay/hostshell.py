@@ -38,6 +38,7 @@ from ..wire import protocol as P
 from ..wire.frames import send_frames
 from ..wire.topology import host_ident
 from .hubside import HubSide
+from .joinbatch import JoinBatch
 from .shell import NodeShell, _socket, run_node
 
 GRACE = 5.0  # seconds a relay with no engine waits for one before it exits (spec "grace")
@@ -90,7 +91,7 @@ class HostRelayShell(NodeShell):
             probe = self.node.probe
             self.node.probe = lambda: {**probe(), **self.hub_side.stats()}  # in its survey
         self.own_process: dict = {}  # uuid -> whether the engine is a process of its own (its pid)
-        self.joining: list[tuple] = []  # engines joined since the last batch: (eid, uuid, who, shm)
+        self.joining = JoinBatch()  # engines joined, not yet announced to the leaf
         self.grace = float(spec.get("grace", GRACE))
         self.empty_since: float | None = time.monotonic()
         # a restarted relay: its engines are here already, and reconnect by themselves;
@@ -187,14 +188,14 @@ class HostRelayShell(NodeShell):
         pid = content.get("pid")
         self.pids[content["uuid"]] = pid if type(pid) is int else None
         self.own_process[content["uuid"]] = content.get("process", True) is not False
-        self.joining.append((content["eid"], content["uuid"], list(idents), content.get("shm")))
+        self.joining.add((content["eid"], content["uuid"], list(idents), content.get("shm")), time.monotonic())
+        if self.hub_side is not None:
+            self.hub_side.joined([content["uuid"]])
         return []
 
     def drained(self):
-        """The engines that joined in this batch, announced to the leaf in one message."""
-        joining, self.joining = self.joining, []
-        if joining and self.hub_side is not None:
-            self.hub_side.joined([uuid for _, uuid, _, _ in joining])
+        """The engines that joined, announced to the leaf in one message (``JoinBatch``)."""
+        joining = self.joining.take(time.monotonic(), self.hub_side is not None and self.hub_side.registering())
         return (self.node.on_join(joining) if joining else []) + super().drained()
 
     def perform(self, sends):
@@ -271,7 +272,8 @@ class HostRelayShell(NodeShell):
         composedir.remove_if_unused(composedir.cluster_key(self.spec["key"].encode()))
 
     def running(self) -> bool:
-        if self.node.engines or self.expected or (self.hub_side is not None and self.hub_side.registering()):
+        registering = self.joining or (self.hub_side is not None and self.hub_side.registering())
+        if self.node.engines or self.expected or registering:
             self.empty_since = None
         elif self.empty_since is None:
             self.empty_since = time.monotonic()
@@ -283,6 +285,7 @@ class HostRelayShell(NodeShell):
     def next_deadline(self):
         registrations = self.hub_side.next_deadline() if self.hub_side is not None else None
         times = [t for t in (self.node.next_deadline(), self.next_probe, self.next_check, registrations) if t]
+        times += [self.joining.due] if self.joining else []
         if self.empty_since is not None:
             times.append(self.empty_since + self.grace + 0.01)
         return min(times, default=None)

@@ -123,11 +123,12 @@ class UpFlow:
         return self.inflight.finish_if_done(p)
 
     def engine_lost(self, uuid: str, why: str) -> list[Send]:
-        eid = next((e for e, u in self.engines.items() if u == uuid), None)
+        eids = self.engines.eids_of(uuid)
+        eid = eids[0] if eids else None
         host = self.routes.via.get(eid)
         self.sharing.forget(uuid)
         if why == P.DIED:
-            for e in [e for e, u in self.engines.items() if u == uuid]:
+            for e in eids:
                 del self.engines[e]  # (in place: the node's parts share the table)
             self.routes.unregister(uuid)
             if host is not None:
