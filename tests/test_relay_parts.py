@@ -131,6 +131,31 @@ def test_a_host_relay_follows_the_pulse_port_and_says_hello_when_its_leaf_is_sil
     assert b.deadlines.next() == b.now + b.beats.parent_silence
 
 
+def test_a_leaf_under_many_host_relays_pings_them_further_apart_and_tells_them_so():
+    """Past ``FULL_RATE_CHILDREN`` host relays a leaf's pings come further
+    apart in proportion (as many per second as for 32), never past a quarter
+    of ``node_timeout``; each ping says its interval, and a host relay waits
+    three of them before it takes its leaf for silent."""
+    from ipyparallel_broadcast.relay.liveness import FULL_RATE_CHILDREN
+    from ipyparallel_broadcast.wire.topology import host_ident
+
+    leaf = Beating(path=(0,))  # (two children to begin with)
+    for count, interval in ((FULL_RATE_CHILDREN, 0.5), (2 * FULL_RATE_CHILDREN, 1.0), (200, 2.5)):
+        for i in range(len(leaf.children.idents), count):
+            leaf.children.add_host(host_ident(f"h{i}"))
+        pings = leaf.deadlines.fire(leaf.now)
+        assert len(pings) == count and {leaf.read(p)["content"]["every"] for p in pings} == {interval}
+        assert leaf.deadlines.next() == leaf.now + interval
+        leaf.now += interval
+    relay = Beating(path=(0,), host="h1")
+    assert relay.beats.parent_silence == 1.5
+    relay.beats.parent_ping(dict(boot="p1", every=2.5))
+    assert relay.beats.parent_silence == 7.5
+    relay.beats.parent_ping(dict(boot="p1", every="soon"))  # (not a number: kept)
+    relay.beats.parent_ping(dict(boot="p1", every=0.1))  # (never below its own interval)
+    assert relay.beats.parent_silence == 1.5
+
+
 def test_a_client_hears_which_of_its_requests_are_not_held():
     b = Beating(path=(), held=("m1",))
     ping = E.Ping([b"client"], dict(ids=["m1", "m2"]))

@@ -63,11 +63,11 @@ class Heartbeats:
         sends = []
         for key in self.children.silent(now):
             sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
-        codec, boot = self.node.codec, self.node.boot
-        ping = codec.pack(P.PING, dict(boot=boot, pulse=self.pulse_port))
+        codec, content = self.node.codec, dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval)
+        ping = codec.pack(P.PING, content)
         sends += [Send(DOWN, [ident] + ping) for ident in self.children.idents.values()]
         if self.children.pulsing:  # signed apart: the same message twice would be a replay
-            ping = codec.pack(P.PING, dict(boot=boot, pulse=self.pulse_port))
+            ping = codec.pack(P.PING, content)
             sends += [Send(PULSE, [self.children.idents[k]] + ping) for k in self.children.pulsing]
         self.children.after_pings()
         return sends
@@ -120,6 +120,9 @@ class Heartbeats:
         boot, sends = content.get("boot"), [Send(via, s.frames) for s in self.hello()]
         if self.parent_heard is not None:
             self.parent_heard = self.node.clock()
+        every = content.get("every")  # the parent's pings' interval (stretched with its children)
+        if type(every) in (int, float) and every > 0:
+            self.parent_silence = min(self.node_timeout, 3 * max(self.ping_interval, every))
         pulse = content.get("pulse")
         if self.node.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
             self.parent_pulse = pulse  # the shell connects to it; a pong says who we are there

@@ -2,7 +2,7 @@
 
 Interior nodes have the relay nodes below them, fixed by the tree's shape;
 a leaf has the host relays that said hello (they come and go). A node pings
-them every ``ping_interval``; each answers with its ``boot`` (new each time
+them every ``ping_interval`` (further apart past ``FULL_RATE_CHILDREN``); each answers with its ``boot`` (new each time
 its process starts). A child that restarted, or stayed silent for
 ``node_timeout``, is lost: the node fails what waited on it.
 
@@ -22,6 +22,12 @@ from collections.abc import Callable, Iterable
 from ..wire.topology import HOST_PREFIX, Path, node_identity, node_name
 from .routes import Key
 
+# children a node pings every ``ping_interval``; past them its pings come further apart, in
+# proportion, as Dask stretches its workers' heartbeats with their number: a leaf under a hundred
+# host relays pings as often per second as one under 32 (at most ``node_timeout`` / 4 apart, so
+# a silent child is found as soon as before)
+FULL_RATE_CHILDREN = 32
+
 
 class Children:
     def __init__(
@@ -36,6 +42,12 @@ class Children:
         self.next_ping: float | None = clock() if self.keys and ping_interval else None
         self.pulsing: set[Key] = set()  # host relays that answer on the pulse link too
         self.bulk: dict[Key, str] = {}  # host relays' bulk sockets, where chunks go (``bulk``)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between this node's pings (``FULL_RATE_CHILDREN``); told to its children in each."""
+        stretched = self.ping_interval * len(self.idents) / FULL_RATE_CHILDREN
+        return max(self.ping_interval, min(stretched, self.node_timeout / 4))
 
     def __contains__(self, key) -> bool:
         return key in self.idents
@@ -91,7 +103,7 @@ class Children:
     def silent(self, now: float) -> list[Key]:
         """Children silent for ``node_timeout`` (each once per silent spell);
         the next ping is due one interval from now."""
-        self.next_ping = now + self.ping_interval
+        self.next_ping = now + self.interval
         gone = [k for k, t in self.heard.items() if now - t > self.node_timeout]
         for key in gone:
             self.heard[key] = now

@@ -32,7 +32,7 @@ class UpFlow:
     def __init__(self, parts: FlowParts, *, announce: Announcements, surveys: Surveys, heartbeats: Heartbeats):
         node = parts.node
         self.codec, self.clock, self.name, self.host = node.codec, node.clock, node.name, node.host
-        self.is_leaf, self.ping_interval = parts.is_leaf, heartbeats.ping_interval
+        self.is_leaf = parts.is_leaf
         self.records = False  # engines' replies to reductions copied for the hub (``keep_hub_records``)
         self.inflight, self.pending, self.engines = parts.inflight, parts.inflight.requests, parts.engines
         self.routes, self.children, self.sharing, self.big = parts.routes, parts.children, parts.sharing, parts.big
@@ -143,7 +143,7 @@ class UpFlow:
         if why == P.DIED:
             sends += self.announce.up([], [eid])
         silent = self.clock() - self.children.heard[host]
-        if silent > 2 * self.ping_interval:
+        if silent > 2 * self.children.interval:
             where = self.children.names[host]
             sends += self.inflight.fail_via(
                 host,
