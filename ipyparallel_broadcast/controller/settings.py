@@ -47,7 +47,12 @@ class TreeSettings(Configurable):
         "hosts other than the controller's reach it through one host relay per host "
         "(see hostrelay), so the controller-side leaves serve hosts, not engines.",
     )
-    ping_interval = Float(0.5, config=True, help="Seconds between a relay node's pings to its children.")
+    ping_interval = Float(
+        0.5,
+        config=True,
+        help="Seconds between a relay node's pings to its children (past 32 children, further apart "
+        "in proportion, at most node_timeout / 4).",
+    )
     node_timeout = Float(
         10.0,
         config=True,
