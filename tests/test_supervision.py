@@ -5,16 +5,20 @@ restarted heart monitor still finds dead engines; and when the controller
 itself dies, its children go with it and clients' calls fail, naming it.
 Real controllers, engines and sockets; processes found by their names."""
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
 from cluster_util import at_gate, process_gone, quiet_config, running_cluster, until
 from ipyparallel import error
 from traitlets.config import Config
+
+import ipyparallel_broadcast as ipb
 
 pytestmark = pytest.mark.cluster
 
@@ -66,6 +70,31 @@ def test_every_child_of_the_controller_is_named(rc):
     names = sorted(p.name() for p in psutil.Process(controller_pid(rc)).children())
     expected = ["ipb-control", "ipb-heart", "ipb-iopub", "ipb-mux", "ipb-node-0", "ipb-node-1", "ipb-node-root"]
     assert names == sorted(expected + ["ipb-task"])
+
+
+def test_the_controller_watch_of_a_closing_client_stops_quietly(rc):
+    """The watch runs on the client's I/O thread each second; a client closing
+    closes its notices stream there first, and a watch that ran between the
+    two raised on the closed socket ('controller watch failed', logged)."""
+    (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "*-client.json"))
+    client = ipb.Client(path)
+    client._loop.add_callback(client._notices.close)
+    closed = threading.Event()
+    client._loop.add_callback(lambda: closed.set() if client._notices.closed() else None)
+    assert closed.wait(10)
+    errors = []
+    done = threading.Event()
+
+    def watch():
+        try:
+            client._watch_controller()
+        except Exception as e:  # what the guarded callback would log
+            errors.append(e)
+        done.set()
+
+    client._loop.add_callback(watch)
+    assert done.wait(10) and errors == []
+    client.close()
 
 
 VIEWS = {  # the queue a call goes through, and the call (held on the engines until the gate opens)

@@ -133,7 +133,7 @@ class ControllerWatch(ClientSeam):
     def _watch_controller(self):
         """I/O thread, each second: no beat for ``controller_timeout`` fails all that is owed."""
         timeout, last, now = self.controller_timeout, self._last_beat, time.monotonic()
-        if not timeout or last is None:
+        if not timeout or last is None or self._notices.closed():  # (closed: the client is closing)
             return
         stalled, self._last_tick = now - self._last_tick > 2.0, now
         if stalled or self._notices.socket.poll(0):  # this thread was busy, or a notice waits to be read
