@@ -15,8 +15,10 @@ as ipyparallel files one at its first beat: by then it has joined its relay
 and connected its sockets, so a call sent at once reaches it. The engines a
 batch says beat are filed together and told in one notification. (The
 pending engines are kept here, not in the hub's ``incoming_registrations``,
-which ipyparallel scans per registration.) One that never beats is
-forgotten after the hub's ``registration_timeout``. A relay whose heart
+which ipyparallel scans per registration.) One that has not beaten by the
+hub's ``registration_timeout`` is set aside; if its relay says later that it
+beats after all (a host too loaded to join it and start its heart in time:
+10,000 simulated engines on 2 cores left 2 or 3 so), it is filed then. A relay whose heart
 stops takes its host's engines with it, unregistered by name.
 A second batch naming an engine registered through the same host is
 answered with the same id: a relay that sends a batch again (its answer
@@ -26,6 +28,7 @@ own, from its counter, in the order the hub grants them.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 from ipyparallel.controller.hub import EngineConnector
@@ -41,6 +44,8 @@ class HostRegistrations:
     def __init__(self, hub, publish: Callable[[dict[int, str]], None], registry):
         self.hub, self.publish, self.registry = hub, publish, registry
         self.pending: dict[bytes, EngineConnector] = {}  # heart -> an engine granted its id, not beating yet
+        # heart -> (engine, host) of those that had not beaten by ``registration_timeout`` (the latest kept)
+        self.late: OrderedDict[bytes, tuple[EngineConnector, str]] = OrderedDict()
         self.host_hearts: dict[bytes, str] = {}  # a relay's heart -> its host
         self.batches = self.registered = 0
         hub.query_handlers[P.HOST_ENGINES] = self.on_batch
@@ -73,6 +78,10 @@ class HostRegistrations:
         for uuid in uuids:
             heart = uuid.encode()
             ec = self.pending.get(heart)
+            if ec is None and heart in self.late and self.late[heart][1] == host:  # it beats after all
+                ec = self.pending[heart] = self.late.pop(heart)[0]
+                self.registry.registered_via(heart, host)
+                self.hub.log.warning("registration::engine %i:%s beats at last; registered", ec.id, ec.uuid)
             if ec is not None and self.registry.host_of(heart) == host:
                 del self.pending[heart]
                 self._file(ec)
@@ -112,8 +121,17 @@ class HostRegistrations:
         for heart in hearts:
             ec = self.pending.pop(heart, None)
             if ec is not None:
-                self.hub.log.error("registration::engine %i:%s never beat; forgotten", ec.id, ec.uuid)
+                host = self.registry.host_of(heart)
+                self.hub.log.error(
+                    "registration::engine %i:%s has not beaten in %g s; set aside",
+                    ec.id,
+                    ec.uuid,
+                    self.hub.registration_timeout,
+                )
                 self.registry.forget(heart)
+                self.late[heart] = (ec, host)
+                while len(self.late) > self.registry.remembered:
+                    self.late.popitem(last=False)
 
     def _grant(self, host: str, asks: list) -> tuple[list[dict], dict[int, str]]:
         hub, registry = self.hub, self.registry
@@ -135,6 +153,7 @@ class HostRegistrations:
             if type(asked) is not int or any(ec.id == asked for ec in self.pending.values()):
                 asked = None
             eid = type(hub).new_engine_id(hub, asked)  # ipyparallel's counter (or the id asked for, if free)
+            self.late.pop(heart, None)  # (set aside, and asking again: this id, not that one)
             self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
             registry.registered_via(heart, host)
             new[eid] = uuid
@@ -157,6 +176,8 @@ class HostRegistrations:
         hub = self.hub
         for uuid in uuids:
             heart = uuid.encode()
+            if self.late.get(heart, (None, None))[1] == host:
+                del self.late[heart]  # set aside, and now gone
             if self.registry.host_of(heart) != host:
                 continue  # not this relay's
             if self.pending.pop(heart, None) is not None:
