@@ -103,11 +103,11 @@ def probe(connection_file: str, kind: str, ready, done, out, pause: float = 0.2)
 class Prober:
     """``probe`` in a process of its own, started and stopped around the registrations."""
 
-    def __init__(self, connection_file: str, kind: str):
+    def __init__(self, connection_file: str, kind: str, pause: float = 0.2):
         ctx = multiprocessing.get_context("spawn")  # (this process runs a client's threads: no fork)
         self.ready, self.done = ctx.Event(), ctx.Event()
         self.results, there = ctx.Pipe(duplex=False)
-        args = (connection_file, kind, self.ready, self.done, there)
+        args = (connection_file, kind, self.ready, self.done, there, pause)
         self.process = ctx.Process(target=probe, args=args, daemon=True)
         self.connects: list[float] = []
         self.queries: list[float] = []
@@ -133,7 +133,7 @@ def make_cluster(kind: str, profile_dir: str):
     return ipp.Cluster(controller_args=HEARTBEATS, **common)
 
 
-def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0) -> dict:
+def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause: float = 0.2) -> dict:
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
         cluster = make_cluster(kind, profile_dir)
         cluster.start_controller_sync()
@@ -143,7 +143,7 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0) -> dic
         (client_file,) = glob.glob(os.path.join(security, "*-client.json"))
         procs = center(cluster.controller.process.pid)
         farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=kind == "ours", nice=nice)
-        prober = Prober(client_file, kind)
+        prober = Prober(client_file, kind, pause)
         try:
             prober.start()
             before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
@@ -210,6 +210,12 @@ def main(argv=None):
         help="run the farm (and its host relays) at this lower priority: the controller is served first, "
         "as if the engines ran on hosts of their own",
     )
+    parser.add_argument(
+        "--probe-pause",
+        type=float,
+        default=0.2,
+        help="seconds between probing clients (with --farm-nice, a longer pause leaves the farm its share)",
+    )
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -225,8 +231,9 @@ def main(argv=None):
         "every engine; 'center CPU': the controller's processes meanwhile (the hub, relay nodes, queues, heart",
         f"monitor); 'idle': their CPU once all are in, over {IDLE_WINDOW_S:g} s, in a share of one core; 'RSS':",
         "summed over those processes (pages that forked processes share counted once each); 'PSS': each shared",
-        "page split among its sharers. Probes: clients made one after another while the engines registered: how",
-        "many, the slowest connection, the slowest answer to a query (queue_status), and how many failed.",
+        "page split among its sharers. Probes: clients made one after another while the engines registered",
+        f"({args.probe_pause:g} s apart): how many, the slowest connection, the slowest answer to a query",
+        "(queue_status), and how many failed.",
         f"'echo': the median of {ECHOES} round trips of a 1 kB apply on every engine once all are in (ours: a",
         "coalesced BroadcastView; stock: a DirectView). Every process is on this machine (2 cores)"
         + (
@@ -248,7 +255,7 @@ def main(argv=None):
             if kind == "stock" and n > args.stock_max:
                 continue
             try:
-                r = one_run(kind, n, hosts, args.timeout, args.farm_nice)
+                r = one_run(kind, n, hosts, args.timeout, args.farm_nice, args.probe_pause)
             except Exception as e:  # a controller that cannot take this many: said in the table
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 11)
             else:
