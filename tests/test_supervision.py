@@ -29,7 +29,14 @@ def controller_pid(rc) -> int:
 
 def child(rc, comm: str) -> int:
     """The pid of the controller's child process named ``comm`` (``ipb-mux``...)."""
-    (pid,) = [p.pid for p in psutil.Process(controller_pid(rc)).children() if p.name() == comm]
+    pids = []
+    for p in psutil.Process(controller_pid(rc)).children():
+        try:
+            if p.name() == comm:
+                pids.append(p.pid)
+        except psutil.NoSuchProcess:  # reaped between the listing and the look (one just killed)
+            continue
+    (pid,) = pids
     return pid
 
 
