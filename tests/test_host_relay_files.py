@@ -15,6 +15,8 @@ import pytest
 from cluster_util import until
 from jupyter_client.session import Session
 
+from ipyparallel_broadcast.host import claim as claims
+from ipyparallel_broadcast.host.composedir import try_lock
 from ipyparallel_broadcast.host.link import HostLink
 from ipyparallel_broadcast.host.shm import pid_alive
 from ipyparallel_broadcast.wire.naming import TREE_KEY
@@ -30,13 +32,21 @@ def link():
     link.attach()
     link.spec["grace"] = 1.0  # how long a relay with no engine waits (5 s by default)
     yield link
-    for path in (link.place.lock_path, link.place.leaf_path, link.place.log_path):
+    for path in (link.place.lock_path, link.place.leaf_path, link.place.log_path, link.place.claim_path):
         if os.path.exists(path):
             os.unlink(path)
     for name in os.listdir(link.place.joins) if os.path.isdir(link.place.joins) else ():
         os.unlink(os.path.join(link.place.joins, name))
     if os.path.isdir(link.place.joins):
         os.rmdir(link.place.joins)
+
+
+def read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:  # (a relay gone removes its log)
+        return b""
 
 
 def relay_up_then_gone(link, meanwhile=lambda: None):
@@ -46,7 +56,7 @@ def relay_up_then_gone(link, meanwhile=lambda: None):
         assert link.ensure_relay()
 
         def log_says_up():
-            return os.path.exists(link.place.log_path) and b" up " in open(link.place.log_path, "rb").read()
+            return b" up " in read(link.place.log_path)
 
         until(log_says_up, timeout=30, what="the relay to start")
         meanwhile()
@@ -81,6 +91,44 @@ def test_an_engine_that_joined_as_the_relay_left_keeps_its_join_file_and_lock(li
     finally:
         engine.kill()
         engine.wait()
+
+
+def test_a_relay_waits_past_its_grace_for_engines_that_claim_the_host(link):
+    """An engine claims the host before it starts the relay and registers
+    (``host.claim``): on a loaded host its first request can come after the
+    grace, and a relay gone by then left its engines waiting for ever."""
+    link.claim()
+
+    def waits_then_release():
+        until(lambda: b"engines claim the host; waiting" in read(link.place.log_path), timeout=60)
+        fd = os.open(link.place.lock_path, os.O_RDWR)
+        try:
+            assert not try_lock(fd)  # the relay is still there, past its grace
+        finally:
+            os.close(fd)
+        link.release()
+
+    try:
+        relay_up_then_gone(link, meanwhile=waits_then_release)
+    finally:
+        link.release()
+
+
+def test_a_claim_waits_for_a_leaving_relay_and_then_holds_the_next_lock_file(tmp_path):
+    path = str(tmp_path / "claim")
+    held = claims.claim(path, timeout=1)
+    assert claims.leave(path) is None  # an engine on its way: the relay stays
+    claims.release(held)
+    leaving = claims.leave(path)
+    assert leaving is not None
+    with pytest.raises(TimeoutError, match="did not leave"):
+        claims.claim(path, timeout=0.2)  # held by the leaving relay: no claim
+    os.unlink(path)  # the relay's clean-up; the engine claims the next file, not the old one
+    fd = claims.claim(path, timeout=1)
+    assert os.fstat(fd).st_ino == os.stat(path).st_ino
+    assert claims.leave(path) is None
+    claims.release(fd)
+    os.close(leaving)
 
 
 def test_a_zombie_is_not_alive():

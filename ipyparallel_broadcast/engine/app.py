@@ -154,6 +154,7 @@ class BroadcastEngine(EngineSeam):
                 ip=self.host_relay_ip,
             )
             self.host_link.attach()  # under its leaf
+            self.host_link.claim()  # the relay waits for this engine until it joined
             self.host_link.ensure_relay()
             self.timeout = max(self.timeout, JOIN_TIMEOUT)  # the relay may be starting (a Python process)
         await super().register()
@@ -202,11 +203,16 @@ class BroadcastEngine(EngineSeam):
         """Join this host's relay (started if need be); return a ``connect``
         that takes the broadcast socket to it instead of to a leaf."""
         content = self.session.unpack(self.session.feed_identities(msg)[1][4])
+        link = self.host_link
         if content.get("status") != "ok":
+            link.release()
             return connect  # ipyparallel reports the refusal
-        eid, uuid, link = content["id"], self.bident.decode(), self.host_link
+        eid, uuid = content["id"], self.bident.decode()
         place, leaves = link.place, link.leaves
-        await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, link.join, eid, uuid, self.session)
+        finally:
+            link.release()
         atexit.register(link.leave, uuid)
         self.log.info("broadcasts reach this engine through the relay of host %s", place.label)
 

@@ -25,6 +25,7 @@ import zmq
 from zmq.utils import z85
 
 from ..wire import protocol as P
+from . import claim as claims
 
 log = logging.getLogger(__name__)
 HOST_KEY = "ipb_host"  # in the engine connection file: the controller's host label
@@ -68,6 +69,7 @@ class Place:
         base = self.base()
         os.makedirs(base, mode=0o700, exist_ok=True)
         self.lock_path = os.path.join(base, f"{self.name}.lock")
+        self.claim_path = os.path.join(base, f"{self.name}.claim")  # ``host.claim``
         self.leaf_path = os.path.join(base, f"{self.name}.leaf")
         self.joins = os.path.join(base, f"{self.name}.d")
         self.log_path = os.path.join(base, f"{self.name}.log")
@@ -87,6 +89,18 @@ class HostLink:
         os.makedirs(place.joins, mode=0o700, exist_ok=True)
         self.stopped = threading.Event()
         self.watching = False
+        self.claim_fd: int | None = None
+
+    def claim(self):
+        """Until ``release``, the host's relay waits for this process's engines
+        (``host.claim``): call before ``ensure_relay`` and registration."""
+        if self.claim_fd is None:
+            self.claim_fd = claims.claim(self.place.claim_path, JOIN_TIMEOUT)
+
+    def release(self):
+        """This process's engines have joined (or it gives up): the claim goes."""
+        claims.release(self.claim_fd)
+        self.claim_fd = None
 
     @classmethod
     def from_connection(

@@ -31,6 +31,7 @@ from functools import partial
 
 import zmq
 
+from ..host import claim as claims
 from ..host import composedir
 from ..host.link import Place
 from ..host.shm import pid_alive
@@ -259,7 +260,7 @@ class HostRelayShell(NodeShell):
                 os.unlink(os.path.join(place.joins, name))
             except OSError:
                 pass
-        for path in (place.leaf_path, place.log_path, place.lock_path):
+        for path in (place.leaf_path, place.log_path, place.lock_path, place.claim_path):
             try:
                 os.unlink(path)
             except OSError:
@@ -278,6 +279,10 @@ class HostRelayShell(NodeShell):
         elif self.empty_since is None:
             self.empty_since = time.monotonic()
         elif time.monotonic() - self.empty_since > self.grace:
+            if claims.leave(self.place.claim_path) is None:  # engines on their way: wait for them
+                self.log.info("%s: no engine yet, but engines claim the host; waiting", self.node.name)
+                self.empty_since = time.monotonic()
+                return True
             self.log.info("%s: no engine left; exiting", self.node.name)
             return False
         return True

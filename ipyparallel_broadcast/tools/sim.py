@@ -287,8 +287,11 @@ class SimProcess:
         threading.Thread(target=self.server.run, daemon=True, name="shells").start()
         if self.link is not None:
             self.link.attach()  # under its leaf
+            self.link.claim()  # the relay waits for these engines until they joined
             self.link.ensure_relay()
         await asyncio.gather(*(self.register(SimEngine(self.sync_ctx)) for _ in range(self.count)))
+        if self.link is not None:
+            self.link.release()
         conn.send(sorted(self.engines))
         loop = asyncio.get_running_loop()
         while True:  # commands from the parent: ("kill", eid) or ("stop",)
