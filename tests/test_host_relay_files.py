@@ -4,15 +4,18 @@ engine that joined while it was leaving (the soak lost such an engine: the
 next relay, restarted, did not know it). No engine, controller or leaf is
 needed: a relay with no engine exits after its grace period."""
 
+import contextlib
 import fcntl
 import json
+import multiprocessing
 import os
 import secrets
 import subprocess
 import sys
 
+import psutil
 import pytest
-from cluster_util import until
+from cluster_util import process_gone, until
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast.host import claim as claims
@@ -129,6 +132,36 @@ def test_a_claim_waits_for_a_leaving_relay_and_then_holds_the_next_lock_file(tmp
     assert claims.leave(path) is None
     claims.release(fd)
     os.close(leaving)
+
+
+def _start_relay_niced(link, nice: int):
+    os.nice(nice)
+    link.ensure_relay()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="the kernel groups no sessions (no autogroup)")
+def test_a_relay_started_under_nice_runs_its_session_at_that_nice(link):
+    """A relay's session is its own scheduling group (autogroup): at the
+    default weight, 64 relays of niced engines took the controller's share."""
+    child = multiprocessing.get_context("fork").Process(target=_start_relay_niced, args=(link, 7))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+
+    found = []
+
+    def the_relay_runs():
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if "ipyparallel_broadcast.relay.hostshell" in (p.info["cmdline"] or []) and p.nice() == 7:
+                    found.append(p.pid)
+        return found
+
+    until(the_relay_runs, timeout=30, what="the niced relay")
+    until(lambda: b" up " in read(link.place.log_path), timeout=60, what="the relay to start")
+    with open(f"/proc/{found[0]}/autogroup") as f:
+        assert f.read().split()[-2:] == ["nice", "7"]
+    until(lambda: process_gone(found[0]), timeout=60, what="the relay with no engine to leave")
 
 
 def test_a_zombie_is_not_alive():
