@@ -17,11 +17,16 @@ import threading
 
 import ipyparallel as ipp
 import pytest
+import zmq
 from cluster_util import gated_clients, quiet_config, until
+from jupyter_client.session import Session
 from tcpgate import TcpGate
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.controller.roster import REPLAY_TOPIC
 from ipyparallel_broadcast.tools.sim import SimEngines
+from ipyparallel_broadcast.wire import protocol as P
+from ipyparallel_broadcast.wire.naming import ROSTER_HELLO_PREFIX
 
 pytestmark = pytest.mark.cluster
 
@@ -103,3 +108,37 @@ def test_clients_made_while_hundreds_register_each_see_them_all(controller):
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_leafs_lookup_leaves_no_reply_for_a_subscriber_to_replay_from(controller):
+    """A leaf asks the hub for its engine table (``TABLE_ONLY``) and never
+    subscribes as a client does: its reply, counted as a client's, stayed
+    unmatched, and every later subscriber to everything was replayed every
+    registration since (at 4,096 engines, each client connecting was sent
+    thousands of messages and waited seconds for its roster behind them)."""
+    rc, info, farm = controller
+    codec = P.Codec(Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"]))
+    ctx = zmq.Context.instance()
+    leaf = ctx.socket(zmq.DEALER)
+    leaf.LINGER = 0
+    leaf.connect(f"{info['interface']}:{info['registration']}")
+    sub = ctx.socket(zmq.SUB)
+    sub.LINGER = 0
+    try:
+        leaf.send_multipart(codec.pack("connection_request", {P.TABLE_ONLY: True}))
+        assert leaf.poll(30_000), "the hub did not answer the lookup"
+        leaf.recv_multipart()
+        later = farm.add(4)
+        until(lambda: set(later) <= set(rc.ids), what="the engines registered after the lookup")
+        hello = ROSTER_HELLO_PREFIX + b"a-subscriber-with-no-reply"
+        sub.setsockopt(zmq.SUBSCRIBE, b"")  # as a stock client, but with no connection reply of its own
+        sub.setsockopt(zmq.SUBSCRIBE, hello)  # answered once the subscriptions before it are applied
+        sub.connect(f"{info['interface']}:{info['notification']}")
+        topics = []
+        while not topics or topics[-1] != hello:
+            assert sub.poll(30_000), "no roster came"
+            topics.append(sub.recv_multipart()[0])
+        assert not [t for t in topics if t.startswith(REPLAY_TOPIC)]
+    finally:
+        leaf.close()
+        sub.close()

@@ -190,11 +190,21 @@ def test_each_subscriber_is_replayed_from_no_later_than_its_own_reply(steps):
         if step == "notify":
             seq += 1
         elif step == "reply":
-            replies.add(seq)
+            replies.add(seq, now=0.0)
             waiting.append(seq)
         elif waiting:
             own = waiting.pop(len(waiting) // 2)  # any client that replied may subscribe next
-            assert replies.take() <= own
+            assert replies.take(now=1.0) <= own
+
+
+def test_a_reply_never_matched_is_forgotten_after_its_window():
+    """A reply whose client never subscribes (it died, or subscribed first)
+    stayed the oldest for good: every later subscriber was replayed from it."""
+    replies = Replies(window=60)
+    replies.add(0, now=0.0)  # never matched
+    replies.add(7, now=100.0)
+    assert replies.take(now=100.5) == 7
+    assert replies.take(now=101.0) is None
 
 
 def test_a_stamp_is_signed_numbered_and_kept_by_a_stock_reader():

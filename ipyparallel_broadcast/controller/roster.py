@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable
 
 import zmq
@@ -50,29 +51,37 @@ DELIM = P.HUB_TOPIC
 REPLAY_TOPIC = b"ipb-roster-replay"  # the private topic of a stock subscriber's replay
 REGISTERED, UNREGISTERED = P.REGISTERED, P.UNREGISTERED
 OUTSTANDING = 256  # connection replies kept unmatched at most (the oldest dropped)
+REPLY_WINDOW = 60.0  # seconds a connection reply waits for its client's subscription
 
 
 class Replies:
     """The sequence numbers of connection replies whose client has not
     subscribed yet. A subscription cannot say which reply was its own; taking
     away the newest each time keeps, for every client still to subscribe, a
-    number no later than its own (each client replies before it subscribes)."""
+    number no later than its own (each client replies before it subscribes).
 
-    def __init__(self, limit: int = OUTSTANDING):
-        self.seqs: list[int] = []
-        self.limit = limit
+    A reply not matched within ``window`` seconds goes: its client died
+    before it subscribed, or never does (ipyparallel's task scheduler asks
+    after it subscribed). Left, the oldest stayed the oldest for good, and
+    every later subscriber was replayed every registration since."""
 
-    def add(self, seq: int):
-        self.seqs.append(seq)
+    def __init__(self, limit: int = OUTSTANDING, window: float = REPLY_WINDOW):
+        self.seqs: list[tuple[int, float]] = []  # (seq, when), oldest first
+        self.limit, self.window = limit, window
+
+    def add(self, seq: int, now: float):
+        self.seqs.append((seq, now))
         if len(self.seqs) > self.limit:
             self.seqs.pop(0)
 
-    def take(self) -> int | None:
+    def take(self, now: float) -> int | None:
         """The oldest unmatched reply's number (None if none), one reply fewer."""
+        while self.seqs and now - self.seqs[0][1] > self.window:
+            self.seqs.pop(0)
         if not self.seqs:
             return None
-        oldest = min(self.seqs)
-        self.seqs.remove(max(self.seqs))
+        oldest = self.seqs[0][0]  # (numbers only grow: the list is in their order)
+        self.seqs.pop()
         return oldest
 
 
@@ -84,8 +93,8 @@ class Roster:
     done in order, at once, on the pipe whose subscription came in.
     """
 
-    def __init__(self, session: Session, engines: Callable[[], dict], epoch: str | None = None):
-        self.session, self.engines = session, engines
+    def __init__(self, session: Session, engines: Callable[[], dict], epoch: str | None = None, clock=time.monotonic):
+        self.session, self.engines, self.clock = session, engines, clock
         self.epoch = epoch or secrets.token_hex(8)
         self.seq = 0
         self.registered_at: dict[int, int] = {}  # engine id -> the number of its registration
@@ -111,7 +120,7 @@ class Roster:
 
     def replied(self):
         """A connection reply went out: its engine table is as of now."""
-        self.replies.add(self.seq)
+        self.replies.add(self.seq, self.clock())
 
     def table(self) -> dict:
         return {str(eid): uuid for eid, uuid in self.engines().items()}
@@ -135,7 +144,7 @@ class Roster:
         if topic:
             return [("subscribe", topic)]
         self.stock += 1
-        return [("subscribe", DELIM), ("subscribe", P.STOCK_TOPIC)] + self._replay(self.replies.take())
+        return [("subscribe", DELIM), ("subscribe", P.STOCK_TOPIC)] + self._replay(self.replies.take(self.clock()))
 
     def registrations(self, engines: dict[int, str]) -> list[list]:
         """One host's engines registered: the batch, and a copy per engine
@@ -218,11 +227,16 @@ class RosterDoor(ZMQStream):
 
 
 def follow_connections(hub, roster: Roster):
-    """Note each connection reply's place in the roster (the hub's handler, wrapped)."""
+    """Note each connection reply's place in the roster (the hub's handler,
+    wrapped), but a leaf's lookup's (``TABLE_ONLY``): no subscription follows
+    it, and left unmatched it made every later subscriber's replay start
+    there (every client connecting at 4,096 engines was sent them all)."""
     stock = hub.connection_request
 
     def connection_request(client_id, msg):
-        roster.replied()
+        content = msg.get("content")
+        if not (isinstance(content, dict) and content.get(P.TABLE_ONLY)):
+            roster.replied()
         return stock(client_id, msg)
 
     hub.connection_request = hub.query_handlers["connection_request"] = connection_request

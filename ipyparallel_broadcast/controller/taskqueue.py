@@ -21,6 +21,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 from zmq.utils.monitor import parse_monitor_message
 
 from ..compat.ipp import TaskSchedulerSeam
+from ..wire import protocol as P
 
 
 class RestartableTaskScheduler(TaskSchedulerSeam):
@@ -33,7 +34,18 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         monitor = self.engine_stream.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._monitor = ZMQStream(monitor, self.loop)
         self._monitor.on_recv(self._on_connection)
-        super().start()
+        send = self.session.send
+
+        def lookup(stream, msg_type, content=None, *args, **kwargs):
+            if msg_type == "connection_request":  # the hub is told: no client subscribes after this one
+                content = {**(content or {}), P.TABLE_ONLY: True}  # (the scheduler subscribed before it)
+            return send(stream, msg_type, content, *args, **kwargs)
+
+        self.session.send = lookup  # for ipyparallel's start, which asks the hub for its engines
+        try:
+            super().start()
+        finally:
+            del self.session.send
 
     def _on_connection(self, frames):
         if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:

@@ -162,7 +162,7 @@ class NodeShell:
     def ask_hub(self):
         if self.registrar is not None and not self.lookup_in_flight:
             self.lookup_in_flight = True
-            self.registrar.send_multipart(self.codec.pack("connection_request", {}))
+            self.registrar.send_multipart(self.codec.pack("connection_request", {P.TABLE_ONLY: True}))
 
     # ----------------------------------------------------------------- sends
     def perform(self, sends: list[Send]):

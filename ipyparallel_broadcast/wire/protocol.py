@@ -104,6 +104,8 @@ HOST_ENGINES, HOST_ENGINES_REPLY = "ipb_host_engines", "ipb_host_engines_reply"
 REGISTRATIONS = "ipb_registrations"
 BATCH_TOPIC, STOCK_TOPIC = b"ipb-registrations", b"ipb-stock"
 OURS_TOPIC = b"ipb-ours"  # a subscription that says: no stock copies here, batches instead
+# in a connection request's content: the table only, no subscription follows (a leaf's lookup)
+TABLE_ONLY = "ipb_table_only"
 INBCAST, OUTBCAST = b"inbcast", b"outbcast"  # hub monitor topics: copies for task records
 OUTBUNDLE = b"ipb_outbundle"  # a bundle the root sends up, for the records
 COALESCE, STREAM = "coalesce", "stream"
