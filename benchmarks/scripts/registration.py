@@ -47,6 +47,18 @@ def center(pid: int) -> list[psutil.Process]:
     return [main, *main.children(recursive=True)]
 
 
+def farm_processes(farm: SimEngines) -> list[psutil.Process]:
+    """The farm's processes and what they started (their host relays)."""
+    procs = []
+    for proc, _, _ in farm.processes:
+        try:
+            p = psutil.Process(proc.pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return procs
+
+
 def memory(procs: list[psutil.Process]) -> tuple[int, int]:
     """(summed RSS, summed PSS) of the processes still running, in bytes."""
     rss = pss = 0
@@ -153,6 +165,7 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause:
             finally:
                 prober.stop()
             seconds = time.monotonic() - tic
+            farm_cpu = cpu(farm_processes(farm))  # (all of it: every farm process started in the window)
             procs = center(cluster.controller.process.pid)  # (and whatever it started meanwhile)
             registering, hub = cpu(procs) - before, cpu(procs[:1]) - hub_before
             idle_from, each_from = cpu(procs), [cpu([p]) for p in procs]
@@ -170,6 +183,7 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause:
                 seconds=seconds,
                 cpu=registering,
                 hub=hub,
+                farm=farm_cpu,
                 idle=idle,
                 by_process=by_process,
                 rss=rss,
@@ -191,7 +205,8 @@ def row(kind: str, n: int, hosts: int, r: dict) -> str:
     )
     where = f"{n} / {hosts}" if kind == "ours" else f"{n} ({-(-n // hosts)} per process)"
     return (
-        f"| {kind} | {where} | {r['seconds']:.1f} | {r['cpu']:.1f} | {r['hub']:.1f} | {1e3 * r['cpu'] / n:.2f} | "
+        f"| {kind} | {where} | {r['seconds']:.1f} | {r['cpu']:.1f} | {r['hub']:.1f} | {r['farm']:.1f} | "
+        f"{1e3 * r['cpu'] / n:.2f} | "
         f"{100 * r['idle']:.1f} | {r['rss'] / 2**20:.0f} | {r['pss'] / 2**20:.0f} | {probes} | {1e3 * r['echo']:.0f} |"
     )
 
@@ -229,7 +244,9 @@ def main(argv=None):
         "before any engine, then a farm of simulated engines: for ours, each process a host with its own host",
         "relay; for stock, the same processes without. 'all in': from the farm's start until the client saw",
         "every engine; 'center CPU': the controller's processes meanwhile (the hub, relay nodes, queues, heart",
-        f"monitor); 'idle': their CPU once all are in, over {IDLE_WINDOW_S:g} s, in a share of one core; 'RSS':",
+        "monitor); 'farm CPU': the farm's processes and their host relays from their start until all were in,",
+        "on the same two cores (all in >= (center CPU + farm CPU) / 2);",
+        f"'idle': the center's CPU once all are in, over {IDLE_WINDOW_S:g} s, in a share of one core; 'RSS':",
         "summed over those processes (pages that forked processes share counted once each); 'PSS': each shared",
         "page split among its sharers. Probes: clients made one after another while the engines registered",
         f"({args.probe_pause:g} s apart): how many, the slowest connection, the slowest answer to a query",
@@ -237,17 +254,19 @@ def main(argv=None):
         f"'echo': the median of {ECHOES} round trips of a 1 kB apply on every engine once all are in (ours: a",
         "coalesced BroadcastView; stock: a DirectView). Every process is on this machine (2 cores)"
         + (
-            f"; the farm and its host relays ran at nice {args.farm_nice}, so the controller was served first"
+            f"; the farm and its host relays ran at nice {args.farm_nice} (the relays' own sessions too), so the"
+            " controller was served first"
             if args.farm_nice
             else ""
         )
         + ". The probing clients ran in a process of their own."
         + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
-        "| controller | engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | per engine (ms) "
+        "| controller | engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | farm CPU (s) "
+        "| center per engine (ms) "
         "| idle (% of a core) | RSS (MiB) | PSS (MiB) | probes | slowest connect (ms) | slowest query (ms) "
         "| failed probes | echo (ms) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     idle_lines = ["", "Idle CPU by controller process (% of a core, the same window):", ""]
     for kind in args.kinds:
@@ -257,7 +276,7 @@ def main(argv=None):
             try:
                 r = one_run(kind, n, hosts, args.timeout, args.farm_nice, args.probe_pause)
             except Exception as e:  # a controller that cannot take this many: said in the table
-                lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 11)
+                lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 12)
             else:
                 lines.append(row(kind, n, hosts, r))
                 shares = sorted(r["by_process"].items(), key=lambda kv: -kv[1])
