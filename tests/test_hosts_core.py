@@ -267,12 +267,27 @@ def test_pings_and_pongs_take_the_pulse_link_once_a_host_relay_knows_it():
     assert leaf.on_pulse([ident] + pulse.frames) == [] and leaf.children.pulsing == {ident}
     pong = relay.on_parent_pulse(leaf.heartbeats._ping(sim.now)[0].frames[1:])  # pings that come that way
     assert [s.socket for s in pong] == [PULSE]  # are answered that way
+    late = next(s for s in answer if s.socket == UP)  # the data link's answer, after the pulse's
+    assert leaf.on_down([ident] + late.frames) == [] and leaf.children.pulsing == {ident}  # it was asked for
     sim.now += leaf.ping_interval
-    both = [s for s in leaf.on_tick() if s.frames[0] == ident]
-    assert sorted(s.socket for s in both) == [DOWN, PULSE] and both[0].frames[-4:] != both[1].frames[-4:]
+    pings = [s for s in leaf.on_tick() if s.frames[0] == ident]
+    assert [s.socket for s in pings] == [PULSE]  # that link alone from now on
     dropped = leaf.dropped
     leaf.on_pulse([ident] + sim.codec.pack(P.BUNDLE, {}))  # only pongs come that way
     assert leaf.dropped == dropped + 1
+    # the relay stops hearing the pulse link: its pings stop, and it says hello on the data link, unasked
+    sim.now += relay.heartbeats.parent_silence + 0.01
+    hello = [s for s in relay.on_tick() if s.socket == UP]
+    assert hello
+    leaf.on_down([ident] + hello[0].frames)
+    assert not leaf.children.pulsing  # pinged on the data link again, which tells it the port anew
+    sim.now += leaf.ping_interval
+    pings = [s for s in leaf.on_tick() if s.frames[0] == ident]
+    assert [s.socket for s in pings] == [DOWN]
+    again = relay.on_up(pings[0].frames[1:])
+    assert sorted(s.socket for s in again) == [PULSE, UP]  # it says who it is on the pulse link again
+    leaf.on_pulse([ident] + next(s for s in again if s.socket == PULSE).frames)
+    assert leaf.children.pulsing == {ident}
 
 
 def test_a_host_relay_back_from_a_cut_lists_engines_the_hub_dropped_and_gets_no_route_for_them():

@@ -64,21 +64,26 @@ class Heartbeats:
         for key in self.children.silent(now):
             sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
         codec, content = self.node.codec, dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval)
-        ping = codec.pack(P.PING, content)
-        sends += [Send(DOWN, [ident] + ping) for ident in self.children.idents.values()]
-        if self.children.pulsing:  # signed apart: the same message twice would be a replay
+        ping, children = codec.pack(P.PING, content), self.children
+        data = [k for k in children.idents if k not in children.pulsing]
+        sends += [Send(DOWN, [children.idents[k]] + ping) for k in data]
+        children.data_pinged.update(k for k in data if isinstance(k, bytes))
+        if children.pulsing:  # signed apart: the same message twice would be a replay
             ping = codec.pack(P.PING, content)
-            sends += [Send(PULSE, [self.children.idents[k]] + ping) for k in self.children.pulsing]
-        self.children.after_pings()
+            sends += [Send(PULSE, [children.idents[k]] + ping) for k in children.pulsing]
+        children.after_pings()
         return sends
 
-    def pong(self, child: Key, content: dict) -> list[Send]:
-        """A child's pong (it spoke: ``children.heard`` is set already)."""
+    def pong(self, child: Key, content: dict, pulse: bool = False) -> list[Send]:
+        """A child's pong (it spoke: ``children.heard`` is set already), on the
+        data link or (``pulse``) the pulse link."""
         boot, bulk = content.get("boot"), content.get("bulk")
         if not isinstance(boot, str):
             raise P.ProtocolError("pong without a boot id")
         if isinstance(child, bytes):
             self.children.bulk_link(child, bulk)
+            if not pulse:
+                self.children.data_pong(child)
         return self.child_lost(child, "restarted") if self.children.pong(child, boot) else []
 
     def on_pulse(self, frames) -> list[Send]:
@@ -90,7 +95,7 @@ class Heartbeats:
                 raise P.ProtocolError("only pongs of known host relays come on the pulse link")
             self.children.pulsing.add(key)
             self.children.heard[key] = self.node.clock()
-            return self.pong(key, event.content(self.node.codec))
+            return self.pong(key, event.content(self.node.codec), pulse=True)
         except P.ProtocolError as e:
             return self.node.drop(f"pulse: {e}")
 
@@ -138,4 +143,5 @@ class Heartbeats:
 
     def _parent_silent(self, now: float) -> list[Send]:
         self.parent_heard = now  # again after as long, until a ping comes
+        self.parent_pulse = None  # (its pings stopped: the next one on the data link tells it again)
         return self.hello() + self.reannounce()

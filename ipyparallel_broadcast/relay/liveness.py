@@ -11,8 +11,11 @@ fill for longer than ``node_timeout``; a ping queued behind it would make a
 busy host look dead. So a node with a pulse link (``pulse_port``, a socket of
 its own, hence a TCP connection of its own) tells host relays its port in
 every ping; each connects to it, and from then on pings and pongs also go
-that way, beside the bulk data instead of behind it. Pings keep going on the
-data link too: a restarted relay learns the port there.
+that way, beside the bulk data instead of behind it, and no longer on the data
+link (each costs the leaf a signed message each way, per host per interval).
+A relay that stops hearing the pulse link (restarted, its connection broken)
+says hello on the data link when its pings stop, unasked: pinged on the data
+link again, it learns the port anew.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class Children:
         self.heard = {k: clock() for k in self.idents}  # child -> when it last spoke
         self.boots: dict[Key, str] = {}  # child -> the boot it last reported
         self.next_ping: float | None = clock() if self.keys and ping_interval else None
-        self.pulsing: set[Key] = set()  # host relays that answer on the pulse link too
+        self.pulsing: set[Key] = set()  # host relays pinged on the pulse link (alone)
+        self.data_pinged: set[Key] = set()  # host relays pinged on the data link, not answered there yet
         self.bulk: dict[Key, str] = {}  # host relays' bulk sockets, where chunks go (``bulk``)
 
     @property
@@ -76,6 +80,17 @@ class Children:
             table.pop(key, None)
         self.keys.pop(key, None)
         self.pulsing.discard(key)
+        self.data_pinged.discard(key)
+
+    def data_pong(self, key: Key) -> None:
+        """A pong on the data link. From a host relay pinged on the pulse link
+        alone, unasked, it says the relay does not hear that link (it restarted,
+        or its pulse connection broke): pinged on the data link again, which tells
+        it the pulse port anew."""
+        if key in self.data_pinged:
+            self.data_pinged.discard(key)  # the answer to a ping that went this way
+        else:
+            self.pulsing.discard(key)
 
     def bulk_link(self, key: bytes, url) -> None:
         """A host relay's pong named its bulk socket (or none)."""

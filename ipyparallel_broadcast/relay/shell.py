@@ -189,8 +189,8 @@ class NodeShell:
                     sends.extend(self._unreachable(*send.frames[:2]))
 
     def send_pulse(self, frames):
-        """A ping to a host relay on the pulse link; one gone stops pulsing
-        (it says so on its data link, where pings go too)."""
+        """A ping to a host relay on the pulse link; one not connected there
+        is pinged on its data link from now on (``liveness``)."""
         try:
             send_frames(self.pulse, frames)
         except zmq.ZMQError as e:
