@@ -65,9 +65,7 @@ class Heartbeats:
             sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
         codec, content = self.node.codec, dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval)
         ping, children = codec.pack(P.PING, content), self.children
-        data = [k for k in children.idents if k not in children.pulsing]
-        sends += [Send(DOWN, [children.idents[k]] + ping) for k in data]
-        children.data_pinged.update(k for k in data if isinstance(k, bytes))
+        sends += [Send(DOWN, [children.idents[k]] + ping) for k in children.on_data_link()]
         if children.pulsing:  # signed apart: the same message twice would be a replay
             ping = codec.pack(P.PING, content)
             sends += [Send(PULSE, [children.idents[k]] + ping) for k in children.pulsing]

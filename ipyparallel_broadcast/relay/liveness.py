@@ -82,6 +82,13 @@ class Children:
         self.pulsing.discard(key)
         self.data_pinged.discard(key)
 
+    def on_data_link(self) -> list[Key]:
+        """The children pinged on the data link now: all but the host relays on
+        the pulse link; those among them are to answer there (``data_pong``)."""
+        keys = [k for k in self.idents if k not in self.pulsing]
+        self.data_pinged.update(k for k in keys if isinstance(k, bytes))
+        return keys
+
     def data_pong(self, key: Key) -> None:
         """A pong on the data link. From a host relay pinged on the pulse link
         alone, unasked, it says the relay does not hear that link (it restarted,
