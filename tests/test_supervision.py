@@ -180,8 +180,11 @@ def test_a_restarted_heart_monitor_still_finds_a_silent_engine():
 
 
 def controller_dies(gate: str):
-    """In a process of its own (below): calls pending when the controller is SIGKILLed."""
-    with running_cluster(3, 1, 2) as rc:
+    """In a process of its own (below): calls pending when the controller is
+    SIGKILLed, and left dead (restarts: ``test_controller_restart.py``)."""
+    config = quiet_config()
+    config.BroadcastControllerLauncher.controller_restarts = 0
+    with running_cluster(3, 1, 2, config=config) as rc:
         rc.controller_timeout = 3.0
         children = [p.pid for p in psutil.Process(controller_pid(rc)).children()]
         direct = held(rc[:], gate)

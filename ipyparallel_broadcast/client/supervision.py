@@ -51,6 +51,7 @@ class ControllerWatch(ClientSeam):
         self._last_beat: float | None = None  # None: no notices socket
         self._last_tick = 0.0  # when the watch last ran (a stalled I/O thread is not a silent controller)
         self._controller_silent = False  # it was, for controller_timeout: it is taken for dead
+        self._controller_pid: int | None = None  # its main process, as its beats say
         self._notices: ZMQStream | None = None
         super().__init__(*args, **kwargs)
 
@@ -93,8 +94,21 @@ class ControllerWatch(ClientSeam):
             return
         self._last_beat = time.monotonic()  # any notice is a sign of life
         self._controller_silent = False
-        if msg["header"]["msg_type"] == P.RESTARTED:
+        kind = msg["header"]["msg_type"]
+        if kind == P.RESTARTED:
             self._child_died(msg["content"])
+        elif kind == P.BEAT and isinstance(msg["content"].get("pid"), int):
+            self._beat_from(msg["content"]["pid"])
+
+    def _beat_from(self, pid: int):
+        """A beat of the controller's process ``pid``: another than before is
+        the controller restarted (its launcher's ``--restore``). What was owed
+        through the dead one cannot come back: it fails now, named."""
+        before, self._controller_pid = self._controller_pid, pid
+        if before is None or before == pid:
+            return
+        log.warning("The controller restarted (pid %s died; now pid %s): its engines are kept", before, pid)
+        self._fail_everything(f"the controller died (pid {before}) with it in flight, and was restarted")
 
     # -------------------------------------------------------- what is owed
     def _send_message(self, socket, msg_type, *args, ident=None, **kwargs):
@@ -143,7 +157,11 @@ class ControllerWatch(ClientSeam):
             return
         self._last_beat = time.monotonic()  # once per silence of that length
         self._controller_silent = True
-        why = f"the controller sent no sign of life for {timeout:g} s (its hub died, or cannot be reached)"
+        silent = f"the controller sent no sign of life for {timeout:g} s (its hub died, or cannot be reached)"
+        self._fail_everything(silent)
+
+    def _fail_everything(self, why: str):
+        """Every request through the controller, and every call, fails: ``why``."""
         owed, calls = list(self._via), list(self._root_watch.in_flight)
         if owed or calls:
             log.error("%s: failing %d request(s)", why, len(owed) + len(calls))

@@ -262,10 +262,17 @@ def hub_next_id(hub) -> int:
     return hub._idcounter
 
 
+def set_hub_next_id(hub, next_id: int) -> None:
+    """``Hub._idcounter``: a restarted controller grants no id its engines had
+    before (``controller.restore``), as ipyparallel's ``--restore`` sets it."""
+    hub._idcounter = next_id
+
+
 def coalesce_hub_state_file(hub, wrap: Callable[[Callable[[], None]], Callable[[], None]]) -> None:
     """``Hub._save_engine_state``: ipyparallel calls it on every registration
     and unregistration, and it rewrites the whole engine-state file; ours
-    replaces it with ``wrap(its own)``: one write per burst (``controller.statefile``)."""
+    replaces it with ``wrap(its own)``: the engine journal synced once per
+    burst (``controller.enginejournal``, ``controller.statefile``)."""
     hub._save_engine_state = wrap(hub._save_engine_state)
 
 
@@ -329,8 +336,8 @@ DIRECT = {
         for kind in ("query", "control", "task", "iopub", "notification")
     },
     "ipyparallel.client.futures:MessageFuture._tracker": "an engine future without a tracker it does not need",
-    "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves",
-    "ipyparallel.controller.hub:Hub._save_engine_state": "the engine-state file written once per burst, not per engine",
+    "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves; set on restore",
+    "ipyparallel.controller.hub:Hub._save_engine_state": "the engine journal synced per burst, no table per engine",
     "ipyparallel.client.asyncresult:_raw_text": "grouped outputs labelled as ipyparallel labels one engine's",
     "ipyparallel.util:_push": "a tree scatter runs on engines what DirectView's push does",
     "ipyparallel.util:_pull": "a tree gather runs on engines what DirectView's pull does",

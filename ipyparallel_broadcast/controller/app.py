@@ -18,7 +18,6 @@ a queue's by the clients, told on the notices socket (``supervise``,
 
 from __future__ import annotations
 
-import atexit
 import os
 import secrets
 import sys
@@ -28,7 +27,7 @@ import zmq
 from ipyparallel.controller.app import IPController
 from ipyparallel.controller.app import aliases as ipp_aliases
 from ipyparallel.util import disambiguate_url
-from traitlets import Type, Unicode, Union, default
+from traitlets import Bool, Float, Type, Unicode, Union, default
 
 from ..compat import ipp
 from ..host.link import HOST_KEY, host_label
@@ -46,9 +45,9 @@ from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .registry import Registry
+from .restore import KeptEngines
 from .roster import Roster, RosterDoor, follow_connections
 from .settings import TreeSettings
-from .statefile import CoalescedWrites
 from .supervise import Supervisor, child_process
 
 aliases = dict(ipp_aliases)
@@ -68,6 +67,18 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
         "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB).",
+    )
+
+    restarted = Bool(
+        False,
+        help="Set by the launcher that restarted this controller (with --restore): its "
+        "connection files are removed at an orderly stop, as the first run's would be.",
+    ).tag(config=True)
+    restore_grace = Float(
+        10.0,
+        config=True,
+        help="Seconds a restored controller (--restore) waits for each of its engines' hearts "
+        "(or their host relay's) to beat again before it unregisters them.",
     )
 
     roster_door: RosterDoor | None = None  # made in place of ipyparallel's notifier, as init_hub binds it
@@ -93,14 +104,18 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             if name not in heartbeat:  # what the user configured wins
                 heartbeat[name] = value
         self.supervisor = Supervisor(self.node_restarts, self.node_restart_window)
+        restore, self.restore_engines = self.restore_engines, False  # ours reads our journal, not its file
         super().init_hub()
+        self.restore_engines = restore
         hub = self.hub
         self._open_roster(hub)
         self._supervise_heart_monitor()
         hub.new_engine_id = self.new_engine_id
-        ipp.coalesce_hub_state_file(hub, self._coalesced)
         self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
         self.host_registrations = HostRegistrations(hub, self.roster_door.publish_registrations, self.registry)
+        path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
+        self.kept = KeptEngines(hub, self.registry, self.host_registrations, path)
+        self.kept.open(restore, self.restore_grace)
         if self.hub_records:
             self.broadcast_records = BroadcastRecords(self.hub)
         inner = [path for path in self.shape.nodes() if not self.shape.is_leaf(path)]
@@ -119,12 +134,13 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             socket = self.roster_door
         return super().bind(socket, url)
 
-    def _coalesced(self, write):
-        """The hub's engine-state file, written once per burst (``statefile``);
-        what is due is written at exit."""
-        self.state_file = CoalescedWrites(write, self.hub.loop.call_later)
-        atexit.register(self.state_file.flush)
-        return self.state_file.changed
+    def cleanup_connection_files(self):
+        """An orderly stop: the journal goes (its engines stop too), and a
+        restarted controller's files go as its first run's would have."""
+        self.kept.close()
+        if self.restarted:
+            self.reuse_files = False
+        super().cleanup_connection_files()
 
     def _engine_table(self) -> dict:
         return {eid: ec.uuid for eid, ec in self.hub.engines.items()}

@@ -84,7 +84,7 @@ class HostRegistrations:
                 self.hub.log.warning("registration::engine %i:%s beats at last; registered", ec.id, ec.uuid)
             if ec is not None and self.registry.host_of(heart) == host:
                 del self.pending[heart]
-                self._file(ec)
+                self.file(ec)
                 filed[ec.id] = ec.uuid
             elif heart not in self.hub.by_ident:
                 self.registry.tell_if_dropped(heart)  # dropped, and beating again: told to exit
@@ -160,7 +160,7 @@ class HostRegistrations:
             answers.append(dict(uuid=uuid, status="ok", id=eid))
         return answers, new
 
-    def _file(self, ec):
+    def file(self, ec):
         """The engine registered, as ``Hub.finish_registration`` files it
         (its notification and state-file write are its period's)."""
         hub, eid = self.hub, ec.id

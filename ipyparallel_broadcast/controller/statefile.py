@@ -1,14 +1,13 @@
-"""The hub's engine-state file, written once per burst of changes.
+"""The hub's engine journal, synced to disk once per burst of changes.
 
 IPython Parallel's hub rewrites its whole engine-state file (every engine's
 id and uuid: what ``ipcontroller --restore`` reads) on each registration and
 unregistration: O(N) per engine, O(N²) for N engines (4,096 simulated engines:
-the hub's CPU while they registered went from 41 s to 14 s, and all were in
-after 42 s instead of 73: ``benchmarks/results/registration-1024-4096*.md``).
-Here the first change of a burst schedules one write
-``DELAY`` seconds later, and the changes until then ride on it; a controller
-that exits writes what is due first. So the file is at most ``DELAY`` behind
-the hub, and written at most once per ``DELAY``."""
+coalescing those writes took the hub's CPU while they registered from 41 s to
+14 s: ``benchmarks/results/registration-1024-4096*.md``). Ours appends a
+line per change (``enginejournal``) and syncs the file here: the first change
+of a burst schedules one sync ``DELAY`` seconds later, and the changes until
+then ride on it; a controller that exits syncs what is due first."""
 
 from __future__ import annotations
 

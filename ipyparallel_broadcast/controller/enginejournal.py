@@ -1,0 +1,177 @@
+"""The hub's engines, journaled: what a restarted controller restores.
+
+IPython Parallel's hub rewrites its whole engine-state file (every id and
+uuid) at each registration and unregistration, O(N) each and O(N²) for N
+engines, and reads it back with ``ipcontroller --restore``. Ours appends
+one line per change instead, O(1): ``{"e": id, "u": uuid, "h": host}`` for
+an engine filed (``h`` names the host relay that registered it, or is
+null), ``{"x": id}`` for one gone. The file is flushed per line (a killed
+controller loses nothing the kernel has) and synced to disk once per burst
+(``statefile.CoalescedWrites``). When dead lines outnumber live ones it is
+rewritten whole, by rename: amortized O(1) per change.
+
+``JournalState`` is the sans-I/O part (lines in, the table out);
+``EngineJournal`` owns the file; ``JournaledEngines`` is the hub's
+``engines`` dict, telling the journal of each change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+SLACK = 64  # dead lines allowed beyond the live ones before a rewrite
+
+
+class JournalState:
+    """The table a journal's lines make: ``{id: (uuid, host or None)}`` and
+    the highest id ever granted (ids are not reused)."""
+
+    def __init__(self):
+        self.engines: dict[int, tuple[str, str | None]] = {}
+        self.top = -1  # the highest id seen
+        self.lines = 0  # lines read or written, live or not
+        self.bad = 0  # lines that could not be read (a torn last line)
+
+    def read(self, line: str) -> None:
+        self.lines += 1
+        try:
+            entry = json.loads(line)
+            if "x" in entry:
+                self.engines.pop(int(entry["x"]), None)
+                return
+            eid, uuid, host = int(entry["e"]), entry["u"], entry.get("h")
+            if not isinstance(uuid, str) or not (host is None or isinstance(host, str)):
+                raise TypeError("uuid and host are strings")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            self.bad += 1
+            return
+        self.engines[eid] = (uuid, host)
+        self.top = max(self.top, eid)
+
+    @staticmethod
+    def filed(eid: int, uuid: str, host: str | None) -> str:
+        return json.dumps(dict(e=eid, u=uuid, h=host), separators=(",", ":")) + "\n"
+
+    @staticmethod
+    def gone(eid: int) -> str:
+        return json.dumps(dict(x=eid), separators=(",", ":")) + "\n"
+
+    def whole(self) -> list[str]:
+        """The live table as lines, the first carrying the top id (a gone
+        engine's id is not granted again after a rewrite)."""
+        lines = [self.filed(eid, uuid, host) for eid, (uuid, host) in self.engines.items()]
+        if self.top >= 0 and self.top not in self.engines:
+            lines[:0] = [self.filed(self.top, "", None), self.gone(self.top)]
+        return lines
+
+    def wants_rewrite(self) -> bool:
+        return self.lines > 2 * len(self.engines) + SLACK
+
+
+def read(path: str) -> JournalState:
+    """The table the journal at ``path`` holds (none if there is no file)."""
+    state = JournalState()
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                state.read(line)
+    return state
+
+
+class EngineJournal:
+    """The journal file: ``restore()`` reads it (or starts it empty),
+    ``filed``/``gone`` append, ``sync()`` writes it to disk."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.state = JournalState()
+        self.file = None
+        self.rewrites = 0
+
+    def restore(self, keep: bool) -> JournalState:
+        """The table the file holds if ``keep`` (a restart), else none; the
+        file is then rewritten with just that table."""
+        if keep:
+            self.state = read(self.path)
+            if self.state.bad:
+                log.warning("engine journal %s: %i unreadable line(s) skipped", self.path, self.state.bad)
+        self._rewrite()
+        return self.state
+
+    def filed(self, eid: int, uuid: str, host: str | None) -> None:
+        self.state.engines[eid] = (uuid, host)
+        self.state.top = max(self.state.top, eid)
+        self._append(self.state.filed(eid, uuid, host))
+
+    def gone(self, eid: int) -> None:
+        if self.state.engines.pop(eid, None) is not None:
+            self._append(self.state.gone(eid))
+
+    def sync(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+
+    def close(self, remove: bool = False) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if remove:
+            try:
+                os.remove(self.path)
+            except FileNotFoundError:
+                pass
+
+    def _append(self, line: str) -> None:
+        if self.file is None:
+            return  # closed: the controller is stopping
+        self.file.write(line)
+        self.file.flush()
+        self.state.lines += 1
+        if self.state.wants_rewrite():
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        lines = self.state.whole()
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        if self.file is not None:
+            self.file.close()
+        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open: one append per change)
+        self.state.lines = len(lines)
+        self.rewrites += 1
+
+
+class JournaledEngines(dict):
+    """The hub's ``engines`` (id -> EngineConnector): each engine filed or
+    removed is journaled, with the host that registered it (``host_of(heart)``)."""
+
+    def __init__(self, journal: EngineJournal, host_of: Callable[[bytes], str | None], changed: Callable[[], None]):
+        super().__init__()
+        self.journal, self.host_of, self.changed = journal, host_of, changed
+
+    def __setitem__(self, eid, ec):
+        super().__setitem__(eid, ec)
+        self.journal.filed(int(eid), ec.uuid, self.host_of(ec.ident))
+        self.changed()
+
+    def pop(self, eid, *default):
+        if eid not in self:
+            return super().pop(eid, *default)
+        ec = super().pop(eid)
+        self.journal.gone(int(eid))
+        self.changed()
+        return ec
+
+    def __delitem__(self, eid):
+        super().__delitem__(eid)
+        self.journal.gone(int(eid))
+        self.changed()

@@ -1,0 +1,112 @@
+"""A restarted controller takes its engines back, with their ids.
+
+Started with ``--restore`` (as its launcher restarts it, see
+``launch.keeper``), the controller reads its engine journal
+(``enginejournal``) and files every engine there as registered: the same id
+and uuid, through the same host relay. Engines and host relays wait for it
+(ZeroMQ reconnects them to the same ports), so nothing re-registers and
+every namespace is as it was.
+
+An engine that died while the controller was away must still be found
+dead. The restarted heart monitor knows no heart, so each heart that beats
+is new to it: a restored engine's own (one on the controller's host), or
+its host relay's, which stands for its host's engines. Those that have
+not beaten within ``grace`` seconds are unregistered, named, as a heart
+that stopped is.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+
+from ipyparallel.controller.hub import EngineConnector
+
+from ..compat import ipp
+from ..wire.topology import host_ident
+from .enginejournal import EngineJournal, JournaledEngines, JournalState
+from .statefile import CoalescedWrites
+
+
+class KeptEngines:
+    """The hub's engines, kept for a restart: its journal (synced once per
+    burst, in place of ipyparallel's whole-table file), read back and filed
+    again when restoring."""
+
+    def __init__(self, hub, registry, host_registrations, path: str):
+        self.hub, self.registry, self.hosts = hub, registry, host_registrations
+        self.journal = EngineJournal(path)
+        self.syncs = CoalescedWrites(self.journal.sync, hub.loop.call_later)
+        self.restoration: Restoration | None = None
+
+    def open(self, restore: bool, grace: float) -> None:
+        hub = self.hub
+        state = self.journal.restore(keep=restore)
+        atexit.register(self.syncs.flush)
+        ipp.coalesce_hub_state_file(hub, lambda _whole_table: self.syncs.changed)
+        if restore:
+            self.restoration = Restoration(hub, self.registry, self.hosts, hub.loop.call_later)
+            self.restoration.restore(state, grace)
+        engines = JournaledEngines(self.journal, self.registry.host_of, self.syncs.changed)
+        dict.update(engines, hub.engines)  # (journaled already)
+        hub.engines = engines
+
+    def close(self) -> None:
+        """An orderly stop: the journal goes (its engines stop too)."""
+        self.syncs.flush()
+        self.journal.close(remove=True)
+
+
+class Restoration:
+    """Files a journal's engines into ``hub`` and watches that they beat."""
+
+    def __init__(self, hub, registry, host_registrations, later: Callable[[float, Callable[[], None]], object]):
+        self.hub, self.registry, self.hosts, self.later = hub, registry, host_registrations, later
+        self.waiting: dict[bytes, list[bytes]] = {}  # a heart not yet beating -> the engines it stands for
+        self.restored = self.lost = 0
+
+    def restore(self, state: JournalState, grace: float) -> None:
+        hub, hosts = self.hub, self.hosts
+        for eid, (uuid, host) in sorted(state.engines.items()):
+            heart = uuid.encode()
+            ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
+            if host is not None:
+                self.registry.registered_via(heart, host)
+                relay_heart = host_ident(host)
+                hosts.host_hearts[relay_heart] = host
+            else:
+                hub.hearts[heart] = eid  # its own heart stands for it
+                relay_heart = heart
+            hosts.file(ec)
+            self.waiting.setdefault(relay_heart, []).append(heart)
+        self.restored = len(state.engines)
+        ipp.set_hub_next_id(hub, max(state.top + 1, ipp.hub_next_id(hub)))
+        self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
+        if self.waiting:
+            self.later(grace, self.give_up)
+        hub.log.info(
+            "restored %i engines (ids up to %i) through %i hearts; those silent for %g s will be unregistered",
+            self.restored,
+            state.top,
+            len(self.waiting),
+            grace,
+        )
+
+    def handle_new_heart(self, heart: bytes):
+        self.waiting.pop(heart, None)
+        return self._new_heart(heart)
+
+    def give_up(self):
+        """The restored engines whose heart (or host relay's) never beat: unregistered."""
+        hub = self.hub
+        for heart, engines in list(self.waiting.items()):
+            lost = [h for h in engines if h in hub.by_ident]
+            hub.log.warning(
+                "restored engines %s did not come back (no heartbeat from %r): unregistered",
+                [hub.by_ident[h] for h in lost],
+                heart,
+            )
+            for h in lost:
+                hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
+            self.lost += len(lost)
+        self.waiting.clear()

@@ -1,0 +1,110 @@
+"""A controller that dies is restarted, and the cluster goes on (issue 59):
+its launcher starts it again with ``--restore``; the engines, their ids and
+their namespaces are kept; calls pending across it end once (a result or an
+error naming the controller); the same client, and a new one, go on. An
+engine that died meanwhile is found dead; a crash loop is given up on.
+Real controllers, engines and sockets; the controller SIGKILLed."""
+
+import os
+import signal
+
+import psutil
+import pytest
+from cluster_util import at_gate, process_gone, quiet_config, running_cluster, until
+from ipyparallel import error
+
+import ipyparallel_broadcast as ipb
+
+pytestmark = pytest.mark.cluster
+
+
+def controller(rc):
+    return rc.cluster.controller
+
+
+def kill_controller(rc) -> int:
+    pid = controller(rc).process.pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def restarted_from(rc, pid: int) -> bool:
+    process = controller(rc).process
+    return process.pid != pid and process.is_running() and controller(rc).state == "running"
+
+
+def broadcast_works(rc) -> bool:
+    """A broadcast to every engine answers (False while the controller is away)."""
+    try:
+        return rc.broadcast_view().apply_sync(os.getpid) is not None
+    except (error.CompositeError, error.RemoteError, TimeoutError):
+        return False
+
+
+def ended_once(ar, n: int) -> list:
+    """Each engine's part of a call pending across the kill: its result, or
+    an EngineError naming the controller (or its root relay) that died."""
+    results = ar.get(timeout=60, return_exceptions=True)
+    results = results if isinstance(results, list) else [results]
+    assert len(results) == n
+    for r in results:
+        if isinstance(r, error.RemoteError):
+            assert r.ename == "EngineError", r
+            assert "controller" in str(r.evalue) or "Relay node root" in str(r.evalue), r.evalue
+    return results
+
+
+def test_a_killed_controller_comes_back_with_its_engines_ids_namespaces_and_clients(tmp_path):
+    with running_cluster(3, 1, 2) as rc:
+        view = rc.broadcast_view()
+        view.push(dict(kept="state"), block=True)
+        ids, pids = list(rc.ids), rc[:].apply_sync(os.getpid)
+        gate = tmp_path / "gate"
+        pending = [view.apply_async(at_gate, str(gate)), rc[:].apply_async(at_gate, str(gate))]
+        before = kill_controller(rc)
+        until(lambda: restarted_from(rc, before), timeout=30, what="the controller restarted")
+        assert controller(rc).restarted == 1
+        open(gate, "w").close()
+        for ar in pending:
+            ended_once(ar, len(ids))
+        until(lambda: broadcast_works(rc), timeout=60, what="a broadcast answered after the restart")
+        assert rc.ids == ids
+        assert view.pull("kept", block=True) == ["state"] * len(ids)
+        assert rc[:].apply_sync(os.getpid) == pids  # the same processes
+        other = ipb.Client(profile_dir=rc.test_profile_dir, cluster_id=rc.cluster.cluster_id)
+        try:
+            assert other.ids == ids
+            assert other.broadcast_view().pull("kept", block=True) == ["state"] * len(ids)
+        finally:
+            other.close()
+
+
+@pytest.mark.parametrize("death", ["kernel", "host"])
+def test_an_engine_that_dies_while_the_controller_is_away_is_found_dead(death):
+    """``kernel``: its nanny tells the hub (queued until the hub is back);
+    ``host``: the nanny dies with it, and its heart never beats again."""
+    with running_cluster(3, 1, 2) as rc:
+        pids = dict(zip(rc.ids, rc[:].apply_sync(os.getpid)))
+        victim = rc.ids[-1]
+        before = kill_controller(rc)
+        engine = psutil.Process(pids[victim])
+        for proc in (engine.children(recursive=True) if death == "host" else []) + [engine]:
+            proc.kill()
+        until(lambda: restarted_from(rc, before), timeout=30, what="the controller restarted")
+        until(lambda: victim not in rc.ids, timeout=60, what="the dead engine unregistered")
+        survivors = [eid for eid in pids if eid != victim]
+        until(lambda: broadcast_works(rc), timeout=60, what="a broadcast answered after the restart")
+        assert rc.ids == survivors
+        assert rc.broadcast_view().apply_sync(os.getpid) == [pids[eid] for eid in survivors]
+
+
+def test_a_controller_that_keeps_dying_is_given_up_and_its_cluster_stops():
+    config = quiet_config()
+    config.BroadcastControllerLauncher.controller_restarts = 1
+    with running_cluster(2, 1, 2, config=config) as rc:
+        first = kill_controller(rc)
+        until(lambda: restarted_from(rc, first), timeout=30, what="the controller restarted once")
+        second = kill_controller(rc)
+        until(lambda: process_gone(second), what="the second controller gone")
+        until(lambda: controller(rc).gave_up, what="the launcher giving up")
+        assert controller(rc).restarted == 1 and controller(rc).process.pid == second
