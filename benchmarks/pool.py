@@ -36,6 +36,7 @@ import ipyparallel as ipp
 import psutil
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.launch.keeper import main_process
 
 from .profiles import current
 
@@ -121,7 +122,7 @@ def _start(kind, n, depth, fanout, path) -> dict:
     rc = cluster.start_and_connect_sync()
     record.update(
         cluster_id=cluster.cluster_id,
-        controller_pid=cluster.controller.process.pid,
+        controller_pid=main_process(cluster.controller.process.pid).pid,
         connection_file=os.path.join(profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-client.json"),
     )
     try:

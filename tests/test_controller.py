@@ -1,6 +1,7 @@
 """The controller as users start it: ipcluster, config, stock clients and
 controllers, and failures."""
 
+import glob
 import os
 import signal
 import subprocess
@@ -235,12 +236,17 @@ def test_the_controller_picks_its_ports_below_the_ephemeral_range():
         assert ports and all(p < span[0] for p in ports), sorted(ports)
 
 
-def test_the_engine_state_file_lists_every_engine_and_follows_a_stopped_one():
-    """The file ``ipcontroller --restore`` reads, written once per burst: it
-    ends with every engine's id and uuid, and without an engine that left."""
+def test_the_engine_journal_follows_the_engines_and_ipcluster_restarts_a_killed_controller_with_them():
+    """The journal a restarted controller reads (``controller.enginejournal``):
+    every engine's id and uuid, and not an engine that left. Then the
+    controller, SIGKILLed under ``ipcluster start``, is started again by it
+    with ``--restore``: the same engines answer the same client, and
+    ``ipcluster stop`` still stops everything."""
     import json
 
     from ipyparallel_broadcast.compat.ipp import engine_uuids
+    from ipyparallel_broadcast.controller.enginejournal import read
+    from ipyparallel_broadcast.launch.keeper import main_process
 
     with tempfile.TemporaryDirectory() as profile_dir:
         started = ipcluster("start", "-n", "4", f"--profile-dir={profile_dir}", "--controller=broadcast", "--daemonize")
@@ -248,21 +254,40 @@ def test_the_engine_state_file_lists_every_engine_and_follows_a_stopped_one():
         try:
             rc = ipb.Client(profile_dir=profile_dir)
             rc.wait_for_engines(4, timeout=60)
-            path = os.path.join(profile_dir, "log", "engines.json")
+            path = os.path.join(profile_dir, "log", "engines.journal")
 
             def listed():
-                try:
-                    with open(path) as f:
-                        return {int(e): u for e, u in json.load(f)["engines"].items()}
-                except (OSError, ValueError):  # (not written yet, or being written)
-                    return None
+                return {eid: uuid for eid, (uuid, _) in read(path).engines.items()}
 
             engines = engine_uuids(rc)
-            until(lambda: listed() == engines, what="every engine in the engine-state file")
+            until(lambda: listed() == engines, what="every engine in the journal")
             gone = max(engines)
             rc[gone].shutdown(block=True)
             del engines[gone]
-            until(lambda: listed() == engines, what="the stopped engine to leave the file")
+            until(lambda: listed() == engines, what="the stopped engine to leave the journal")
+            until(lambda: rc.ids == sorted(engines), what="the stopped engine unregistered")
+
+            (found,) = glob.glob(os.path.join(profile_dir, "security", "cluster-*.json"))
+            with open(found) as f:
+                keeper = json.load(f)["controller"]["state"]["pid"]  # (ipcluster itself has exited: daemonized)
+
+            def controller_pid():
+                hub = main_process(keeper)
+                return None if hub is None else hub.pid
+
+            pids = rc.broadcast_view().apply_sync(os.getpid)
+            first = controller_pid()
+            os.kill(first, signal.SIGKILL)
+            until(lambda: controller_pid() not in (None, first), what="a new controller")
+
+            def answers():
+                try:
+                    return rc.broadcast_view().apply_async(os.getpid).get(timeout=10) == pids
+                except (error.CompositeError, error.RemoteError, TimeoutError):
+                    return False
+
+            until(answers, what="the same engines answering after the restart")
+            assert rc.ids == sorted(engines) and listed() == engines
             rc.close()
         finally:
             stopped = ipcluster("stop", f"--profile-dir={profile_dir}")

@@ -485,3 +485,39 @@ def test_a_client_whose_subscription_is_late_sees_real_engines_behind_host_relay
             finally:
                 ours.close()
                 stock.close()
+
+
+def test_a_controller_killed_and_restored_keeps_the_engines_behind_host_relays(tmp_path):
+    """The controller SIGKILLed and started again with ``--restore`` (issue
+    59): 8 engines on 2 hosts are kept behind their host relays, with their
+    ids and namespaces; a call pending across it ends once; an engine that
+    died meanwhile is found dead."""
+    needs_bed()
+    with NetBed(hosts=2) as bed, BedCluster(bed, depth=1, fanout=2) as cluster:
+        for host in bed.hosts:
+            cluster.start_engines(host, 4)
+        rc = cluster.client(wait_for=8)
+        view = rc.broadcast_view()
+        view.push(dict(kept="state"), block=True)
+        pids = dict(zip(rc.ids, view.apply_sync(os.getpid)))
+        gate = tmp_path / "gate"
+        pending = view.apply_async(_gate_until, str(gate))
+        cluster.kill_controller()
+        victim = rc.ids[-1]
+        os.kill(pids[victim], signal.SIGKILL)  # while the controller is away
+        cluster.restart_controller()
+        gate.touch()
+        for r in pending.get(timeout=60, return_exceptions=True):
+            assert isinstance(r, int) or (isinstance(r, error.RemoteError) and r.ename == "EngineError"), r
+        survivors = [e for e in pids if e != victim]
+        until(lambda: rc.ids == survivors, timeout=60, what="the dead engine unregistered, the others kept")
+
+        def answers():
+            try:
+                return view.apply_async(os.getpid).get(timeout=10) == [pids[e] for e in survivors]
+            except (error.CompositeError, error.RemoteError, TimeoutError):
+                return False
+
+        until(answers, timeout=60, what="a broadcast answered by the same engines")
+        assert view.pull("kept", block=True) == ["state"] * len(survivors)
+        assert len(relays(rc)) == 2

@@ -8,11 +8,14 @@ skip and say why; under ``CI=true`` they fail.
 
 import glob
 import os
+import signal
 
 import ipyparallel as ipp
 import numpy as np
+import psutil
 import pytest
-from cluster_util import every_operation, skip_or_fail
+from cluster_util import every_operation, process_gone, skip_or_fail, until
+from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.tools.bedcluster import IPCluster
@@ -135,11 +138,56 @@ c.BroadcastSlurmControllerLauncher.connection_info_timeout = 600
 """
 
 
+def hub_process(bed):
+    """The controller's main process, wherever its job runs: its keeper's child."""
+    found = []
+    for host in bed.hosts:
+        for pid in bed.pids(host):
+            try:
+                process = psutil.Process(pid)
+                if "ipyparallel_broadcast.launch.keep" in process.cmdline():
+                    found += [child.pid for child in process.children()]
+            except psutil.NoSuchProcess:
+                continue
+    (pid,) = found
+    return pid
+
+
+def kill_the_hub_and_find_the_cluster_kept(rc, bed):
+    """SIGKILL the controller inside its job: its keeper starts it again
+    (``--restore``), and the same client finds the same engines and state."""
+    ids = list(rc.ids)
+    view = rc.broadcast_view()
+    view.push(dict(kept="state"), block=True)
+    pids = view.apply_sync(os.getpid)
+    hub = hub_process(bed)
+    os.kill(hub, signal.SIGKILL)
+    until(lambda: process_gone(hub), what="the controller gone")
+    until(lambda: hub_process_other_than(bed, hub), timeout=60, what="the controller restarted in its job")
+
+    def answers():
+        try:
+            return view.apply_async(os.getpid).get(timeout=10) == pids
+        except (error.CompositeError, error.RemoteError, TimeoutError):
+            return False
+
+    until(answers, timeout=60, what="a broadcast answered by the same engines")
+    assert rc.ids == ids and view.pull("kept", block=True) == ["state"] * len(ids)
+
+
+def hub_process_other_than(bed, old) -> bool:
+    try:
+        return hub_process(bed) != old
+    except ValueError:  # none yet
+        return False
+
+
 def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_works(slurm, tmp_path):
     """The docs' old ``python3 -m ...`` in a job finds an interpreter without the
     package. ipcluster says so, with the log's last lines, and exits 1 (it waited
     60 s, hung, and left a cluster file that blocked the next start); the same
-    profile then starts a cluster whose controller is a Slurm job on a node."""
+    profile then starts a cluster whose controller is a Slurm job on a node,
+    which survives the death of the controller's main process (issue 59)."""
     if not os.path.exists("/usr/bin/python3"):
         pytest.skip("no /usr/bin/python3: an interpreter without this package is needed")
     shm_before = set(os.listdir("/dev/shm"))
@@ -160,6 +208,7 @@ def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_work
         # the controller's node runs engines direct; each other node has its host relay
         assert sorted(n["engines"] for n in relays) == [PER_NODE] * (NODES - 1)
         every_operation(rc, False)
+        kill_the_hub_and_find_the_cluster_kept(rc, slurm.bed)
     finally:
         rc.close()
         out = cluster.stop()

@@ -19,12 +19,13 @@ from ipyparallel import error
 from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.launch.keeper import main_process
 
 pytestmark = pytest.mark.cluster
 
 
 def controller_pid(rc) -> int:
-    return rc.cluster.controller.process.pid
+    return main_process(rc.cluster.controller.process.pid).pid
 
 
 def child(rc, comm: str) -> int:

@@ -20,6 +20,7 @@ from ..compat import ipp
 from ..host.shm import sweep
 from ..wire import protocol as P
 from .notices import Notices
+from .restarts import say_up
 from .supervise import child_process
 from .taskqueue import RestartableTaskScheduler
 
@@ -77,6 +78,7 @@ class ChildSupervision:
         self.notices = Notices(self.session, self.client_url(P.NOTICES_KEY), self.bind)
         self.notices.start()
         PeriodicCallback(self.supervise, 250).start()
+        say_up()  # (before its children start: they do not keep the keeper's pipe)
         super().start()
 
     def supervise(self):

@@ -10,9 +10,25 @@ cluster without a root).
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
+
+UP_FD_ENV = "IPB_CONTROLLER_UP_FD"  # a pipe to the controller's keeper (``launch.keep``), told "up"
+
+
+def say_up() -> None:
+    """Tell the keeper, if any, that this controller came up (its files are
+    written): one that dies later is restarted, one that never came up is not."""
+    fd = os.environ.pop(UP_FD_ENV, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"up")
+        os.close(int(fd))
+    except (OSError, ValueError):
+        pass
 
 
 class RestartBudget:

@@ -37,6 +37,12 @@ def _prctl(option: int, arg) -> None:
     libc.prctl(option, arg, 0, 0, 0)
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux for ``sig`` when this process's parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        _prctl(PR_SET_PDEATHSIG, sig)
+
+
 def as_child(target: Callable, comm: str, parent: int, kwargs: dict):
     """A child process's entry point: named ``comm``, ended by SIGTERM when
     its parent dies, then ``target(**kwargs)``."""

@@ -15,7 +15,10 @@ What these add to ipyparallel's own Slurm launchers:
   reported at once, with the last lines of its log, instead of a 60 s timeout;
   ``ipcluster start`` then stops and leaves no cluster file behind (see
   ``StartFailure``);
-- ``engines_per_node`` puts that many engines on each node.
+- ``engines_per_node`` puts that many engines on each node;
+- the controller is kept inside its job (``keep``): a controller process
+  that dies is started again there, on the same node and ports, with
+  ``--restore`` (a job that ends, a node lost, is not: that ends the cluster).
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def job_state(job_id: str, squeue: str = "squeue") -> str:
 
 
 class BroadcastSlurmControllerLauncher(ControllerCommand, StartFailure, SlurmControllerLauncher):
-    """Our controller as a Slurm job, watched until its connection files arrive."""
+    """Our controller as a Slurm job, watched until its connection files
+    arrive, and kept inside the job by its keeper (``keeper``)."""
 
     entrypoint_name = "broadcast-slurm"
     _state_at = (0.0, None)  # (monotonic time, state): squeue is asked once a POLL_EVERY

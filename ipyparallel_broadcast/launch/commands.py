@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from traitlets import HasTraits, List
+from traitlets import HasTraits, List, default
+
+from .keeper import KeepSettings
 
 CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
 ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
@@ -35,13 +37,17 @@ def merge_settings(*sources) -> list:
     return list(merged.values())
 
 
-class ControllerCommand(HasTraits):
-    """The controller's command line: our controller with this interpreter, the
-    cluster's engine count (for an 'auto' tree), the ``BroadcastController``
-    settings of the cluster's config, then ``controller_args``; a later one of
-    the same setting wins."""
+class ControllerCommand(KeepSettings):
+    """The controller's command line: our controller with this interpreter
+    under its keeper (``keeper``), the cluster's engine count (for an 'auto'
+    tree), the ``BroadcastController`` settings of the cluster's config, then
+    ``controller_args``; a later one of the same setting wins."""
 
-    controller_cmd = List(list(CONTROLLER_CMD), config=True)
+    controller_cmd = List(config=True)
+
+    @default("controller_cmd")
+    def _kept_controller(self):
+        return self.kept(CONTROLLER_CMD)
 
     def merged_controller_args(self) -> list:
         n = getattr(self.parent, "n", None)

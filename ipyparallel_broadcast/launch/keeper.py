@@ -1,100 +1,105 @@
 """The controller kept: started again, with ``--restore``, when it dies.
 
-A controller that exits without being asked to (killed, out of memory, a
-crash) is started again by its launcher on the same ports, keys and
+Every launcher of ours runs the controller under its keeper
+(``python -m ipyparallel_broadcast.launch.keep -- <controller command>``,
+see ``keep``), a small process beside it wherever it runs: a local process
+(``Cluster``, ``ipcluster start``, daemonized or not), a Slurm job, an MPI
+or ssh launch. A controller that exits without being asked to (killed, out
+of memory, a crash) is started again there, on the same ports, keys and
 connection files (``--restore`` reuses them), and takes back its engines
-from its journal (``controller.restore``). Engines, host relays and clients
-reconnect by themselves. Restarts are counted as the controller counts its
-children's (``controller.restarts``): at most ``controller_restarts`` within
-any ``controller_restart_window`` seconds; past that, the controller is left
-dead and the launcher says so, and the cluster stops as it does today.
+from its journal (``controller.restore``). Engines, host relays and
+clients reconnect by themselves.
 
-Before a restart, whatever is left of the dead controller's process group
-(children that have not yet seen their parent die) is killed and waited
-for, so that the new one finds its ports free.
+Restarts are counted as the controller counts its children's
+(``controller.restarts``): at most ``controller_restarts`` within any
+``controller_restart_window`` seconds; past that the controller is left
+dead, said in the log, and the cluster ends as it did before. A controller
+that never came up (a bad setting, a missing module) is not restarted: its
+error is the launcher's to show. Before a restart, what is left of the dead
+controller's process group is killed and waited for, so that the new one
+finds its ports free.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
-import psutil
 from traitlets import Float, HasTraits, Integer
 
 from ..controller.restarts import RestartBudget
 
+RESTORE_ARGS = ["--restore", "--BroadcastController.restarted=True"]  # how a controller is started again
 GROUP_WAIT = 10.0  # seconds to wait for a dead controller's children to be gone
 
 
-class ControllerKeeping(HasTraits):
-    """Mixin of a local controller launcher: a thread per controller process
-    waits for it to end, and restarts it unless the launcher was asked to
-    stop it or the budget is spent. (A thread, not the launcher's loop:
-    under ``Cluster.start_and_connect_sync`` that loop no longer runs.)"""
+class KeepSettings(HasTraits):
+    """A controller launcher's restart budget, which its keeper is given."""
 
     controller_restarts = Integer(
         5,
         config=True,
         help="How many times the controller is restarted (with --restore: engines, ids and "
-        "clients kept) within controller_restart_window seconds; 0: never.",
+        "clients kept) within controller_restart_window seconds; 0: never (no keeper).",
     )
     controller_restart_window = Float(60.0, config=True, help="Seconds over which controller_restarts count.")
 
-    restarted = 0  # times the controller was started again
-    gave_up = False  # the budget was spent: the controller was left dead
-    _stop_asked = False
+    def kept(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run under its keeper (as is if restarts are off)."""
+        if self.controller_restarts <= 0:
+            return list(cmd)
+        budget = [f"--restarts={self.controller_restarts}", f"--window={self.controller_restart_window:g}"]
+        return [sys.executable, "-m", "ipyparallel_broadcast.launch.keep", *budget, "--", *cmd]
 
-    def keep(self, process) -> None:
-        """Watch ``process`` (a ``psutil.Process``), the controller just started."""
-        if not hasattr(self, "_keeper_verdicts"):
-            self._keeper_lock = threading.Lock()
-            self._keeper_verdicts: dict[int, bool] = {}
-            self._keeper_budget = RestartBudget(max(self.controller_restarts, 0), self.controller_restart_window)
-        threading.Thread(target=self._keep, args=(process,), name=f"ipb-keeper({process.pid})", daemon=True).start()
 
-    def restarting(self, pid: int, data: dict) -> bool:
-        """Whether the controller process ``pid``, which ended, is restarted
-        (decided once per process, by whoever asks first)."""
-        with self._keeper_lock:
-            if pid not in self._keeper_verdicts:
-                self._keeper_verdicts[pid] = self._keep_or_let_go(data)
-            return self._keeper_verdicts[pid]
+class Verdicts:
+    """Whether a controller process that ended is started again: not if it
+    exited 0 (a shutdown asked by a client, or a SIGTERM), not if it never
+    came up, not once a stop was asked, not past the budget (``gave_up``).
+    Decided once per process."""
 
-    def asked_to_stop(self) -> None:
-        self._stop_asked = True
+    def __init__(self, restarts: int, window: float, log, clock=time.monotonic):
+        self.restarts, self.window, self.log = restarts, window, log
+        self.budget = RestartBudget(max(restarts, 0), window, clock)
+        self.lock = threading.Lock()
+        self.known: dict[int, bool] = {}
+        self.stop_asked = self.gave_up = False
 
-    def _keep_or_let_go(self, data: dict) -> bool:
-        if self._stop_asked or self.controller_restarts <= 0:
+    def restarting(self, pid: int, data: dict, came_up: bool = True) -> bool:
+        with self.lock:
+            if pid not in self.known:
+                self.known[pid] = self._decide(data, came_up)
+            return self.known[pid]
+
+    def _decide(self, data: dict, came_up: bool) -> bool:
+        if self.stop_asked or self.restarts <= 0 or data.get("exit_code") == 0 or not came_up:
             return False
-        if not self._keeper_budget.allow():
+        if not self.budget.allow():
             self.gave_up = True
             self.log.critical(
                 "The controller exited (%s) and was restarted %i times in %g s: giving up",
                 data,
-                self.controller_restarts,
-                self.controller_restart_window,
+                self.restarts,
+                self.window,
             )
             return False
         return True
 
-    def _keep(self, process):
-        try:
-            code = process.wait()
-        except psutil.Error:
-            code = None
-        data = dict(exit_code=code, pid=process.pid, identifier=getattr(self, "identifier", None))
-        if not self.restarting(process.pid, data):
-            return
-        self.log.error("The controller exited unasked (%s): restarting it with --restore", data)
-        if not group_gone(process.pid):
-            self.log.warning("the dead controller's process group %s is still there", process.pid)
-        if self._stop_asked:
-            return
-        self.restarted += 1
-        self.start_again()
+
+def main_process(pid: int):
+    """The controller's main process (a ``psutil.Process``) given the process
+    its launcher started: that one, or, if it is a keeper, its child (None
+    while it has none: between two runs)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    if "ipyparallel_broadcast.launch.keep" not in process.cmdline():
+        return process
+    children = process.children()
+    return children[0] if len(children) == 1 else None
 
 
 def group_gone(pgid: int, timeout: float = GROUP_WAIT) -> bool:

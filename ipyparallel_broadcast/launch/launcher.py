@@ -26,37 +26,14 @@ from ipyparallel.cluster.launcher import (
 from traitlets import Bool, Enum, Integer, List, Unicode, Union, default
 
 from .commands import ENGINE_CMD, FORKED_CMD, ControllerCommand, StartFailure, section_args
-from .keeper import ControllerKeeping
 
 
-class BroadcastControllerLauncher(ControllerKeeping, ControllerCommand, StartFailure, LocalControllerLauncher):
-    """Run ``ipyparallel_broadcast.controller`` as a local process, started
-    again with ``--restore`` if it dies (``keeper``)."""
+class BroadcastControllerLauncher(ControllerCommand, StartFailure, LocalControllerLauncher):
+    """Run ``ipyparallel_broadcast.controller`` as a local process, under its
+    keeper (``keeper``): restarted with ``--restore`` if it dies."""
 
     def find_args(self):
-        args = self.controller_cmd + self.cluster_args + self.merged_controller_args()
-        return args + (["--restore", "--BroadcastController.restarted=True"] if self.restarted else [])
-
-    def start(self):
-        super().start()
-        self.keep(self.process)
-
-    def notify_stop(self, data):
-        """ipyparallel's, unless the controller died unasked and is restarted."""
-        if isinstance(data, dict) and data.get("pid") is not None and self.restarting(data["pid"], data):
-            return data
-        return super().notify_stop(data)
-
-    async def stop(self):
-        self.asked_to_stop()
-        return await super().stop()
-
-    def start_again(self):
-        """The keeper's restart, on its thread: the same command, with ``--restore``."""
-        self.state = "before"
-        self.start()
-        if hasattr(self.parent, "update_cluster_file"):
-            self.parent.update_cluster_file()  # its new pid, for ipcluster stop
+        return self.controller_cmd + self.cluster_args + self.merged_controller_args()
 
 
 class BroadcastEngineLauncher(LocalEngineLauncher):

@@ -63,7 +63,23 @@ class BedCluster(Managed):
         self.processes.append(p)
         return p
 
-    def start_controller(self, timeout: float = 60):
+    def kill_controller(self) -> int:
+        """SIGKILL the controller's main process; its children die with it (its pid)."""
+        pid = self.controller.pid
+        os.kill(pid, signal.SIGKILL)
+        self.controller.wait()
+        return pid
+
+    def restart_controller(self, timeout: float = 60):
+        """Start the controller again, as its launcher would: ``--restore``,
+        once what is left of the dead one's process group is gone."""
+        from ..launch.keeper import group_gone
+
+        if not group_gone(self.controller.pid):
+            raise RuntimeError("the dead controller's processes are still there")
+        self.start_controller(timeout, restore=True)
+
+    def start_controller(self, timeout: float = 60, restore: bool = False):
         host = self.bed.controller
         if self.stock:
             argv = [
@@ -86,6 +102,7 @@ class BedCluster(Managed):
             f"--log-level={self.log_level}",
             "--HeartMonitor.period=800",
             *self.controller_args,
+            *(["--restore"] if restore else []),
         ]
         p = self.controller = self._popen(host, argv, "controller")  # (``ip netns exec`` execs: its pid)
         deadline = time.monotonic() + timeout

@@ -282,7 +282,7 @@ def table(n: int, depth: int, medians) -> str:
 
 def process_groups(rc, cluster) -> dict[str, list]:
     """The controller's processes and the engines' (nannies included)."""
-    controller = psutil.Process(cluster.controller.process.pid)
+    controller = psutil.Process(cluster.controller.process.pid)  # its keeper, the controller its child
     engines = [psutil.Process(pid) for pid in rc[:].apply_sync(os.getpid)]
     return {
         "controller": [controller] + controller.children(recursive=True),

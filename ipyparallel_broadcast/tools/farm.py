@@ -29,6 +29,7 @@ import psutil
 
 from ..client.view import Batch
 from ..compat import ipp as seam
+from ..launch.keeper import main_process
 from ..launch.launcher import Cluster
 from . import bench
 from .sim import SimEngines
@@ -82,7 +83,7 @@ def farm_cluster(
             try:
                 farm.start(timeout=max(120, n / 10))
                 rc.wait_for_engines(n, timeout=max(120, n / 10))
-                yield rc, farm, psutil.Process(cluster.controller.process.pid)
+                yield rc, farm, main_process(cluster.controller.process.pid)
             finally:
                 rc.close()
                 farm.stop()

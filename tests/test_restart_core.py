@@ -1,0 +1,130 @@
+"""The pure parts of a controller restart: the hub's engine journal
+(``controller.enginejournal``), a line per change, read back whole by a
+restarted controller and rewritten when mostly dead; and the keeper's
+verdicts (``launch.keeper``)."""
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from ipyparallel_broadcast.controller.enginejournal import EngineJournal, JournaledEngines, JournalState, read
+from ipyparallel_broadcast.launch.keeper import RESTORE_ARGS, Verdicts
+
+pytestmark = pytest.mark.pure
+
+
+class EC:
+    def __init__(self, eid, uuid):
+        self.id, self.uuid, self.ident = eid, uuid, uuid.encode()
+
+
+def test_lines_make_the_table_and_a_torn_last_line_is_skipped():
+    state = JournalState()
+    for line in [
+        JournalState.filed(0, "a", None),
+        JournalState.filed(1, "b", "host1"),
+        JournalState.filed(2, "c", "host1"),
+        JournalState.gone(1),
+        '{"e": 3, "u": "d", "h"',  # the controller killed mid-write
+    ]:
+        state.read(line)
+    assert state.engines == {0: ("a", None), 2: ("c", "host1")}
+    assert (state.top, state.bad) == (2, 1)
+
+
+def test_a_restart_reads_back_what_a_killed_controller_wrote(tmp_path):
+    path = str(tmp_path / "engines.journal")
+    journal = EngineJournal(path)
+    journal.restore(keep=False)
+    hosts = {b"u1": "h1"}
+    engines = JournaledEngines(journal, hosts.get, lambda: None)
+    engines[0], engines[1], engines[2] = EC(0, "u0"), EC(1, "u1"), EC(2, "u2")
+    engines.pop(2)
+    engines.pop(7, None)  # not there: nothing written
+    del engines[0]
+    # no close: as after a SIGKILL, what was written is in the file
+    again = EngineJournal(path).restore(keep=True)
+    assert again.engines == {1: ("u1", "h1")} and again.top == 2
+
+
+def test_a_fresh_start_empties_the_journal(tmp_path):
+    path = str(tmp_path / "engines.journal")
+    journal = EngineJournal(path)
+    journal.restore(keep=False)
+    journal.filed(0, "u0", None)
+    journal.close()
+    assert EngineJournal(path).restore(keep=False).engines == {}
+    assert EngineJournal(path).restore(keep=True).engines == {}
+
+
+def test_a_journal_of_mostly_departed_engines_is_rewritten_and_keeps_the_top_id(tmp_path):
+    path = str(tmp_path / "engines.journal")
+    journal = EngineJournal(path)
+    journal.restore(keep=False)
+    for eid in range(500):  # churn: each engine comes and goes
+        journal.filed(eid, f"u{eid}", "h")
+        journal.gone(eid)
+    journal.filed(500, "last", None)
+    with open(path) as f:
+        lines = f.readlines()
+    assert journal.rewrites > 1 and len(lines) < 100  # bounded by the live table, not by history
+    state = read(path)
+    assert state.engines == {500: ("last", None)} and state.top == 500
+    journal.gone(500)
+    journal.close()
+    state = EngineJournal(path).restore(keep=True)
+    assert state.engines == {} and state.top == 500  # a new engine gets no id an old one had
+    assert all(json.loads(line) for line in open(path))
+
+
+def test_the_keeper_restarts_within_its_budget_once_per_process_and_never_after_a_stop_or_exit_0():
+    log = logging.getLogger("test")
+    killed = dict(exit_code=-9)
+    verdicts = Verdicts(2, 60.0, log)
+    assert verdicts.restarting(100, killed) and verdicts.restarting(100, killed)  # asked twice: one verdict
+    assert not verdicts.restarting(101, dict(exit_code=0))  # shut down on purpose
+    assert not verdicts.restarting(104, killed, came_up=False)  # never came up: a bad setting
+    assert verdicts.restarting(102, killed)
+    assert not verdicts.restarting(103, killed) and verdicts.gave_up  # a third within the window
+    stopped = Verdicts(2, 60.0, log)
+    stopped.stop_asked = True
+    assert not stopped.restarting(100, killed) and not stopped.gave_up
+    assert not Verdicts(0, 60.0, log).restarting(100, killed)
+    now = [0.0]
+    later = Verdicts(1, 60.0, log, clock=lambda: now[0])
+    assert later.restarting(1, killed) and not later.restarting(2, killed)
+    now[0] = 61.0  # a kill now and then over a long life: always restarted
+    assert later.restarting(3, killed)
+
+
+# a stand-in controller for the keeper: records its argv, says "up" unless told not to, then dies by SIGKILL
+STAND_IN = """
+import os, signal, sys
+with open(sys.argv[1], "a") as f:
+    f.write(" ".join(sys.argv[2:]) + "\\n")
+if "--mute" not in sys.argv:
+    os.write(int(os.environ["IPB_CONTROLLER_UP_FD"]), b"up")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def keep(tmp_path, *args):
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "ipyparallel_broadcast.launch.keep", "--restarts=2", "--window=60", "--"]
+    done = subprocess.run([*cmd, sys.executable, "-c", STAND_IN, str(runs), *args], capture_output=True, timeout=60)
+    return done.returncode, runs.read_text().splitlines(), done.stderr.decode()
+
+
+def test_the_keeper_restarts_a_killed_controller_with_restore_until_its_budget_is_spent(tmp_path):
+    code, runs, err = keep(tmp_path, "--x=1")
+    assert code == 128 + 9
+    assert runs == ["--x=1", "--x=1 " + " ".join(RESTORE_ARGS), "--x=1 " + " ".join(RESTORE_ARGS)]
+    assert "giving up" in err
+
+
+def test_the_keeper_does_not_restart_a_controller_that_never_came_up(tmp_path):
+    code, runs, _ = keep(tmp_path, "--mute")
+    assert code == 128 + 9 and runs == ["--mute"]
