@@ -50,6 +50,25 @@ def test_a_restart_reads_back_what_a_killed_controller_wrote(tmp_path):
     assert again.engines == {1: ("u1", "h1")} and again.top == 2
 
 
+def test_a_grant_is_kept_until_its_engine_is_filed_or_gone(tmp_path):
+    """An id granted whose engine has not beaten yet is journaled too: after a
+    restart that engine is filed when it beats (``{"g": ...}`` lines)."""
+    path = str(tmp_path / "engines.journal")
+    journal = EngineJournal(path)
+    journal.restore(keep=False)
+    hosts = {b"u1": "h1"}
+    engines = JournaledEngines(journal, hosts.get, lambda: None)
+    pending = JournaledEngines(journal, hosts.get, lambda: None, kind="g")
+    pending[b"u0"], pending[b"u1"], pending[b"u2"] = EC(0, "u0"), EC(1, "u1"), EC(2, "u2")
+    engines[0] = pending.pop(b"u0")  # beat: filed
+    del pending[b"u2"]  # set aside
+    state = read(path)
+    assert state.engines == {0: ("u0", None)} and state.granted == {1: ("u1", "h1")} and state.top == 2
+    journal.close()
+    assert EngineJournal(path).restore(keep=True).granted == {1: ("u1", "h1")}  # and after a rewrite
+    assert read(path).granted == {1: ("u1", "h1")}
+
+
 def test_a_fresh_start_empties_the_journal(tmp_path):
     path = str(tmp_path / "engines.journal")
     journal = EngineJournal(path)

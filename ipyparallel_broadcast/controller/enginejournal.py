@@ -5,7 +5,9 @@ uuid) at each registration and unregistration, O(N) each and O(N²) for N
 engines, and reads it back with ``ipcontroller --restore``. Ours appends
 one line per change instead, O(1): ``{"e": id, "u": uuid, "h": host}`` for
 an engine filed (``h`` names the host relay that registered it, or is
-null), ``{"x": id}`` for one gone. The file is flushed per line (a killed
+null), ``{"g": id, ...}`` for an id granted to an engine whose heart has
+not beaten yet (one that beats after a restart is filed then, not left
+unregistered for good), ``{"x": id}`` for either gone. The file is flushed per line (a killed
 controller loses nothing the kernel has) and synced to disk once per burst
 (``statefile.CoalescedWrites``). When dead lines outnumber live ones it is
 rewritten whole, by rename: amortized O(1) per change.
@@ -32,6 +34,7 @@ class JournalState:
 
     def __init__(self):
         self.engines: dict[int, tuple[str, str | None]] = {}
+        self.granted: dict[int, tuple[str, str | None]] = {}  # ids granted, not yet filed
         self.top = -1  # the highest id seen
         self.lines = 0  # lines read or written, live or not
         self.bad = 0  # lines that could not be read (a torn last line)
@@ -42,19 +45,26 @@ class JournalState:
             entry = json.loads(line)
             if "x" in entry:
                 self.engines.pop(int(entry["x"]), None)
+                self.granted.pop(int(entry["x"]), None)
                 return
-            eid, uuid, host = int(entry["e"]), entry["u"], entry.get("h")
+            kind = "g" if "g" in entry else "e"
+            eid, uuid, host = int(entry[kind]), entry["u"], entry.get("h")
             if not isinstance(uuid, str) or not (host is None or isinstance(host, str)):
                 raise TypeError("uuid and host are strings")
         except (ValueError, TypeError, KeyError, AttributeError):
             self.bad += 1
             return
-        self.engines[eid] = (uuid, host)
+        self.add(kind, eid, uuid, host)
+
+    def add(self, kind: str, eid: int, uuid: str, host: str | None) -> None:
+        """An engine filed (``"e"``) or granted its id (``"g"``)."""
+        self.granted.pop(eid, None)
+        (self.engines if kind == "e" else self.granted)[eid] = (uuid, host)
         self.top = max(self.top, eid)
 
     @staticmethod
-    def filed(eid: int, uuid: str, host: str | None) -> str:
-        return json.dumps(dict(e=eid, u=uuid, h=host), separators=(",", ":")) + "\n"
+    def filed(eid: int, uuid: str, host: str | None, kind: str = "e") -> str:
+        return json.dumps({kind: eid, "u": uuid, "h": host}, separators=(",", ":")) + "\n"
 
     @staticmethod
     def gone(eid: int) -> str:
@@ -64,12 +74,13 @@ class JournalState:
         """The live table as lines, the first carrying the top id (a gone
         engine's id is not granted again after a rewrite)."""
         lines = [self.filed(eid, uuid, host) for eid, (uuid, host) in self.engines.items()]
-        if self.top >= 0 and self.top not in self.engines:
+        lines += [self.filed(eid, uuid, host, "g") for eid, (uuid, host) in self.granted.items()]
+        if self.top >= 0 and self.top not in self.engines and self.top not in self.granted:
             lines[:0] = [self.filed(self.top, "", None), self.gone(self.top)]
         return lines
 
     def wants_rewrite(self) -> bool:
-        return self.lines > 2 * len(self.engines) + SLACK
+        return self.lines > 2 * (len(self.engines) + len(self.granted)) + SLACK
 
 
 def read(path: str) -> JournalState:
@@ -102,13 +113,13 @@ class EngineJournal:
         self._rewrite()
         return self.state
 
-    def filed(self, eid: int, uuid: str, host: str | None) -> None:
-        self.state.engines[eid] = (uuid, host)
-        self.state.top = max(self.state.top, eid)
-        self._append(self.state.filed(eid, uuid, host))
+    def filed(self, eid: int, uuid: str, host: str | None, kind: str = "e") -> None:
+        self.state.add(kind, eid, uuid, host)
+        self._append(self.state.filed(eid, uuid, host, kind))
 
     def gone(self, eid: int) -> None:
-        if self.state.engines.pop(eid, None) is not None:
+        engine, grant = self.state.engines.pop(eid, None), self.state.granted.pop(eid, None)
+        if engine is not None or grant is not None:
             self._append(self.state.gone(eid))
 
     def sync(self) -> None:
@@ -152,26 +163,27 @@ class EngineJournal:
 
 class JournaledEngines(dict):
     """The hub's ``engines`` (id -> EngineConnector): each engine filed or
-    removed is journaled, with the host that registered it (``host_of(heart)``)."""
+    removed is journaled, with the host that registered it (``host_of(heart)``).
+    ``kind="g"``: a table of grants instead (heart -> EngineConnector: the
+    hub's ``incoming_registrations``, the host registrations' ``pending``);
+    a grant removed is journaled gone, and one filed is journaled filed next."""
 
-    def __init__(self, journal: EngineJournal, host_of: Callable[[bytes], str | None], changed: Callable[[], None]):
+    def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None], kind: str = "e"):
         super().__init__()
-        self.journal, self.host_of, self.changed = journal, host_of, changed
+        self.journal, self.host_of, self.changed, self.kind = journal, host_of, changed, kind
 
-    def __setitem__(self, eid, ec):
-        super().__setitem__(eid, ec)
-        self.journal.filed(int(eid), ec.uuid, self.host_of(ec.ident))
+    def __setitem__(self, key, ec):
+        super().__setitem__(key, ec)
+        self.journal.filed(ec.id, ec.uuid, self.host_of(ec.ident), self.kind)
         self.changed()
 
-    def pop(self, eid, *default):
-        if eid not in self:
-            return super().pop(eid, *default)
-        ec = super().pop(eid)
-        self.journal.gone(int(eid))
+    def pop(self, key, *default):
+        if key not in self:
+            return super().pop(key, *default)
+        ec = super().pop(key)
+        self.journal.gone(ec.id)
         self.changed()
         return ec
 
-    def __delitem__(self, eid):
-        super().__delitem__(eid)
-        self.journal.gone(int(eid))
-        self.changed()
+    def __delitem__(self, key):
+        self.pop(key)

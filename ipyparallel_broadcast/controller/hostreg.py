@@ -70,7 +70,11 @@ class HostRegistrations:
         hub.session.send(hub.query, P.HOST_ENGINES_REPLY, content=reply, parent=msg, ident=idents)
         if new:
             hub.log.info("registration::host %s: ids %s granted to %i engines", host, _span(new), len(new))
-            hub.loop.call_later(hub.registration_timeout, self._purge, [u.encode() for u in new.values()])
+            self.purge_later([u.encode() for u in new.values()])
+
+    def purge_later(self, hearts: list[bytes]):
+        """Those of these engines not beating by ``registration_timeout`` are set aside."""
+        self.hub.loop.call_later(self.hub.registration_timeout, self._purge, hearts)
 
     def _beat(self, host: str, uuids: list[str]):
         """Engines whose heart beats, as their relay says: filed, and told in one notification."""
@@ -79,8 +83,8 @@ class HostRegistrations:
             heart = uuid.encode()
             ec = self.pending.get(heart)
             if ec is None and heart in self.late and self.late[heart][1] == host:  # it beats after all
-                ec = self.pending[heart] = self.late.pop(heart)[0]
                 self.registry.registered_via(heart, host)
+                ec = self.pending[heart] = self.late.pop(heart)[0]
                 self.hub.log.warning("registration::engine %i:%s beats at last; registered", ec.id, ec.uuid)
             if ec is not None and self.registry.host_of(heart) == host:
                 del self.pending[heart]
@@ -154,8 +158,8 @@ class HostRegistrations:
                 asked = None
             eid = type(hub).new_engine_id(hub, asked)  # ipyparallel's counter (or the id asked for, if free)
             self.late.pop(heart, None)  # (set aside, and asking again: this id, not that one)
+            registry.registered_via(heart, host)  # (first: the grant is journaled with its host)
             self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
-            registry.registered_via(heart, host)
             new[eid] = uuid
             answers.append(dict(uuid=uuid, status="ok", id=eid))
         return answers, new

@@ -47,9 +47,14 @@ class KeptEngines:
         if restore:
             self.restoration = Restoration(hub, self.registry, self.hosts, hub.loop.call_later)
             self.restoration.restore(state, grace)
-        engines = JournaledEngines(self.journal, self.registry.host_of, self.syncs.changed)
-        dict.update(engines, hub.engines)  # (journaled already)
-        hub.engines = engines
+        hub.engines = self._journaled(hub.engines, "e")
+        hub.incoming_registrations = self._journaled(hub.incoming_registrations, "g")
+        self.hosts.pending = self._journaled(self.hosts.pending, "g")
+
+    def _journaled(self, table: dict, kind: str) -> JournaledEngines:
+        journaled = JournaledEngines(self.journal, self.registry.host_of, self.syncs.changed, kind)
+        dict.update(journaled, table)  # (journaled already)
+        return journaled
 
     def close(self) -> None:
         """An orderly stop: the journal goes (its engines stop too)."""
@@ -63,7 +68,8 @@ class Restoration:
     def __init__(self, hub, registry, host_registrations, later: Callable[[float, Callable[[], None]], object]):
         self.hub, self.registry, self.hosts, self.later = hub, registry, host_registrations, later
         self.waiting: dict[bytes, list[bytes]] = {}  # a heart not yet beating -> the engines it stands for
-        self.restored = self.lost = 0
+        self.grants: list[bytes] = []  # engines of this host granted an id, not yet beating
+        self.restored = self.granted = self.lost = 0
 
     def restore(self, state: JournalState, grace: float) -> None:
         hub, hosts = self.hub, self.hosts
@@ -71,26 +77,53 @@ class Restoration:
             heart = uuid.encode()
             ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
             if host is not None:
-                self.registry.registered_via(heart, host)
-                relay_heart = host_ident(host)
-                hosts.host_hearts[relay_heart] = host
+                relay_heart = self._via(heart, host)
             else:
                 hub.hearts[heart] = eid  # its own heart stands for it
                 relay_heart = heart
             hosts.file(ec)
             self.waiting.setdefault(relay_heart, []).append(heart)
         self.restored = len(state.engines)
+        self._grants(state, grace)
         ipp.set_hub_next_id(hub, max(state.top + 1, ipp.hub_next_id(hub)))
         self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
-        if self.waiting:
+        if self.waiting or self.grants:
             self.later(grace, self.give_up)
         hub.log.info(
-            "restored %i engines (ids up to %i) through %i hearts; those silent for %g s will be unregistered",
+            "restored %i engines and %i grants (ids up to %i) through %i hearts; "
+            "those silent for %g s will be unregistered",
             self.restored,
+            self.granted,
             state.top,
             len(self.waiting),
             grace,
         )
+
+    def _via(self, heart: bytes, host: str) -> bytes:
+        """An engine registered by the relay of ``host``: that relay's heart."""
+        self.registry.registered_via(heart, host)
+        relay_heart = host_ident(host)
+        self.hosts.host_hearts[relay_heart] = host
+        return relay_heart
+
+    def _grants(self, state: JournalState, grace: float) -> None:
+        """Ids granted to engines whose heart had not beaten: pending again,
+        filed when it beats (its relay says so, or the heart monitor), set
+        aside as ever if it does not."""
+        through_hosts = []
+        for eid, (uuid, host) in sorted(state.granted.items()):
+            heart = uuid.encode()
+            ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
+            if host is not None:
+                self._via(heart, host)
+                self.hosts.pending[heart] = ec
+                through_hosts.append(heart)
+            else:
+                self.hub.incoming_registrations[heart] = ec
+                self.grants.append(heart)
+        if through_hosts:
+            self.hosts.purge_later(through_hosts)
+        self.granted = len(state.granted)
 
     def handle_new_heart(self, heart: bytes):
         self.waiting.pop(heart, None)
@@ -110,3 +143,5 @@ class Restoration:
                 hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
             self.lost += len(lost)
         self.waiting.clear()
+        for heart in self.grants:  # (ipyparallel purges a stalled registration so)
+            self.hub.incoming_registrations.pop(heart, None)

@@ -42,8 +42,11 @@ class BedCluster(Managed):
         controller_args: Sequence[str] = (),
         log_level: int = 30,
         stock: bool = False,
+        kept: int = 0,
     ):
-        self.bed, self.depth, self.fanout = bed, depth, fanout
+        """``kept``: run the controller under its keeper (``launch.keep``),
+        which restarts it that many times a minute at most (0: no keeper)."""
+        self.bed, self.depth, self.fanout, self.kept = bed, depth, fanout, kept
         self.controller_args, self.log_level, self.stock = list(controller_args), log_level, stock
         self._tmp = tempfile.TemporaryDirectory(prefix="ipb-bed-")
         self.profile_dir = self._tmp.name
@@ -63,11 +66,19 @@ class BedCluster(Managed):
         self.processes.append(p)
         return p
 
+    def hub_pid(self) -> int | None:
+        """The controller's main process (under a keeper: its child; None between two)."""
+        from ..launch.keeper import main_process
+
+        hub = main_process(self.controller.pid)
+        return None if hub is None else hub.pid
+
     def kill_controller(self) -> int:
         """SIGKILL the controller's main process; its children die with it (its pid)."""
-        pid = self.controller.pid
+        pid = self.hub_pid()
         os.kill(pid, signal.SIGKILL)
-        self.controller.wait()
+        if not self.kept:
+            self.controller.wait()
         return pid
 
     def restart_controller(self, timeout: float = 60):
@@ -104,6 +115,8 @@ class BedCluster(Managed):
             *self.controller_args,
             *(["--restore"] if restore else []),
         ]
+        if self.kept:
+            argv = [sys.executable, "-m", "ipyparallel_broadcast.launch.keep", f"--restarts={self.kept}", "--", *argv]
         p = self.controller = self._popen(host, argv, "controller")  # (``ip netns exec`` execs: its pid)
         deadline = time.monotonic() + timeout
         while not (self._file("client") and self._file("engine")):

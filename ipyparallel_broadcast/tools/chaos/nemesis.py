@@ -31,6 +31,7 @@ FAULTS = (
     "flood_link",
     "fill_shm",
     "kill_sim_host",
+    "kill_controller",
 )
 
 
@@ -109,6 +110,12 @@ class Nemesis:
         name = self.rng.choice(sorted(children))
         os.kill(children[name], signal.SIGKILL)
         return f"{name} pid {children[name]}"
+
+    def kill_controller(self) -> str:
+        """The controller's main process (its hub): its keeper starts it
+        again with ``--restore``, engines and clients kept."""
+        pid = self.bed.cluster.kill_controller()
+        return f"controller pid {pid}"
 
     def cut_link(self) -> str:
         host = self.rng.choice(self.bed.bed.hosts)

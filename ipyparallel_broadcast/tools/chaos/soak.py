@@ -93,7 +93,8 @@ class SoakBed(Managed):
         args = [f"--BroadcastController.node_timeout={self.node_timeout}", "--BroadcastController.ping_interval=0.3"]
         args.append(f"--BroadcastController.host_reduce_shape={self.reduce_shape}")
         args.append(f"--BroadcastController.host_push_shape={self.push_shape}")
-        self.cluster = BedCluster(self.bed, depth=1, fanout=2, controller_args=args).__enter__()
+        # kept: the nemesis kills the controller too (a budget no soak spends)
+        self.cluster = BedCluster(self.bed, depth=1, fanout=2, controller_args=args, kept=1000).__enter__()
         for host in [self.bed.controller] + self.bed.hosts:
             self.bed.limit(host, self.link)
         for host in self.bed.hosts:
@@ -142,7 +143,7 @@ class SoakBed(Managed):
     def controller_children(self) -> dict[str, int]:
         """The controller's child processes other than relay nodes, by name
         (``ipb-mux``, ``ipb-control``, ``ipb-task``, ``ipb-iopub``, ``ipb-heart``)."""
-        children = psutil.Process(self.cluster.controller.pid).children()
+        children = psutil.Process(self.cluster.hub_pid()).children()
         return {p.name(): p.pid for p in children if p.name().startswith("ipb-") and "-node-" not in p.name()}
 
     def engine_uuids(self) -> list[str]:
