@@ -11,6 +11,7 @@ import os
 import signal
 import tempfile
 
+import ipyparallel as ipp
 import psutil
 import pytest
 import zmq
@@ -59,6 +60,13 @@ def broadcast_works(rc) -> bool:
         return False
 
 
+def works(call) -> bool:
+    try:
+        return call()
+    except (error.CompositeError, error.RemoteError, TimeoutError):
+        return False
+
+
 def ended_once(ar, n: int) -> list:
     """Each engine's part of a call pending across the kill: its result, or
     an EngineError naming the controller (or its root relay) that died."""
@@ -77,6 +85,8 @@ def test_a_killed_controller_comes_back_with_its_engines_ids_namespaces_and_clie
         view = rc.broadcast_view()
         view.push(dict(kept="state"), block=True)
         ids, pids = list(rc.ids), rc[:].apply_sync(os.getpid)
+        stock = ipp.Client(profile_dir=rc.test_profile_dir, cluster_id=rc.cluster.cluster_id)
+        stock.wait_for_engines(len(ids), timeout=30)
         gate = tmp_path / "gate"
         pending = [view.apply_async(at_gate, str(gate)), rc[:].apply_async(at_gate, str(gate))]
         before = kill_controller(rc)
@@ -88,6 +98,11 @@ def test_a_killed_controller_comes_back_with_its_engines_ids_namespaces_and_clie
         assert rc.ids == ids
         assert view.pull("kept", block=True) == ["state"] * len(ids)
         assert rc[:].apply_sync(os.getpid) == pids  # the same processes
+        try:  # a stock client goes on too, as IPython Parallel documents for --restore: its sockets reconnect
+            until(lambda: works(lambda: stock[:].apply_sync(os.getpid) == pids), what="the stock client served")
+            assert stock.ids == ids
+        finally:
+            stock.close()
         other = ipb.Client(profile_dir=rc.test_profile_dir, cluster_id=rc.cluster.cluster_id)
         try:
             assert other.ids == ids
