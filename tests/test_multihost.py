@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 import ipyparallel as ipp
@@ -505,6 +506,9 @@ def test_a_controller_killed_and_restored_keeps_the_engines_behind_host_relays(t
         cluster.kill_controller()
         victim = rc.ids[-1]
         os.kill(pids[victim], signal.SIGKILL)  # while the controller is away
+        # away for longer than the client's controller_timeout (10 s): engines and relays wait
+        # for it (an engine for IPEngine.max_heartbeat_misses checks, 65 s by default)
+        time.sleep(12)
         cluster.restart_controller()
         gate.touch()
         for r in pending.get(timeout=60, return_exceptions=True):

@@ -108,7 +108,10 @@ class ControllerWatch(ClientSeam):
         if before is None or before == pid:
             return
         log.warning("The controller restarted (pid %s died; now pid %s): its engines are kept", before, pid)
-        self._fail_everything(f"the controller died (pid {before}) with it in flight, and was restarted")
+        why = f"the controller died (pid {before}) with it in flight, and was restarted"
+        self._fail_everything(why)
+        for _, close in list(self._owed_outputs()):  # its IOPub relay died with it
+            close(why)
 
     # -------------------------------------------------------- what is owed
     def _send_message(self, socket, msg_type, *args, ident=None, **kwargs):
