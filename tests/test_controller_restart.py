@@ -9,7 +9,9 @@ import glob
 import json
 import os
 import signal
+import subprocess
 import tempfile
+import threading
 
 import ipyparallel as ipp
 import psutil
@@ -20,7 +22,7 @@ from ipyparallel import error
 from jupyter_client.session import Session
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.launch.keeper import main_process
+from ipyparallel_broadcast.launch.keeper import RESTORE_ARGS, main_process
 from ipyparallel_broadcast.relay.registrar import HUB, Registrar
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.frames import send_frames
@@ -181,3 +183,61 @@ def test_an_engine_granted_its_id_before_the_controller_died_is_registered_when_
             hub.close()
             rc.close()
             cluster.stop_cluster_sync()
+
+
+def test_a_client_whose_connection_request_died_with_the_controller_asks_the_restarted_one():
+    """The chaos soak found it: clients started as the controller was killed
+    never ran (IPython Parallel's client asks once, and waits until its
+    timeout). Here the request reaches a socket in the hub's place that
+    never answers (a controller that took it with it), then the controller
+    comes back: our client asks it again once it hears it beat."""
+    config = quiet_config()
+    config.BroadcastControllerLauncher.controller_restarts = 0  # restarted by hand below
+    with running_cluster(1, 1, 2, config=config) as rc:
+        cluster = rc.cluster
+        hub = main_process(cluster.controller.process.pid)
+        argv, env = hub.cmdline(), hub.environ()  # (the launcher names the profile in the environment)
+        with open(glob.glob(os.path.join(rc.test_profile_dir, "security", "*-client.json"))[0]) as f:
+            info = json.load(f)
+        children = hub.children()
+        hub.kill()
+        until(lambda: all(process_gone(p.pid) for p in [hub, *children]), what="the controller and its children gone")
+        black_hole = zmq.Context.instance().socket(zmq.ROUTER)
+        black_hole.linger = 0
+        until(lambda: _bound(black_hole, f"{info['interface']}:{info['registration']}"), what="its port free")
+        made = {}
+        connecting = threading.Thread(
+            target=lambda: made.update(rc=_client_or_error(rc.test_profile_dir, cluster.cluster_id)), daemon=True
+        )
+        connecting.start()
+        assert black_hole.poll(30_000), "the client's connection request did not come"
+        black_hole.recv_multipart()  # taken, never answered: as by a controller that died with it
+        black_hole.close()
+        restarted = subprocess.Popen(
+            [*argv, *RESTORE_ARGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            connecting.join(60)
+            assert isinstance(made.get("rc"), ipb.Client), made
+            try:
+                assert made["rc"].ids == rc.ids
+            finally:
+                made["rc"].close()
+        finally:
+            restarted.terminate()
+            restarted.wait(30)
+
+
+def _bound(sock, url) -> bool:
+    try:
+        sock.bind(url)
+        return True
+    except zmq.ZMQError:
+        return False
+
+
+def _client_or_error(profile_dir, cluster_id):
+    try:
+        return ipb.Client(profile_dir=profile_dir, cluster_id=cluster_id, timeout=45)
+    except Exception as e:
+        return e

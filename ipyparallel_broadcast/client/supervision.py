@@ -29,6 +29,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 
 from ..compat.ipp import ClientSeam
 from ..wire import protocol as P
+from .connect import BeatWatch, connect_patiently
 from .guard import contained, guarded_callback
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,30 @@ class ControllerWatch(ClientSeam):
         super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------- the socket
+    def _connect_to_hub(self, sshserver, ssh_kwargs, timeout):
+        """ipyparallel's, asking again a controller restarted meanwhile (``connect``)."""
+        port = self._connection_info.get(P.NOTICES_KEY)
+        if port is None or self._tunneled:
+            return super()._connect_to_hub(sshserver, ssh_kwargs, timeout)
+        keys = dict(
+            curve_serverkey=self.curve_serverkey,
+            curve_secretkey=self.curve_secretkey,
+            curve_publickey=self.curve_publickey,
+        )
+        url = f"{self._connection_info['interface']}:{port}"
+        watch = BeatWatch(self._zmq_context, url, self.session, keys)
+        upstream = super()._connect_to_hub
+        try:
+            connect_patiently(
+                lambda seconds: upstream(sshserver, ssh_kwargs, seconds),
+                self._query_sock,
+                watch,
+                timeout,
+                reset=lambda: setattr(self, "_is_connected", False),
+            )
+        finally:
+            watch.close()
+
     def _open_streams(self):
         super()._open_streams()
         port = self._connection_info.get(P.NOTICES_KEY)

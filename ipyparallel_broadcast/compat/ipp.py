@@ -66,6 +66,8 @@ STATE = {
         "_notification_handlers": ("_notification_table", "registrations read through our roster (client.roster)"),
         "_notification_socket": ("_notification_sock", "the roster's hello subscription"),
         "_registration_callbacks": ("_registered_callbacks", "called per engine of a batch filed in one update"),
+        "_connected": ("_is_connected", "a connection request lost with a controller that died is asked again"),
+        "_query_socket": ("_query_sock", "the same: its reply awaited while the controller restarts"),
     },
     "ResultSeam": {
         "_client": ("_rc", "set as ipyparallel's __init__ does, over one call"),
@@ -103,6 +105,7 @@ HOOKS = {
         "_extract_metadata": ("_metadata_of", "engine start times parsed by the fast parser"),
         "_setup_streams": ("_open_streams", "every stream read by a contained handler"),
         "_asyncresult_from_jobs": ("_result_of_jobs", "a broadcast's per-engine ids found by call"),
+        "_connect": ("_connect_to_hub", "a connection request lost with a controller that died is asked again"),
     },
     "ViewSeam": {
         "_really_apply": ("_apply_call", "an apply becomes one broadcast"),

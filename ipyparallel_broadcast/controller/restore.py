@@ -12,7 +12,8 @@ dead. The restarted heart monitor knows no heart, so each heart that beats
 is new to it: a restored engine's own (one on the controller's host), or
 its host relay's, which stands for its host's engines. Those that have
 not beaten within ``grace`` seconds are unregistered, named, as a heart
-that stopped is.
+that stopped is. An id granted to an engine whose heart had not beaten yet
+is pending again: the engine is filed when it beats, as it would have been.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Restoration:
     def __init__(self, hub, registry, host_registrations, later: Callable[[float, Callable[[], None]], object]):
         self.hub, self.registry, self.hosts, self.later = hub, registry, host_registrations, later
         self.waiting: dict[bytes, list[bytes]] = {}  # a heart not yet beating -> the engines it stands for
-        self.grants: list[bytes] = []  # engines of this host granted an id, not yet beating
+        self.grants: list[bytes] = []  # engines on the controller's host granted an id, not yet beating
         self.restored = self.granted = self.lost = 0
 
     def restore(self, state: JournalState, grace: float) -> None:
