@@ -47,7 +47,8 @@ def main(argv=None):
         for view, c in v.by_view.items():
             totals[view].update(c)
         bad_after = {k: x for k, x in result["after"].items() if x != "ok"}
-        clean = v.clean and not result["stuck_clients"] and not bad_after
+        clean = v.clean and not result["stuck_clients"] and not result["failed_clients"] and not bad_after
+        clean = clean and result["settled"] == "ok"
         clean_runs += clean
         rows.append(
             f"| {args.seed} | {sum(faults.values())} | {faults['kill_queue']} | {s['calls']} | "
@@ -59,6 +60,9 @@ def main(argv=None):
         details += [f"- seed {args.seed}, hung: {h}" for h in v.hung]
         details += [f"- seed {args.seed}, afterwards: {k}: {x}" for k, x in bad_after.items()]
         details += [f"- seed {args.seed}, a client process never ended" for _ in result["stuck_clients"]]
+        details += [f"- seed {args.seed}, a client process failed (it could not run)" for _ in result["failed_clients"]]
+        if result["settled"] != "ok":
+            details.append(f"- seed {args.seed}, the bed did not settle: {result['settled']}")
     lines = [
         f"Bed: {args.hosts} hosts x {args.engines} real engines (network namespaces, links at 200 Mbit/s), "
         f"{args.sim_hosts} simulated hosts x {args.sim_engines} engines; {args.clients} clients for "
@@ -66,8 +70,9 @@ def main(argv=None):
         f"a big reduce's way between hosts: {args.reduce_shape}; a big push's: {args.push_shape}. "
         "A BroadcastView on the `direct` path, DirectView and LoadBalancedView reach real engines only.",
         "",
-        f"Runs with no call hung, lost, unnamed, misdelivered or run twice, and every operation working "
-        f"afterwards: **{clean_runs} of {args.runs}**.",
+        f"Runs with no call hung, lost, unnamed, misdelivered or run twice, every client running, the bed "
+        f"settled (every engine registered again) and every operation working afterwards: "
+        f"**{clean_runs} of {args.runs}**.",
         "",
         "Calls per view: ended ok / ended with some engines failed (named) / **hung**.",
         "",

@@ -287,6 +287,7 @@ def run(
     for p in procs:
         p.join(max(0.0, join_by - time.monotonic()))
     stuck = [i for i, p in enumerate(procs) if p.is_alive()]
+    failed = [i for i, p in enumerate(procs) if not p.is_alive() and p.exitcode != 0]  # (a client that could not run)
     for p in procs:
         p.kill()
     try:
@@ -304,6 +305,7 @@ def run(
         verdict=verdict,
         after=after,
         stuck_clients=stuck,
+        failed_clients=failed,
         started=start,
         engines=bed.expected,
         settled=settled,
