@@ -220,3 +220,61 @@ def gated_clients(info: dict, gate):
     stock = ipp.Client(gated)
     until(lambda: gate.waiting() == 2, what="both clients' subscriptions at the gate")
     return ours, stock
+
+
+class StandInRelay:
+    """The test speaks for a host relay of ``host`` on the hub's registration
+    socket of an engine-less cluster, its batches made by the relay's own
+    ``Registrar``: ``with StandInRelay(host) as s:`` gives ``s.cluster``,
+    ``s.rc`` (a client), ``s.relay``, ``s.codec`` and ``s.batch(sends)``."""
+
+    def __init__(self, host: str, controller_args=(), timeout: float = 60):
+        self.host, self.controller_args, self.timeout = host, list(controller_args), timeout
+
+    def __enter__(self):
+        import glob
+        import json
+
+        import zmq
+        from jupyter_client.session import Session
+
+        from ipyparallel_broadcast.relay.registrar import Registrar
+        from ipyparallel_broadcast.wire import protocol as P
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="ipb-test-", dir=os.environ.get("IPB_TEST_DIR"))
+        self.profile_dir = self._tmp.name
+        self.cluster = ipb.Cluster(
+            n=0, profile_dir=self.profile_dir, controller_args=self.controller_args, log_level=40
+        )
+        self.cluster.start_controller_sync()
+        self.rc = self.cluster.connect_client_sync()
+        (engine_file,) = glob.glob(os.path.join(self.profile_dir, "security", "*-engine.json"))
+        with open(engine_file) as f:
+            info = json.load(f)
+        self.codec = P.Codec(Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"]))
+        self.relay = Registrar(self.codec, self.host)
+        self.hub = zmq.Context.instance().socket(zmq.DEALER)
+        self.hub.LINGER = 0
+        self.hub.connect(f"{info['interface']}:{info['registration']}")
+        return self
+
+    def ask(self, uuid: str) -> int:
+        """An engine of this host asks to register: the id the hub granted."""
+        self.batch(self.relay.from_engine([b"engine-0"] + self.codec.pack("registration_request", dict(uuid=uuid))))
+        return self.relay.granted[uuid]
+
+    def batch(self, sends):
+        """Send the batch among ``sends`` to the hub; the relay reads its answer."""
+        from ipyparallel_broadcast.relay.registrar import HUB
+        from ipyparallel_broadcast.wire.frames import send_frames
+
+        (ask,) = [s for s in sends if s.socket == HUB]
+        send_frames(self.hub, ask.frames)
+        assert self.hub.poll(1000 * self.timeout), "the hub did not answer the batch"
+        self.relay.from_hub(self.hub.recv_multipart())
+
+    def __exit__(self, *exc):
+        self.hub.close()
+        self.rc.close()
+        self.cluster.stop_cluster_sync()
+        self._tmp.cleanup()

@@ -10,22 +10,17 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 
 import ipyparallel as ipp
 import psutil
 import pytest
 import zmq
-from cluster_util import at_gate, process_gone, quiet_config, running_cluster, until
+from cluster_util import StandInRelay, at_gate, process_gone, quiet_config, running_cluster, until
 from ipyparallel import error
-from jupyter_client.session import Session
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.launch.keeper import RESTORE_ARGS, main_process
-from ipyparallel_broadcast.relay.registrar import HUB, Registrar
-from ipyparallel_broadcast.wire import protocol as P
-from ipyparallel_broadcast.wire.frames import send_frames
 
 pytestmark = pytest.mark.cluster
 
@@ -150,39 +145,16 @@ def test_an_engine_granted_its_id_before_the_controller_died_is_registered_when_
     yet beaten when the controller died was left unregistered for good (the
     restored hub knew no such engine). Grants are journaled too; the test
     speaks for a host relay, with the relay's own ``Registrar``."""
-    with tempfile.TemporaryDirectory(prefix="ipb-test-", dir=os.environ.get("IPB_TEST_DIR")) as profile_dir:
-        cluster = ipb.Cluster(n=0, profile_dir=profile_dir, log_level=40)
-        cluster.start_controller_sync()
-        rc = cluster.connect_client_sync()
-        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-        with open(engine_file) as f:
-            info = json.load(f)
-        codec = P.Codec(Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"]))
-        relay = Registrar(codec, "a-host")
-        hub = zmq.Context.instance().socket(zmq.DEALER)
-        hub.LINGER = 0
-        hub.connect(f"{info['interface']}:{info['registration']}")
-
-        def batch(sends):
-            (ask,) = [s for s in sends if s.socket == HUB]
-            send_frames(hub, ask.frames)
-            assert hub.poll(60_000), "the hub did not answer the batch"
-            relay.from_hub(hub.recv_multipart())
-
-        try:
-            uuid = "engine-granted-then-orphaned"
-            batch(relay.from_engine([b"engine-0"] + codec.pack("registration_request", dict(uuid=uuid))))
-            eid = relay.granted[uuid]
-            before = main_process(cluster.controller.process.pid).pid
-            os.kill(before, signal.SIGKILL)
-            until(lambda: getattr(main_process(cluster.controller.process.pid), "pid", before) != before)
-            batch(relay.beating([uuid]))
-            rc.wait_for_engines(1, timeout=30)
-            assert rc.ids == [eid]
-        finally:
-            hub.close()
-            rc.close()
-            cluster.stop_cluster_sync()
+    with StandInRelay("a-host") as standin:
+        cluster, rc = standin.cluster, standin.rc
+        uuid = "engine-granted-then-orphaned"
+        eid = standin.ask(uuid)
+        before = main_process(cluster.controller.process.pid).pid
+        os.kill(before, signal.SIGKILL)
+        until(lambda: getattr(main_process(cluster.controller.process.pid), "pid", before) != before)
+        standin.batch(standin.relay.beating([uuid]))
+        rc.wait_for_engines(1, timeout=30)
+        assert rc.ids == [eid]
 
 
 def test_a_client_whose_connection_request_died_with_the_controller_asks_the_restarted_one():
