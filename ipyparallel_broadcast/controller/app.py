@@ -71,9 +71,10 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
 
     restarted = Bool(
         False,
-        help="Set by the launcher that restarted this controller (with --restore): its "
+        config=True,
+        help="Set by the keeper that restarted this controller (with --restore): its "
         "connection files are removed at an orderly stop, as the first run's would be.",
-    ).tag(config=True)
+    )
     restore_grace = Float(
         10.0,
         config=True,

@@ -68,7 +68,7 @@ class Keeper:
         while True:
             code, up = self.run_once(argv)
             came_up, pid = came_up or up, self.child.pid
-            if not self.verdicts.restarting(pid, dict(exit_code=code, pid=pid), came_up):
+            if not self.verdicts.restarting(dict(exit_code=code, pid=pid), came_up):
                 return code if code >= 0 else 128 - code
             log.error("The controller (pid %s) exited with %s: restarting it with --restore", pid, code)
             if not group_gone(pid):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 
 from traitlets import Float, HasTraits, Integer
@@ -58,23 +57,14 @@ class KeepSettings(HasTraits):
 class Verdicts:
     """Whether a controller process that ended is started again: not if it
     exited 0 (a shutdown asked by a client, or a SIGTERM), not if it never
-    came up, not once a stop was asked, not past the budget (``gave_up``).
-    Decided once per process."""
+    came up, not once a stop was asked, not past the budget (``gave_up``)."""
 
     def __init__(self, restarts: int, window: float, log, clock=time.monotonic):
         self.restarts, self.window, self.log = restarts, window, log
         self.budget = RestartBudget(max(restarts, 0), window, clock)
-        self.lock = threading.Lock()
-        self.known: dict[int, bool] = {}
         self.stop_asked = self.gave_up = False
 
-    def restarting(self, pid: int, data: dict, came_up: bool = True) -> bool:
-        with self.lock:
-            if pid not in self.known:
-                self.known[pid] = self._decide(data, came_up)
-            return self.known[pid]
-
-    def _decide(self, data: dict, came_up: bool) -> bool:
+    def restarting(self, data: dict, came_up: bool = True) -> bool:
         if self.stop_asked or self.restarts <= 0 or data.get("exit_code") == 0 or not came_up:
             return False
         if not self.budget.allow():
