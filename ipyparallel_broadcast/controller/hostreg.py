@@ -72,6 +72,25 @@ class HostRegistrations:
             hub.log.info("registration::host %s: ids %s granted to %i engines", host, _span(new), len(new))
             self.purge_later([u.encode() for u in new.values()])
 
+    # --------------------------------------------------- a restarted hub's
+    def relay_of_host(self, host: str) -> bytes:
+        """An engine of ``host`` restored (``restore``): its relay's heart, which stands for it."""
+        heart = host_ident(host)
+        self.host_hearts[heart] = host
+        return heart
+
+    def granted_before(self, grants: list[tuple[EngineConnector, str]]):
+        """Engines granted their ids before the hub restarted: pending again."""
+        for ec, host in grants:
+            self.registry.registered_via(ec.ident, host)
+            self.pending[ec.ident] = ec
+        if grants:
+            self.purge_later([ec.ident for ec, _ in grants])
+
+    def journal_pending(self, journaled: Callable[[dict, str], dict]):
+        """The pending grants, kept in ``journaled(pending, "g")`` (``enginejournal``)."""
+        self.pending = journaled(self.pending, "g")
+
     def purge_later(self, hearts: list[bytes]):
         """Those of these engines not beating by ``registration_timeout`` are set aside."""
         self.hub.loop.call_later(self.hub.registration_timeout, self._purge, hearts)

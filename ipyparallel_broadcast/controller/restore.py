@@ -24,7 +24,6 @@ from collections.abc import Callable
 from ipyparallel.controller.hub import EngineConnector
 
 from ..compat import ipp
-from ..wire.topology import host_ident
 from .enginejournal import EngineJournal, JournaledEngines, JournalState
 from .statefile import CoalescedWrites
 
@@ -50,7 +49,7 @@ class KeptEngines:
             self.restoration.restore(state, grace)
         hub.engines = self._journaled(hub.engines, "e")
         hub.incoming_registrations = self._journaled(hub.incoming_registrations, "g")
-        self.hosts.pending = self._journaled(self.hosts.pending, "g")
+        self.hosts.journal_pending(self._journaled)
 
     def _journaled(self, table: dict, kind: str) -> JournaledEngines:
         journaled = JournaledEngines(self.journal, self.registry.host_of, self.syncs.changed, kind)
@@ -103,9 +102,7 @@ class Restoration:
     def _via(self, heart: bytes, host: str) -> bytes:
         """An engine registered by the relay of ``host``: that relay's heart."""
         self.registry.registered_via(heart, host)
-        relay_heart = host_ident(host)
-        self.hosts.host_hearts[relay_heart] = host
-        return relay_heart
+        return self.hosts.relay_of_host(host)
 
     def _grants(self, state: JournalState, grace: float) -> None:
         """Ids granted to engines whose heart had not beaten: pending again,
@@ -116,14 +113,12 @@ class Restoration:
             heart = uuid.encode()
             ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
             if host is not None:
-                self._via(heart, host)
-                self.hosts.pending[heart] = ec
-                through_hosts.append(heart)
+                self.hosts.relay_of_host(host)
+                through_hosts.append((ec, host))
             else:
                 self.hub.incoming_registrations[heart] = ec
                 self.grants.append(heart)
-        if through_hosts:
-            self.hosts.purge_later(through_hosts)
+        self.hosts.granted_before(through_hosts)
         self.granted = len(state.granted)
 
     def handle_new_heart(self, heart: bytes):
