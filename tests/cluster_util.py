@@ -228,8 +228,8 @@ class StandInRelay:
     ``Registrar``: ``with StandInRelay(host) as s:`` gives ``s.cluster``,
     ``s.rc`` (a client), ``s.relay``, ``s.codec`` and ``s.batch(sends)``."""
 
-    def __init__(self, host: str, controller_args=(), timeout: float = 60):
-        self.host, self.controller_args, self.timeout = host, list(controller_args), timeout
+    def __init__(self, host: str, controller_args=(), timeout: float = 60, config=None):
+        self.host, self.controller_args, self.timeout, self.config = host, list(controller_args), timeout, config
 
     def __enter__(self):
         import glob
@@ -244,13 +244,13 @@ class StandInRelay:
         self._tmp = tempfile.TemporaryDirectory(prefix="ipb-test-", dir=os.environ.get("IPB_TEST_DIR"))
         self.profile_dir = self._tmp.name
         self.cluster = ipb.Cluster(
-            n=0, profile_dir=self.profile_dir, controller_args=self.controller_args, log_level=40
+            n=0, profile_dir=self.profile_dir, controller_args=self.controller_args, log_level=40, config=self.config
         )
         self.cluster.start_controller_sync()
         self.rc = self.cluster.connect_client_sync()
         (engine_file,) = glob.glob(os.path.join(self.profile_dir, "security", "*-engine.json"))
         with open(engine_file) as f:
-            info = json.load(f)
+            self.info = info = json.load(f)
         self.codec = P.Codec(Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"]))
         self.relay = Registrar(self.codec, self.host)
         self.hub = zmq.Context.instance().socket(zmq.DEALER)
@@ -263,18 +263,64 @@ class StandInRelay:
         self.batch(self.relay.from_engine([b"engine-0"] + self.codec.pack("registration_request", dict(uuid=uuid))))
         return self.relay.granted[uuid]
 
-    def batch(self, sends):
-        """Send the batch among ``sends`` to the hub; the relay reads its answer."""
+    def batch(self, sends) -> list:
+        """Send the batch among ``sends`` to the hub; the relay reads its answer
+        (what it sends on, returned)."""
         from ipyparallel_broadcast.relay.registrar import HUB
         from ipyparallel_broadcast.wire.frames import send_frames
 
         (ask,) = [s for s in sends if s.socket == HUB]
         send_frames(self.hub, ask.frames)
-        assert self.hub.poll(1000 * self.timeout), "the hub did not answer the batch"
-        self.relay.from_hub(self.hub.recv_multipart())
+        return self.heard()
+
+    def heard(self) -> list:
+        """The relay reads the hub's next message: what it sends on."""
+        assert self.hub.poll(1000 * self.timeout), "the hub said nothing"
+        return self.relay.from_hub(self.hub.recv_multipart())
+
+    def beat(self) -> "StandInHeart":
+        """The relay's heart beats, until its ``stop()``."""
+        return StandInHeart(self.info, self.host)
 
     def __exit__(self, *exc):
         self.hub.close()
         self.rc.close()
         self.cluster.stop_cluster_sync()
         self._tmp.cleanup()
+
+
+class StandInHeart:
+    """A host relay's heart, as the hub's heart monitor sees one: its pings
+    answered from a thread, until ``stop()``; ``answered``, how many."""
+
+    def __init__(self, info: dict, host: str):
+        import threading
+
+        import zmq
+
+        from ipyparallel_broadcast.wire.topology import host_ident
+
+        ctx = zmq.Context.instance()
+        self.ping, self.pong = ctx.socket(zmq.SUB), ctx.socket(zmq.DEALER)
+        self.ping.linger = self.pong.linger = 0
+        self.ping.setsockopt(zmq.SUBSCRIBE, b"")
+        self.pong.IDENTITY = host_ident(host)
+        self.ping.connect(f"{info['interface']}:{info['hb_ping']}")
+        self.pong.connect(f"{info['interface']}:{info['hb_pong']}")
+        self.answered = 0
+        self.beating = threading.Event()
+        self.beating.set()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while self.beating.is_set():
+            if self.ping.poll(100):
+                self.pong.send_multipart(self.ping.recv_multipart())
+                self.answered += 1
+        self.ping.close()
+        self.pong.close()
+
+    def stop(self):
+        self.beating.clear()
+        self.thread.join(5)

@@ -21,6 +21,8 @@ from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
 from ipyparallel_broadcast.launch.keeper import RESTORE_ARGS, main_process
+from ipyparallel_broadcast.relay.registrar import ENGINES
+from ipyparallel_broadcast.wire import protocol as P
 
 pytestmark = pytest.mark.cluster
 
@@ -213,3 +215,30 @@ def _client_or_error(profile_dir, cluster_id):
         return ipb.Client(profile_dir=profile_dir, cluster_id=cluster_id, timeout=45)
     except Exception as e:
         return e
+
+
+def test_an_engine_dropped_but_not_yet_told_when_the_controller_died_is_told_by_the_restarted_one():
+    """The chaos runs found it: the hub drops the engines of a host whose relay
+    fell silent, and tells each it was dropped once the relay is heard again;
+    if the controller dies first, the engine lived on, unregistered, for good.
+    Drops are journaled; a relay whose link to the hub connects again says
+    hello; the restarted hub then tells the engine, through that relay."""
+    with StandInRelay("a-silent-host", config=quiet_config()) as standin:
+        cluster, rc = standin.cluster, standin.rc
+        uuid = "engine-dropped-then-orphaned"
+        heart = standin.beat()
+        standin.ask(uuid)
+        standin.batch(standin.relay.beating([uuid]))
+        rc.wait_for_engines(1, timeout=30)
+        # the monitor counts a heart at the ping after its first answer (then, its silence is a failure)
+        until(lambda: heart.answered >= 3, what="the relay's heart counted")
+        heart.stop()  # the host falls silent: the hub drops its engine, and cannot tell it yet
+        until(lambda: rc.ids == [], what="the silent host's engine dropped")
+        before = main_process(cluster.controller.process.pid).pid
+        os.kill(before, signal.SIGKILL)
+        until(lambda: getattr(main_process(cluster.controller.process.pid), "pid", before) != before)
+        sends = standin.batch(standin.relay.hello())  # (a relay says it when its link to the hub connects again)
+        told = [s for s in sends if s.socket == ENGINES and s.frames[0] == uuid.encode()]
+        while not told:
+            told = [s for s in standin.heard() if s.socket == ENGINES and s.frames[0] == uuid.encode()]
+        assert standin.codec.unpack(P.split_idents(told[0].frames)[1])["header"]["msg_type"] == P.DROPPED

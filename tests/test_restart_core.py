@@ -69,6 +69,27 @@ def test_a_grant_is_kept_until_its_engine_is_filed_or_gone(tmp_path):
     assert read(path).granted == {1: ("u1", "h1")}
 
 
+def test_an_engine_unregistered_is_remembered_as_dropped_and_the_oldest_drops_are_forgotten(tmp_path):
+    """A dropped engine that lives on is told so, after a restart too: the
+    journal keeps the last ``DROPS_KEPT`` drops, with their hosts."""
+    from ipyparallel_broadcast.controller import enginejournal
+
+    path = str(tmp_path / "engines.journal")
+    journal = EngineJournal(path)
+    journal.restore(keep=False)
+    hosts = {b"u1": "h1"}
+    engines = JournaledEngines(journal, hosts.get, lambda: None)
+    engines[0], engines[1] = EC(0, "u0"), EC(1, "u1")
+    engines.pop(1)
+    state = read(path)
+    assert state.engines == {0: ("u0", None)} and state.dropped == {1: ("u1", "h1")}
+    assert EngineJournal(path).restore(keep=True).dropped == {1: ("u1", "h1")}  # kept by a rewrite
+    many = JournalState()
+    for eid in range(enginejournal.DROPS_KEPT + 10):
+        many.read(JournalState.filed(eid, f"u{eid}", None, "d"))
+    assert len(many.dropped) == enginejournal.DROPS_KEPT and min(many.dropped) == 10
+
+
 def test_a_fresh_start_empties_the_journal(tmp_path):
     path = str(tmp_path / "engines.journal")
     journal = EngineJournal(path)
@@ -80,22 +101,27 @@ def test_a_fresh_start_empties_the_journal(tmp_path):
 
 
 def test_a_journal_of_mostly_departed_engines_is_rewritten_and_keeps_the_top_id(tmp_path):
+    from ipyparallel_broadcast.controller.enginejournal import DROPS_KEPT, SLACK
+
     path = str(tmp_path / "engines.journal")
     journal = EngineJournal(path)
     journal.restore(keep=False)
-    for eid in range(500):  # churn: each engine comes and goes
-        journal.filed(eid, f"u{eid}", "h")
+    for eid in range(3 * DROPS_KEPT):  # churn: each engine comes and goes (and a grant is withdrawn)
+        journal.filed(eid, f"u{eid}", "h", "g")
         journal.gone(eid)
-    journal.filed(500, "last", None)
+        journal.filed(eid, f"u{eid}", "h")
+        journal.filed(eid, f"u{eid}", "h", "d")
+    last = 3 * DROPS_KEPT
+    journal.filed(last, "last", None)
     with open(path) as f:
         lines = f.readlines()
-    assert journal.rewrites > 1 and len(lines) < 100  # bounded by the live table, not by history
+    assert journal.rewrites > 1 and len(lines) <= 2 * (DROPS_KEPT + 1) + SLACK  # bounded, not by history
     state = read(path)
-    assert state.engines == {500: ("last", None)} and state.top == 500
-    journal.gone(500)
+    assert state.engines == {last: ("last", None)} and state.top == last and len(state.dropped) == DROPS_KEPT
+    journal.filed(last, "last", None, "d")
     journal.close()
     state = EngineJournal(path).restore(keep=True)
-    assert state.engines == {} and state.top == 500  # a new engine gets no id an old one had
+    assert state.engines == {} and state.top == last  # a new engine gets no id an old one had
     assert all(json.loads(line) for line in open(path))
 
 

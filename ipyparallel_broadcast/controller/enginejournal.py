@@ -7,8 +7,11 @@ one line per change instead, O(1): ``{"e": id, "u": uuid, "h": host}`` for
 an engine filed (``h`` names the host relay that registered it, or is
 null), ``{"g": id, ...}`` for an id granted to an engine whose heart has
 not beaten yet (one that beats after a restart is filed then, not left
-unregistered for good), ``{"x": id}`` for either gone. The file is flushed per line (a killed
-controller loses nothing the kernel has) and synced to disk once per burst
+unregistered for good), ``{"d": id, ...}`` for an engine unregistered (the
+hub's ``Registry`` tells one that lives on that it was dropped, after a
+restart too; the last ``DROPS_KEPT``), ``{"x": id}`` for a grant gone.
+The file is flushed per line (a killed controller loses nothing the kernel
+has) and synced to disk once per burst
 (``statefile.CoalescedWrites``). When dead lines outnumber live ones it is
 rewritten whole, by rename: amortized O(1) per change.
 
@@ -22,10 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 SLACK = 64  # dead lines allowed beyond the live ones before a rewrite
+DROPS_KEPT = 4096  # engines dropped that a restarted hub still knows (``registry.REMEMBERED``)
 
 
 class JournalState:
@@ -35,6 +40,7 @@ class JournalState:
     def __init__(self):
         self.engines: dict[int, tuple[str, str | None]] = {}
         self.granted: dict[int, tuple[str, str | None]] = {}  # ids granted, not yet filed
+        self.dropped: OrderedDict[int, tuple[str, str | None]] = OrderedDict()  # engines unregistered, the last
         self.top = -1  # the highest id seen
         self.lines = 0  # lines read or written, live or not
         self.bad = 0  # lines that could not be read (a torn last line)
@@ -47,7 +53,7 @@ class JournalState:
                 self.engines.pop(int(entry["x"]), None)
                 self.granted.pop(int(entry["x"]), None)
                 return
-            kind = "g" if "g" in entry else "e"
+            kind = next(k for k in ("g", "d", "e") if k in entry)
             eid, uuid, host = int(entry[kind]), entry["u"], entry.get("h")
             if not isinstance(uuid, str) or not (host is None or isinstance(host, str)):
                 raise TypeError("uuid and host are strings")
@@ -57,9 +63,15 @@ class JournalState:
         self.add(kind, eid, uuid, host)
 
     def add(self, kind: str, eid: int, uuid: str, host: str | None) -> None:
-        """An engine filed (``"e"``) or granted its id (``"g"``)."""
+        """An engine filed (``"e"``), granted its id (``"g"``) or dropped (``"d"``)."""
         self.granted.pop(eid, None)
-        (self.engines if kind == "e" else self.granted)[eid] = (uuid, host)
+        if kind == "d":
+            self.engines.pop(eid, None)
+            self.dropped[eid] = (uuid, host)
+            while len(self.dropped) > DROPS_KEPT:
+                self.dropped.popitem(last=False)
+        else:
+            (self.engines if kind == "e" else self.granted)[eid] = (uuid, host)
         self.top = max(self.top, eid)
 
     @staticmethod
@@ -75,12 +87,13 @@ class JournalState:
         engine's id is not granted again after a rewrite)."""
         lines = [self.filed(eid, uuid, host) for eid, (uuid, host) in self.engines.items()]
         lines += [self.filed(eid, uuid, host, "g") for eid, (uuid, host) in self.granted.items()]
-        if self.top >= 0 and self.top not in self.engines and self.top not in self.granted:
+        lines += [self.filed(eid, uuid, host, "d") for eid, (uuid, host) in self.dropped.items()]
+        if self.top >= 0 and not any(self.top in t for t in (self.engines, self.granted, self.dropped)):
             lines[:0] = [self.filed(self.top, "", None), self.gone(self.top)]
         return lines
 
     def wants_rewrite(self) -> bool:
-        return self.lines > 2 * (len(self.engines) + len(self.granted)) + SLACK
+        return self.lines > 2 * (len(self.engines) + len(self.granted) + len(self.dropped)) + SLACK
 
 
 def read(path: str) -> JournalState:
@@ -118,8 +131,8 @@ class EngineJournal:
         self._append(self.state.filed(eid, uuid, host, kind))
 
     def gone(self, eid: int) -> None:
-        engine, grant = self.state.engines.pop(eid, None), self.state.granted.pop(eid, None)
-        if engine is not None or grant is not None:
+        """A grant withdrawn (its engine filed, or set aside)."""
+        if self.state.granted.pop(eid, None) is not None:
             self._append(self.state.gone(eid))
 
     def sync(self) -> None:
@@ -166,7 +179,8 @@ class JournaledEngines(dict):
     removed is journaled, with the host that registered it (``host_of(heart)``).
     ``kind="g"``: a table of grants instead (heart -> EngineConnector: the
     hub's ``incoming_registrations``, the host registrations' ``pending``);
-    a grant removed is journaled gone, and one filed is journaled filed next."""
+    a grant removed is journaled gone, and one filed is journaled filed next;
+    an engine removed is journaled dropped."""
 
     def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None], kind: str = "e"):
         super().__init__()
@@ -181,7 +195,10 @@ class JournaledEngines(dict):
         if key not in self:
             return super().pop(key, *default)
         ec = super().pop(key)
-        self.journal.gone(ec.id)
+        if self.kind == "e":
+            self.journal.filed(ec.id, ec.uuid, self.host_of(ec.ident), "d")
+        else:
+            self.journal.gone(ec.id)
         self.changed()
         return ec
 

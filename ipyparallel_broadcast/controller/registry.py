@@ -50,9 +50,24 @@ class Registry:
                 self.via.pop(self.dropped.popitem(last=False)[0], None)
 
     # ------------------------------------------------ engines registered by host
+    def remember_dropped(self, heart: bytes, eid: int, host: str | None):
+        """An engine dropped before the hub restarted (its journal says so)."""
+        self.dropped[heart] = eid
+        if host is not None:
+            self.via[heart] = host
+        while len(self.dropped) > self.remembered:
+            self.via.pop(self.dropped.popitem(last=False)[0], None)
+
     def relay_at(self, host: str, idents: list):
-        """The relay of ``host`` wrote from ``idents`` (a relay restarted: anew)."""
+        """The relay of ``host`` wrote from ``idents`` (a relay restarted: anew).
+        The first word from it since this hub started: the engines of its host
+        dropped meanwhile are told now (their notice waited for the route)."""
+        first = host not in self.relays
         self.relays[host] = list(idents)
+        if first and self.dropped:
+            for heart in self.hearts_via(host):
+                if heart in self.dropped:
+                    self.tell_if_dropped(heart)
 
     def registered_via(self, heart: bytes, host: str):
         self.via[heart] = host
@@ -77,9 +92,12 @@ class Registry:
 
     def tell_if_dropped(self, heart: bytes) -> bool:
         """If the hub dropped this engine, tell it to exit (True)."""
-        eid = self.dropped.pop(heart, None)
-        if eid is None:
+        if heart not in self.dropped:
             return False
+        host = self.via.get(heart)
+        if host is not None and host not in self.relays:
+            return True  # its relay has not written to this hub yet: told when it does (``relay_at``)
+        eid = self.dropped.pop(heart)
         # the heart is the engine's identity on every socket, its registration socket too
         self.hub.log.warning("engine %s was dropped but its heart beats again: telling it to exit", eid)
         relay = self.relay_of(heart)

@@ -85,6 +85,8 @@ class Restoration:
             self.waiting.setdefault(relay_heart, []).append(heart)
         self.restored = len(state.engines)
         self._grants(state, grace)
+        for eid, (uuid, host) in state.dropped.items():  # told, if they live, as the hub that dropped them would
+            self.registry.remember_dropped(uuid.encode(), eid, host)
         ipp.set_hub_next_id(hub, max(state.top + 1, ipp.hub_next_id(hub)))
         self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
         if self.waiting or self.grants:

@@ -2,7 +2,8 @@
 heartbeats by host (``registrar``, ``enginehearts``), and their sockets.
 
   register   ROUTER (abstract unix socket): its engines' registration requests
-  registrar  DEALER to the hub's registration socket: a batch at a time
+  registrar  DEALER to the hub's registration socket: a batch at a time (a
+             hello each time it connects again: a hub restarted)
   ping_in    SUB to the heart monitor's pings; pong_out, a DEALER whose
              identity is the relay's heart, answers them for the host
   ping_out   PUB (abstract unix socket): the pings, passed on to the engines
@@ -60,9 +61,14 @@ class HubSide:
         self.pong_out = make_socket(ctx, zmq.DEALER)
         self.pong_out.IDENTITY = host_ident(spec["host"])  # the relay's heart, as the hub knows it
         self._connected(self.pong_out, spec["hb_pong_url"], curve)
+        # the hub restarted: say where this relay is (the hub routes its notices by what it heard)
+        self.registrar_events = self.registrar_sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self.registrar_events.linger = 0
+        self.hub_links = 0
         self.handlers = {
             self.register: self.registrar.from_engine,
             self.registrar_sock: self.registrar.from_hub,
+            self.registrar_events: self.on_hub_link,
             self.ping_in: self.on_hub_ping,
             self.pong_in: self.on_pong,
         }
@@ -93,6 +99,12 @@ class HubSide:
             self.lost(gone)
             sends += self.registrar.lost(gone)
         return sends
+
+    def on_hub_link(self, frames) -> list[Send]:
+        """The link to the hub's registration socket connected: again, after the
+        first, is a hub restarted (or the link back), which hears a hello."""
+        self.hub_links += 1
+        return self.registrar.hello() if self.hub_links > 1 else []
 
     def on_pong(self, frames) -> list[Send]:
         self.hearts.pong(frames)
