@@ -230,6 +230,27 @@ def test_an_engine_that_dies_while_a_restarted_task_queue_waits_is_not_scheduled
         assert ar.get(timeout=30) == list(range(24, 0, -1))
 
 
+def test_a_task_for_an_engine_not_reconnected_to_a_restarted_task_queue_waits_for_it():
+    """The chaos runs found it: a restarted task scheduler schedules on every
+    engine once its wait ends, reconnected or not; a task sent to one not yet
+    reconnected (here paused, its heart forgiven) was dropped by the ROUTER
+    and waited forever. It waits for the engine now, and runs."""
+    args = ["--HeartMonitor.max_heartmonitor_misses=1000", "--RestartableTaskScheduler.hold=0.1"]
+    with running_cluster(2, 1, 2, controller_args=args) as rc:
+        pids = dict(zip(rc.ids, rc[:].apply_sync(os.getpid)))
+        victim = rc.ids[-1]
+        os.kill(pids[victim], signal.SIGSTOP)
+        try:
+            before = child(rc, "ipb-task")
+            os.kill(before, signal.SIGKILL)
+            until(lambda: restarted(rc, "ipb-task", before), what="a new task queue")
+            ar = rc.load_balanced_view(targets=[victim]).apply_async(os.getpid)
+            until(lambda: rc.queue_status()[victim]["tasks"] == 1, what="the task handed to the paused engine")
+        finally:
+            os.kill(pids[victim], signal.SIGCONT)
+        assert ar.get(timeout=60) == pids[victim]
+
+
 def test_a_queued_task_whose_only_engine_dies_fails_though_no_other_task_ends(tmp_path):
     """A task for one engine, queued while that engine is busy, fails once the
     engine is gone, even while every other engine is busy too: IPython

@@ -11,6 +11,14 @@ to the scheduling only when as many are connected as the hub has, or after
 that come before are queued, as ipyparallel queues them with no engine.
 A registration notice that comes before then (a new engine, or the hub's
 replay of one it has: ``controller.roster``) joins the wait too.
+
+An engine still not connected when the wait ends (paused, or slow to
+reconnect on a loaded host) is scheduled on all the same, but its tasks are
+not handed to a ROUTER that would drop them: sent with ``ROUTER_MANDATORY``,
+a task its engine cannot take yet waits in that engine's outbox and goes
+once it connects (the chaos runs found tasks lost so, after a controller
+restart). An engine that leaves takes its outbox with it; ipyparallel fails
+its tasks.
 """
 
 from __future__ import annotations
@@ -23,11 +31,15 @@ from zmq.utils.monitor import parse_monitor_message
 from ..compat.ipp import TaskSchedulerSeam
 from ..wire import protocol as P
 
+RETRY = 0.1  # seconds between two tries of the outboxes
+
 
 class RestartableTaskScheduler(TaskSchedulerSeam):
     hold = Float(2.0, config=True, help="Seconds a (re)started scheduler waits for its engines to reconnect.")
 
     def start(self):
+        self._outbox: dict[bytes, list] = {}  # engine -> tasks it could not take yet, in order
+        self.engine_stream.socket.router_mandatory = 1  # a task for an engine not connected: told, not dropped
         self._connected = 0
         self._waiting: list[bytes] | None = []  # None once released
         self._queried = False  # the hub's engines known
@@ -85,6 +97,7 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
                 self._waiting.remove(uid)
             self._release_if_connected()
             return
+        self._outbox.pop(uid, None)
         result = super()._remove_engine(uid)
         self._fail_stranded()
         return result
@@ -121,3 +134,46 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
             self._add_engine(uid)
         self.engine_stream.socket.disable_monitor()
         self._monitor.close()
+
+    # ---------------------------------------------------------- delivery
+    def submit_task(self, job, indices=None):
+        """ipyparallel's (the least loaded engine of ``indices``, its load,
+        its pending table, the hub told), the task delivered by ``_deliver``."""
+        loads = [self.loads[i] for i in indices] if indices else self.loads
+        idx = self.scheme(loads)
+        if indices:
+            idx = indices[idx]
+        target = self.targets[idx]
+        self._deliver(target, job.raw_msg)
+        self.add_job(idx)
+        self.pending[target][job.msg_id] = job
+        content = dict(msg_id=job.msg_id, engine_id=target.decode("ascii"))
+        self.session.send(self.mon_stream, "task_destination", content=content, ident=[b"tracktask", self.ident])
+
+    def _deliver(self, target: bytes, frames):
+        if target not in self._outbox and self._sent(target, frames):
+            return
+        if not self._outbox:
+            self.loop.call_later(RETRY, self._retry)
+        if target not in self._outbox:
+            self.log.warning("task: engine %s is not connected to this scheduler yet; its tasks wait", target)
+        self._outbox.setdefault(target, []).append(frames)
+
+    def _sent(self, target: bytes, frames) -> bool:
+        try:
+            self.engine_stream.socket.send_multipart([target, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:
+            if e.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):  # not connected (yet), or its queue full
+                return False
+            raise
+        return True
+
+    def _retry(self):
+        for target, box in list(self._outbox.items()):
+            while box and self._sent(target, box[0]):
+                box.pop(0)
+            if not box:
+                del self._outbox[target]
+                self.log.info("task: engine %s connected; its waiting tasks sent", target)
+        if self._outbox:
+            self.loop.call_later(RETRY, self._retry)
