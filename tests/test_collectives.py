@@ -3,6 +3,7 @@ coalescing and auto mode, at depths 0, 1 and 2."""
 
 import functools
 import json
+import logging
 import os
 import re
 import tempfile
@@ -11,7 +12,7 @@ import time
 import ipyparallel as ipp
 import numpy as np
 import pytest
-from cluster_util import running_cluster
+from cluster_util import running_cluster, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -559,3 +560,41 @@ def test_what_a_reduces_engines_print_comes_with_its_value(rc):
     assert ar.stdout == "".join(f"engine {r}\n" for r in range(len(rc)))  # in engine order, whatever came first
     quiet = view.reduce(ipp.interactive(lambda: rank), op="sum")  # noqa: F821
     assert quiet.get(timeout=60) == sum(range(len(rc))) and quiet.stdout == ""
+
+
+def _segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("ipb-shm-")}
+
+
+def _value_at_gate(gate, rank):
+    import os
+    import time
+
+    import numpy as np
+
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    return np.full(1 << 18, rank + 1.0)  # 2 MiB: through shared memory
+
+
+def test_a_reduction_reply_after_its_call_failed_is_dropped_quietly_with_its_segment(rc, tmp_path, caplog):
+    """The chaos runs found it: a reduction failed by name (its controller
+    died) whose reply came after all was logged as an invalid reply, and
+    the segment of its value was left behind."""
+    view = rc.broadcast_view(block=False)
+    view.scatter("rank", rc.ids, flatten=True, block=True)
+    gate = tmp_path / "gate"
+    segments = _segments()
+    future = view.reduce(ipp.interactive(_value_at_gate), str(gate), ipp.Reference("rank"), op="sum")
+    until(lambda: rc._root_watch.in_flight, what="the reduction in flight")
+    rc._fail_everything("failed by the test")
+    with pytest.raises(Exception, match="failed by the test"):
+        future.get(timeout=30)
+    before = rc._replies_received
+    caplog.clear()  # (the failure itself was logged)
+    with caplog.at_level(logging.DEBUG, logger="ipyparallel_broadcast.client.replies"):
+        gate.touch()
+        until(lambda: rc._replies_received > before, what="the late reply")
+        until(lambda: _segments() <= segments, what="no segment left")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert view.reduce(ipp.interactive(lambda: rank), op="sum").get(timeout=30) == sum(rc.ids)  # noqa: F821

@@ -139,6 +139,9 @@ class Replies:
                 self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
             if msg_id in self._reductions:
                 return self._reduced(self._reductions.pop(msg_id), msg)
+            if msg["metadata"].get("kind") == "reduced":  # its call ended first (failed: its controller died)
+                log.debug("reduction reply for a call that ended: %s", msg_id)
+                return self._shared.drop_value(B.reduced_parts(msg)[0].get("value"))
             call = self._calls.get(msg_id)
             outcomes = B.iter_bundle(self._codec, msg, tables=True)
             if call is None:

@@ -65,12 +65,20 @@ class SharedReplies:
     def drop(self, table: ReplyTable):
         """A table no call will read (its call is gone): its segments go."""
         for _, content in table.shm:
-            try:
-                ref = shm.Reference.from_content(content)
-            except shm.ShmError:
-                continue
-            if ref.name.startswith(self.prefix):
-                shm.remove(ref.name)
+            self._remove(content)
+
+    def drop_value(self, value):
+        """A reduce's value no call will read: its segment, if it has one, goes."""
+        if isinstance(value, dict) and value.get("t") == "shm":
+            self._remove(value.get("ref"))
+
+    def _remove(self, content):
+        try:
+            ref = shm.Reference.from_content(content)
+        except shm.ShmError:
+            return
+        if ref.name.startswith(self.prefix):  # never another's
+            shm.remove(ref.name)
 
     def close(self) -> list[str]:
         """The client closes: segments still named for it go (replies never read),
