@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from .netbed import Host, Managed, NetBed
 from .slurmbed import SlurmBed
 
+KEEP_LOGS = "IPB_BED_KEEP_LOGS"  # a folder: each bed cluster's profile (its logs) copied there as it closes
+
 ENGINE_CMDS = {
     "broadcast": [sys.executable, "-m", "ipyparallel_broadcast.engine"],
     "stock": [sys.executable, "-m", "ipyparallel.engine"],
@@ -205,6 +207,9 @@ class BedCluster(Managed):
                 pass
             p.wait()
         self._remove_relay_files()
+        keep = os.environ.get(KEEP_LOGS)
+        if keep:  # a run to look into afterwards: the controller's and engines' logs kept
+            shutil.copytree(self.profile_dir, os.path.join(keep, os.path.basename(self.profile_dir)))
         self._tmp.cleanup()
 
 
