@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+.venv/bin/python -m pip install -q -c .ci/constraints.txt -e .
 exec .venv/bin/python -m ipyparallel_broadcast.tools.demo "$@"

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from urllib.parse import unquote, urlparse
 
-import nbformat
 import pytest
 from cluster_util import skip_or_fail
 
@@ -38,6 +37,8 @@ def site(tmp_path_factory):
 
 
 def executed(site, name):
+    import nbformat  # (the docs extra: a pure test run need not install it)
+
     return nbformat.read(str(site["executed"] / name), as_version=4)
 
 

@@ -66,7 +66,7 @@ def available() -> str | None:
         try:
             __import__(module)
         except ImportError:
-            return f"the JupyterLab test needs {module} (pip install -e '.[test]')"
+            return f"the JupyterLab test needs {module} (pip install -e '.[browser]')"
     if browser_binary() is None:
         return "the JupyterLab test needs Chromium (apt-get install chromium)"
     return None

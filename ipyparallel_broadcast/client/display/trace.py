@@ -79,7 +79,10 @@ MARKERS = {
 def plot(events: list[dict], ax=None):
     """A timeline of the events (matplotlib): one row per place, in order of
     first appearance; returns the axes."""
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("Trace.plot needs matplotlib: pip install 'ipyparallel-broadcast[plot]'") from e
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.4 * len(spans(events)) + 1.5))
