@@ -251,6 +251,44 @@ def test_a_task_for_an_engine_not_reconnected_to_a_restarted_task_queue_waits_fo
         assert ar.get(timeout=60) == pids[victim]
 
 
+def test_a_request_replayed_through_a_second_queue_is_answered_and_does_not_hold_its_engine():
+    """The chaos soak's replay: one signed request sent to the mux and to the
+    task queue. The engine runs the first copy; ipykernel dropped the second
+    unanswered, and the task queue held that engine's one slot (its
+    high-water mark) for good: every later task for it waited forever. The
+    engine answers the copy with an error naming the replay now."""
+    import json
+
+    import zmq
+    from ipyparallel.serialize import pack_apply_message
+    from jupyter_client.session import Session
+
+    with running_cluster(2, 1, 2) as rc:
+        victim = rc.ids[0]
+        uuid = rc._engine_table[victim]
+        (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "*-client.json"))
+        with open(path) as f:
+            info = json.load(f)
+        session = Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"])
+        msg = session.msg("apply_request", content={}, metadata={"targets": [uuid]})
+        frames = session.serialize(msg) + pack_apply_message(os.getpid, (), {})
+        answers = {}
+        for queue, idents in (("mux", [uuid.encode()]), ("task", [])):  # the same frames, one queue after the other
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.linger = 0
+            try:
+                sock.connect(f"{info['interface']}:{info[queue]}")
+                sock.send_multipart(idents + frames)
+                assert sock.poll(30_000), f"no answer through the {queue} queue"
+                _, reply = session.feed_identities(sock.recv_multipart())
+                answers[queue] = session.deserialize(reply)["content"]
+            finally:
+                sock.close()
+        assert answers["mux"]["status"] == "ok"
+        assert answers["task"]["status"] == "error" and "replay" in answers["task"]["evalue"]
+        assert rc.load_balanced_view(targets=[victim]).apply_async(os.getpid).get(timeout=60) > 0
+
+
 def test_a_queued_task_whose_only_engine_dies_fails_though_no_other_task_ends(tmp_path):
     """A task for one engine, queued while that engine is busy, fails once the
     engine is gone, even while every other engine is busy too: IPython
