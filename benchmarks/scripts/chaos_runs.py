@@ -58,6 +58,8 @@ def main(argv=None):
         )
         print(rows[-1], flush=True)
         details += [f"- seed {args.seed}, hung: {h}" for h in v.hung]
+        for what in ("lost", "unnamed", "wrong", "twice"):  # (client, seq, op, ...) each
+            details += [f"- seed {args.seed}, {what}: {item}" for item in getattr(v, what)]
         details += [f"- seed {args.seed}, afterwards: {k}: {x}" for k, x in bad_after.items()]
         details += [f"- seed {args.seed}, a client process never ended" for _ in result["stuck_clients"]]
         details += [f"- seed {args.seed}, a client process failed (it could not run)" for _ in result["failed_clients"]]
