@@ -216,8 +216,7 @@ def test_remote_errors(rc, coalescing):
 
 def test_partial_errors_keep_good_results(rc, coalescing):
     ids = rc.ids
-    if len(ids) < 2:
-        pytest.skip("needs two engines")
+    assert len(ids) >= 2  # (every shape has two engines or more, and no test here kills one)
     view = rc.broadcast_view(coalescing=coalescing)
     view.scatter("rank", ids, flatten=True, block=True)
     ar = view.apply_async(ipp.Reference("int"), ipp.Reference("rank"))

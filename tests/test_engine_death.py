@@ -6,12 +6,11 @@ the request. (Host loss with the default heartbeats: test_reliability.)"""
 
 import os
 import signal
-import time
 
 import ipyparallel as ipp
 import psutil
 import pytest
-from cluster_util import running_cluster, settled_stats
+from cluster_util import arrived, running_cluster, settled_stats, until
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
@@ -36,9 +35,13 @@ def fresh_targets(rc):
     return rc.ids[-N:]
 
 
+@ipp.interactive
 def slow(x=1):
+    """Say it started (a file named by the pid in the pushed ``arrivals``), then take a while."""
+    import os
     import time
 
+    open(os.path.join(arrivals, str(os.getpid())), "w").close()  # noqa: F821
     time.sleep(1.5)
     return x
 
@@ -56,7 +59,8 @@ def start(op, view):
     if op == "apply":
         return view.apply_async(slow, 1)
     if op == "execute":
-        return view.execute("import time; time.sleep(1.5); y = 1", block=False)
+        started = "open(os.path.join(arrivals, str(os.getpid())), 'w').close()"
+        return view.execute(f"import os, time; {started}; time.sleep(1.5); y = 1", block=False)
     if op == "scatter":
         view.apply_async(slow)  # the push queues behind it
         return view.scatter("part", list(range(2 * N)), block=False)
@@ -70,12 +74,13 @@ def start(op, view):
 @pytest.mark.parametrize("death", ["kernel", "host"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", ["apply", "execute", "scatter", "map", "reduce"])
-def test_engine_killed_mid_request(rc, op, mode, death):
+def test_engine_killed_mid_request(rc, op, mode, death, tmp_path):
     targets = fresh_targets(rc)
     view = rc.broadcast_view(targets, coalescing=MODES[mode])
     pids = view.apply_sync(os.getpid)
+    view.push({"arrivals": str(tmp_path)}, block=True)
     ar = start(op, view)
-    time.sleep(0.3)
+    until(lambda: pids[1] in arrived(tmp_path), what="the request running on the victim")
     kill(pids[1], death)  # targets[1] dies with the request running
     with pytest.raises(error.CompositeError) as info:
         ar.get(timeout=60)
@@ -95,18 +100,14 @@ def test_engine_killed_mid_request(rc, op, mode, death):
         dead = [i for i, r in enumerate(outcomes) if isinstance(r, Exception)]
         assert dead == [1] and outcomes[1].ename == "EngineError"
     assert [n["pending"] for n in settled_stats(rc)] == [0] * (1 + 2)  # root + 2 leaves
-    deadline = time.monotonic() + 30
-    while targets[1] in rc.ids and time.monotonic() < deadline:
-        time.sleep(0.05)  # the next trial must not pick the dead engine
+    until(lambda: targets[1] not in rc.ids, what="the dead engine unregistered")  # (the next trial's targets)
 
 
 def test_dead_or_unknown_targets_are_refused_up_front(rc):
     targets = fresh_targets(rc)
     pid = rc[targets[0]].apply_sync(os.getpid)
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while targets[0] in rc.ids and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: targets[0] not in rc.ids, what="the dead engine unregistered")
     pending = set(rc._calls.live)
     refused = r"is not registered: it died or never registered"
     stale = rc.broadcast_view(targets[1:])
@@ -164,14 +165,10 @@ def test_an_engine_killed_holding_a_big_value_for_its_host_is_named_and_the_othe
     def held():
         return sum(node.get("held_values") or 0 for node in rc.broadcast_stats())
 
-    deadline = time.monotonic() + 30
-    while held() < 1 and time.monotonic() < deadline:  # the victim holds its value, its host waits
-        time.sleep(0.02)
+    until(lambda: held() >= 1, what="the victim's value held, its host waiting")
     assert held() == 1
     kill(pids[1], "kernel")
-    deadline = time.monotonic() + 30
-    while targets[1] in rc.ids and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: targets[1] not in rc.ids, what="the dead engine unregistered")
     go.touch()
     with pytest.raises(error.CompositeError) as info:
         ar.get(timeout=60)

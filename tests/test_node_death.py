@@ -7,7 +7,6 @@ import glob
 import os
 import re
 import signal
-import time
 
 import pytest
 from cluster_util import at_gate, quiet_config, running_cluster, settled_stats, until
@@ -149,8 +148,11 @@ def test_a_client_ended_in_any_order_never_stalls_its_zmq_context():
                 if sock is not dropped._broadcast_socket:  # the root's link closes last
                     sock.close(linger=0)
             root = nodes(rc)["root"]["pid"]
+            port = int(dropped._broadcast_socket.getsockopt(zmq.LAST_ENDPOINT).rsplit(b":", 1)[1])
+            before = _links_to(port)
+            assert before
             os.kill(root, signal.SIGKILL)  # the dropped client's link to the root closes
-            time.sleep(1)
+            until(lambda: not _links_to(port) & before, what="this process's links to the dead root closed")
         a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
         port = a.bind_to_random_port("tcp://127.0.0.1")
         b.connect(f"tcp://127.0.0.1:{port}")
@@ -160,3 +162,10 @@ def test_a_client_ended_in_any_order_never_stalls_its_zmq_context():
         dropped._stop_io_thread()
     finally:
         ctx.destroy(linger=0)
+
+
+def _links_to(port: int) -> set[int]:
+    """The local ports of this process's TCP connections to ``port``."""
+    import psutil
+
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == port}

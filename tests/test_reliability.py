@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 import zmq
-from cluster_util import running_cluster, settled_stats, until
+from cluster_util import arrive_and_hold, arrived, running_cluster, settled_stats, until
 from ipyparallel import error
 from ipyparallel.serialize import PrePickled
 from jupyter_client.session import Session
@@ -155,23 +155,24 @@ def test_ten_thousand_broadcasts_leave_no_state_and_bounded_memory():
 
 
 @pytest.mark.parametrize("coalescing", [True, False, ipb.Batch(2)], ids=["coalescing", "streaming", "partial"])
-def test_host_loss_is_detected_within_seconds_with_default_heartbeats(coalescing):
+def test_host_loss_is_detected_within_seconds_with_default_heartbeats(coalescing, tmp_path):
     """The engine and its nanny die together (as when a host is lost): the
     survivors' results arrive and the dead engine's EngineError follows, with
     the controller's default heartbeat settings (no test tuning)."""
     with running_cluster(4, 1, 2, config=Config()) as rc:
         view = rc.broadcast_view(coalescing=coalescing)
         pids = view.apply_sync(os.getpid)
-        ar = view.apply_async(lambda: __import__("time").sleep(1) or "done")
-        time.sleep(0.3)
+        ar = view.apply_async(arrive_and_hold, str(tmp_path))
+        until(lambda: set(arrived(tmp_path)) == set(pids), what="the request running on every engine")
         victim = psutil.Process(pids[2])
         for proc in victim.children(recursive=True) + [victim]:  # the nanny, then the kernel
             proc.kill()
         killed = time.monotonic()
+        (tmp_path / "go").touch()  # the survivors answer
         results = ar.get(timeout=60, return_exceptions=True)
         detected = time.monotonic() - killed
         print(f"host loss detected after {detected:.2f} s")
-        assert [r for i, r in enumerate(results) if i != 2] == ["done"] * 3
+        assert [r for i, r in enumerate(results) if i != 2] == [p for i, p in enumerate(pids) if i != 2]
         assert isinstance(results[2], error.RemoteError) and results[2].ename == "EngineError"
         assert detected < 15  # ~3.5 s by design (0.8 s x 3 heartbeats); generous against load
         assert all(n["pending"] == 0 for n in settled_stats(rc))

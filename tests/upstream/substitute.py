@@ -108,5 +108,6 @@ def settle_engines(*clients, timeout=20):
             if not any(unsettled & ids for ids in registered):
                 return
             time.sleep(0.1)
+        raise TimeoutError(f"engines {sorted(unsettled)} neither answered nor unregistered in {timeout} s")
     finally:
         rc.close()
