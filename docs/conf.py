@@ -2,7 +2,7 @@
 
 Markdown and notebooks by MyST (myst-nb), the PyData theme as IPython Parallel
 uses, the API from docstrings (autodoc, napoleon), the configuration reference
-from the traitlets classes (``_ext/configref.py``), intersphinx from local
+committed as Markdown (``tools/configref.py`` makes it; a test checks it), intersphinx from local
 inventories (``_inventories/``, made by ``_inventories/make.py``: the build
 needs no network). The example notebooks are copied in from ``notebooks/`` and
 executed during the build (``IPB_DOCS_EXECUTE=off`` renders them without
@@ -15,7 +15,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(HERE, "_ext"))
 sys.path.insert(0, ROOT)
 
 import ipyparallel_broadcast  # noqa: E402
@@ -31,10 +30,9 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx.ext.viewcode",
-    "configref",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "_inventories", "_ext", "README.md"]
+exclude_patterns = ["_build", "_inventories", "README.md"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 

@@ -177,7 +177,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
 
     def save_connection_dict(self, fname, cdict):
         """Tell clients and engines the tree's shape; engines also learn the
-        controller's host (an engine elsewhere runs a host relay, see ``hostrelay``)."""
+        controller's host (an engine elsewhere runs a host relay, see ``relay.hostshell``)."""
         cdict = dict(cdict)
         shape = self.shape
         cdict[TREE_KEY] = dict(

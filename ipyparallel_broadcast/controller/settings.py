@@ -45,7 +45,7 @@ class TreeSettings(Configurable):
         config=True,
         help="Engine hosts the tree is sized for when depth or fanout is 'auto'. Engines on "
         "hosts other than the controller's reach it through one host relay per host "
-        "(see hostrelay), so the controller-side leaves serve hosts, not engines.",
+        "(see relay.hostshell), so the controller-side leaves serve hosts, not engines.",
     )
     ping_interval = Float(
         0.5,
@@ -83,7 +83,7 @@ class TreeSettings(Configurable):
         True,
         config=True,
         help="Send request buffers of 1 MiB or more to the engines of a relay's own host "
-        "once, through /dev/shm, mapped copy-on-write by each engine (see shm). Off: each "
+        "once, through /dev/shm, mapped copy-on-write by each engine (see host.shm). Off: each "
         "engine gets its own copy over ZeroMQ.",
     )
     shared_memory_threshold = Integer(
@@ -95,7 +95,7 @@ class TreeSettings(Configurable):
         True,
         config=True,
         help="Send a request's big buffers to host relays in pipelined chunks, host to host "
-        "along a tree of the hosts (see bulk), instead of one whole copy from a leaf to each host.",
+        "along a tree of the hosts (see relay.dataplane), instead of one whole copy from a leaf to each host.",
     )
     host_chunk_size = Integer(
         0,
@@ -110,7 +110,7 @@ class TreeSettings(Configurable):
         0,
         config=True,
         help="How many hosts each host feeds chunks to: 1 is a chain; 0 picks it per request "
-        "from the alpha-beta model (linkmodel).",
+        "from the alpha-beta model (relay.dataplane.model).",
     )
     host_push_shape = Enum(
         list(choice.SHAPES),

@@ -1,7 +1,7 @@
-"""An engine's side of its host's relay (see ``hostrelay``): where the relay
+"""An engine's side of its host's relay (see ``relay.hostshell``): where the relay
 lives, its keys, starting it, joining it, and starting another if it dies.
 
-Kept apart from ``hostrelay`` so that an engine imports no more than it needs
+Kept apart from ``relay.hostshell`` so that an engine imports no more than it needs
 before its compose mode has set thread limits (nothing here loads NumPy).
 """
 

@@ -206,7 +206,7 @@ class ShmStore:
     ) -> tuple[Reference, list[memoryview]] | None:
         """A new segment for buffers of ``sizes`` ((index, nbytes)) that only
         this relay unlinks, mapped writable here: the views to fill (chunks
-        arriving, see ``schedulers.bulk``). None if shared memory cannot take it.
+        arriving, see ``relay.dataplane``). None if shared memory cannot take it.
         Not ``allocate``: its pages come as they are first written, by
         ``write`` (which then fails with ENOSPC, where a mapping would get SIGBUS)."""
         made = self._create(sizes, HELD, allocate=allocate)

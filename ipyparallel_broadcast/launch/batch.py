@@ -101,7 +101,9 @@ class BroadcastSlurmEngineSetLauncher(SlurmEngineSetLauncher):
     """Our engines as one Slurm job of ``n`` tasks."""
 
     entrypoint_name = "broadcast-slurm"
-    engine_cmd = List(list(ENGINE_CMD), config=True)
+    engine_cmd = List(
+        list(ENGINE_CMD), config=True, help="An engine's command line: this Python, ipyparallel_broadcast.engine."
+    )
     engines_per_node = Integer(
         0,
         config=True,

@@ -43,7 +43,12 @@ class ControllerCommand(KeepSettings):
     tree), the ``BroadcastController`` settings of the cluster's config, then
     ``controller_args``; a later one of the same setting wins."""
 
-    controller_cmd = List(config=True)
+    controller_cmd = List(
+        config=True,
+        help="The controller's command line; by default this Python running ipyparallel_broadcast.controller "
+        "under its keeper (launch.keep: restarted with --restore if it dies), or alone when "
+        "controller_restarts is 0.",
+    )
 
     @default("controller_cmd")
     def _kept_controller(self):

@@ -54,7 +54,9 @@ class BroadcastEngineSetLauncher(LocalEngineSetLauncher):
     """
 
     launcher_class = BroadcastEngineLauncher
-    engine_cmd = List(list(ENGINE_CMD), config=True)
+    engine_cmd = List(
+        list(ENGINE_CMD), config=True, help="An engine's command line: this Python, ipyparallel_broadcast.engine."
+    )
     fork = Bool(
         False,
         config=True,

@@ -17,7 +17,7 @@ Each simulated engine does what an engine does on the wire, and no more:
   holds ``engine_id``): what it prints goes out as an IOPub ``stream``, what
   it raises as an error reply, as a kernel's would.
 With ``hosts=True`` each process is a host of its own: it runs a host relay
-(``hostrelay``; labelled ``<host>-sim<k>``, so that processes on one machine are
+(``relay.hostshell``; labelled ``<host>-sim<k>``, so that processes on one machine are
 told apart) and its engines reach the tree through it, as real engines on
 another host do. The task queue and control channel are not connected (no load
 balancing, abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall

@@ -44,15 +44,15 @@ Jupyter message whose buffers follow):
 ``ipb_host``  host relay -> its leaf, content ``{host, engines: {eid: uuid}, token}``: the
     engines behind the relay (all of them, each time). The leaf routes them to it
     and passes ``ipb_route {add, remove, to, host, token}`` up (``to``: the leaf's
-    path); each node overrides its split for them (see ``schedulers.routes``).
+    path); each node overrides its split for them (see ``relay.routes``).
     The root answers ``ipb_route_ack {to, host, token}``, sent down along ``to``
     to the relay. ``ipb_lost {uuid, why}``: leaf -> host relay, an engine the hub
     lost. ``ipb_join {eid, uuid}`` / ``ipb_joined {boot}``: an engine and the
-    relay on its host (see ``hostrelay``).
+    relay on its host (see ``relay.hostshell``).
 ``ipb_hello``  a leaf or host relay -> each engine it serves, idents ``[uuid, b"?hello"]``;
     our engines answer ``ipb_hello_reply {shm}`` with the same idents: their
     shared-memory identity. Engines whose identity is the relay's own get big
-    buffers as a signed ``shm.Reference`` ident instead (see ``shm``, ``schedulers.sharing``).
+    buffers as a signed ``shm.Reference`` ident instead (see ``shm``, ``relay.sharing``).
 ``ipb_ping``  client -> root, content ``{ids}``: requests the client waits on;
     ``ipb_pong`` back, ``{node, boot, unknown}``: those the root does not hold
     (lost: see ``client.replies``).
