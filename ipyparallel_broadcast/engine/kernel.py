@@ -35,6 +35,7 @@ from ..wire import protocol as P
 from ..wire.protocol import OUTPUTS_KEY
 from .applycall import Functions, run_apply
 from .holds import HoldingKernel
+from .refusals import refuse, refused_replay
 
 _SIGINT = int(_signal.SIGINT)
 
@@ -174,7 +175,7 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
             return
         if P.may_be_dropped(msg) and self.on_drop_notice(msg):
             return
-        if self._replayed(msg):
+        if refused_replay(self, msg):
             return
         if self._lean(msg, received) is False:
             return await super().dispatch_shell(msg, *args, **kwargs)
@@ -297,42 +298,8 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
             return shm.expand(msg, at, self.codec.sign)
         except shm.ShmError as e:
             self.log.error("a request's shared buffers cannot be mapped: %s", e)
-            self._refuse(msg[:at] + msg[at + 1 :], f"engine {self.int_id} could not map a shared-memory buffer: {e}")
+            refuse(self, msg[:at] + msg[at + 1 :], f"engine {self.int_id} could not map a shared-memory buffer: {e}")
             return None
-
-    def _refuse(self, msg, why: str):
-        """Answer a request that cannot run here with an error naming why."""
-        try:
-            idents, body = P.split_idents(msg)
-            self.codec.check_signature(body[:5])
-            parent = self.session.unpack(P.as_bytes(body[1]))
-            request_md = self.session.unpack(P.as_bytes(body[3]))
-        except Exception:
-            self.log.error("Invalid Message", exc_info=True)
-            return
-        reply_type = parent.get("msg_type", "apply_request").replace("_request", "_reply")
-        try:
-            raise RuntimeError(why)
-        except RuntimeError:
-            content = error.wrap_exception(self.get_engine_info(method="apply"))
-        md = self.init_metadata({"header": parent, "metadata": request_md})  # what a task queue reads (status)
-        md = self.finish_metadata(parent, md, content)
-        self.session.send(self.shell_stream, reply_type, content, parent=parent, ident=idents, metadata=md)
-
-    def _replayed(self, msg) -> bool:
-        """A request whose signature this engine has seen (ipykernel drops it
-        unanswered): answered with an error, if it is a genuine copy, so that
-        whatever waits on it ends (the task queue's slot for this engine held
-        for good: the chaos soak's replay through two queues)."""
-        try:
-            signature = P.as_bytes(P.split_idents(msg)[1][0])
-        except Exception:
-            return False
-        if signature not in self.session.digest_history:
-            return False
-        self.log.error("a request this engine has already received came again (a replay); refused")
-        self._refuse(msg, f"engine {self.int_id} refused a request it had already received (a replay)")
-        return True
 
     def on_drop_notice(self, msg) -> bool:
         """The hub dropped this engine (its host was cut off) and will not take
