@@ -15,12 +15,14 @@ from cluster_util import quiet_config, running_cluster, until
 pytestmark = pytest.mark.cluster
 
 N = 3
+PORTS = "47100-47199"  # the relay's port for other hosts' chunks comes from here
 
 
 @pytest.fixture(scope="module")
 def rc():
     config = quiet_config()
     config.BroadcastEngine.host_relay = "always"
+    config.BroadcastEngine.host_relay_ports = PORTS
     with running_cluster(N, 1, 2, config=config) as rc:
         yield rc
 
@@ -37,6 +39,20 @@ def engine_pid(rc, eid) -> int:
 def test_engines_register_and_beat_through_their_relay(rc):
     stats = relay(rc)
     assert stats["registered_here"] == N and stats["hearts"] == N and sorted(stats["eids"]) == rc.ids
+
+
+def test_the_relay_listens_for_other_hosts_chunks_on_a_port_of_its_range(rc):
+    listening = [c.laddr.port for c in psutil.Process(relay(rc)["pid"]).net_connections("tcp") if c.status == "LISTEN"]
+    assert len(listening) == 1 and 47100 <= listening[0] <= 47199, listening
+
+
+def test_a_port_range_is_low_high():
+    from ipyparallel_broadcast.host.link import port_range
+
+    assert port_range("") is None and port_range("5000-5000") == (5000, 5000) and port_range("1-65535") == (1, 65535)
+    for bad in ("5000", "5001-5000", "0-10", "10-70000", "a-b", "-"):
+        with pytest.raises(ValueError, match="low-high"):
+            port_range(bad)
 
 
 def test_an_engine_paused_past_the_hubs_bound_is_kept_and_answers_when_resumed(rc):

@@ -18,12 +18,12 @@ import time
 import zmq
 from ipyparallel.engine import app as ipp_engine_app
 from ipyparallel.engine.app import aliases as engine_aliases
-from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode
+from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, Unicode, validate
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..compat.ipp import EngineSeam
 from ..host.composedir import cluster_key
-from ..host.link import HOST_KEY, JOIN_TIMEOUT, HostLink, host_label
+from ..host.link import HOST_KEY, JOIN_TIMEOUT, HostLink, host_label, port_range
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
 from . import compose
@@ -63,8 +63,20 @@ class BroadcastEngine(EngineSeam):
         that other hosts send it (see ipyparallel_broadcast.relay.dataplane.push); a random port.
         Default: the address of the interface that reaches the controller.""",
     )
+    host_relay_ports = Unicode(
+        "",
+        config=True,
+        help="""The ports, 'low-high', this host's relay picks its port for other hosts' chunks
+        from (see host_relay_ip): a range your firewall lets through between engine hosts.
+        Default: any free port.""",
+    )
     aliases = Dict(aliases)
     host_link = None
+
+    @validate("host_relay_ports")
+    def _port_range(self, proposal):
+        port_range(proposal.value)  # raises on a bad range
+        return proposal.value
 
     def init_engine(self):
         drop_unwritten_levels(self.log)
@@ -152,6 +164,7 @@ class BroadcastEngine(EngineSeam):
                 self.curve_serverkey,
                 self.log_level,
                 ip=self.host_relay_ip,
+                ports=port_range(self.host_relay_ports),
             )
             self.host_link.attach()  # under its leaf
             self.host_link.claim()  # the relay waits for this engine until it joined

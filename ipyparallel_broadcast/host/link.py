@@ -104,7 +104,7 @@ class HostLink:
 
     @classmethod
     def from_connection(
-        cls, info: dict, session, label: str, curve_serverkey=None, log_level=30, ip: str = ""
+        cls, info: dict, session, label: str, curve_serverkey=None, log_level=30, ip: str = "", ports=None
     ) -> HostLink:
         """The link of an engine whose engine connection file is ``info``."""
         from ..wire.naming import TREE_KEY
@@ -128,6 +128,7 @@ class HostLink:
                 hb_pong_url=f"{info['interface']}:{info['hb_pong']}" if "hb_pong" in info else None,
                 log_level=log_level,
                 ip=ip,
+                ports=list(ports) if ports else None,  # (BroadcastEngine.host_relay_ports)
                 curve_serverkey=curve_serverkey.decode() if curve_serverkey else None,
                 # the controller's timing and data plane (a controller before these: the defaults)
                 **{
@@ -271,3 +272,18 @@ class HostLink:
             os.unlink(os.path.join(self.place.joins, uuid))
         except OSError:
             pass
+
+
+def port_range(text: str) -> tuple[int, int] | None:
+    """``"low-high"`` (``BroadcastEngine.host_relay_ports``) as ``(low, high)``,
+    both included; None for ``""`` (any port). Raises ``ValueError``."""
+    if not text:
+        return None
+    low, sep, high = text.partition("-")
+    try:
+        span = (int(low), int(high)) if sep else None
+    except ValueError:
+        span = None
+    if span is None or not 1 <= span[0] <= span[1] <= 65535:
+        raise ValueError(f"a port range is 'low-high', 1 to 65535, not {text!r}")
+    return span

@@ -72,7 +72,8 @@ class HostRelayShell(NodeShell):
         if place.secret:
             self.bulk.curve_server, self.bulk.curve_secretkey = True, place.secret
         ip = spec.get("ip") or local_ip_towards(spec["up_url"])  # BroadcastEngine.host_relay_ip
-        port = self.bulk.bind_to_random_port(f"tcp://{ip}")
+        low, high = spec.get("ports") or (49152, 65535)  # BroadcastEngine.host_relay_ports
+        port = self.bulk.bind_to_random_port(f"tcp://{ip}", low, high + 1, max_tries=max(100, high + 1 - low))
         self.node.heartbeats.bulk_url = f"tcp://{ip}:{port}"
         self.notifications = self.registrar = self.monitor = self.pulse = None
         self.pulse_url = None  # where the parent's pulse link is, once connected
