@@ -56,7 +56,7 @@ SECTIONS = [
         "Under Slurm",
         '`ipcluster start` with `c.Cluster.controller_launcher_class = "broadcast-slurm"` and\n'
         '`c.Cluster.engine_launcher_class = "broadcast-slurm"` (see\n'
-        "[deployment](guide/deployment.md#under-slurm)); IPython Parallel's `SlurmLauncher` settings\n"
+        "[deployment](guide/deploy-slurm.md)); IPython Parallel's `SlurmLauncher` settings\n"
         "(`account`, `qos`, `timelimit`, `options`, `batch_template`) apply as well:",
         ["ipyparallel_broadcast.launch.batch:BroadcastSlurmEngineSetLauncher"],
     ),
