@@ -92,6 +92,23 @@ def _written_imports():
                 yield os.path.relpath(name, ROOT), m.group(1) or m.group(3), m.group(2)
 
 
+def test_every_test_module_says_what_it_tests_and_the_testing_page_names_it():
+    import ast
+    import glob
+
+    with open(os.path.join(ROOT, "docs", "testing.md")) as f:
+        page = f.read()
+    unsaid, unnamed = [], []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py"))):
+        name = os.path.basename(path)
+        with open(path) as f:
+            if not ast.get_docstring(ast.parse(f.read())):
+                unsaid.append(name)
+        if f"`{name}`" not in page:
+            unnamed.append(name)
+    assert (unsaid, unnamed) == ([], []), "a docstring for each test module, and a line in docs/testing.md"
+
+
 def test_every_written_import_of_the_package_resolves():
     import importlib
 

@@ -1,3 +1,6 @@
+"""The tree's shape, pure (``wire.topology``): leaves, paths and the split of targets down the
+tree at any depth and fan-out, balanced ids, and the 'auto' shape's picks."""
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
