@@ -130,10 +130,20 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
                 len(waiting),
                 self.hold,
             )
-        for uid in waiting:
-            self._add_engine(uid)
+        self._adding = True  # every engine in before a queued task is looked at again: one
+        try:  # for an engine added later would fail as impossible (ImpossibleDependency)
+            for uid in waiting:
+                self._add_engine(uid)
+        finally:
+            self._adding = False
+        self.update_graph(None)
         self.engine_stream.socket.disable_monitor()
         self._monitor.close()
+
+    def update_graph(self, dep_id=None, success=True):
+        """ipyparallel's, not while ``_release`` adds the engines one by one."""
+        if not getattr(self, "_adding", False):
+            return super().update_graph(dep_id, success)
 
     # ---------------------------------------------------------- delivery
     def submit_task(self, job, indices=None):
