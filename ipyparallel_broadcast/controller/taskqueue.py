@@ -36,6 +36,7 @@ RETRY = 0.1  # seconds between two tries of the outboxes
 
 class RestartableTaskScheduler(TaskSchedulerSeam):
     hold = Float(2.0, config=True, help="Seconds a (re)started scheduler waits for its engines to reconnect.")
+    _adding = False  # _release is adding its engines: queued tasks wait to be looked at again
 
     def start(self):
         self._outbox: dict[bytes, list] = {}  # engine -> tasks it could not take yet, in order
@@ -142,7 +143,7 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
 
     def update_graph(self, dep_id=None, success=True):
         """ipyparallel's, not while ``_release`` adds the engines one by one."""
-        if not getattr(self, "_adding", False):
+        if not self._adding:
             return super().update_graph(dep_id, success)
 
     # ---------------------------------------------------------- delivery
