@@ -45,16 +45,18 @@ class Registry:
         self._unregister(ident, msg)
         if ec is not None and ec.id not in hub.engines:
             hub.ids.discard(ec.id)  # (only this engine's id: a sweep of all ids per engine is O(N²) as hosts leave)
-            self.dropped[ec.ident] = ec.id
-            while len(self.dropped) > self.remembered:
-                self.via.pop(self.dropped.popitem(last=False)[0], None)
+            self._remember(ec.ident, ec.id)
 
     # ------------------------------------------------ engines registered by host
     def remember_dropped(self, heart: bytes, eid: int, host: str | None):
         """An engine dropped before the hub restarted (its journal says so)."""
-        self.dropped[heart] = eid
         if host is not None:
             self.via[heart] = host
+        self._remember(heart, eid)
+
+    def _remember(self, heart: bytes, eid: int):
+        """A dropped engine, told if it beats again; the oldest forgotten past ``remembered``."""
+        self.dropped[heart] = eid
         while len(self.dropped) > self.remembered:
             self.via.pop(self.dropped.popitem(last=False)[0], None)
 
