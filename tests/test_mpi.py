@@ -66,6 +66,8 @@ def mpi_cluster():
             cluster.rc.close()
             if cluster.proc.poll() is None:
                 cluster.stop()
+        # ipcluster stop, once every test is done with the cluster, whatever their order
+        assert cluster.left_behind(shm_before) == {}, "ipcluster stop left an MPI process or a shm name behind"
 
 
 @ipp.interactive
@@ -100,9 +102,3 @@ def test_the_engines_run_mpi_among_themselves(mpi_cluster):
 @pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
 def test_every_operation_on_mpi_engines(mpi_cluster, coalescing):
     every_operation(mpi_cluster.rc, coalescing)
-
-
-def test_ipcluster_stop_leaves_no_mpi_process_or_shm_name(mpi_cluster):
-    mpi_cluster.rc.close()
-    mpi_cluster.stop()
-    assert mpi_cluster.left_behind(mpi_cluster.shm_before) == {}

@@ -60,7 +60,7 @@ c.BroadcastEngine.compose = "static"
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def slurm_engines(slurm):
     shm_before = set(os.listdir("/dev/shm"))
     config = ENGINES_BY_SLURM.format(addr=slurm.bed.controller.addr, template=os.path.abspath(TEMPLATE))
@@ -68,58 +68,55 @@ def slurm_engines(slurm):
     cluster.rc = client(cluster)
     cluster.shm_before = shm_before
     yield cluster
+    # ipcluster stop, once the class is done with the cluster (class scope: its tests
+    # run together whatever the order, and the cluster is gone before the next Slurm test)
     cluster.rc.close()
-    if cluster.proc.poll() is None:
-        cluster.stop()
-
-
-@pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
-def test_every_operation_on_engines_started_by_sbatch(slurm_engines, coalescing):
-    every_operation(slurm_engines.rc, coalescing)
-
-
-def test_engines_from_sbatch_sit_behind_their_hosts_relays_with_slurm_budgets(slurm_engines):
-    rc = slurm_engines.rc
-    relays = {n["host"]: sorted(n["eids"]) for n in rc.broadcast_stats() if n.get("host")}
-    assert len(relays) == NODES and all(len(eids) == PER_NODE for eids in relays.values()), relays
-    from ipyparallel_broadcast.engine.compose import status
-
-    @ipp.interactive
-    def where():
-        import os
-
-        from ipyparallel_broadcast.host.link import host_label
-
-        return host_label(), os.environ["SLURM_LOCALID"], os.environ["SLURM_STEP_TASKS_PER_NODE"]
-
-    places = rc.broadcast_view().apply_sync(where)
-    by_host = {}
-    for label, local_id, _ in places:
-        by_host.setdefault(label, set()).add(local_id)
-    assert sorted(by_host.values(), key=sorted) == [{"0", "1", "2", "3"}] * NODES
-    statuses = rc.broadcast_view().apply_sync(status)
-    # srun's local rank and tasks per node set each budget from the first request:
-    # 4 engines on a node of 2 usable cores get 1 thread each (2/1/1/1 before)
-    assert [s["launcher_engines"] for s in statuses] == [PER_NODE] * N
-    assert [s["budget"] for s in statuses] == [max(1, s["cores"] // PER_NODE) for s in statuses]
-
-
-def test_a_big_push_crosses_each_slurm_hosts_link_once(slurm_engines):
-    rc, bed = slurm_engines.rc, slurm_engines.bed
-    data = np.ones(16 * 2**20, dtype=np.uint8)
-    before = [bed.link_bytes(h)[0] for h in bed.hosts]
-    rc.broadcast_view().push(dict(big=data), block=True)
-    received = [bed.link_bytes(h)[0] - b for h, b in zip(bed.hosts, before)]
-    assert all(data.nbytes <= r < 1.1 * data.nbytes for r in received), received
-    assert rc.broadcast_view().apply_sync(ipp.interactive(lambda: int(big.sum()))) == [data.size] * N  # noqa: F821
-
-
-def test_ipcluster_stop_leaves_no_job_process_or_shm_name(slurm_engines):
-    slurm_engines.rc.close()
-    out = slurm_engines.stop()
+    out = cluster.stop()
     assert "Stopping engine(s)" in out
-    assert not glob.glob(os.path.join(slurm_engines.security, "cluster-*.json"))
-    assert slurm_engines.left_behind(slurm_engines.shm_before) == {}
+    assert not glob.glob(os.path.join(cluster.security, "cluster-*.json"))
+    assert cluster.left_behind(shm_before) == {}, "ipcluster stop left a job, a process or a shm name behind"
+
+
+class TestEnginesBySbatch:
+    """Engines started by sbatch from the docs' template, the controller local."""
+
+    @pytest.mark.parametrize("coalescing", MODES, ids=MODE_IDS)
+    def test_every_operation_on_engines_started_by_sbatch(self, slurm_engines, coalescing):
+        every_operation(slurm_engines.rc, coalescing)
+
+    def test_engines_from_sbatch_sit_behind_their_hosts_relays_with_slurm_budgets(self, slurm_engines):
+        rc = slurm_engines.rc
+        relays = {n["host"]: sorted(n["eids"]) for n in rc.broadcast_stats() if n.get("host")}
+        assert len(relays) == NODES and all(len(eids) == PER_NODE for eids in relays.values()), relays
+        from ipyparallel_broadcast.engine.compose import status
+
+        @ipp.interactive
+        def where():
+            import os
+
+            from ipyparallel_broadcast.host.link import host_label
+
+            return host_label(), os.environ["SLURM_LOCALID"], os.environ["SLURM_STEP_TASKS_PER_NODE"]
+
+        places = rc.broadcast_view().apply_sync(where)
+        by_host = {}
+        for label, local_id, _ in places:
+            by_host.setdefault(label, set()).add(local_id)
+        assert sorted(by_host.values(), key=sorted) == [{"0", "1", "2", "3"}] * NODES
+        statuses = rc.broadcast_view().apply_sync(status)
+        # srun's local rank and tasks per node set each budget from the first request:
+        # 4 engines on a node of 2 usable cores get 1 thread each (2/1/1/1 before)
+        assert [s["launcher_engines"] for s in statuses] == [PER_NODE] * N
+        assert [s["budget"] for s in statuses] == [max(1, s["cores"] // PER_NODE) for s in statuses]
+
+    def test_a_big_push_crosses_each_slurm_hosts_link_once(self, slurm_engines):
+        rc, bed = slurm_engines.rc, slurm_engines.bed
+        data = np.ones(16 * 2**20, dtype=np.uint8)
+        before = [bed.link_bytes(h)[0] for h in bed.hosts]
+        rc.broadcast_view().push(dict(big=data), block=True)
+        received = [bed.link_bytes(h)[0] - b for h, b in zip(bed.hosts, before)]
+        assert all(data.nbytes <= r < 1.1 * data.nbytes for r in received), received
+        assert rc.broadcast_view().apply_sync(ipp.interactive(lambda: int(big.sum()))) == [data.size] * N  # noqa: F821
 
 
 # ---------------------------------------------------- the controller as a Slurm job too
