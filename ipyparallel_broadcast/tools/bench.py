@@ -83,9 +83,16 @@ def _register_wait(n: int) -> float:
     return max(60, 4 * n)
 
 
+def stock_depth(depth: int) -> int:
+    """A stock cluster's broadcast scheduler depth beside our ``depth``: at
+    least 1, as IPython Parallel's client cannot read the replies of its own
+    depth-0 broadcast scheduler (docs/upstream-issues.md) and the call hangs."""
+    return max(depth, 1)
+
+
 def _cluster(stack: ExitStack, side: str, n: int, depth: int, fanout: int = 2):
     """A cluster of n engines, not started: ours (``side`` "ours") or a stock
-    one whose broadcast scheduler has the same depth ("stock")."""
+    one whose broadcast scheduler has the same depth, 1 at least ("stock")."""
     profile_dir = stack.enter_context(tempfile.TemporaryDirectory())
     if side == "ours":
         return Cluster(
@@ -96,7 +103,7 @@ def _cluster(stack: ExitStack, side: str, n: int, depth: int, fanout: int = 2):
         log_level=40,
         engine_timeout=_register_wait(n),
         profile_dir=profile_dir,
-        controller_args=[f"--IPController.broadcast_scheduler_depth={max(depth, 0)}"],
+        controller_args=[f"--IPController.broadcast_scheduler_depth={stock_depth(depth)}"],
     )
 
 
@@ -265,7 +272,7 @@ def interleaved(vs: dict[str, object], fns: dict[str, Callable], reps: int) -> d
 
 def table(n: int, depth: int, medians) -> str:
     names = list(next(iter(medians.values())))
-    head = f"N={n} engines, depth {depth}"
+    head = f"N={n} engines, our tree's depth {depth}, stock's broadcast scheduler's {stock_depth(depth)}"
     measures = next(s for s in SUITES.values() if set(s) == set(medians))
     cols = [f"{m} ({measures[m][1]})" for m in measures]
     width = max(len(x) for x in names) + 2

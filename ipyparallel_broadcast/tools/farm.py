@@ -70,7 +70,8 @@ def farm_cluster(
             cluster = Cluster(depth=depth, fanout=fanout, controller_args=HEARTBEATS + list(controller_args), **common)
         else:
             cluster = ipp.Cluster(
-                controller_args=HEARTBEATS + [f"--IPController.broadcast_scheduler_depth={depth}", *controller_args],
+                controller_args=HEARTBEATS
+                + [f"--IPController.broadcast_scheduler_depth={bench.stock_depth(depth)}", *controller_args],
                 **common,
             )
         cluster.start_controller_sync()
