@@ -102,9 +102,23 @@ def table(setting: str, results: dict) -> list[str]:
             f"| {asked} | {' / '.join(shapes)} | {runs[0]['nodes']} | {spread([r['coalescing'] for r in runs])} "
             f"| {spread([r['streaming'] for r in runs])} | {spread([r['cpu'] for r in runs])} |"
         )
-    best = min(results, key=lambda k: statistics.median(r["coalescing"] for r in results[k]))
-    lines += ["", f"- fastest coalesced echo (median of runs): {best}", ""]
-    return lines
+    lines.append("")
+    for measure, what in (("coalescing", "coalesced echo"), ("streaming", "streamed echo"), ("cpu", "center CPU")):
+        lines.append(f"- {what}: {verdict(results, measure)}")
+    return lines + [""]
+
+
+def verdict(results: dict, measure: str) -> str:
+    """The least median over runs, and which other shapes' spreads reach it (a tie within the spread)."""
+    runs = {asked: [r[measure] for r in rs] for asked, rs in results.items()}
+    best = min(runs, key=lambda k: statistics.median(runs[k]))
+    ties = [k for k in runs if k != best and min(runs[k]) <= max(runs[best])]
+    said = f"least median {best}"
+    for other in runs:
+        if other != best:
+            gap = statistics.median(runs[other]) / statistics.median(runs[best]) - 1
+            said += f"; {other} +{100 * gap:.0f}%" + (" (spreads overlap)" if other in ties else "")
+    return said
 
 
 def main(argv=None):
