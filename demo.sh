@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: make an environment, start a local cluster (8 engines, tree
-# depth 2), broadcast in both reply modes, print a comparison table, shut down.
+# The main job: make an environment, start a local cluster (8 engines, the
+# default tree), broadcast in both reply modes, print a comparison table, shut down.
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv

@@ -162,3 +162,21 @@ def test_a_job_is_taken_for_ended_only_when_slurm_says_so(tmp_path):
         assert batch.job_state("7", squeue("exec sleep 5")) == "UNKNOWN"
     finally:
         batch.SQUEUE_TIMEOUT = old
+
+
+def test_the_default_tree_is_auto_sized_for_the_engine_count_and_cores():
+    """No depth or fan-out given: the shape 'auto' picks (results/default-tree.md)."""
+    from traitlets.config import LoggingConfigurable
+
+    from ipyparallel_broadcast.controller.settings import TreeSettings
+    from ipyparallel_broadcast.engine.compose.host import cpu_count
+    from ipyparallel_broadcast.wire.topology import auto_shape
+
+    class Settings(TreeSettings, LoggingConfigurable):
+        pass
+
+    settings = Settings(engines=8)
+    assert settings.shape == auto_shape(8, cpu_count())
+    assert settings.auto_inputs == dict(engines=8, cores=cpu_count())
+    fixed = Settings(depth=2, fanout=3, engines=8)
+    assert fixed.shape.depth == 2 and fixed.shape.fanout == 3 and fixed.auto_inputs is None

@@ -1,6 +1,10 @@
 """The main job: a local cluster, broadcasts in both reply modes, collectives,
 and a comparison with DirectView and ipyparallel's own BroadcastView, measured
 in the same run. ``python -m ipyparallel_broadcast.tools.demo [--engines 8 --depth 2]``
+
+The tree is the default one ('auto': picked for the engines and this host's
+cores) unless ``--depth`` (and ``--fanout``) say otherwise; the stock
+cluster's broadcast scheduler gets the same depth.
 """
 
 import argparse
@@ -11,6 +15,8 @@ import ipyparallel as ipp
 import numpy as np
 
 from ..client.view import Batch
+from ..engine.compose.host import cpu_count
+from ..wire.topology import auto_shape
 from . import bench
 
 
@@ -49,16 +55,20 @@ def show_collectives(rc):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=8)
-    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--depth", type=int, help="tree depth (default: the controller's 'auto')")
+    parser.add_argument("--fanout", type=int, help="tree fan-out (default: the controller's 'auto')")
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    # what the controller's 'auto' picks on this host, decided here so the stock cluster gets the same depth
+    shape = auto_shape(args.engines, cpu_count(), args.depth, args.fanout)
+    args.depth = shape.depth
     with ExitStack() as stack:
         print(
-            f"Starting two local clusters of {args.engines} engines each: ours "
-            f"(relay tree depth {args.depth}) and stock ipyparallel (same depth)..."
+            f"Starting two local clusters of {args.engines} engines each: ours (relay tree depth "
+            f"{shape.depth}, fan-out {shape.fanout}) and stock ipyparallel (same depth)..."
         )
-        ours, stock = bench.start_clusters(stack, args.engines, args.depth)
+        ours, stock = bench.start_clusters(stack, args.engines, shape.depth, shape.fanout)
         show_broadcasts(ours)
         show_collectives(ours)
         print(f"Timing, {args.reps} interleaved rounds (medians):\n")
