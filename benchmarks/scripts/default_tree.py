@@ -91,7 +91,7 @@ def spread(values) -> str:
 
 def table(setting: str, results: dict) -> list[str]:
     lines = [
-        f"### {setting}",
+        f"## {setting}",
         "",
         "| asked | tree | relay processes | coalesced echo (ms) | streamed echo (ms) | center CPU per call (ms) |",
         "|---|---|---:|---:|---:|---:|",
