@@ -105,5 +105,53 @@ def _skip_foreign_members(app, what, name, obj, skip, options):
     return None
 
 
+# -- a figure's source: links to benchmarks/results/NAME.md (as they read on a forge)
+# go to the results page built from that file, and say the commit that made it
+from docutils import nodes  # noqa: E402
+from myst_parser.sphinx_ext.myst_refs import MystReferenceResolver  # noqa: E402
+from sphinx.transforms.post_transforms import SphinxPostTransform  # noqa: E402
+
+RESULTS_SRC = os.path.join(ROOT, "benchmarks", "results")
+
+
+def _result_commit(name: str) -> str:
+    with open(os.path.join(RESULTS_SRC, name + ".md"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("Commit: "):
+                return line.split()[1][:7]
+    return "?"
+
+
+class ResultsLinks(SphinxPostTransform):
+    """A link to a results file becomes one to its page (before MyST resolves it)."""
+
+    default_priority = MystReferenceResolver.default_priority - 1
+
+    def run(self, **kwargs):
+        from sphinx import addnodes
+
+        for node in self.document.findall(addnodes.pending_xref):
+            target = node.get("reftarget", "")
+            head, _, name = target.rpartition("/")
+            if node.get("refdomain") == "doc" and head.endswith("benchmarks/results"):
+                if os.path.exists(os.path.join(RESULTS_SRC, name + ".md")):
+                    node["reftarget"] = "results/" + name
+
+
+class ResultsTitles(SphinxPostTransform):
+    """Each link to a results page says, on hover, the commit its figures come from."""
+
+    default_priority = MystReferenceResolver.default_priority + 1
+
+    def run(self, **kwargs):
+        for node in self.document.findall(nodes.reference):
+            uri = node.get("refuri", "")
+            name = uri.rpartition("results/")[2].partition(".html")[0]
+            if "results/" in uri and os.path.exists(os.path.join(RESULTS_SRC, name + ".md")):
+                node["reftitle"] = f"benchmarks/results/{name}.md, made at commit {_result_commit(name)}"
+
+
 def setup(app):
     app.connect("autodoc-skip-member", _skip_foreign_members)
+    app.add_post_transform(ResultsLinks)
+    app.add_post_transform(ResultsTitles)
