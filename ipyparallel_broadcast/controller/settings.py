@@ -129,7 +129,7 @@ class TreeSettings(Configurable):
         config=True,
         help="How a reduce's big values go between host relays to their leaf: a 'chain' of the hosts, "
         "or 'two trees' (Sanders, Speck and Traeff: each half of the value up a binary tree); "
-        "'auto' picks per request from the alpha-beta model (uplinks).",
+        "'auto' picks per request from the alpha-beta model (relay.dataplane.choice).",
     )
     node_restarts = Integer(
         10,
