@@ -2,13 +2,19 @@
 
 A *figure* is a number with a unit of time (µs, ms, s, minutes), a ratio (×,
 times, floors, %) or a byte rate (MB/s, GiB/s, ...) in a page's prose. Each is
-either *sourced*: the text of a link to the results file that measured it
-(``[99 ms](../benchmarks/results/center-16hosts.md)``), a file that holds each
-number of the link's text, to the precision quoted (a table's figures: a link
-in the paragraph above the table names their file); or *given*: code (a setting, a size,
-a command's argument: ```0.8 s```), or in brackets right after a setting's
-name in code (```Client.iopub_timeout` (10 s)``). ``tests/test_figures.py``
-fails on any other figure, and on a sourced one its file does not hold.
+either *sourced* or *given*:
+
+- sourced: the text of a link to the results file that measured it, as in
+  ``[99 ms](../benchmarks/results/center-16hosts.md)``; that file must hold
+  each number of the link's text, to the precision quoted (98.9 holds 99). A
+  table's figures are sourced by the results files linked in the paragraph
+  just above the table, which must hold each number in its cells.
+- given: in a code span (a setting, a size, a command's argument), or in
+  brackets right after a setting's name in code (``Client.iopub_timeout``
+  followed by "(10 s)").
+
+``tests/test_figures.py`` fails on any other figure, and on a sourced one its
+file does not hold.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 # a code span, and a default in brackets after a setting's name (`Client.iopub_timeout`, `node_timeout`)
 CODE = re.compile(r"`(?:[A-Z]\w*\.\w+|[a-z]+_\w+)`\s\([^()\n]*\)|`[^`\n]*`")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+NO_SOURCE = "has no source: link it to its results file, or code it if given"
 
 
 def pages() -> list[str]:
@@ -122,9 +129,6 @@ def check_line(page: str, lineno: int, line: str, named: list[str] = ()) -> list
     cells = [c.strip() for c in rest.strip().strip("|").split("|")]
     plain = [c for c in cells[1:] if re.fullmatch(rf"\**{NUMBER}\**", c)]  # a number in a column of figures
     return found + unheld(page, lineno, FIGURE.findall(rest) + plain, named)
-
-
-NO_SOURCE = "has no source: link it to its results file, or code it if given"
 
 
 def table_caption(lines: list[str], i: int):
