@@ -8,10 +8,13 @@ soak's clients, started as the nemesis killed the controller, never ran).
 
 Ours watches the controller's beats meanwhile (``notices``). Its request
 goes as ipyparallel sends it, waited for ``SLICE`` seconds; then, while time
-is left, the client waits on, asking again only if the controller is a new
-one: a beat from a process it had not heard, or any beat after silence. A
-reply that comes is read by ipyparallel's next try at once (its own request
-then answered too, and dropped: an unknown reply on the query socket is).
+is left, the client asks again if a controller beat that it had not heard
+before it asked (a restarted one may beat within the slice: it does not have
+the request), or else waits on for a new one: a beat from a process it had not
+heard, or any beat after silence. A reply that comes is read by ipyparallel's
+next try at once (its own request then answered too, and dropped: an unknown
+reply on the query socket is), so a request asked again of a slow controller
+costs one reply more.
 """
 
 from __future__ import annotations
@@ -62,13 +65,17 @@ def connect_patiently(try_once, query: zmq.Socket, watch: BeatWatch, timeout: fl
     poller.register(query, zmq.POLLIN)
     poller.register(watch.sock, zmq.POLLIN)
     while True:
+        watch.new_controller()
+        heard_when_asked = set(watch.heard)  # the controllers that may have the request
         try:
             return try_once(max(0.0, min(SLICE, deadline - time.monotonic())))
         except TimeoutError:
             if deadline - time.monotonic() <= 0:
                 raise
             reset()
-        watch.new_controller()  # who beat meanwhile: the controller that has the request, or none
+        watch.new_controller()
+        if watch.heard - heard_when_asked:
+            continue  # a controller first heard after the request went: it may not have it, ask it
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
