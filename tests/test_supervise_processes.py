@@ -96,7 +96,8 @@ def test_a_child_is_named_and_ends_with_its_parent(tmp_path):
     parent.start()
     until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip(), what="the grandchild")
     grandchild = int((tmp_path / "pid").read_text())
-    assert psutil.Process(grandchild).name() == "ipb-test-grand"
+    # the child names itself once it runs, which may be after its parent wrote its pid
+    until(lambda: psutil.Process(grandchild).name() == "ipb-test-grand", what="the grandchild to name itself")
     os.kill(parent.pid, signal.SIGKILL)
     parent.join()
 
