@@ -315,6 +315,8 @@ def test_a_big_reduce_up_two_trees_enters_the_controller_once_and_a_host_killed_
 
 def test_a_big_push_goes_host_to_host_in_chunks_and_leaves_the_controller_about_once(bed):
     rc = bed.rc
+    # every host's relay up and serving its engines (an earlier test may have killed one)
+    until(lambda: len(relays(rc)) == 3 and all(n["engines"] == PER_HOST for n in relays(rc).values()), what="3 relays")
     before = {s["node"]: s for s in rc.broadcast_stats()}
     data = np.arange(1 << 20, dtype=np.float64)  # 8 MiB, in chunks of a size the leaf picks
     out = bed.bed.link_bytes(bed.bed.controller)[1]
@@ -430,7 +432,8 @@ def test_a_push_down_two_trees_reaches_every_engine_and_the_next_is_planned_for_
 
 
 def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_path):
-    """Last in this module: the cut-off host's engines are gone afterwards."""
+    """The cut-off host's engines exit; the host gets engines again afterwards,
+    so that the tests after this one find the bed whole, whatever the order."""
     rc, host = bed.rc, bed.bed.hosts[-1]
     label = label_of(bed.bed, host)
     cut = relays(rc)[label]["eids"]
@@ -457,6 +460,11 @@ def test_a_host_cut_off_fails_its_engines_naming_it_and_nothing_hangs(bed, tmp_p
 
     until(nothing_left, what="nothing left of the cut-off host at the controller")
     assert rc.broadcast_view().apply_sync(lambda: 4) == [4] * len(rc.ids)
+    bed.start_engines(host, PER_HOST)
+    until(
+        lambda: len(rc.ids) == 3 * PER_HOST and relays(rc).get(label, {}).get("engines") == PER_HOST,
+        what="the host's engines back",
+    )
 
 
 def test_a_client_whose_subscription_is_late_sees_real_engines_behind_host_relays():
