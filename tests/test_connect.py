@@ -38,13 +38,22 @@ def beats():
     notices.thread.join(5)
 
 
-def test_a_controller_first_heard_during_the_first_try_is_asked_again(beats, monkeypatch):
+@pytest.fixture
+def link(beats):
+    """A client's query socket and its watch on the controller's beats; (query, watch)."""
     url, session, _ = beats
-    monkeypatch.setattr(connect, "SLICE", 0.5)
     ctx = zmq.Context.instance()
     query = ctx.socket(zmq.DEALER)
     query.linger = 0
     watch = connect.BeatWatch(ctx, url, session, {})
+    yield query, watch
+    watch.close()
+    query.close()
+
+
+def test_a_controller_first_heard_during_the_first_try_is_asked_again(link, monkeypatch):
+    query, watch = link
+    monkeypatch.setattr(connect, "SLICE", 0.5)
     tries = []
 
     def try_once(seconds):
@@ -57,21 +66,13 @@ def test_a_controller_first_heard_during_the_first_try_is_asked_again(beats, mon
             raise TimeoutError("no reply")
         return "connected"
 
-    try:
-        assert connect.connect_patiently(try_once, query, watch, timeout=20, reset=lambda: None) == "connected"
-    finally:
-        watch.close()
-        query.close()
+    assert connect.connect_patiently(try_once, query, watch, timeout=20, reset=lambda: None) == "connected"
     assert len(tries) == 2
 
 
-def test_a_controller_that_beats_and_does_not_answer_is_asked_once_more_then_waited_for(beats, monkeypatch):
-    url, session, _ = beats
+def test_a_controller_that_beats_and_does_not_answer_is_asked_once_more_then_waited_for(link, monkeypatch):
+    query, watch = link
     monkeypatch.setattr(connect, "SLICE", 0.2)
-    ctx = zmq.Context.instance()
-    query = ctx.socket(zmq.DEALER)
-    query.linger = 0
-    watch = connect.BeatWatch(ctx, url, session, {})
     tries = []
 
     def try_once(seconds):
@@ -79,10 +80,6 @@ def test_a_controller_that_beats_and_does_not_answer_is_asked_once_more_then_wai
         time.sleep(seconds)
         raise TimeoutError("no reply")
 
-    try:
-        with pytest.raises(TimeoutError):
-            connect.connect_patiently(try_once, query, watch, timeout=2, reset=lambda: None)
-    finally:
-        watch.close()
-        query.close()
+    with pytest.raises(TimeoutError):
+        connect.connect_patiently(try_once, query, watch, timeout=2, reset=lambda: None)
     assert len(tries) == 2  # once, and once more of the controller first heard meanwhile; then its reply waited for
