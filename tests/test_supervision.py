@@ -319,3 +319,33 @@ def test_a_queued_task_whose_only_engine_dies_fails_though_no_other_task_ends(tm
         assert not any(ar.ready() for ar in busy[:-1])  # no other task had ended
         gate.touch()
         assert len(set(ar.get(timeout=60) for ar in busy[:-1])) == 2
+
+
+def test_a_task_read_after_its_only_engine_was_dropped_fails_while_every_engine_is_busy(tmp_path):
+    """The same, the other way round: the task queue hears that the engine is
+    gone before it reads the task (a relay that finds the process gone at once
+    tells the hub before the client's send lands; CI found the task waiting).
+    ipyparallel's ``maybe_run`` asks whether a task's engines are left only
+    when some engine has room. The queue is paused so that both wait for it,
+    and the unregistration is read first whatever the order of arrival
+    (ipyparallel reads the notices before each task)."""
+    with running_cluster(3, 1, 2) as rc:
+        victim = rc.ids[-1]
+        pid = rc[victim].apply_sync(os.getpid)
+        gate = tmp_path / "gate"
+        busy = [rc.load_balanced_view(targets=[eid]).apply_async(at_gate, str(gate)) for eid in rc.ids]
+        until(lambda: all(rc.queue_status()[eid]["tasks"] for eid in rc.ids), what="every engine busy")
+        queue = child(rc, "ipb-task")
+        os.kill(queue, signal.SIGSTOP)
+        try:
+            queued = rc.load_balanced_view(targets=[victim]).apply_async(os.getpid)
+            os.kill(pid, signal.SIGKILL)
+            until(lambda: victim not in rc.ids, what="the engine unregistered")
+        finally:
+            os.kill(queue, signal.SIGCONT)
+        with pytest.raises(error.RemoteError) as e:
+            queued.get(timeout=30)  # before the others' gate opens
+        assert e.value.ename == "ImpossibleDependency"
+        assert not any(ar.ready() for ar in busy[:-1])  # no other task had ended
+        gate.touch()
+        assert len(set(ar.get(timeout=60) for ar in busy[:-1])) == 2

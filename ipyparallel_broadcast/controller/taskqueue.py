@@ -109,12 +109,26 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         frees an engine; an unregistration checks nothing, so such a task
         could wait for good (a LoadBalancedView map to one engine, found by
         the chaos soak)."""
-        if self._waiting is not None:
-            return  # (the engines are not known yet)
-        live = set(self.targets)
         for job in list(self.queue):
-            if job.msg_id in self.queue_map and job.targets and not (job.targets - job.blacklist) & live:
+            if job.msg_id in self.queue_map and self._stranded(job):
                 self.fail_unreachable(job.msg_id)
+
+    def _stranded(self, job) -> bool:
+        """Whether ``job`` may run only on engines of which none is left (never
+        while the engines are not known yet: a restarted scheduler's wait)."""
+        if self._waiting is not None or not job.targets:
+            return False
+        return not (job.targets - job.blacklist) & set(self.targets)
+
+    def save_unmet(self, job):
+        """ipyparallel's; a task queued for engines already gone fails now.
+        ipyparallel's ``maybe_run`` asks whether a task's engines are left only
+        when some engine has room: a task read after its engine's unregistration
+        (a relay that found the process gone told the hub before the client's
+        send landed), while every other engine was busy, waited for good."""
+        super().save_unmet(job)
+        if self._stranded(job):
+            self.fail_unreachable(job.msg_id)
 
     def _release_if_connected(self):
         if self._queried and self._waiting is not None and self._connected >= len(self._waiting):
