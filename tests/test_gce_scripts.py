@@ -16,7 +16,12 @@ pytestmark = pytest.mark.cluster
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GCE = os.path.join(ROOT, "gce-scripts", "gce_bench.py")
 SSH = os.path.join(ROOT, "gce-scripts", "ssh_bench.py")
-COMMIT = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+
+
+def head() -> str:
+    """The commit the scripts take by default, read when a test runs (not at import: a commit
+    made while the suite runs moves it)."""
+    return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
 
 
 @pytest.fixture
@@ -81,7 +86,7 @@ def test_gce_dry_run_prints_the_whole_lifecycle_and_runs_nothing(fake_gcloud):
     remote = shlex.split(bench[-1])
     assert remote[:2] == ["bash", "ipb-bench/remote-run.sh"]
     opts = dict(zip(remote[2::2], remote[3::2]))
-    assert opts["--commit"] == COMMIT and opts["--profile"] == "vm32" and opts["--bench"] == "Farm"
+    assert opts["--commit"] == head() and opts["--profile"] == "vm32" and opts["--bench"] == "Farm"
     assert {"--apt", "--mpi"} <= set(remote)  # a fresh VM: packages, limits, MPI
     assert back[-2].startswith("vm:ipb-bench/work/ipb-results-") and back[-2].endswith(".tar.gz")
     assert bucket[:3] == ["gcloud", "storage", "cp"] and bucket[-1] == "gs://b/runs/"
