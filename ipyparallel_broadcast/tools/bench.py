@@ -20,7 +20,7 @@ each system's idle CPU.
 
 Two clusters run side by side with N engines each: ours (relay tree of the
 given depth, fan-out 2) and a stock ipyparallel controller whose broadcast
-scheduler has the same depth. Each round times every view once, in turn, so
+scheduler has the same depth, 1 at least (``stock_depth``). Each round times every view once, in turn, so
 drift hits all views alike; the table shows medians and ratios to DirectView
 (< 1 is faster for latencies, > 1 is better for throughput).
 """

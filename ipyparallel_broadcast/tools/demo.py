@@ -65,7 +65,8 @@ def main(argv=None):
     with ExitStack() as stack:
         print(
             f"Starting two local clusters of {args.engines} engines each: ours (relay tree depth "
-            f"{shape.depth}, fan-out {shape.fanout}) and stock ipyparallel (same depth)..."
+            f"{shape.depth}, fan-out {shape.fanout}) and stock ipyparallel (broadcast scheduler depth "
+            f"{bench.stock_depth(shape.depth)})..."
         )
         ours, stock = bench.start_clusters(stack, args.engines, shape.depth, shape.fanout)
         show_broadcasts(ours)
