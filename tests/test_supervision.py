@@ -5,6 +5,7 @@ restarted heart monitor still finds dead engines; and when the controller
 itself dies, its children go with it and clients' calls fail, naming it.
 Real controllers, engines and sockets; processes found by their names."""
 
+import contextlib
 import glob
 import os
 import signal
@@ -300,52 +301,61 @@ def test_a_request_replayed_through_a_second_queue_is_answered_and_does_not_hold
         assert rc.load_balanced_view(targets=[victim]).apply_async(os.getpid).get(timeout=60) > 0
 
 
+@contextlib.contextmanager
+def every_engine_busy(tmp_path):
+    """Three engines, each running a task that waits at a gate; yields ``(rc,
+    the last engine's id, its pid, its task)``. Then no other task may have
+    ended, and the others end once the gate opens."""
+    with running_cluster(3, 1, 2) as rc:
+        victim = rc.ids[-1]
+        pid = rc[victim].apply_sync(os.getpid)
+        gate = tmp_path / "gate"
+        busy = [rc.load_balanced_view(targets=[eid]).apply_async(at_gate, str(gate)) for eid in rc.ids]
+        until(lambda: all(rc.queue_status()[eid]["tasks"] for eid in rc.ids), what="every engine busy")
+        yield rc, victim, pid, busy[-1]
+        assert not any(ar.ready() for ar in busy[:-1])  # no other task had ended
+        gate.touch()
+        assert len(set(ar.get(timeout=60) for ar in busy[:-1])) == 2
+
+
+def failed_as_impossible(queued):
+    with pytest.raises(error.RemoteError) as e:
+        queued.get(timeout=30)  # before the others' gate opens
+    assert e.value.ename == "ImpossibleDependency"
+
+
 def test_a_queued_task_whose_only_engine_dies_fails_though_no_other_task_ends(tmp_path):
     """A task for one engine, queued while that engine is busy, fails once the
     engine is gone, even while every other engine is busy too: IPython
     Parallel's scheduler checks queued tasks again only when some task ends
     (the chaos soak found such a LoadBalancedView map waiting for good)."""
-    with running_cluster(3, 1, 2) as rc:
-        victim = rc.ids[-1]
-        pid = rc[victim].apply_sync(os.getpid)
-        gate = tmp_path / "gate"
-        busy = [rc.load_balanced_view(targets=[eid]).apply_async(at_gate, str(gate)) for eid in rc.ids]
-        until(lambda: all(rc.queue_status()[eid]["tasks"] for eid in rc.ids), what="every engine busy")
+    with every_engine_busy(tmp_path) as (rc, victim, pid, _):
         queued = rc.load_balanced_view(targets=[victim]).apply_async(os.getpid)
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(error.RemoteError) as e:
-            queued.get(timeout=30)  # before the others' gate opens
-        assert e.value.ename == "ImpossibleDependency"
-        assert not any(ar.ready() for ar in busy[:-1])  # no other task had ended
-        gate.touch()
-        assert len(set(ar.get(timeout=60) for ar in busy[:-1])) == 2
+        failed_as_impossible(queued)
 
 
 def test_a_task_read_after_its_only_engine_was_dropped_fails_while_every_engine_is_busy(tmp_path):
-    """The same, the other way round: the task queue hears that the engine is
-    gone before it reads the task (a relay that finds the process gone at once
-    tells the hub before the client's send lands; CI found the task waiting).
-    ipyparallel's ``maybe_run`` asks whether a task's engines are left only
-    when some engine has room. The queue is paused so that both wait for it,
-    and the unregistration is read first whatever the order of arrival
-    (ipyparallel reads the notices before each task)."""
-    with running_cluster(3, 1, 2) as rc:
-        victim = rc.ids[-1]
-        pid = rc[victim].apply_sync(os.getpid)
-        gate = tmp_path / "gate"
-        busy = [rc.load_balanced_view(targets=[eid]).apply_async(at_gate, str(gate)) for eid in rc.ids]
-        until(lambda: all(rc.queue_status()[eid]["tasks"] for eid in rc.ids), what="every engine busy")
-        queue = child(rc, "ipb-task")
-        os.kill(queue, signal.SIGSTOP)
+    """The same, the other way round: the task queue drops the engine before it
+    reads the task (a relay that finds the process gone at once tells the hub
+    before the client's send lands; CI found the task waiting). ipyparallel's
+    ``maybe_run`` asks whether a task's engines are left only when some engine
+    has room. The task comes from a second client whose I/O thread (which
+    sends, and reads the notices) is held until the queue has dropped the
+    engine: the hub has the running task's failure, which the queue reports
+    5 s after it dropped its engine."""
+    with every_engine_busy(tmp_path) as (rc, victim, pid, running):
+        (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "*-client.json"))
+        other = ipb.Client(path)
         try:
-            queued = rc.load_balanced_view(targets=[victim]).apply_async(os.getpid)
-            os.kill(pid, signal.SIGKILL)
-            until(lambda: victim not in rc.ids, what="the engine unregistered")
+            hold = threading.Event()
+            other._io_loop.add_callback(hold.wait)  # its sends wait (ipyparallel sends on that thread)
+            try:
+                queued = other.load_balanced_view(targets=[victim]).apply_async(os.getpid)
+                os.kill(pid, signal.SIGKILL)
+                until(lambda: rc.result_status(running.msg_ids)["completed"], what="the running task failed")
+            finally:
+                hold.set()
+            failed_as_impossible(queued)
         finally:
-            os.kill(queue, signal.SIGCONT)
-        with pytest.raises(error.RemoteError) as e:
-            queued.get(timeout=30)  # before the others' gate opens
-        assert e.value.ename == "ImpossibleDependency"
-        assert not any(ar.ready() for ar in busy[:-1])  # no other task had ended
-        gate.touch()
-        assert len(set(ar.get(timeout=60) for ar in busy[:-1])) == 2
+            other.close()
