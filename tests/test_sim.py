@@ -3,6 +3,7 @@ the hub (behind a simulated host: through its relay, by host), are reached
 by DirectView and through the relay tree, and one can be killed on demand
 (the hub notices its silence; the others still answer)."""
 
+import contextlib
 import glob
 import os
 import tempfile
@@ -21,22 +22,31 @@ pytestmark = pytest.mark.cluster
 N = 48
 
 
-@pytest.fixture(scope="module")
-def farm():
+@contextlib.contextmanager
+def simulated_farm(n: int):
+    """A controller and ``n`` simulated engines in two processes; yields ``(sim, rc)``."""
     with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
         cluster = ipb.Cluster(n=0, depth=2, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()  # once the connection files are written
         (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-        sim = SimEngines(engine_file, N, per_process=N // 2, reply_bytes=1000)
+        sim = SimEngines(engine_file, n, per_process=n // 2, reply_bytes=1000)
         try:
             sim.start(timeout=120)
-            rc.wait_for_engines(N, timeout=120)
+            rc.wait_for_engines(n, timeout=120)
             yield sim, rc
             rc.close()
         finally:
             sim.stop()
             cluster.stop_cluster_sync()
+
+
+@pytest.fixture(scope="module")
+def farm():
+    """N simulated engines, all of them there for every test that takes it (a test
+    that kills one makes a farm of its own)."""
+    with simulated_farm(N) as (sim, rc):
+        yield sim, rc
 
 
 def test_simulated_engines_register_and_answer_every_view(farm):
@@ -65,14 +75,15 @@ def test_streamed_replies_are_kept_when_the_client_falls_behind(farm):
     assert all(n["pending"] == 0 for n in rc.broadcast_stats())
 
 
-def test_one_simulated_engine_killed_on_demand(farm):
-    sim, rc = farm
-    victim = sim.ids[5]
-    sim.kill(victim)
-    until(lambda: victim not in rc.ids, what="the hub to notice the silent engine")
-    view = rc.broadcast_view()
-    assert len(view.apply_sync(lambda: 1)) == N - 1
-    assert victim not in sim.ids
+def test_one_simulated_engine_killed_on_demand():
+    n = 8
+    with simulated_farm(n) as (sim, rc):
+        victim = sim.ids[5]
+        sim.kill(victim)
+        until(lambda: victim not in rc.ids, what="the hub to notice the silent engine")
+        view = rc.broadcast_view()
+        assert len(view.apply_sync(lambda: 1)) == n - 1
+        assert victim not in sim.ids
 
 
 def test_simulated_hosts_each_run_a_host_relay():
