@@ -109,16 +109,17 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         frees an engine; an unregistration checks nothing, so such a task
         could wait for good (a LoadBalancedView map to one engine, found by
         the chaos soak)."""
+        live = set(self.targets)
         for job in list(self.queue):
-            if job.msg_id in self.queue_map and self._stranded(job):
+            if job.msg_id in self.queue_map and self._stranded(job, live):
                 self.fail_unreachable(job.msg_id)
 
-    def _stranded(self, job) -> bool:
-        """Whether ``job`` may run only on engines of which none is left (never
+    def _stranded(self, job, live: set) -> bool:
+        """Whether ``job`` may run only on engines of which none is ``live`` (never
         while the engines are not known yet: a restarted scheduler's wait)."""
         if self._waiting is not None or not job.targets:
             return False
-        return not (job.targets - job.blacklist) & set(self.targets)
+        return not (job.targets - job.blacklist) & live
 
     def save_unmet(self, job):
         """ipyparallel's; a task queued for engines already gone fails now.
@@ -127,7 +128,7 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         (a relay that found the process gone told the hub before the client's
         send landed), while every other engine was busy, waited for good."""
         super().save_unmet(job)
-        if self._stranded(job):
+        if job.targets and self._stranded(job, set(self.targets)):
             self.fail_unreachable(job.msg_id)
 
     def _release_if_connected(self):
