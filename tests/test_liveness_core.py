@@ -70,6 +70,38 @@ def test_a_restarted_node_is_seen_at_its_hello_and_serves_again(stream):
     assert set(replies) == set(ENGINES) and not failures
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_node_restarted_before_its_parent_knew_its_boot_fails_what_it_held_at_its_hello(stream):
+    sim = TreeSim(2, 2, ENGINES)  # no introductions: as after node 0 restarted, no boot of 0.1 is known
+    held_request(sim, stream)
+    sim.down_nodes[(0, 1)] = "hung"
+    for eid in set(ENGINES) - {1, 5}:
+        sim.release(eid)
+    sim.restart((0, 1))  # its hello is node 0's first word from it: asked at once, it holds nothing
+    replied, messages = outcomes(sim)
+    assert set(messages) == {1, 5} and len(replied) == 6
+    assert all("Relay node 0.1 lost the request (it restarted or dropped it)" in m for m in messages.values())
+    assert sim.pending_total() == 0
+
+
+def test_a_request_a_live_node_never_got_fails_at_its_second_ping():
+    sim = TreeSim(1, 2, ENGINES)
+    for path in [(0,), (1,)]:  # introductions: the root knows both boots
+        sim.restart(path)
+    sim.down_nodes[(1,)] = "hung"  # the request to node 1 is lost on the way
+    held_request(sim, stream=False)
+    del sim.down_nodes[(1,)]
+    for eid in (0, 2, 4, 6):
+        sim.release(eid)
+    sim.tick(0.5)  # owed since this ping only: not asked yet
+    assert sim.client_inbox == []
+    sim.tick(0.5)
+    replied, messages = outcomes(sim)
+    assert set(messages) == {1, 3, 5, 7} and replied == {0, 2, 4, 6}
+    assert all("Relay node 1 lost the request" in m for m in messages.values())
+    assert sim.pending_total() == 0
+
+
 def test_a_silent_node_is_lost_after_node_timeout_and_only_then():
     sim = TreeSim(1, 2, ENGINES)
     timeout = sim.nodes[()].node_timeout

@@ -52,17 +52,23 @@ def check_outcomes(ar, lost, why):
             assert isinstance(result, int)  # the engine's pid: its result arrived
 
 
-def serves_again(rc, view):
-    """Later broadcasts reach every engine (engines reconnect to a restarted
-    leaf by themselves, within zmq's reconnect interval)."""
+def all_answer(view, n):
+    """Wait until a broadcast on ``view`` has all ``n`` engines' results (a
+    call the root lost as it restarted raises ConnectionError: tried again)."""
 
     def ok():
         try:
-            return len(view.apply_sync(os.getpid)) == 4
-        except error.CompositeError:
+            return len(view.apply_sync(os.getpid)) == n
+        except (error.CompositeError, ConnectionError):
             return False
 
-    until(ok)
+    until(ok, what=f"{n} engine(s) to answer")
+
+
+def serves_again(rc, view):
+    """Later broadcasts reach every engine (engines reconnect to a restarted
+    leaf by themselves, within zmq's reconnect interval)."""
+    all_answer(view, 4)
     assert all(n["pending"] == 0 for n in settled_stats(rc))
 
 
@@ -78,6 +84,35 @@ def test_killed_node_fails_its_engines_and_is_restarted(rc, victim, mode, tmp_pa
     check_outcomes(ar, UNDER[victim], f"Relay node {victim} ")
     until(lambda: nodes(rc)[victim].get("pid") not in (None, before))  # restarted (down until then)
     serves_again(rc, view)
+
+
+def test_a_node_restarted_before_its_restarted_parent_heard_from_it_fails_what_it_held(tmp_path):
+    """The root restarts and knows no child's boot until each answers a ping;
+    node 1 restarts in that window, having taken a request: its hello is the
+    root's first word from it, so the root asks it at once which requests it
+    holds (none). Pings 60 s apart keep the window open: the new root's first
+    ping finds node 1 stopped, off the link."""
+    config = quiet_config()
+    config.BroadcastController.ping_interval = 60
+    config.BroadcastController.node_timeout = 240
+    with running_cluster(2, 1, 2, config=config) as rc:  # root, leaves 0 and 1, engine e under leaf e
+        pids = {name: n["pid"] for name, n in nodes(rc).items()}
+        os.kill(pids["1"], signal.SIGSTOP)
+        try:
+            os.kill(pids["root"], signal.SIGKILL)
+            all_answer(rc.broadcast_view(targets=[0]), 1)  # the new root serves
+        finally:
+            os.kill(pids["1"], signal.SIGCONT)
+        all_answer(rc.broadcast_view(targets=[1]), 1)  # node 1 is on the new root's link, unheard
+        gate = tmp_path / "gate"
+        ar = rc.broadcast_view().apply_async(at_gate, str(gate))
+        until(lambda: all(n["pending"] == 1 for n in nodes(rc).values()))
+        os.kill(pids["1"], signal.SIGKILL)
+        gate.touch()
+        check_outcomes(ar, [1], "Relay node 1 lost the request (it restarted or dropped it); engine 1 ")
+        until(lambda: nodes(rc)["1"].get("pid") not in (None, pids["1"]), what="node 1's restart")
+        all_answer(rc.broadcast_view(), 2)
+        assert all(n["pending"] == 0 for n in settled_stats(rc))
 
 
 def test_hung_node_is_given_up_on_after_node_timeout(rc, tmp_path):

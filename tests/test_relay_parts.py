@@ -13,6 +13,7 @@ from ipyparallel_broadcast.relay.deadlines import Deadlines
 from ipyparallel_broadcast.relay.events import DOWN, PULSE, UP, Send
 from ipyparallel_broadcast.relay.heartbeat import Heartbeats
 from ipyparallel_broadcast.relay.liveness import Children
+from ipyparallel_broadcast.relay.pending import InFlight, Pending
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.topology import node_identity
 
@@ -60,10 +61,12 @@ class Beating:
         node = NodeContext(self.codec, clock, "test node", "boot-1", not path and not host, host, self.drop)
         self.children = Children(path, [] if host else range(2), clock, 0.5, 10.0)
         self.deadlines = Deadlines()
+        self.inflight = InFlight(self.codec, "bundles", False, clock, clock)
         self.beats = Heartbeats(
             node,
             self.children,
             self.deadlines,
+            self.inflight,
             child_lost=lambda key, why: self.calls.append(("lost", key, why)) or [],
             held=lambda: set(held),
             reannounce=lambda: self.calls.append(("reannounce",)) or [Send(UP, ["routes"])],
@@ -84,6 +87,17 @@ class Beating:
 
     def kind(self, send):
         return self.read(send)["header"]["msg_type"]
+
+    def waiting(self, key, child, eids):
+        """A request ``key`` here that child ``child`` owes engines ``eids``."""
+        p = self.inflight.requests[key] = Pending(key, f"msg-{key}", False, [b"client"], [])
+        p.state.expect(child, eids)
+        p.n = len(eids)
+
+    def pings(self):
+        """The next pings, each child's content (read as it would)."""
+        self.now = self.children.next_ping
+        return {self.children.key_of(s.frames[0]): self.read(s)["content"] for s in self.deadlines.fire(self.now)}
 
 
 def test_children_are_pinged_when_the_registry_says_and_a_silent_one_is_lost():
@@ -163,6 +177,58 @@ def test_a_client_hears_which_of_its_requests_are_not_held():
     assert pong.frames[0] == b"client" and b.read(pong)["content"]["unknown"] == ["m2"]
     with pytest.raises(P.ProtocolError):
         b.beats.client_ping(E.Ping([b"client"], dict(ids="m1")))
+
+
+def test_a_child_is_asked_for_the_requests_it_owed_a_ping_ago_and_those_it_does_not_hold_fail():
+    b = Beating()
+    b.beats.pong(0, dict(boot="a"))
+    b.beats.pong(1, dict(boot="b"))
+    b.waiting("r1", 0, [3, 7])
+    assert all("keys" not in c for c in b.pings().values())  # owed since this ping only
+    b.waiting("r2", 0, [5])
+    b.waiting("r3", 1, [4])
+    asked = b.pings()
+    assert asked[0]["keys"] == ["r1"] and "keys" not in asked[1]
+    assert b.beats.pong(0, dict(boot="a", unknown=[])) == []  # it holds r1
+    assert b.pings()[0]["keys"] == ["r1", "r2"]
+    ups = b.beats.pong(0, dict(boot="a", unknown=["r2", "r9"]))  # r2 lost; r9 is not known here
+    (bundle,) = [b.read(s) for s in ups]
+    (failed,) = bundle["content"]["failed"]
+    assert failed[0] == 5 and failed[3] == P.UNREACHABLE
+    assert failed[2] == "Relay node 0.0 lost the request (it restarted or dropped it); engine 5 did not answer"
+    assert set(b.inflight.requests) == {"r1", "r3"} and b.calls == []
+
+
+def test_a_childs_first_pong_is_answered_with_a_ping_listing_all_it_owes():
+    b = Beating()  # a parent that restarted: it knows no child's boot yet
+    b.waiting("r1", 1, [2])
+    assert b.beats.pong(0, dict(boot="a")) == []  # it owes nothing
+    (ask,) = b.beats.pong(1, dict(boot="b"))
+    assert ask.socket == DOWN and ask.frames[0] == node_identity((0, 1))
+    assert b.read(ask)["content"]["keys"] == ["r1"]
+    assert b.beats.pong(1, dict(boot="b")) == []  # its boot is known now
+    with pytest.raises(P.ProtocolError, match="unknown"):
+        b.beats.pong(1, dict(boot="b", unknown="r1"))
+
+
+def test_a_child_asked_names_the_requests_it_does_not_hold():
+    b = Beating(path=(0, 1))
+    b.inflight.requests["r1"] = Pending("r1", "m1", False, [], [])
+    (pong,) = b.beats.parent_ping(dict(boot="p1", keys=["r1", "r2"]))
+    assert b.read(pong)["content"]["unknown"] == ["r2"]
+    (pong,) = b.beats.parent_ping(dict(boot="p1"))
+    assert "unknown" not in b.read(pong)["content"]  # not asked
+    with pytest.raises(P.ProtocolError, match="keys"):
+        b.beats.parent_ping(dict(boot="p1", keys=[["r1"]]))
+
+
+def test_host_relays_are_never_asked_for_requests():
+    b = Beating(path=(0,))
+    host = b.children.add_host(b"host-h1")
+    b.beats.pong(host, dict(boot="x"))
+    b.waiting("r1", host, [1])
+    b.pings()
+    assert "keys" not in b.pings()[host]
 
 
 def test_the_pulse_link_takes_pongs_of_known_host_relays_only():

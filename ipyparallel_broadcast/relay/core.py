@@ -100,6 +100,7 @@ class RelayNode:
             self.context,
             self.children,
             self.deadlines,
+            self.inflight,
             child_lost=self.on_child_lost,
             held=lambda: {p.msg_id for p in self.pending.values()} | self.surveys.msg_ids(),
             reannounce=lambda: self.announce.again(self.engines),

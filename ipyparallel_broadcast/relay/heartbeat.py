@@ -1,7 +1,15 @@
 """A relay node's heartbeats, a part that owns its state: pings to its
 children, pongs to its parent, the pulse link of host relays (``liveness``),
 a client's pings about its requests, and a host relay's hello when its leaf
-falls silent. Sans I/O; it reaches the node only through what it is given."""
+falls silent. Sans I/O; it reaches the node only through what it is given.
+
+A ping to a relay-node child lists the requests it owed at the last ping too
+(``keys``); its pong names those it does not hold (``unknown``), and they fail
+at once. Pings follow requests on the same link, so an unknown one was lost:
+the child restarted (before its parent knew its boot: a parent that restarted
+learns it from the first pong, so that pong is answered with a ping listing all
+the child owes), or it dropped the request. Host relays are left out: their
+pings may go on the pulse link, beside the requests."""
 
 from __future__ import annotations
 
@@ -13,14 +21,16 @@ from .context import NodeContext
 from .deadlines import Deadlines
 from .events import DOWN, PULSE, UP, Send
 from .liveness import Children
+from .pending import InFlight
 from .routes import Key
 
 
 class Heartbeats:
     """Pings, pongs and greetings of one relay node.
 
-    ``child_lost(key, why)`` fails what waits on a child; ``held()`` gives the
-    msg_ids of the requests held here; ``reannounce()`` tells the parent again
+    ``child_lost(key, why)`` fails what waits on a child; ``inflight`` has
+    the requests in flight here (and what each waits on); ``held()`` gives the
+    msg_ids of the requests (and surveys) held here; ``reannounce()`` tells the parent again
     which engines are here; ``parent_restarted()`` lets go of what the parent's
     old life led (chains and rings)."""
 
@@ -29,6 +39,7 @@ class Heartbeats:
         node: NodeContext,
         children: Children,
         deadlines: Deadlines,
+        inflight: InFlight,
         *,
         child_lost: Callable[[Key, str], list[Send]],
         held: Callable[[], set],
@@ -38,7 +49,8 @@ class Heartbeats:
         self.node, self.children = node, children
         ping_interval, node_timeout = children.ping_interval, children.node_timeout
         self.ping_interval, self.node_timeout = ping_interval, node_timeout
-        self.child_lost, self.held = child_lost, held
+        self.child_lost, self.held, self.inflight = child_lost, held, inflight
+        self.owed: dict[Key, set[str]] = {}  # relay-node child -> keys it owed at the last ping
         self.reannounce, self.parent_restarted = reannounce, parent_restarted
         self.parent_boot: str | None = None  # a new one: the parent restarted
         self.pulse_port: int | None = None  # the shell's pulse link for host relays, if bound
@@ -51,12 +63,16 @@ class Heartbeats:
         deadlines.add("pings", lambda: children.next_ping, self._ping)
         deadlines.add("parent silence", self._silence_ends, self._parent_silent)
 
-    def hello(self) -> list[Send]:
-        """Tell the parent this node is alive, and which life of it this is."""
+    def hello(self, unknown: list | None = None) -> list[Send]:
+        """Tell the parent this node is alive, and which life of it this is
+        (and, asked, which requests it does not hold)."""
         node = self.node
         if node.is_root:
             return []
-        return [Send(UP, node.codec.pack(P.PONG, dict(node=node.name, boot=node.boot, bulk=self.bulk_url)))]
+        pong = dict(node=node.name, boot=node.boot, bulk=self.bulk_url)
+        if unknown is not None:
+            pong["unknown"] = unknown
+        return [Send(UP, node.codec.pack(P.PONG, pong))]
 
     # ------------------------------------------------------------ children
     def _ping(self, now: float) -> list[Send]:
@@ -65,24 +81,53 @@ class Heartbeats:
             sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
         codec, content = self.node.codec, dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval)
         ping, children = codec.pack(P.PING, content), self.children
-        sends += [Send(DOWN, [children.idents[k]] + ping) for k in children.on_data_link()]
+        for key in children.on_data_link():
+            keys = self._owed_since_last_ping(key)
+            sends.append(Send(DOWN, [children.idents[key]] + (self._asking(keys) if keys else ping)))
         if children.pulsing:  # signed apart: the same message twice would be a replay
             ping = codec.pack(P.PING, content)
             sends += [Send(PULSE, [children.idents[k]] + ping) for k in children.pulsing]
         children.after_pings()
         return sends
 
+    def _owed_since_last_ping(self, child: Key) -> list[str]:
+        """A relay-node child: the requests it owes that it owed at the last ping too."""
+        if isinstance(child, bytes):
+            return []
+        owed = self.inflight.owed_by(child)
+        since, self.owed[child] = owed & self.owed.get(child, set()), owed
+        return sorted(since)
+
+    def _asking(self, keys: list[str]) -> list:
+        """A ping that asks a child whether it holds ``keys`` (signed for it alone)."""
+        content = dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval, keys=keys)
+        return self.node.codec.pack(P.PING, content)
+
     def pong(self, child: Key, content: dict, pulse: bool = False) -> list[Send]:
         """A child's pong (it spoke: ``children.heard`` is set already), on the
         data link or (``pulse``) the pulse link."""
-        boot, bulk = content.get("boot"), content.get("bulk")
+        boot, bulk, unknown = content.get("boot"), content.get("bulk"), content.get("unknown")
         if not isinstance(boot, str):
             raise P.ProtocolError("pong without a boot id")
+        if unknown is not None and not (isinstance(unknown, list) and all(isinstance(k, str) for k in unknown)):
+            raise P.ProtocolError("pong whose unknown requests are not a list of keys")
         if isinstance(child, bytes):
             self.children.bulk_link(child, bulk)
             if not pulse:
                 self.children.data_pong(child)
-        return self.child_lost(child, "restarted") if self.children.pong(child, boot) else []
+            return self.child_lost(child, "restarted") if self.children.pong(child, boot) else []
+        first = not self.children.knows_boot(child)
+        if self.children.pong(child, boot):
+            return self.child_lost(child, "restarted")
+        sends = self._lost(child, unknown) if unknown else []
+        owed = sorted(self.inflight.owed_by(child)) if first else None
+        return sends + ([Send(DOWN, [self.children.idents[child]] + self._asking(owed))] if owed else [])
+
+    def _lost(self, child: Key, keys: list[str]) -> list[Send]:
+        """The requests ``keys`` that ``child`` does not hold: what they wait on from it fails."""
+        phrase = self.children.phrase(child)
+        why = lambda eid: f"{phrase} lost the request (it restarted or dropped it); engine {eid} did not answer"  # noqa: E731
+        return self.inflight.fail_waiting_on(child, P.UNREACHABLE, why, keys)
 
     def on_pulse(self, frames) -> list[Send]:
         """A host relay's pong on the pulse link (see ``liveness``)."""
@@ -120,7 +165,11 @@ class Heartbeats:
 
     def parent_ping(self, content: dict, via: str = UP) -> list[Send]:
         """Answer the parent; a parent that restarted hears our routes again."""
-        boot, sends = content.get("boot"), [Send(via, s.frames) for s in self.hello()]
+        boot, keys = content.get("boot"), content.get("keys")
+        if keys is not None and not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+            raise P.ProtocolError("ping whose keys are not a list of request keys")
+        unknown = None if keys is None else [k for k in keys if k not in self.inflight.requests]
+        sends = [Send(via, s.frames) for s in self.hello(unknown)]
         if self.parent_heard is not None:
             self.parent_heard = self.node.clock()
         every = content.get("every")  # the parent's pings' interval (stretched with its children)

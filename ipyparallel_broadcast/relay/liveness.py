@@ -117,6 +117,10 @@ class Children:
     def spoke(self, key: Key):
         self.heard[key] = self.clock()
 
+    def knows_boot(self, key: Key) -> bool:
+        """Whether ``key`` has answered a ping (or said hello) in this node's life."""
+        return key in self.boots
+
     def pong(self, key: Key, boot: str) -> bool:
         """A child's boot id; True if it is a new one (the child restarted)."""
         known, self.boots[key] = self.boots.get(key), boot

@@ -167,19 +167,24 @@ class InFlight:
         """Engines ``eids`` of ``p`` fail: "Engine {eid} {reason}"."""
         return self.record_failures(p, [[e, self.engines.get(e), f"Engine {e} {reason}", code] for e in eids])
 
-    def fail_waiting_on(self, dest, code: str, message: Callable[[int], str]) -> list[Send]:
-        """Every request waiting on ``dest`` (a child, or an engine's uuid): its engines there fail."""
+    def fail_waiting_on(self, dest, code: str, message: Callable[[int], str], keys=None) -> list[Send]:
+        """Every request waiting on ``dest`` (a child, or an engine's uuid), or
+        those of ``keys`` only: its engines there fail."""
         uuid = dest if isinstance(dest, str) else None
-        return self.fail_dest(dest, lambda e: [e, uuid or self.engines.get(e), message(e), code])
+        return self.fail_dest(dest, lambda e: [e, uuid or self.engines.get(e), message(e), code], keys)
 
-    def fail_dest(self, dest, failure: Callable[[int], list]) -> list[Send]:
-        """Every request waiting on ``dest``: its engines there fail."""
+    def fail_dest(self, dest, failure: Callable[[int], list], keys=None) -> list[Send]:
+        """Every request waiting on ``dest`` (or those of ``keys``): its engines there fail."""
         sends = []
-        for p in list(self.requests.values()):
+        for p in list(self.requests.values()) if keys is None else filter(None, map(self.requests.get, keys)):
             eids = p.state.give_up(dest)
             if eids:
                 sends += self.record_failures(p, [failure(e) for e in sorted(eids)]) + self.finish_if_done(p)
         return sends
+
+    def owed_by(self, dest) -> set[str]:
+        """The keys of the requests waiting on ``dest``."""
+        return {k for k, p in self.requests.items() if p.state.owes(dest)}
 
     def fail_via(self, host: bytes, eid: int, failure: list) -> list[Send]:
         """Fail one engine that a host relay owes, here (the relay may still
