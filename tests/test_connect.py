@@ -51,32 +51,39 @@ def link(beats):
     query.close()
 
 
-def test_a_controller_first_heard_during_the_first_try_is_asked_again(link, monkeypatch):
+def connect_with(link, monkeypatch, slice_, timeout, answer, tries):
+    """``connect_patiently`` over ``link``, tries of ``slice_`` s at first;
+    try n's outcome is ``answer(n, seconds)``; each try's seconds go in ``tries``."""
     query, watch = link
-    monkeypatch.setattr(connect, "SLICE", 0.5)
-    tries = []
+    monkeypatch.setattr(connect, "SLICE", slice_)
 
     def try_once(seconds):
         tries.append(seconds)
-        if len(tries) == 1:  # the request went to a controller that died with it; the new one beats meanwhile
+        return answer(len(tries), seconds)
+
+    return connect.connect_patiently(try_once, query, watch, timeout=timeout, reset=lambda: None)
+
+
+def test_a_controller_first_heard_during_the_first_try_is_asked_again(link, monkeypatch):
+    watch, tries = link[1], []
+
+    def answer(n, seconds):
+        if n == 1:  # the request went to a controller that died with it; the new one beats meanwhile
             assert watch.sock.poll(10_000), "no beat came"  # (ms)
             raise TimeoutError("no reply")
         return "connected"
 
-    assert connect.connect_patiently(try_once, query, watch, timeout=20, reset=lambda: None) == "connected"
+    assert connect_with(link, monkeypatch, 0.5, 20, answer, tries) == "connected"
     assert len(tries) == 2
 
 
 def test_a_controller_that_beats_and_does_not_answer_is_asked_once_more_then_waited_for(link, monkeypatch):
-    query, watch = link
-    monkeypatch.setattr(connect, "SLICE", 0.2)
     tries = []
 
-    def try_once(seconds):
-        tries.append(seconds)
+    def answer(n, seconds):
         time.sleep(seconds)
         raise TimeoutError("no reply")
 
     with pytest.raises(TimeoutError):
-        connect.connect_patiently(try_once, query, watch, timeout=2, reset=lambda: None)
+        connect_with(link, monkeypatch, 0.2, 2, answer, tries)
     assert len(tries) == 2  # once, and once more of the controller first heard meanwhile; then its reply waited for
