@@ -79,7 +79,7 @@ class Heartbeats:
         sends = []
         for key in self.children.silent(now):
             sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
-        codec, content = self.node.codec, dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval)
+        codec, content = self.node.codec, self._ping_content()
         ping, children = codec.pack(P.PING, content), self.children
         for key in children.on_data_link():
             keys = self._owed_since_last_ping(key)
@@ -98,10 +98,12 @@ class Heartbeats:
         since, self.owed[child] = owed & self.owed.get(child, set()), owed
         return sorted(since)
 
+    def _ping_content(self, **more) -> dict:
+        return dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval, **more)
+
     def _asking(self, keys: list[str]) -> list:
         """A ping that asks a child whether it holds ``keys`` (signed for it alone)."""
-        content = dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval, keys=keys)
-        return self.node.codec.pack(P.PING, content)
+        return self.node.codec.pack(P.PING, self._ping_content(keys=keys))
 
     def pong(self, child: Key, content: dict, pulse: bool = False) -> list[Send]:
         """A child's pong (it spoke: ``children.heard`` is set already), on the
@@ -115,10 +117,11 @@ class Heartbeats:
             self.children.bulk_link(child, bulk)
             if not pulse:
                 self.children.data_pong(child)
-            return self.child_lost(child, "restarted") if self.children.pong(child, boot) else []
         first = not self.children.knows_boot(child)
         if self.children.pong(child, boot):
             return self.child_lost(child, "restarted")
+        if isinstance(child, bytes):  # (host relays are not asked for requests: see above)
+            return []
         sends = self._lost(child, unknown) if unknown else []
         owed = sorted(self.inflight.owed_by(child)) if first else None
         return sends + ([Send(DOWN, [self.children.idents[child]] + self._asking(owed))] if owed else [])
