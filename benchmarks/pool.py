@@ -36,7 +36,7 @@ import ipyparallel as ipp
 import psutil
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.launch.keeper import main_process
+from ipyparallel_broadcast.launch.keepsettings import main_process
 
 from .profiles import current
 

@@ -103,8 +103,8 @@ def test_two_trees_heal_around_a_hung_host_in_both_trees():
 
 
 def test_the_chunk_size_follows_the_link_the_leaf_timed():
-    from ipyparallel_broadcast.relay.dataplane.choice import MIN_CHUNK, Gauge, plan_push
     from ipyparallel_broadcast.relay.dataplane.model import Link
+    from ipyparallel_broadcast.relay.dataplane.pushplan import MIN_CHUNK, Gauge, plan_push
 
     gauge = Gauge()
     fast = plan_push(8, 64 << 20, gauge.link).chunk
@@ -287,7 +287,7 @@ def test_chunks_are_written_into_a_segment_and_one_never_completed_is_unlinked(t
 
 
 def test_the_plan_is_a_chain_for_few_hosts_and_two_trees_for_many():
-    from ipyparallel_broadcast.relay.dataplane.choice import plan_push
+    from ipyparallel_broadcast.relay.dataplane.pushplan import plan_push
 
     assert plan_push(8, 64 << 20).shape == "chain"
     assert plan_push(1, 1 << 20).shape == "chain"

@@ -246,7 +246,7 @@ def test_the_engine_journal_follows_the_engines_and_ipcluster_restarts_a_killed_
 
     from ipyparallel_broadcast.compat.ipp import engine_uuids
     from ipyparallel_broadcast.controller.enginejournal import read
-    from ipyparallel_broadcast.launch.keeper import main_process
+    from ipyparallel_broadcast.launch.keepsettings import main_process
 
     with tempfile.TemporaryDirectory() as profile_dir:
         started = ipcluster("start", "-n", "4", f"--profile-dir={profile_dir}", "--controller=broadcast", "--daemonize")

@@ -20,7 +20,7 @@ from cluster_util import StandInRelay, at_gate, process_gone, quiet_config, runn
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.launch.keeper import RESTORE_ARGS, main_process
+from ipyparallel_broadcast.launch.keepsettings import RESTORE_ARGS, main_process
 from ipyparallel_broadcast.relay.registrar import ENGINES
 from ipyparallel_broadcast.wire import protocol as P
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cluster
 
 
 def keeper(rc) -> psutil.Process:
-    """The process the launcher started: the controller's keeper (``launch.keep``)."""
+    """The process the launcher started: the controller's keeper (``launch.keeper``)."""
     return rc.cluster.controller.process
 
 

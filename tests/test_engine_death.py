@@ -180,7 +180,7 @@ def test_an_engine_killed_holding_a_big_value_for_its_host_is_named_and_the_othe
 
 def test_an_engine_the_hub_dropped_while_it_was_paused_exits_when_it_resumes(rc):
     """Paused past its heartbeats, an engine is dropped by the hub; resumed,
-    its heart beats again and the hub tells it so (``controller.registry``):
+    its heart beats again and the hub tells it so (``controller.dropped``):
     it exits, as a lost engine should, rather than live on unregistered."""
     from cluster_util import process_gone, until
 

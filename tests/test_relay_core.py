@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from jupyter_client.session import Session
 from treesim import TreeSim
 
-from ipyparallel_broadcast.relay.core import RelayNode
+from ipyparallel_broadcast.relay.node import RelayNode
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.topology import TreeShape

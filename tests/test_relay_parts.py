@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast.relay import events as E
+from ipyparallel_broadcast.relay.children import Children
 from ipyparallel_broadcast.relay.context import NodeContext
 from ipyparallel_broadcast.relay.deadlines import Deadlines
 from ipyparallel_broadcast.relay.events import DOWN, PULSE, UP, Send
 from ipyparallel_broadcast.relay.heartbeat import Heartbeats
-from ipyparallel_broadcast.relay.liveness import Children
-from ipyparallel_broadcast.relay.pending import InFlight, Pending
+from ipyparallel_broadcast.relay.inflight import InFlight, Pending
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.topology import node_identity
 
@@ -150,7 +150,7 @@ def test_a_leaf_under_many_host_relays_pings_them_further_apart_and_tells_them_s
     apart in proportion (as many per second as for 32), never past a quarter
     of ``node_timeout``; each ping says its interval, and a host relay waits
     three of them before it takes its leaf for silent."""
-    from ipyparallel_broadcast.relay.liveness import FULL_RATE_CHILDREN
+    from ipyparallel_broadcast.relay.children import FULL_RATE_CHILDREN
     from ipyparallel_broadcast.wire.topology import host_ident
 
     leaf = Beating(path=(0,))  # (two children to begin with)
@@ -248,7 +248,7 @@ def test_the_host_fold_alone_drops_a_holder_past_its_turn_and_starts_again_witho
     value go, and the turns start again, in a new segment, with the other."""
     from ipyparallel_broadcast.host import shm
     from ipyparallel_broadcast.relay.hostfold import HostFold
-    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.inflight import InFlight, Pending
     from ipyparallel_broadcast.relay.sharing import Sharing
     from ipyparallel_broadcast.relay.state import FOLD
     from ipyparallel_broadcast.wire.reduction import Held, Reduction
@@ -291,10 +291,10 @@ def test_the_reduce_chains_alone_plan_a_chain_and_fail_its_engines_when_a_host_o
     the plan puts them in a chain by first engine id; two hosts' bundles say
     their values are in the chain; the middle host is lost: those engines
     fail, naming the chain, and the other hosts are told to let go."""
-    from ipyparallel_broadcast.relay.dataplane.combine import Chains
+    from ipyparallel_broadcast.relay.dataplane.chains import Chains
     from ipyparallel_broadcast.relay.dataplane.push import CHUNK, THRESHOLD
     from ipyparallel_broadcast.relay.dataplane.reduce_trees import Uplinks
-    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.inflight import InFlight, Pending
     from ipyparallel_broadcast.relay.reduce_chains import CHAIN, ReduceChains
     from ipyparallel_broadcast.wire.reduction import Reduction
     from ipyparallel_broadcast.wire.topology import host_ident
@@ -351,7 +351,7 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
     from ipyparallel_broadcast.relay.bigdata import BigData
     from ipyparallel_broadcast.relay.chunks_in import ChunksIn
     from ipyparallel_broadcast.relay.dataplane.push import PushOut
-    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.inflight import InFlight, Pending
     from ipyparallel_broadcast.relay.sharing import Sharing
     from ipyparallel_broadcast.wire.topology import host_ident
 
@@ -394,7 +394,7 @@ def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_o
     from ipyparallel_broadcast.relay.down import DownFlow
     from ipyparallel_broadcast.relay.engines import EngineTable
     from ipyparallel_broadcast.relay.flow import FlowParts
-    from ipyparallel_broadcast.relay.pending import InFlight
+    from ipyparallel_broadcast.relay.inflight import InFlight
     from ipyparallel_broadcast.relay.routes import Announcements, Routes
     from ipyparallel_broadcast.relay.sharing import Sharing
     from ipyparallel_broadcast.relay.surveys import Surveys
@@ -446,10 +446,10 @@ def test_a_leafs_reduce_rings_alone_plan_a_ring_in_engine_order_and_end_it_when_
     ids, each host told the ring's chunk sockets and its place; a request
     with a target off the hosts gets none. The middle host is lost: the
     other two are told to let go, naming the cause, and the lost one is not."""
-    from ipyparallel_broadcast.relay.dataplane.combine import Chains
+    from ipyparallel_broadcast.relay.dataplane.chains import Chains
     from ipyparallel_broadcast.relay.dataplane.push import CHUNK, THRESHOLD
     from ipyparallel_broadcast.relay.dataplane.ring import Rings
-    from ipyparallel_broadcast.relay.pending import InFlight, Pending
+    from ipyparallel_broadcast.relay.inflight import InFlight, Pending
     from ipyparallel_broadcast.relay.reduce_rings import ReduceRings
     from ipyparallel_broadcast.relay.sharing import Sharing
     from ipyparallel_broadcast.wire.topology import host_ident

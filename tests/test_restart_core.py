@@ -1,7 +1,7 @@
 """The pure parts of a controller restart: the hub's engine journal
 (``controller.enginejournal``), a line per change, read back whole by a
 restarted controller and rewritten when mostly dead; and the keeper's
-verdicts (``launch.keeper``)."""
+verdicts (``launch.keepsettings``)."""
 
 import json
 import logging
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ipyparallel_broadcast.controller.enginejournal import EngineJournal, JournaledEngines, JournalState, read
-from ipyparallel_broadcast.launch.keeper import RESTORE_ARGS, Verdicts
+from ipyparallel_broadcast.launch.keepsettings import RESTORE_ARGS, Verdicts
 
 pytestmark = pytest.mark.pure
 
@@ -158,7 +158,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def keep(tmp_path, *args):
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "ipyparallel_broadcast.launch.keep", "--restarts=2", "--window=60", "--"]
+    cmd = [sys.executable, "-m", "ipyparallel_broadcast.launch.keeper", "--restarts=2", "--window=60", "--"]
     done = subprocess.run([*cmd, sys.executable, "-c", STAND_IN, str(runs), *args], capture_output=True, timeout=60)
     return done.returncode, runs.read_text().splitlines(), done.stderr.decode()
 

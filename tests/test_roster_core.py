@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast.client.roster import REGISTERED, UNREGISTERED, RosterSync
-from ipyparallel_broadcast.controller.roster import DELIM, Replies, Roster
+from ipyparallel_broadcast.controller.roster import DELIM, Roster, UnmatchedReplies
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.naming import ROSTER_HELLO_PREFIX
 
@@ -185,7 +185,7 @@ def test_stock_clients_are_sent_every_registration_they_missed(history, order):
 def test_each_subscriber_is_replayed_from_no_later_than_its_own_reply(steps):
     """Subscriptions come in any order after their replies: each takes a
     number no later than its own client's reply."""
-    replies, seq, waiting = Replies(), 0, []
+    replies, seq, waiting = UnmatchedReplies(), 0, []
     for step in steps:
         if step == "notify":
             seq += 1
@@ -200,7 +200,7 @@ def test_each_subscriber_is_replayed_from_no_later_than_its_own_reply(steps):
 def test_a_reply_never_matched_is_forgotten_after_its_window():
     """A reply whose client never subscribes (it died, or subscribed first)
     stayed the oldest for good: every later subscriber was replayed from it."""
-    replies = Replies(window=60)
+    replies = UnmatchedReplies(window=60)
     replies.add(0, now=0.0)  # never matched
     replies.add(7, now=100.0)
     assert replies.take(now=100.5) == 7

@@ -95,7 +95,7 @@ def test_no_room_falls_back_and_logs_once(monkeypatch, caplog, tmp_path):
 def test_relays_of_one_host_pass_one_segment_down_and_its_writer_unlinks_it(store, tmp_path):
     from jupyter_client.session import Session
 
-    from ipyparallel_broadcast.relay.pending import Pending
+    from ipyparallel_broadcast.relay.inflight import Pending
     from ipyparallel_broadcast.relay.sharing import Sharing
 
     codec = P.Codec(Session(key=b"k"))

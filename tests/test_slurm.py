@@ -142,7 +142,7 @@ def hub_process(bed):
         for pid in bed.pids(host):
             try:
                 process = psutil.Process(pid)
-                if "ipyparallel_broadcast.launch.keep" in process.cmdline():
+                if "ipyparallel_broadcast.launch.keeper" in process.cmdline():
                     found += [child.pid for child in process.children()]
             except psutil.NoSuchProcess:
                 continue

@@ -4,13 +4,13 @@ is there, dropped and counted after the hold."""
 import pytest
 from cluster_util import Clock
 
-from ipyparallel_broadcast.controller.queues import Held
+from ipyparallel_broadcast.controller.queues import HeldForPeers
 
 pytestmark = pytest.mark.pure
 
 
 def test_held_messages_go_in_order_per_peer_once_the_peer_is_there():
-    held, sent, connected = Held(hold=5.0, clock=Clock()), [], set()
+    held, sent, connected = HeldForPeers(hold=5.0, clock=Clock()), [], set()
 
     def send(msg):
         if msg[0] not in connected:
@@ -31,7 +31,7 @@ def test_held_messages_go_in_order_per_peer_once_the_peer_is_there():
 
 def test_held_messages_are_dropped_after_the_hold_and_counted():
     clock = Clock()
-    held = Held(hold=5.0, clock=clock)
+    held = HeldForPeers(hold=5.0, clock=clock)
     held.add(b"gone", [b"gone", 0])
     held.add(b"gone", [b"gone", 1])
     clock.now += 4.9

@@ -20,7 +20,7 @@ from ipyparallel import error
 from traitlets.config import Config
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.launch.keeper import main_process
+from ipyparallel_broadcast.launch.keepsettings import main_process
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""A reduce's big values across hosts in a pipelined chain (``relay.dataplane.combine``), in the pure core.
+"""A reduce's big values across hosts in a pipelined chain (``relay.dataplane.chains``), in the pure core.
 
 Host relays send their hosts' combined values host to host in chunks, each
 adding its own; only the chain's head sends to the leaf. The leaf's link
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ipyparallel.serialize import serialize_object
 from treesim import TreeSim
 
-from ipyparallel_broadcast.relay.dataplane import combine as upchain
+from ipyparallel_broadcast.relay.dataplane import chains as upchain
 from ipyparallel_broadcast.relay.dataplane import plans
 from ipyparallel_broadcast.relay.dataplane import reduce_trees as uplinks
 from ipyparallel_broadcast.relay.events import UP

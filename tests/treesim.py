@@ -10,9 +10,9 @@ from collections import deque
 
 from jupyter_client.session import Session
 
-from ipyparallel_broadcast.relay.core import RelayNode
 from ipyparallel_broadcast.relay.dataplane.chunks import BULK
 from ipyparallel_broadcast.relay.events import DOWN, HUB, JOINED, UP
+from ipyparallel_broadcast.relay.node import RelayNode
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.topology import HOST_PREFIX, TreeShape, host_ident, node_identity

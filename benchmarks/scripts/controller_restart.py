@@ -1,5 +1,5 @@
 """The controller's main process SIGKILLed, and started again by its keeper
-(``launch.keep``, ``--restore``): how soon the cluster serves again, and
+(``launch.keeper``, ``--restore``): how soon the cluster serves again, and
 what it kept (issue 59).
 
     python benchmarks/scripts/controller_restart.py --reps 3 --out FILE.md
@@ -55,7 +55,7 @@ def kill_and_watch(rc, keeper_pid: int, gate_dir: str, wait: float, pending=True
     """One kill of the controller under keeper ``keeper_pid``; what followed."""
     from ipyparallel import error
 
-    from ipyparallel_broadcast.launch.keeper import main_process
+    from ipyparallel_broadcast.launch.keepsettings import main_process
 
     ids, view = list(rc.ids), rc.broadcast_view()
     gate = os.path.join(gate_dir, f"gate-{time.monotonic_ns()}")

@@ -20,7 +20,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.relay.dataplane.choice import plan_push  # noqa: E402
 from ipyparallel_broadcast.relay.dataplane.chunks import count  # noqa: E402
 from ipyparallel_broadcast.relay.dataplane.model import (  # noqa: E402
     Link,
@@ -29,6 +28,7 @@ from ipyparallel_broadcast.relay.dataplane.model import (  # noqa: E402
     predict,
     predict_collectives,
 )
+from ipyparallel_broadcast.relay.dataplane.pushplan import plan_push  # noqa: E402
 from ipyparallel_broadcast.relay.dataplane.reduce_trees import choose  # noqa: E402
 
 FAMILIES = ("star", "tree", "pipelined tree", "two trees")
@@ -65,7 +65,7 @@ def main(argv=None):
         )
     lines += [
         "",
-        "Ours: the push's plan (``choice.plan_push``) on this link: its shape and chunk size (whole multiples of "
+        "Ours: the push's plan (``pushplan.plan_push``) on this link: its shape and chunk size (whole multiples of "
         "64 KiB, at most 4 MiB), and its time, with its chunk count, in floors and in multiples of the lower bound.",
     ]
     report("model_predict.py", argv, f"Modelled broadcasts of {args.mib:g} MiB between hosts", lines, args.out)

@@ -35,7 +35,7 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import report  # noqa: E402
 
-from ipyparallel_broadcast.launch.keeper import main_process  # noqa: E402
+from ipyparallel_broadcast.launch.keepsettings import main_process  # noqa: E402
 
 TRY = 5.0  # seconds a new call is given
 

@@ -11,7 +11,7 @@ is their index modulo the number of leaves.
 Every process the controller starts (relay nodes, queues, the task
 scheduler, the heart monitor) is supervised: one that dies is restarted in
 place (same ports), engines and clients reconnect to it by themselves, and
-what it held fails at once: a relay node's by its parent (``relay.core``),
+what it held fails at once: a relay node's by its parent (``relay.node``),
 a queue's by the clients, told on the notices socket (``supervise``,
 ``notices``).
 """
@@ -38,13 +38,13 @@ from ..wire.naming import TREE_KEY
 from ..wire.protocol import PROTOCOL_VERSION
 from ..wire.topology import balanced_id, node_name
 from .children import ChildSupervision
+from .dropped import DroppedEngines
 from .hostreg import HostRegistrations
 from .iopubrelay import run_iopub_relay
 from .location import Location
 from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
-from .registry import Registry
 from .restore import KeptEngines
 from .roster import Roster, RosterDoor, follow_connections
 from .settings import TreeSettings
@@ -112,7 +112,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         self._open_roster(hub)
         self._supervise_heart_monitor()
         hub.new_engine_id = self.new_engine_id
-        self.registry = Registry(hub)  # dead ids dropped; dropped engines that live told so
+        self.registry = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
         self.host_registrations = HostRegistrations(hub, self.roster_door.publish_registrations, self.registry)
         path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
         self.kept = KeptEngines(hub, self.registry, self.host_registrations, path)

@@ -8,7 +8,7 @@ an engine filed (``h`` names the host relay that registered it, or is
 null), ``{"g": id, ...}`` for an id granted to an engine whose heart has
 not beaten yet (one that beats after a restart is filed then, not left
 unregistered for good), ``{"d": id, ...}`` for an engine unregistered (the
-hub's ``Registry`` tells one that lives on that it was dropped, after a
+hub's ``DroppedEngines`` tells one that lives on that it was dropped, after a
 restart too; the last ``DROPS_KEPT``), ``{"x": id}`` for a grant gone.
 The file is flushed per line (a killed controller loses nothing the kernel
 has) and synced to disk once per burst

@@ -13,7 +13,7 @@ go on; what it relays is unchanged.
 A queue restarted after its process died (``supervise``) binds the same
 ports, and engines and clients reconnect to it within ZeroMQ's reconnect
 interval. A request for an engine not connected yet would be dropped by the
-ROUTER, and wait forever; here it is held (``Held``), in order, and sent when
+ROUTER, and wait forever; here it is held (``HeldForPeers``), in order, and sent when
 the engine is there, or dropped and logged after ``HOLD`` seconds (an engine
 that is gone: the hub fails what was sent to it when it unregisters it).
 """
@@ -33,7 +33,7 @@ HOLD = 5.0  # seconds a message waits for its engine to (re)connect
 RETRY = 20  # milliseconds between tries to send what is held
 
 
-class Held:
+class HeldForPeers:
     """Messages for peers not connected yet, per peer, in order, each with
     the time it came. Sans-I/O: ``send(frames) -> bool`` tries one."""
 
@@ -104,7 +104,7 @@ class RouterQueue:
         self.ins = server_socket(ctx, zmq.ROUTER, spec)
         self.outs = server_socket(ctx, zmq.ROUTER, spec)
         self.outs.ROUTER_MANDATORY = 1  # an engine not connected: held, not dropped
-        self.held = Held(spec.get("hold", HOLD))
+        self.held = HeldForPeers(spec.get("hold", HOLD))
         self.ins.IDENTITY, self.outs.IDENTITY = spec["in_identity"], spec["out_identity"]
         self.ins.bind(spec["in_url"])
         self.outs.bind(spec["out_url"])

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-UP_FD_ENV = "IPB_CONTROLLER_UP_FD"  # a pipe to the controller's keeper (``launch.keep``), told "up"
+UP_FD_ENV = "IPB_CONTROLLER_UP_FD"  # a pipe to the controller's keeper (``launch.keeper``), told "up"
 
 
 def say_up() -> None:

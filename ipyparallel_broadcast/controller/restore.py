@@ -1,7 +1,7 @@
 """A restarted controller takes its engines back, with their ids.
 
 Started with ``--restore`` (as its launcher restarts it, see
-``launch.keeper``), the controller reads its engine journal
+``launch.keepsettings``), the controller reads its engine journal
 (``enginejournal``) and files every engine there as registered: the same id
 and uuid, through the same host relay. Engines and host relays wait for it
 (ZeroMQ reconnects them to the same ports), so nothing re-registers and

@@ -22,7 +22,7 @@ each subscriber is live and can send to that subscriber alone.
   it. The subscriber is sent, alone, the registrations it may have missed:
   those of engines registered after the oldest connection reply not yet
   matched with a subscription (replies and subscriptions are not paired on
-  the wire; see ``Replies``). Unregistrations are not replayed: a stock
+  the wire; see ``UnmatchedReplies``). Unregistrations are not replayed: a stock
   client given one it never saw fails its ``wait_for_engines``.
 - Engines a host relay registers (``hostreg``) are told in one
   ``ipb_registrations`` notification, numbered once, on a topic of its own
@@ -54,7 +54,7 @@ OUTSTANDING = 256  # connection replies kept unmatched at most (the oldest dropp
 REPLY_WINDOW = 60.0  # seconds a connection reply waits for its client's subscription
 
 
-class Replies:
+class UnmatchedReplies:
     """The sequence numbers of connection replies whose client has not
     subscribed yet. A subscription cannot say which reply was its own; taking
     away the newest each time keeps, for every client still to subscribe, a
@@ -98,7 +98,7 @@ class Roster:
         self.epoch = epoch or secrets.token_hex(8)
         self.seq = 0
         self.registered_at: dict[int, int] = {}  # engine id -> the number of its registration
-        self.replies = Replies()
+        self.replies = UnmatchedReplies()
         self.welcomes = self.replays = self.replayed = 0  # hellos answered; replays, registrations in them
         self.stock = 0  # subscribers to everything, less those that said they are ours (never below)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from traitlets import Bool, Enum, Float, Integer, Union, validate
 from traitlets.config import Configurable
 
-from ..relay.dataplane import choice, reduce_trees
+from ..relay.dataplane import pushplan, reduce_trees
 from ..wire.topology import TreeShape, auto_shape
 
 ASSUMED_ENGINES = 64  # an 'auto' tree's engine count when nobody gave one
@@ -116,7 +116,7 @@ class TreeSettings(Configurable):
         "from the alpha-beta model (relay.dataplane.model).",
     )
     host_push_shape = Enum(
-        list(choice.SHAPES),
+        list(pushplan.SHAPES),
         "auto",
         config=True,
         help="How a push's chunks go between host relays: a 'chain' of the hosts, or 'two trees' (Sanders, "
@@ -129,7 +129,7 @@ class TreeSettings(Configurable):
         config=True,
         help="How a reduce's big values go between host relays to their leaf: a 'chain' of the hosts, "
         "or 'two trees' (Sanders, Speck and Traeff: each half of the value up a binary tree); "
-        "'auto' picks per request from the alpha-beta model (relay.dataplane.choice).",
+        "'auto' picks per request from the alpha-beta model (relay.dataplane.pushplan).",
     )
     node_restarts = Integer(
         10,

@@ -208,7 +208,7 @@ class BroadcastEngine(EngineSeam):
 
     def _from_hub(self, frames):
         """The hub, after registration, speaks only to drop this engine
-        (see ``controller.registry``): anything else is logged and ignored."""
+        (see ``controller.dropped``): anything else is logged and ignored."""
         if not self.kernel.on_drop_notice(frames):
             self.log.warning("unexpected message on the registration socket: ignored")
 

@@ -16,7 +16,7 @@ What these add to ipyparallel's own Slurm launchers:
   ``ipcluster start`` then stops and leaves no cluster file behind (see
   ``StartFailure``);
 - ``engines_per_node`` puts that many engines on each node;
-- the controller is kept inside its job (``keep``): a controller process
+- the controller is kept inside its job (``keeper``): a controller process
   that dies is started again there, on the same node and ports, with
   ``--restore`` (a job that ends, a node lost, is not: that ends the cluster).
 """

@@ -8,7 +8,7 @@ import sys
 
 from traitlets import HasTraits, List, default
 
-from .keeper import KeepSettings
+from .keepsettings import KeepSettings
 
 CONTROLLER_CMD = [sys.executable, "-m", "ipyparallel_broadcast.controller"]
 ENGINE_CMD = [sys.executable, "-m", "ipyparallel_broadcast.engine"]
@@ -46,7 +46,7 @@ class ControllerCommand(KeepSettings):
     controller_cmd = List(
         config=True,
         help="The controller's command line; by default this Python running ipyparallel_broadcast.controller "
-        "under its keeper (launch.keep: restarted with --restore if it dies), or alone when "
+        "under its keeper (launch.keeper: restarted with --restore if it dies), or alone when "
         "controller_restarts is 0.",
     )
 

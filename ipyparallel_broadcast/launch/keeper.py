@@ -1,110 +1,93 @@
-"""The controller kept: started again, with ``--restore``, when it dies.
+"""``python -m ipyparallel_broadcast.launch.keeper [--restarts=5] [--window=60] -- CMD...``
 
-Every launcher of ours runs the controller under its keeper
-(``python -m ipyparallel_broadcast.launch.keep -- <controller command>``,
-see ``keep``), a small process beside it wherever it runs: a local process
-(``Cluster``, ``ipcluster start``, daemonized or not), a Slurm job, an MPI
-or ssh launch. A controller that exits without being asked to (killed, out
-of memory, a crash) is started again there, on the same ports, keys and
-connection files (``--restore`` reuses them), and takes back its engines
-from its journal (``controller.restore``). Engines, host relays and
-clients reconnect by themselves.
+Runs the controller command ``CMD`` and keeps it (settings: ``keepsettings``): when it dies
+unasked (killed, out of memory, a crash; not an exit 0), it is started again
+with ``--restore`` within the budget. Every launcher of ours runs the
+controller so; a controller started by hand can be too. A SIGTERM, SIGINT
+or SIGHUP (``ipcluster stop``, ``scancel``) is passed on to the controller
+and ends the keeping; the controller gets a SIGTERM if its keeper dies. The
+exit status is the controller's last.
 
-Restarts are counted as the controller counts its children's
-(``controller.restarts``): at most ``controller_restarts`` within any
-``controller_restart_window`` seconds; past that the controller is left
-dead, said in the log, and the cluster ends as it did before. A controller
-that never came up (a bad setting, a missing module) is not restarted: its
-error is the launcher's to show. Before a restart, what is left of the dead
-controller's process group is killed and waited for, so that the new one
-finds its ports free.
+The controller says when it came up on a pipe (``controller.restarts.say_up``):
+one whose first run never came up (a bad setting) is not restarted.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import signal
+import subprocess
 import sys
-import time
 
-from traitlets import Float, HasTraits, Integer
+from ..controller.restarts import UP_FD_ENV
+from ..controller.supervise import die_with_parent
+from .keepsettings import RESTORE_ARGS, Verdicts, group_gone
 
-from ..controller.restarts import RestartBudget
-
-RESTORE_ARGS = ["--restore", "--BroadcastController.restarted=True"]  # how a controller is started again
-GROUP_WAIT = 10.0  # seconds to wait for a dead controller's children to be gone
+log = logging.getLogger("ipyparallel_broadcast.keep")
 
 
-class KeepSettings(HasTraits):
-    """A controller launcher's restart budget, which its keeper is given."""
-
-    controller_restarts = Integer(
-        5,
-        config=True,
-        help="How many times the controller is restarted (with --restore: engines, ids and "
-        "clients kept) within controller_restart_window seconds; 0: never (no keeper).",
-    )
-    controller_restart_window = Float(60.0, config=True, help="Seconds over which controller_restarts count.")
-
-    def kept(self, cmd: list[str]) -> list[str]:
-        """``cmd`` run under its keeper (as is if restarts are off)."""
-        if self.controller_restarts <= 0:
-            return list(cmd)
-        budget = [f"--restarts={self.controller_restarts}", f"--window={self.controller_restart_window:g}"]
-        return [sys.executable, "-m", "ipyparallel_broadcast.launch.keep", *budget, "--", *cmd]
-
-
-class Verdicts:
-    """Whether a controller process that ended is started again: not if it
-    exited 0 (a shutdown asked by a client, or a SIGTERM), not if it never
-    came up, not once a stop was asked, not past the budget (``gave_up``)."""
-
-    def __init__(self, restarts: int, window: float, log, clock=time.monotonic):
-        self.restarts, self.window, self.log = restarts, window, log
-        self.budget = RestartBudget(max(restarts, 0), window, clock)
-        self.stop_asked = self.gave_up = False
-
-    def restarting(self, data: dict, came_up: bool = True) -> bool:
-        if self.stop_asked or self.restarts <= 0 or data.get("exit_code") == 0 or not came_up:
-            return False
-        if not self.budget.allow():
-            self.gave_up = True
-            self.log.critical(
-                "The controller exited (%s) and was restarted %i times in %g s: giving up",
-                data,
-                self.restarts,
-                self.window,
-            )
-            return False
-        return True
-
-
-def main_process(pid: int):
-    """The controller's main process (a ``psutil.Process``) given the process
-    its launcher started: that one, or, if it is a keeper, its child (None
-    while it has none: between two runs)."""
-    import psutil
-
-    process = psutil.Process(pid)
-    if "ipyparallel_broadcast.launch.keep" not in process.cmdline():
-        return process
-    children = process.children()
-    return children[0] if len(children) == 1 else None
-
-
-def group_gone(pgid: int, timeout: float = GROUP_WAIT) -> bool:
-    """Kill what is left of process group ``pgid``; True once none of it is left."""
+def _said_up(fd: int) -> bool:
+    os.set_blocking(fd, False)
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return True
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(delay)  # (polling a group: no event says it is empty)
-        delay = min(delay * 2, 0.2)
-    return False
+        return os.read(fd, 16).startswith(b"up")
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class Keeper:
+    """Runs ``cmd`` until it ends for good; ``run()`` gives its exit status."""
+
+    def __init__(self, cmd: list[str], restarts: int, window: float):
+        self.cmd, self.verdicts = list(cmd), Verdicts(restarts, window, log)
+        self.child: subprocess.Popen | None = None
+
+    def pass_on(self, sig, _frame):
+        self.verdicts.stop_asked = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(sig)
+
+    def run_once(self, argv: list[str]) -> tuple[int, bool]:
+        """Run the controller to its end: its exit code, and whether it came up."""
+        up_read, up_write = os.pipe()
+        env = dict(os.environ, **{UP_FD_ENV: str(up_write)})
+        self.child = subprocess.Popen(  # its own group, killed whole before a restart
+            argv, env=env, pass_fds=(up_write,), start_new_session=True, preexec_fn=die_with_parent
+        )
+        os.close(up_write)
+        code = self.child.wait()
+        return code, _said_up(up_read)
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.pass_on)
+        argv, came_up = self.cmd, False
+        while True:
+            code, up = self.run_once(argv)
+            came_up, pid = came_up or up, self.child.pid
+            if not self.verdicts.restarting(dict(exit_code=code, pid=pid), came_up):
+                return code if code >= 0 else 128 - code
+            log.error("The controller (pid %s) exited with %s: restarting it with --restore", pid, code)
+            if not group_gone(pid):
+                log.warning("the dead controller's process group %s is still there", pid)
+            argv = self.cmd + RESTORE_ARGS
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ipyparallel_broadcast.launch.keeper", description=__doc__)
+    parser.add_argument("--restarts", type=int, default=5, help="restarts allowed within --window seconds")
+    parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- and the controller's command")
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("no controller command given")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [keep] %(levelname)s | %(message)s")
+    return Keeper(cmd, args.restarts, args.window).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .children import Children
 from .context import NodeContext
-from .dataplane.combine import Chains
+from .dataplane.chains import Chains
 from .dataplane.push import CHUNK, PushOut
 from .dataplane.push_in import PushIn
 from .dataplane.reduce_trees import Uplinks
@@ -17,8 +18,7 @@ from .dataplane.ring import Rings
 from .deadlines import Deadlines
 from .events import Send
 from .hostfold import HostFold
-from .liveness import Children
-from .pending import InFlight
+from .inflight import InFlight
 from .reduce_chains import ReduceChains
 from .reduce_rings import ReduceRings
 from .sharing import Sharing

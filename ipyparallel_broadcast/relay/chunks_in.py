@@ -11,10 +11,11 @@ from collections.abc import Callable
 from ..wire import protocol as P
 from .bigdata import BigData
 from .context import NodeContext
-from .dataplane import combine, ring
+from .dataplane import chains as upchain
+from .dataplane import ring
 from .dataplane.push_in import Incoming
 from .events import Send
-from .pending import InFlight, Pending
+from .inflight import InFlight, Pending
 from .sharing import Sharing
 from .state import AWAITING_DATA
 
@@ -35,8 +36,8 @@ class ChunksIn:
         self.node, self.inflight, self.sharing, self.big, self.go_on = node, inflight, sharing, big, go_on
         # a message's type, as its header frame spells it -> its handler; anything else: a push's chunk
         self.handlers = {
-            combine.MARK: self._combine_chunk,
-            combine.CREDIT_MARK: self._credit,
+            upchain.MARK: self._combine_chunk,
+            upchain.CREDIT_MARK: self._credit,
             ring.MARK: self._ring_chunk,
         }
 
@@ -56,11 +57,11 @@ class ChunksIn:
         return sends + (self._complete(inc) if inc is not None else [])
 
     def _combine_chunk(self, body) -> list[Send]:
-        msg, data = combine.check(self.node.codec, body)
+        msg, data = upchain.check(self.node.codec, body)
         return self.big.chains.on_message(msg, data) + self.big.reduce_rings.settled()
 
     def _credit(self, body) -> list[Send]:
-        return self.big.chains.on_credit(combine.check_credit(self.node.codec, body))
+        return self.big.chains.on_credit(upchain.check_credit(self.node.codec, body))
 
     def _ring_chunk(self, body) -> list[Send]:
         msg, data = ring.check(self.node.codec, body)

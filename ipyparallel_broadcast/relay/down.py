@@ -16,11 +16,11 @@ from .chunks_in import ChunksIn
 from .dataplane import plans
 from .events import DOWN, HUB, Send
 from .flow import FlowParts
-from .pending import Pending
+from .inflight import Pending
 from .state import PARKED
 from .stock import CompatRequest, renamer
 
-log = logging.getLogger("ipyparallel_broadcast.relay.core")
+log = logging.getLogger("ipyparallel_broadcast.relay.node")
 
 
 class DownFlow:

@@ -156,7 +156,7 @@ class EngineUnregistered:
 
 
 @dataclass
-class Registry:  # the hub's whole engine table, asked for
+class HubEngineTable:  # the hub's whole engine table, asked for
     engines: dict[int, str]
 
 
@@ -174,7 +174,7 @@ def from_hub(codec: P.Codec, frames) -> object | None:
         if isinstance(content, dict) and "engines" in content:
             if content.get("status") != "ok":
                 return None
-            return Registry({int(k): str(v) for k, v in content["engines"].items()})
+            return HubEngineTable({int(k): str(v) for k, v in content["engines"].items()})
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise P.ProtocolError(f"bad hub message {kind!r}: {e}") from e
     return None

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bigdata import BigData
+from .children import Children
 from .context import NodeContext
 from .engines import EngineTable
-from .liveness import Children
-from .pending import InFlight
+from .inflight import InFlight
 from .routes import Routes
 from .sharing import Sharing
 

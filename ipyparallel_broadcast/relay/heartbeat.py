@@ -1,5 +1,5 @@
 """A relay node's heartbeats, a part that owns its state: pings to its
-children, pongs to its parent, the pulse link of host relays (``liveness``),
+children, pongs to its parent, the pulse link of host relays (``children``),
 a client's pings about its requests, and a host relay's hello when its leaf
 falls silent. Sans I/O; it reaches the node only through what it is given.
 
@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 from ..wire import protocol as P
 from . import events as E
+from .children import Children
 from .context import NodeContext
 from .deadlines import Deadlines
 from .events import DOWN, PULSE, UP, Send
-from .liveness import Children
-from .pending import InFlight
+from .inflight import InFlight
 from .routes import Key
 
 
@@ -133,7 +133,7 @@ class Heartbeats:
         return self.inflight.fail_waiting_on(child, P.UNREACHABLE, why, keys)
 
     def on_pulse(self, frames) -> list[Send]:
-        """A host relay's pong on the pulse link (see ``liveness``)."""
+        """A host relay's pong on the pulse link (see ``children``)."""
         try:
             event = E.from_below(self.node.codec, frames, False)
             key = self.children.key_of(event.ident) if isinstance(event, E.ChildMessage) else None

@@ -16,7 +16,7 @@ from ..wire.reduction import Held
 from .context import NodeContext
 from .deadlines import Deadlines
 from .events import DOWN, Send
-from .pending import InFlight, Pending
+from .inflight import InFlight, Pending
 from .sharing import Sharing
 from .state import FOLD
 from .turns import Turns

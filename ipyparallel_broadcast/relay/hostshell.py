@@ -209,7 +209,7 @@ class HostRelayShell(NodeShell):
 
     def follow_pulse(self, port: int):
         """Connect (again, if the parent moved) to the parent's pulse link
-        (see ``relay.liveness``): pings and pongs beside the bulk data."""
+        (see ``relay.children``): pings and pongs beside the bulk data."""
         url = f"{self.spec['up_url'].rsplit(':', 1)[0]}:{port}"
         if url == self.pulse_url or getattr(self, "poller", None) is None:
             return

@@ -2,7 +2,7 @@
 a relay node that owns its state: the leaf plans the way (``plan``) and
 takes the value the heads send (``on_message``); a host relay sends its own
 value in (``own``). The way itself is the data plane's
-(``dataplane.combine``, ``dataplane.reduce_trees``). Sans I/O."""
+(``dataplane.chains``, ``dataplane.reduce_trees``). Sans I/O."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from collections.abc import Callable
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
+from .children import Children
 from .context import NodeContext
-from .dataplane import combine, plans, reduce_trees
-from .dataplane.combine import Chain, Chains
+from .dataplane import chains as upchain
+from .dataplane import plans, reduce_trees
+from .dataplane.chains import Chain, Chains
 from .dataplane.ends import end_links
 from .dataplane.reduce_trees import Uplinks
 from .deadlines import Deadlines
 from .events import UP, Send
-from .liveness import Children
-from .pending import InFlight, Pending
+from .inflight import InFlight, Pending
 
 CHAIN = ("chain",)  # the leaf's request state: the chain's value is owed
 
@@ -74,7 +75,7 @@ class ReduceChains:
 
     def on_message(self, child, m) -> list[Send]:
         """A chain message from the head of a part, at the leaf."""
-        msg, data = combine.check(self.node.codec, m.body)
+        msg, data = upchain.check(self.node.codec, m.body)
         key, part = reduce_trees.split_key(msg["content"]["key"])
         p, chain = self.inflight.requests.get(key), self.of.get(key)
         if p is None:  # the request was done without it (no host chained a value)
@@ -84,7 +85,7 @@ class ReduceChains:
         chain.last = self.node.clock()
         if not chain.have:
             self.inflight.stamp(p, "chain in")
-        if not combine.take(chain, part, msg, data):
+        if not upchain.take(chain, part, msg, data):
             return []
         return self._settled(p, chain)
 

@@ -12,17 +12,17 @@ import logging
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire import reduction as R
+from .children import Children
 from .context import NodeContext
 from .dataplane import plans
 from .dataplane.ends import end_links
 from .dataplane.ring import Rings
 from .deadlines import Deadlines
 from .events import UP, Send
-from .liveness import Children
-from .pending import InFlight, Pending
+from .inflight import InFlight, Pending
 from .sharing import Sharing
 
-log = logging.getLogger("ipyparallel_broadcast.relay.core")
+log = logging.getLogger("ipyparallel_broadcast.relay.node")
 
 
 class ReduceRings:

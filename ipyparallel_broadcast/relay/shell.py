@@ -27,9 +27,9 @@ from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
-from .core import RelayNode
 from .dataplane.chunks import BULK
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
+from .node import RelayNode
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -190,7 +190,7 @@ class NodeShell:
 
     def send_pulse(self, frames):
         """A ping to a host relay on the pulse link; one not connected there
-        is pinged on its data link from now on (``liveness``)."""
+        is pinged on its data link from now on (``children``)."""
         try:
             send_frames(self.pulse, frames)
         except zmq.ZMQError as e:

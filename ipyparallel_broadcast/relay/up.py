@@ -11,7 +11,7 @@ from ..wire import protocol as P
 from ..wire.reduction import fold_bundle, fold_reply
 from ..wire.topology import HOST_PREFIX
 from . import events as E
-from .dataplane.combine import RCHUNK
+from .dataplane.chains import RCHUNK
 from .events import DOWN, Send
 from .flow import FlowParts
 from .heartbeat import Heartbeats
@@ -21,7 +21,7 @@ from .surveys import Surveys
 
 FOLD_KEY = P.FOLD_KEY.decode()
 
-log = logging.getLogger("ipyparallel_broadcast.relay.core")
+log = logging.getLogger("ipyparallel_broadcast.relay.node")
 
 
 class UpFlow:

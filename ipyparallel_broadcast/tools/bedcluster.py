@@ -46,7 +46,7 @@ class BedCluster(Managed):
         stock: bool = False,
         kept: int = 0,
     ):
-        """``kept``: run the controller under its keeper (``launch.keep``),
+        """``kept``: run the controller under its keeper (``launch.keeper``),
         which restarts it that many times a minute at most (0: no keeper)."""
         self.bed, self.depth, self.fanout, self.kept = bed, depth, fanout, kept
         self.controller_args, self.log_level, self.stock = list(controller_args), log_level, stock
@@ -70,7 +70,7 @@ class BedCluster(Managed):
 
     def hub_pid(self) -> int | None:
         """The controller's main process (under a keeper: its child; None between two)."""
-        from ..launch.keeper import main_process
+        from ..launch.keepsettings import main_process
 
         hub = main_process(self.controller.pid)
         return None if hub is None else hub.pid
@@ -86,7 +86,7 @@ class BedCluster(Managed):
     def restart_controller(self, timeout: float = 60):
         """Start the controller again, as its launcher would: ``--restore``,
         once what is left of the dead one's process group is gone."""
-        from ..launch.keeper import group_gone
+        from ..launch.keepsettings import group_gone
 
         if not group_gone(self.controller.pid):
             raise RuntimeError("the dead controller's processes are still there")
@@ -118,7 +118,7 @@ class BedCluster(Managed):
             *(["--restore"] if restore else []),
         ]
         if self.kept:
-            argv = [sys.executable, "-m", "ipyparallel_broadcast.launch.keep", f"--restarts={self.kept}", "--", *argv]
+            argv = [sys.executable, "-m", "ipyparallel_broadcast.launch.keeper", f"--restarts={self.kept}", "--", *argv]
         p = self.controller = self._popen(host, argv, "controller")  # (``ip netns exec`` execs: its pid)
         deadline = time.monotonic() + timeout
         while not (self._file("client") and self._file("engine")):

@@ -29,7 +29,7 @@ import psutil
 
 from ..client.view import Batch
 from ..compat import ipp as seam
-from ..launch.keeper import main_process
+from ..launch.keepsettings import main_process
 from ..launch.launcher import Cluster
 from . import bench
 from .sim import SimEngines

@@ -26,16 +26,16 @@ MAX_FEEDS = 2  # hosts that send to one host: 1 in a chain, 2 in a binary tree
 WINDOW = 2
 
 
-class Host(NamedTuple):
+class ChunkHost(NamedTuple):
     ident: bytes  # the host relay's identity (a child of the leaf)
     url: str  # its chunk socket
     first: int  # the first engine id it serves
 
 
-def hosts_of(groups: dict, links: dict) -> list[Host]:
+def hosts_of(groups: dict, links: dict) -> list[ChunkHost]:
     """The children in ``groups`` (child -> its targets) that have a chunk
     socket (``links``: child -> url), in the order of their first engine id."""
-    return sorted((Host(c, links[c], min(sub)) for c, sub in groups.items() if c in links), key=lambda h: h.first)
+    return sorted((ChunkHost(c, links[c], min(sub)) for c, sub in groups.items() if c in links), key=lambda h: h.first)
 
 
 def heap(hosts: Sequence, fanout: int) -> dict[object, list]:
@@ -59,7 +59,7 @@ def binary(hosts: Sequence) -> dict[object, list]:
     return tree
 
 
-def reduce_way(order: Sequence[Host], shape: str) -> tuple[list[bytes], list[bytes], dict[bytes, dict]]:
+def reduce_way(order: Sequence[ChunkHost], shape: str) -> tuple[list[bytes], list[bytes], dict[bytes, dict]]:
     """The way of the hosts (in ``order``) to the leaf, a chain or two trees:
     the hosts, the host that sends each part to the leaf, and each host's
     content (``parts``: its link in each part)."""
@@ -70,13 +70,13 @@ def reduce_way(order: Sequence[Host], shape: str) -> tuple[list[bytes], list[byt
             feeders = [h[1] for h in hosts[arity * j + 1 : arity * j + arity + 1]]
             to = hosts[(j - 1) // arity][1] if j else None
             part = dict(to=to, feeds=len(feeders), slot=(j - 1) % arity if j else 0)
-            if shape == TWO_TREES:  # (two feeders share a link: each sends within a window, ``combine``)
+            if shape == TWO_TREES:  # (two feeders share a link: each sends within a window, ``chains``)
                 part.update(window=WINDOW, feeders=feeders)
             contents[ident]["parts"].append(part)
     return [h[0] for h in order], [hosts[0][0] for hosts in orders], contents
 
 
-def ring(order: Sequence[Host]) -> tuple[list[bytes], dict[bytes, dict]]:
+def ring(order: Sequence[ChunkHost]) -> tuple[list[bytes], dict[bytes, dict]]:
     """The ring of the hosts (in ``order``): their identities and each one's ring content."""
     urls = [h[1] for h in order]
     return [h[0] for h in order], {h[0]: dict(urls=urls, at=i) for i, h in enumerate(order)}

@@ -10,7 +10,7 @@ link carries about one copy, not one per host, and a big push costs about one
 copy's time on one link.
 
 The way and the chunk size are chosen per request by the model
-(``choice.plan_push``, on the link as timed from earlier pushes): a chain, a
+(``pushplan.plan_push``, on the link as timed from earlier pushes): a chain, a
 k-ary tree (``plans.heap``), or two trees (Sanders, Speck and Traeff), where
 even chunks go down one binary tree and odd chunks down its mirror, every
 host interior in at most one, so each host's link carries about one copy.
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from ...wire import protocol as P
 from ...wire.topology import HOST_PREFIX
 from ..events import Send
-from .choice import Gauge, PushPlan, plan_push
 from .chunks import BULK, count, digest, size, to_host
 from .plans import TWO_TREES, binary, heap
+from .pushplan import Gauge, PushPlan, plan_push
 
 CHUNK_MSG = "ipb_chunk"
 CHUNK = 512 << 10  # bytes per chunk of a reduce's chain (MPI's large-message segments are 512 KB)

@@ -22,11 +22,11 @@ lie in the whole value (``at``, ``whole``).
 from __future__ import annotations
 
 from ...wire import protocol as P
-from .choice import ASSUMED, MARGIN
+from .chains import Chains, within
 from .chunks import parts
-from .combine import Chains, within
 from .model import estimate
 from .plans import CHAIN, TWO_TREES
+from .pushplan import ASSUMED, MARGIN
 
 SHAPES = ("auto", CHAIN, TWO_TREES)
 MAX_PARTS = 2

@@ -35,8 +35,8 @@ from functools import partial
 
 from ...wire import protocol as P
 from ..events import Send
+from .chains import Chains, within
 from .chunks import Assembly, checked, count, cuts, size, to_host
-from .combine import Chains, within
 from .ends import Ended
 
 log = logging.getLogger(__name__)

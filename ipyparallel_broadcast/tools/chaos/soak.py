@@ -26,7 +26,7 @@ import time
 import psutil
 
 from ...compat import ipp
-from ...relay.dataplane import choice, reduce_trees
+from ...relay.dataplane import pushplan, reduce_trees
 from ..bedcluster import BedCluster
 from ..netbed import Managed, NetBed
 from ..sim import SimEngines
@@ -368,7 +368,7 @@ def soak_options(ap, hosts=2, engines=2, sim_hosts=2, sim_engines=16, seconds=60
     ap.add_argument("--ops", default=",".join(workload.OPS), help="the clients' operations, comma-separated")
     ap.add_argument("--views", default=",".join(workload.VIEWS), help="the clients' views, comma-separated")
     ap.add_argument("--reduce-shape", default="auto", choices=reduce_trees.SHAPES, help="host_reduce_shape")
-    ap.add_argument("--push-shape", default="auto", choices=choice.SHAPES, help="host_push_shape")
+    ap.add_argument("--push-shape", default="auto", choices=pushplan.SHAPES, help="host_push_shape")
 
 
 def soak(args, progress=print) -> dict:

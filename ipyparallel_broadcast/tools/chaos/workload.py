@@ -73,7 +73,7 @@ def _error_text(e) -> str:
     return f"{getattr(e, 'ename', type(e).__name__)}: {getattr(e, 'evalue', e)}"
 
 
-class Client:
+class WorkloadClient:
     """The loop of one client process (``run``)."""
 
     def __init__(self, url_file: str, name: str, seed: int, bound: float, sim_file: str, ops=OPS, views=VIEWS):
@@ -272,7 +272,7 @@ def run(
     url_file: str, name: str, seed: int, seconds: float, bound: float, sim_file: str, out: str, ops=OPS, views=VIEWS
 ):
     """Process entry point: calls for ``seconds``, each recorded to ``out`` (JSON lines)."""
-    client = Client(url_file, name, seed, bound, sim_file, ops, views)
+    client = WorkloadClient(url_file, name, seed, bound, sim_file, ops, views)
     end = time.monotonic() + seconds
     with open(out, "w") as f:
         while time.monotonic() < end:

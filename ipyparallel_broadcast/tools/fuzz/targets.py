@@ -33,8 +33,8 @@ from ...client.roster import RosterSync
 from ...controller.roster import Roster
 from ...host import shm
 from ...relay import events as E
-from ...relay.core import RelayNode
 from ...relay.dataplane.push_in import PushIn
+from ...relay.node import RelayNode
 from ...wire import bundles as B
 from ...wire import protocol as P
 from ...wire import reduction, unpickle
@@ -280,7 +280,7 @@ def _ring_seed(codec) -> bytes:
 def _trees_seed(codec) -> bytes:
     """A host relay given its place in a reduce's two trees, then a feeder's
     chunk of the first half and a credit from the host it feeds."""
-    from ...relay.dataplane import combine as upchain
+    from ...relay.dataplane import chains as upchain
     from ...relay.dataplane.chunks import digest
 
     part = dict(to="a", feeds=1, slot=0, window=2, feeders=["b"])

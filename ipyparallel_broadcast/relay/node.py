@@ -30,6 +30,7 @@ from ..wire import protocol as P
 from ..wire.topology import Path, TreeShape, node_name
 from . import events as E
 from .bigdata import BigData
+from .children import Children
 from .context import NodeContext
 from .deadlines import Deadlines
 from .down import DownFlow
@@ -37,8 +38,7 @@ from .engines import EngineTable
 from .events import MON, Send
 from .flow import FlowParts
 from .heartbeat import Heartbeats
-from .liveness import Children
-from .pending import InFlight
+from .inflight import InFlight
 from .routes import Announcements, Key, Routes
 from .sharing import Sharing
 from .surveys import Surveys, own_trace
@@ -192,7 +192,7 @@ class RelayNode:
             return (self._greet([event.eid]) if alone else []) + self.down.retry_parked(final=False)
         if isinstance(event, E.EngineUnregistered):
             return self.on_engine_lost(event.uuid, P.DIED)
-        if isinstance(event, E.Registry):
+        if isinstance(event, E.HubEngineTable):
             return self.on_registry(event.engines)
         return []
 

@@ -24,7 +24,7 @@ from ..wire import protocol as P
 REMEMBERED = 4096  # hearts of dropped engines kept (the oldest forgotten first)
 
 
-class Registry:
+class DroppedEngines:
     """Wraps ``hub``'s unregistration and new-heart handlers."""
 
     def __init__(self, hub, remembered: int = REMEMBERED):

@@ -10,7 +10,7 @@ every host sending its whole value to the leaf cost one per host on the
 leaf's link. The values combine in a fixed order: the first host's, then
 the second's, ... (``v1 + (v2 + (... + vk))``).
 
-A link (``Link``: one request's part, at one host) is fed by up to two hosts,
+A link (``ChainLink``: one request's part, at one host) is fed by up to two hosts,
 each in its slot: a chain's by one, two trees' by two (``uplinks`` plans the
 way and cuts a host's value into its parts). It combines each chunk of this
 host's own value with what each feeder sent, in slot order. A link with a
@@ -66,7 +66,7 @@ def _header(value_header: dict | None) -> tuple | None:
 
 
 @dataclass
-class Link:
+class ChainLink:
     """One request's place in a chain, at a host relay."""
 
     key: str  # the request's key (the leaf's, shared by its hosts)
@@ -110,7 +110,7 @@ class Chains:
 
     def __init__(self, codec: P.Codec, stall: float, chunk: int):
         self.codec, self.stall, self.chunk = codec, stall, chunk  # stall: how long the leaf waits (``reduce_chains``)
-        self.links: dict[str, Link] = {}
+        self.links: dict[str, ChainLink] = {}
         self.open: set[str] = set()  # at a leaf: requests whose chain's outcome is not known yet
         self.aborted = Ended()  # keys of links this host ended early: later chunks are dropped
         self.sent = self.received = 0  # chunks, for stats
@@ -133,7 +133,7 @@ class Chains:
             raise P.ProtocolError("a chain window without its feeders")
         if key in self.links:
             raise P.ProtocolError(f"chain for {key!r} already here")
-        self.links[key] = Link(key, op, to, feeds, slot, sink=sink, window=window, feeders=feeders, credit=window)
+        self.links[key] = ChainLink(key, op, to, feeds, slot, sink=sink, window=window, feeders=feeders, credit=window)
 
     def own_value(self, key: str, header: dict | None, data) -> list[Send]:
         """This host's engines are all in: its own big value (or None: it has none)."""
@@ -206,7 +206,7 @@ class Chains:
             got[slot] = data
         return self._advance(link)
 
-    def _incoming(self, link: Link) -> tuple[dict | None, list[int]]:
+    def _incoming(self, link: ChainLink) -> tuple[dict | None, list[int]]:
         """What comes from the feeding hosts, once each has said: the value's
         first content (``n = 0``: none; or an error), and the slots with a value."""
         errors = [h for _, h in sorted(link.heads.items()) if h.get("error")]
@@ -229,7 +229,7 @@ class Chains:
                 return dict(n=0, error=why), []
         return first, valued
 
-    def _advance(self, link: Link) -> list[Send]:
+    def _advance(self, link: ChainLink) -> list[Send]:
         incoming, valued = self._incoming(link)
         if incoming is not None and incoming.get("error"):
             return self._finish(link, self._message(link, dict(n=0, error=incoming["error"])))
@@ -268,11 +268,11 @@ class Chains:
         return sends
 
     @staticmethod
-    def _may_send(link: Link, i: int) -> bool:
+    def _may_send(link: ChainLink, i: int) -> bool:
         """Chunk ``i`` may go: no window, or the host it goes to granted it."""
         return not link.window or link.to is None or i < link.credit
 
-    def _grant(self, link: Link) -> list[Send]:
+    def _grant(self, link: ChainLink) -> list[Send]:
         """Credit to the feeders, every half window sent on: so two feeders
         share this host's link in step, and none floods its queue ahead of
         the chunks it waits for."""
@@ -293,7 +293,7 @@ class Chains:
         link.credit = max(link.credit, upto)
         return self._advance(link)
 
-    def _combined(self, link: Link, i: int, dtype: str, came: list):
+    def _combined(self, link: ChainLink, i: int, dtype: str, came: list):
         """Chunk ``i`` of this host's own value (if any), then what came from
         each feeding host in slot order: the chain's fixed order."""
         out = None
@@ -304,11 +304,11 @@ class Chains:
             out = chunk if out is None else R.combine_bytes(link.op, dtype, out, chunk)
         return out
 
-    def _final(self, link: Link, i: int) -> bool:
+    def _final(self, link: ChainLink, i: int) -> bool:
         """Chunk ``i`` of this host's own value is final."""
         return link.own_done or min((i + 1) * self.chunk, memoryview(link.own[1]).nbytes) <= link.upto
 
-    def _own_chunks(self, link: Link) -> list[Send]:
+    def _own_chunks(self, link: ChainLink) -> list[Send]:
         """This host's own value alone, chunk after chunk as each is final."""
         header, data = link.own
         view = memoryview(data).cast("B")
@@ -323,7 +323,7 @@ class Chains:
             return self._finish(link, sends)
         return sends
 
-    def _message(self, link: Link, content: dict, data=b"") -> list[Send]:
+    def _message(self, link: ChainLink, content: dict, data=b"") -> list[Send]:
         content = dict(content, key=link.key, s=link.slot, d=digest(data))
         if link.to is None and link.sink is not None:
             return link.sink(content, data)
@@ -333,7 +333,7 @@ class Chains:
             return [Send(UP, frames)]
         return [to_host(link.to, frames)]  # (frames start with DELIM)
 
-    def _finish(self, link: Link, sends: list[Send]) -> list[Send]:
+    def _finish(self, link: ChainLink, sends: list[Send]) -> list[Send]:
         link.done = True
         self.links.pop(link.key, None)
         return sends
