@@ -59,6 +59,24 @@ def test_no_class_grows_past_250_lines():
     assert big == []
 
 
+def test_no_two_classes_of_the_package_share_a_name():
+    """A class's name finds its one place: ``grep 'class Replies'`` once found two."""
+    import ast
+
+    top = os.path.join(ROOT, "ipyparallel_broadcast")
+    where: dict[str, list[str]] = {}
+    for folder, _, files in os.walk(top):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.ClassDef):
+                        where.setdefault(node.name, []).append(os.path.relpath(path, top))
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}
+
+
 def _written_imports():
     """Every ``import``/``from`` of this package in the notebooks, docs, README
     and scripts: a move inside the package must not leave them behind."""
