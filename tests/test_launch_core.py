@@ -122,17 +122,15 @@ def test_only_a_controller_on_every_interface_moves_its_location():
     from traitlets import Unicode
     from traitlets.config import Config, Configurable
 
-    from ipyparallel_broadcast.controller.location import Location
+    from ipyparallel_broadcast.controller import location
 
-    class Upstream(Configurable):  # IPController's traits, as the controller's bases order them
+    class Controller(Configurable):  # IPController's traits that say where it listens
         location = Unicode("upstream's hostname", config=True)
         engine_ip = Unicode("127.0.0.1")
         client_ip = Unicode("127.0.0.1")
 
-    class Controller(Location, Upstream):
         def located(self):
-            self.locate()
-            return self.location
+            return location.located(self) or self.location
 
     assert Controller().located() == "upstream's hostname"
     assert Controller(engine_ip="*").located() == reachable_location()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ipyparallel_broadcast.controller.enginejournal import EngineJournal, JournaledEngines, JournalState, read
+from ipyparallel_broadcast.controller.enginejournal import EngineJournal, EngineLedger, JournalState, read
 from ipyparallel_broadcast.launch.keepsettings import RESTORE_ARGS, Verdicts
 
 pytestmark = pytest.mark.pure
@@ -39,12 +39,13 @@ def test_a_restart_reads_back_what_a_killed_controller_wrote(tmp_path):
     path = str(tmp_path / "engines.journal")
     journal = EngineJournal(path)
     journal.restore(keep=False)
-    hosts = {b"u1": "h1"}
-    engines = JournaledEngines(journal, hosts.get, lambda: None)
-    engines[0], engines[1], engines[2] = EC(0, "u0"), EC(1, "u1"), EC(2, "u2")
-    engines.pop(2)
-    engines.pop(7, None)  # not there: nothing written
-    del engines[0]
+    hosts, changes = {b"u1": "h1"}, []
+    ledger = EngineLedger(journal, hosts.get, lambda: changes.append(1))
+    for eid in range(3):
+        ledger.filed(EC(eid, f"u{eid}"))
+    ledger.dropped(EC(2, "u2"))
+    ledger.dropped(EC(0, "u0"))
+    assert len(changes) == 5  # each change asks for a sync
     # no close: as after a SIGKILL, what was written is in the file
     again = EngineJournal(path).restore(keep=True)
     assert again.engines == {1: ("u1", "h1")} and again.top == 2
@@ -57,11 +58,11 @@ def test_a_grant_is_kept_until_its_engine_is_filed_or_gone(tmp_path):
     journal = EngineJournal(path)
     journal.restore(keep=False)
     hosts = {b"u1": "h1"}
-    engines = JournaledEngines(journal, hosts.get, lambda: None)
-    pending = JournaledEngines(journal, hosts.get, lambda: None, kind="g")
-    pending[b"u0"], pending[b"u1"], pending[b"u2"] = EC(0, "u0"), EC(1, "u1"), EC(2, "u2")
-    engines[0] = pending.pop(b"u0")  # beat: filed
-    del pending[b"u2"]  # set aside
+    ledger = EngineLedger(journal, hosts.get, lambda: None)
+    for eid in range(3):
+        ledger.granted(EC(eid, f"u{eid}"))
+    ledger.filed(EC(0, "u0"))  # beat: filed
+    ledger.withdrawn(EC(2, "u2"))  # set aside
     state = read(path)
     assert state.engines == {0: ("u0", None)} and state.granted == {1: ("u1", "h1")} and state.top == 2
     journal.close()
@@ -78,9 +79,10 @@ def test_an_engine_unregistered_is_remembered_as_dropped_and_the_oldest_drops_ar
     journal = EngineJournal(path)
     journal.restore(keep=False)
     hosts = {b"u1": "h1"}
-    engines = JournaledEngines(journal, hosts.get, lambda: None)
-    engines[0], engines[1] = EC(0, "u0"), EC(1, "u1")
-    engines.pop(1)
+    ledger = EngineLedger(journal, hosts.get, lambda: None)
+    ledger.filed(EC(0, "u0"))
+    ledger.filed(EC(1, "u1"))
+    ledger.dropped(EC(1, "u1"))
     state = read(path)
     assert state.engines == {0: ("u0", None)} and state.dropped == {1: ("u1", "h1")}
     assert EngineJournal(path).restore(keep=True).dropped == {1: ("u1", "h1")}  # kept by a rewrite

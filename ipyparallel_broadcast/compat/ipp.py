@@ -279,6 +279,13 @@ def coalesce_hub_state_file(hub, wrap: Callable[[Callable[[], None]], Callable[[
     hub._save_engine_state = wrap(hub._save_engine_state)
 
 
+def wrap_hub_purge(hub, wrap: Callable[[Callable[[bytes], None]], Callable[[bytes], None]]) -> None:
+    """``Hub._purge_stalled_registration``: the hub gives up a registration
+    whose heart never beat; ours is ``wrap(its own)``, which journals the
+    grant gone too (``controller.hubhooks``)."""
+    hub._purge_stalled_registration = wrap(hub._purge_stalled_registration)
+
+
 def save_hub_state(hub) -> None:
     """``Hub._save_engine_state``: a batch of engines registered by host is
     written once (through the coalescing wrapper, when there is one)."""
@@ -341,6 +348,7 @@ DIRECT = {
     "ipyparallel.client.futures:MessageFuture._tracker": "an engine future without a tracker it does not need",
     "ipyparallel.controller.hub:Hub._idcounter": "new engines numbered to balance the leaves; set on restore",
     "ipyparallel.controller.hub:Hub._save_engine_state": "the engine journal synced per burst, no table per engine",
+    "ipyparallel.controller.hub:Hub._purge_stalled_registration": "a grant the hub gives up is journaled gone",
     "ipyparallel.client.asyncresult:_raw_text": "grouped outputs labelled as ipyparallel labels one engine's",
     "ipyparallel.util:_push": "a tree scatter runs on engines what DirectView's push does",
     "ipyparallel.util:_pull": "a tree gather runs on engines what DirectView's pull does",

@@ -40,13 +40,14 @@ from ..wire.topology import balanced_id, node_name
 from .children import ChildSupervision
 from .dropped import DroppedEngines
 from .hostreg import HostRegistrations
+from .hubhooks import HubHooks, HubParts
 from .iopubrelay import run_iopub_relay
-from .location import Location
+from .location import located
 from .ports import quiet_port
 from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .restore import KeptEngines
-from .roster import Roster, RosterDoor, follow_connections
+from .roster import Roster, RosterDoor
 from .settings import TreeSettings
 from .supervise import Supervisor, child_process
 
@@ -56,7 +57,7 @@ aliases.update(
 )
 
 
-class BroadcastController(TreeSettings, Location, ChildSupervision, IPController):
+class BroadcastController(TreeSettings, ChildSupervision, IPController):
     # name stays "ipcontroller": profiles' ipcontroller_config.py applies as usual
     description = __doc__
     aliases = aliases
@@ -98,7 +99,7 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
     HEARTBEAT_DEFAULTS = dict(period=800, max_heartmonitor_misses=3)
 
     def init_hub(self):
-        self.locate()  # before the connection files are written
+        self.location = located(self) or self.location  # before the connection files are written
         drop_unwritten_levels(self.log)  # the hub logs every monitored message at DEBUG
         heartbeat = self.config.HeartMonitor
         for name, value in self.HEARTBEAT_DEFAULTS.items():
@@ -109,16 +110,17 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
         super().init_hub()
         self.restore_engines = restore
         hub = self.hub
-        self._open_roster(hub)
+        if self.roster_door is None:
+            raise RuntimeError("ipyparallel's hub no longer binds its notifier through bind(): see controller.roster")
         self._supervise_heart_monitor()
-        hub.new_engine_id = self.new_engine_id
-        self.registry = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
-        self.host_registrations = HostRegistrations(hub, self.roster_door.publish_registrations, self.registry)
+        dropped = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
         path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
-        self.kept = KeptEngines(hub, self.registry, self.host_registrations, path)
-        self.kept.open(restore, self.restore_grace)
-        if self.hub_records:
-            self.broadcast_records = BroadcastRecords(self.hub)
+        self.kept = KeptEngines(hub, dropped, path)
+        hosts = HostRegistrations(hub, self.roster_door.publish_registrations, dropped, self.kept.ledger)
+        self.kept.open(restore, self.restore_grace, hosts)
+        records = BroadcastRecords(hub) if self.hub_records else None
+        self.hub_parts = HubParts(self._place, dropped, hosts, self.kept, self.roster_door, records)
+        HubHooks(hub, self.hub_parts).install()
         inner = [path for path in self.shape.nodes() if not self.shape.is_leaf(path)]
         if sys.platform.startswith("linux"):  # abstract unix sockets: no file, gone with the process
             tag = f"ipb-{os.getpid()}-{secrets.token_hex(4)}"
@@ -146,14 +148,6 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
     def _engine_table(self) -> dict:
         return {eid: ec.uuid for eid, ec in self.hub.engines.items()}
 
-    def _open_roster(self, hub):
-        door = self.roster_door
-        if door is None:
-            raise RuntimeError("ipyparallel's hub no longer binds its notifier through bind(): see controller.roster")
-        stock, hub.notifier = hub.notifier, door
-        stock.close(linger=0)
-        follow_connections(hub, door.roster)
-
     def next_port(self, pool_name="common"):
         """ipyparallel's: a configured pool's next port; a port it would pick at
         random comes from below the OS's ephemeral range instead (``ports``)."""
@@ -166,14 +160,14 @@ class BroadcastController(TreeSettings, Location, ChildSupervision, IPController
             return super().next_port(pool_name)
         return quiet_port() or super().next_port(pool_name)
 
-    def new_engine_id(self, requested_id=None) -> int:
-        """The hub's numbering, placing each new engine on a least-loaded leaf
-        (see ``topology.balanced_id``); an id an engine asks for is kept."""
+    def _place(self, requested_id: int | None) -> int | None:
+        """A new engine's id, on a least-loaded leaf (``topology.balanced_id``);
+        an id an engine asks for is kept."""
+        if requested_id is not None:
+            return requested_id
         hub = self.hub
-        if requested_id is None:
-            live = list(hub.engines) + [ec.id for ec in hub.incoming_registrations.values()]
-            requested_id = balanced_id(ipp.hub_next_id(hub), live, self.shape.n_leaves)
-        return type(hub).new_engine_id(hub, requested_id)
+        live = list(hub.engines) + [ec.id for ec in hub.incoming_registrations.values()]
+        return balanced_id(ipp.hub_next_id(hub), live, self.shape.n_leaves)
 
     def save_connection_dict(self, fname, cdict):
         """Tell clients and engines the tree's shape; engines also learn the

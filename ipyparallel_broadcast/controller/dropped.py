@@ -25,27 +25,19 @@ REMEMBERED = 4096  # hearts of dropped engines kept (the oldest forgotten first)
 
 
 class DroppedEngines:
-    """Wraps ``hub``'s unregistration and new-heart handlers."""
+    """The engines the hub dropped, told if they beat again (``hubhooks``
+    calls ``unregistered`` and ``tell_if_dropped``)."""
 
     def __init__(self, hub, remembered: int = REMEMBERED):
         self.hub, self.remembered = hub, remembered
         self.dropped: OrderedDict[bytes, int] = OrderedDict()  # heart -> the engine id it had
         self.via: dict[bytes, str] = {}  # heart -> the host whose relay registered it (``hostreg``)
         self.relays: dict[str, list] = {}  # host -> the idents its relay last wrote from
-        self._unregister, self._new_heart = hub.unregister_engine, hub.handle_new_heart
-        hub.unregister_engine = hub.query_handlers["unregistration_request"] = self.unregister_engine
-        hub.handle_new_heart = self.handle_new_heart
 
-    def unregister_engine(self, ident, msg):
-        hub = self.hub
-        try:
-            ec = hub.engines.get(msg["content"]["id"])
-        except (KeyError, TypeError):
-            ec = None  # ipyparallel's handler logs the bad request
-        self._unregister(ident, msg)
-        if ec is not None and ec.id not in hub.engines:
-            hub.ids.discard(ec.id)  # (only this engine's id: a sweep of all ids per engine is O(N²) as hosts leave)
-            self._remember(ec.ident, ec.id)
+    def unregistered(self, ec) -> None:
+        """The hub unregistered this engine: its id goes, and it is remembered."""
+        self.hub.ids.discard(ec.id)  # (only this engine's id: a sweep of all ids per engine is O(N²) as hosts leave)
+        self._remember(ec.ident, ec.id)
 
     # ------------------------------------------------ engines registered by host
     def remember_dropped(self, heart: bytes, eid: int, host: str | None):
@@ -87,10 +79,6 @@ class DroppedEngines:
         """The idents of the relay that registered this engine (None: it registered itself)."""
         host = self.via.get(heart)
         return None if host is None else self.relays.get(host)
-
-    def handle_new_heart(self, heart: bytes):
-        if not self.tell_if_dropped(heart):
-            self._new_heart(heart)
 
     def tell_if_dropped(self, heart: bytes) -> bool:
         """If the hub dropped this engine, tell it to exit (True)."""

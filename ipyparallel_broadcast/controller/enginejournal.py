@@ -16,8 +16,8 @@ has) and synced to disk once per burst
 rewritten whole, by rename: amortized O(1) per change.
 
 ``JournalState`` is the sans-I/O part (lines in, the table out);
-``EngineJournal`` owns the file; ``JournaledEngines`` is the hub's
-``engines`` dict, telling the journal of each change.
+``EngineJournal`` owns the file; ``EngineLedger`` takes the hub's changes
+as they happen (``hubhooks`` tells it) and writes their lines.
 """
 
 from __future__ import annotations
@@ -174,33 +174,28 @@ class EngineJournal:
         self.rewrites += 1
 
 
-class JournaledEngines(dict):
-    """The hub's ``engines`` (id -> EngineConnector): each engine filed or
-    removed is journaled, with the host that registered it (``host_of(heart)``).
-    ``kind="g"``: a table of grants instead (heart -> EngineConnector: the
-    hub's ``incoming_registrations``, the host registrations' ``pending``);
-    a grant removed is journaled gone, and one filed is journaled filed next;
-    an engine removed is journaled dropped."""
+class EngineLedger:
+    """What changes in the hub's tables, told to the journal as it happens
+    (by ``hubhooks`` and ``hostreg``), with the host that registered each
+    engine (``host_of(heart)``): an engine filed, an id granted to one not
+    beating yet, an engine dropped, a grant withdrawn."""
 
-    def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None], kind: str = "e"):
-        super().__init__()
-        self.journal, self.host_of, self.changed, self.kind = journal, host_of, changed, kind
+    def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None]):
+        self.journal, self.host_of, self.changed = journal, host_of, changed
 
-    def __setitem__(self, key, ec):
-        super().__setitem__(key, ec)
-        self.journal.filed(ec.id, ec.uuid, self.host_of(ec.ident), self.kind)
+    def filed(self, ec) -> None:
+        self._line(ec, "e")
+
+    def granted(self, ec) -> None:
+        self._line(ec, "g")
+
+    def dropped(self, ec) -> None:
+        self._line(ec, "d")
+
+    def withdrawn(self, ec) -> None:
+        self.journal.gone(ec.id)
         self.changed()
 
-    def pop(self, key, *default):
-        if key not in self:
-            return super().pop(key, *default)
-        ec = super().pop(key)
-        if self.kind == "e":
-            self.journal.filed(ec.id, ec.uuid, self.host_of(ec.ident), "d")
-        else:
-            self.journal.gone(ec.id)
+    def _line(self, ec, kind: str) -> None:
+        self.journal.filed(ec.id, ec.uuid, self.host_of(ec.ident), kind)
         self.changed()
-        return ec
-
-    def __delitem__(self, key):
-        self.pop(key)

@@ -36,21 +36,19 @@ from ipyparallel.controller.hub import EngineConnector
 from ..compat import ipp
 from ..wire import protocol as P
 from ..wire.topology import host_ident
+from .enginejournal import EngineLedger
 
 
 class HostRegistrations:
     """Handles ``ipb_host_engines`` on the hub's registration socket."""
 
-    def __init__(self, hub, publish: Callable[[dict[int, str]], None], registry):
-        self.hub, self.publish, self.registry = hub, publish, registry
+    def __init__(self, hub, publish: Callable[[dict[int, str]], None], registry, ledger: EngineLedger):
+        self.hub, self.publish, self.registry, self.ledger = hub, publish, registry, ledger
         self.pending: dict[bytes, EngineConnector] = {}  # heart -> an engine granted its id, not beating yet
         # heart -> (engine, host) of those that had not beaten by ``registration_timeout`` (the latest kept)
         self.late: OrderedDict[bytes, tuple[EngineConnector, str]] = OrderedDict()
         self.host_hearts: dict[bytes, str] = {}  # a relay's heart -> its host
         self.batches = self.registered = 0
-        hub.query_handlers[P.HOST_ENGINES] = self.on_batch
-        self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
-        self._stopped_heart, hub.handle_stopped_heart = hub.handle_stopped_heart, self.handle_stopped_heart
 
     def on_batch(self, idents, msg):
         content = msg["content"]
@@ -87,10 +85,6 @@ class HostRegistrations:
         if grants:
             self.purge_later([ec.ident for ec, _ in grants])
 
-    def journal_pending(self, journaled: Callable[[dict, str], dict]):
-        """The pending grants, kept in ``journaled(pending, "g")`` (``enginejournal``)."""
-        self.pending = journaled(self.pending, "g")
-
     def purge_later(self, hearts: list[bytes]):
         """Those of these engines not beating by ``registration_timeout`` are set aside."""
         self.hub.loop.call_later(self.hub.registration_timeout, self._purge, hearts)
@@ -103,11 +97,12 @@ class HostRegistrations:
             ec = self.pending.get(heart)
             if ec is None and heart in self.late and self.late[heart][1] == host:  # it beats after all
                 self.registry.registered_via(heart, host)
-                ec = self.pending[heart] = self.late.pop(heart)[0]
+                ec = self.pending[heart] = self.late.pop(heart)[0]  # (filed next: journaled so)
                 self.hub.log.warning("registration::engine %i:%s beats at last; registered", ec.id, ec.uuid)
             if ec is not None and self.registry.host_of(heart) == host:
                 del self.pending[heart]
                 self.file(ec)
+                self.ledger.filed(ec)
                 filed[ec.id] = ec.uuid
             elif heart not in self.hub.by_ident:
                 self.registry.tell_if_dropped(heart)  # dropped, and beating again: told to exit
@@ -117,33 +112,38 @@ class HostRegistrations:
             self.publish(filed)
             ipp.save_hub_state(self.hub)
 
-    def handle_new_heart(self, heart: bytes):
+    def relay_heart_beats(self, heart: bytes) -> bool:
         """A relay's heart beats (again): the engines of its host the hub
-        dropped while it was silent are told so, through it, and exit."""
+        dropped while it was silent are told so, through it, and exit.
+        False: not a relay's heart."""
         host = self.host_hearts.get(heart)
         if host is None:
-            return self._new_heart(heart)
+            return False
         registry = self.registry
         for h in registry.hearts_via(host):
             if h in registry.dropped:
                 registry.tell_if_dropped(h)
+        return True
 
-    def handle_stopped_heart(self, heart: bytes):
-        """A relay's heart stopped: its host's engines are lost, named."""
+    def relay_heart_stopped(self, heart: bytes) -> bool:
+        """A relay's heart stopped: its host's engines are lost, named.
+        False: not a relay's heart."""
         host = self.host_hearts.get(heart)
         if host is None:
-            return self._stopped_heart(heart)
+            return False
         hub = self.hub
         lost = [h for h in self.registry.hearts_via(host) if h in hub.by_ident]
         if lost:
             hub.log.warning("heartbeat::the relay of host %s is silent: its %i engines are lost", host, len(lost))
         for h in lost:
             hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
+        return True
 
     def _purge(self, hearts):
         for heart in hearts:
             ec = self.pending.pop(heart, None)
             if ec is not None:
+                self.ledger.withdrawn(ec)
                 host = self.registry.host_of(heart)
                 self.hub.log.error(
                     "registration::engine %i:%s has not beaten in %g s; set aside",
@@ -178,14 +178,15 @@ class HostRegistrations:
             eid = type(hub).new_engine_id(hub, asked)  # ipyparallel's counter (or the id asked for, if free)
             self.late.pop(heart, None)  # (set aside, and asking again: this id, not that one)
             registry.registered_via(heart, host)  # (first: the grant is journaled with its host)
-            self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
+            ec = self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
+            self.ledger.granted(ec)
             new[eid] = uuid
             answers.append(dict(uuid=uuid, status="ok", id=eid))
         return answers, new
 
     def file(self, ec):
         """The engine registered, as ``Hub.finish_registration`` files it
-        (its notification and state-file write are its period's)."""
+        (its notification, state-file write and journal line are the caller's)."""
         hub, eid = self.hub, ec.id
         hub.ids.add(eid)
         hub.engines[eid] = ec
@@ -203,7 +204,9 @@ class HostRegistrations:
                 del self.late[heart]  # set aside, and now gone
             if self.registry.host_of(heart) != host:
                 continue  # not this relay's
-            if self.pending.pop(heart, None) is not None:
+            ec = self.pending.pop(heart, None)
+            if ec is not None:
+                self.ledger.withdrawn(ec)
                 continue  # gone before its first beat
             eid = hub.by_ident.get(heart)
             if eid is not None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from traitlets import HasTraits
-
 NOWHERE = ("192.0.2.1", 9)  # TEST-NET-1: a UDP connect sends nothing, it only picks a route
 
 
@@ -45,14 +43,14 @@ def reachable_location(name: str | None = None) -> str:
 WILDCARDS = ("*", "0.0.0.0", "")
 
 
-class Location(HasTraits):
-    """``IPController.location`` that other hosts can reach, when it matters.
-    ``locate()`` (at the hub's start) moves it only for a controller on every
-    interface whose location nobody set; on one address (127.0.0.1 by default)
-    it stays IPython Parallel's hostname, which clients compare with their own."""
-
-    def locate(self):
-        names = {"IPController"} | {cls.__name__ for cls in type(self).__mro__}  # where config may set it
-        given = any("location" in self.config.get(name, {}) for name in names)
-        if not given and any(ip in WILDCARDS for ip in (self.engine_ip, self.client_ip)):
-            self.location = reachable_location()
+def located(app) -> str | None:
+    """``IPController.location`` that other hosts can reach, when it matters:
+    for a controller on every interface whose location nobody set (``app``
+    is read: its config, ``engine_ip``, ``client_ip``); None keeps its own. On
+    one address (127.0.0.1 by default) it stays IPython Parallel's hostname,
+    which clients compare with their own."""
+    names = {"IPController"} | {cls.__name__ for cls in type(app).__mro__}  # where config may set it
+    given = any("location" in app.config.get(name, {}) for name in names)
+    if not given and any(ip in WILDCARDS for ip in (app.engine_ip, app.client_ip)):
+        return reachable_location()
+    return None

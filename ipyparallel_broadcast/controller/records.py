@@ -33,7 +33,8 @@ unfiled, as the DB would have culled their records. With any other DB
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import partial, wraps
+from collections.abc import Callable
+from functools import partial
 from itertools import islice
 
 from ipyparallel import error, util
@@ -157,58 +158,43 @@ class BroadcastRecords:
         drops = isinstance(db, BroadcastDictDB)  # else the oldest are filed, never dropped
         limits = (db.record_limit, db.size_limit) if drops else (256, 2**28)
         self.journal = Journal(JOURNAL_FACTOR * max(limits[0], 1), limits[1], drops, self.log)
-        for topic, handler in (
-            (P.INBCAST, self.save_request),
-            (P.OUTBCAST, self.save_result),
-            (P.OUTBUNDLE, self.save_bundle),
-        ):
-            hub.monitor_handlers[topic] = partial(self.journal.defer, handler)
-        self._save_iopub = hub.save_iopub_message
-        hub.save_iopub_message = self.save_iopub
-        if "resubmit_request" in hub.query_handlers:
-            hub.query_handlers["resubmit_request"] = self._whole_only(hub.query_handlers["resubmit_request"])
-        for name, handler in list(hub.query_handlers.items()):  # file first: then they read
-            hub.query_handlers[name] = self._filing_first(handler)
-        hub.unregister_engine = hub.query_handlers["unregistration_request"]
+
+    def copy_handlers(self) -> dict:
+        """The hub's monitor handlers for the tree's copies: journaled, filed when read."""
+        return {
+            topic: partial(self.journal.defer, handler)
+            for topic, handler in (
+                (P.INBCAST, self.save_request),
+                (P.OUTBCAST, self.save_result),
+                (P.OUTBUNDLE, self.save_bundle),
+            )
+        }
 
     # ------------------------------------------------------------- filing
     def file_all(self):
         """File every copy waiting in the journal, oldest first."""
         self.journal.file_all()
 
-    def _filing_first(self, handler):
-        @wraps(handler)
-        def filed_then(*args, **kwargs):
-            self.file_all()
-            return handler(*args, **kwargs)
-
-        return filed_then
-
-    def _whole_only(self, resubmit):
-        """``resubmit`` refusing records filed without their big buffers."""
-
-        @wraps(resubmit)
-        def checked(client_id, msg):
-            hub = self.hub
-            try:
-                ids = list(msg["content"]["msg_ids"])
-                records = hub.db.find_records({"msg_id": {"$in": ids}}, keys=["buffers"])
-                stripped = [r["msg_id"] for r in records if any(map(P.is_stripped, r.get("buffers") or ()))]
-                if stripped:
-                    raise ValueError(
-                        f"cannot resubmit {stripped}: their request buffers of "
-                        f"{P.RECORD_LIMIT} bytes or more were not kept by the hub; "
-                        "call the view again instead"
-                    )
-            except ValueError:
-                reply = error.wrap_exception()
-                hub.session.send(hub.query, "resubmit_reply", content=reply, ident=client_id, parent=msg)
-                return
-            except Exception:  # ipyparallel's own handler reports malformed requests
-                pass
-            return resubmit(client_id, msg)
-
-        return checked
+    def refused_resubmit(self, client_id, msg) -> bool:
+        """A resubmit of records filed without their big buffers: refused, answered (True)."""
+        hub = self.hub
+        try:
+            ids = list(msg["content"]["msg_ids"])
+            records = hub.db.find_records({"msg_id": {"$in": ids}}, keys=["buffers"])
+            stripped = [r["msg_id"] for r in records if any(map(P.is_stripped, r.get("buffers") or ()))]
+            if stripped:
+                raise ValueError(
+                    f"cannot resubmit {stripped}: their request buffers of "
+                    f"{P.RECORD_LIMIT} bytes or more were not kept by the hub; "
+                    "call the view again instead"
+                )
+        except ValueError:
+            reply = error.wrap_exception()
+            hub.session.send(hub.query, "resubmit_reply", content=reply, ident=client_id, parent=msg)
+            return True
+        except Exception:  # ipyparallel's own handler reports malformed requests
+            pass
+        return False
 
     def _hold_early(self, vid, value):
         self.early[vid] = value
@@ -343,20 +329,20 @@ class BroadcastRecords:
         except Exception:
             self.log.error("DB Error saving broadcast request %r", vid, exc_info=True)
 
-    def save_iopub(self, topics, msg):
-        """File an engine's output for a broadcast under its per-engine id."""
-        parent = msg.get("parent_header") or {}
-        msg_id = parent.get("msg_id")
-        if is_broadcast_id(msg_id):  # after its request's copy, in the journal
-            self.journal.defer(self._save_broadcast_iopub, topics, msg)
-            return None
-        return self._save_iopub(topics, msg)
+    @staticmethod
+    def takes_iopub(msg) -> bool:
+        """An engine's output for a broadcast (filed per engine, after its request's copy)."""
+        return is_broadcast_id((msg.get("parent_header") or {}).get("msg_id"))
 
-    def _save_broadcast_iopub(self, topics, msg):
+    def save_iopub(self, topics, msg, save: Callable[[list, dict], None]):
+        """File a broadcast's output under its per-engine id (``save``: the hub's filing)."""
+        self.journal.defer(partial(self._save_broadcast_iopub, save=save), topics, msg)
+
+    def _save_broadcast_iopub(self, topics, msg, *, save):
         parent, msg_id = msg["parent_header"], msg["parent_header"]["msg_id"]
         uuid = msg["metadata"].get("engine") or self.uuids.get(engine_of_topic(topics))
         if uuid is None:  # not one of ours: a record without a request would be junk
             self.log.debug("iopub:: output of unknown engine for broadcast %s dropped", msg_id)
             return
         msg["parent_header"] = dict(parent, msg_id=engine_vid(msg_id, uuid))
-        self._save_iopub(topics, msg)
+        save(topics, msg)

@@ -24,37 +24,30 @@ from collections.abc import Callable
 from ipyparallel.controller.hub import EngineConnector
 
 from ..compat import ipp
-from .enginejournal import EngineJournal, JournaledEngines, JournalState
+from .enginejournal import EngineJournal, EngineLedger, JournalState
 from .statefile import CoalescedWrites
 
 
 class KeptEngines:
     """The hub's engines, kept for a restart: its journal (synced once per
-    burst, in place of ipyparallel's whole-table file), read back and filed
-    again when restoring."""
+    burst, in place of ipyparallel's whole-table file, see ``hubhooks``),
+    read back and filed again when restoring."""
 
-    def __init__(self, hub, registry, host_registrations, path: str):
-        self.hub, self.registry, self.hosts = hub, registry, host_registrations
+    def __init__(self, hub, registry, path: str):
+        self.hub, self.registry = hub, registry
         self.journal = EngineJournal(path)
         self.syncs = CoalescedWrites(self.journal.sync, hub.loop.call_later)
+        self.ledger = EngineLedger(self.journal, registry.host_of, self.syncs.changed)
         self.restoration: Restoration | None = None
 
-    def open(self, restore: bool, grace: float) -> None:
+    def open(self, restore: bool, grace: float, hosts) -> None:
+        """The journal read (``restore``: its engines filed again, through ``hosts``) or emptied."""
         hub = self.hub
         state = self.journal.restore(keep=restore)
         atexit.register(self.syncs.flush)
-        ipp.coalesce_hub_state_file(hub, lambda _whole_table: self.syncs.changed)
         if restore:
-            self.restoration = Restoration(hub, self.registry, self.hosts, hub.loop.call_later)
+            self.restoration = Restoration(hub, self.registry, hosts, self.ledger, hub.loop.call_later)
             self.restoration.restore(state, grace)
-        hub.engines = self._journaled(hub.engines, "e")
-        hub.incoming_registrations = self._journaled(hub.incoming_registrations, "g")
-        self.hosts.journal_pending(self._journaled)
-
-    def _journaled(self, table: dict, kind: str) -> JournaledEngines:
-        journaled = JournaledEngines(self.journal, self.registry.host_of, self.syncs.changed, kind)
-        dict.update(journaled, table)  # (journaled already)
-        return journaled
 
     def close(self) -> None:
         """An orderly stop: the journal goes (its engines stop too)."""
@@ -65,8 +58,16 @@ class KeptEngines:
 class Restoration:
     """Files a journal's engines into ``hub`` and watches that they beat."""
 
-    def __init__(self, hub, registry, host_registrations, later: Callable[[float, Callable[[], None]], object]):
+    def __init__(
+        self,
+        hub,
+        registry,
+        host_registrations,
+        ledger: EngineLedger,
+        later: Callable[[float, Callable[[], None]], object],
+    ):
         self.hub, self.registry, self.hosts, self.later = hub, registry, host_registrations, later
+        self.ledger = ledger
         self.waiting: dict[bytes, list[bytes]] = {}  # a heart not yet beating -> the engines it stands for
         self.grants: list[bytes] = []  # engines on the controller's host granted an id, not yet beating
         self.restored = self.granted = self.lost = 0
@@ -88,7 +89,6 @@ class Restoration:
         for eid, (uuid, host) in state.dropped.items():  # told, if they live, as the hub that dropped them would
             self.registry.remember_dropped(uuid.encode(), eid, host)
         ipp.set_hub_next_id(hub, max(state.top + 1, ipp.hub_next_id(hub)))
-        self._new_heart, hub.handle_new_heart = hub.handle_new_heart, self.handle_new_heart
         if self.waiting or self.grants:
             self.later(grace, self.give_up)
         hub.log.info(
@@ -123,9 +123,9 @@ class Restoration:
         self.hosts.granted_before(through_hosts)
         self.granted = len(state.granted)
 
-    def handle_new_heart(self, heart: bytes):
+    def heard(self, heart: bytes) -> None:
+        """A heart beats (``hubhooks``): what it stands for is back."""
         self.waiting.pop(heart, None)
-        return self._new_heart(heart)
 
     def give_up(self):
         """The restored engines whose heart (or host relay's) never beat: unregistered."""
@@ -142,4 +142,6 @@ class Restoration:
             self.lost += len(lost)
         self.waiting.clear()
         for heart in self.grants:  # (ipyparallel purges a stalled registration so)
-            self.hub.incoming_registrations.pop(heart, None)
+            ec = self.hub.incoming_registrations.pop(heart, None)
+            if ec is not None:
+                self.ledger.withdrawn(ec)

@@ -224,19 +224,3 @@ class RosterDoor(ZMQStream):
             else:
                 self.socket.setsockopt(zmq.SUBSCRIBE if action == "subscribe" else zmq.UNSUBSCRIBE, arg)
         self.flush(zmq.POLLOUT)
-
-
-def follow_connections(hub, roster: Roster):
-    """Note each connection reply's place in the roster (the hub's handler,
-    wrapped), but a leaf's lookup's (``TABLE_ONLY``): no subscription follows
-    it, and left unmatched it made every later subscriber's replay start
-    there (every client connecting at 4,096 engines was sent them all)."""
-    stock = hub.connection_request
-
-    def connection_request(client_id, msg):
-        content = msg.get("content")
-        if not (isinstance(content, dict) and content.get(P.TABLE_ONLY)):
-            roster.replied()
-        return stock(client_id, msg)
-
-    hub.connection_request = hub.query_handlers["connection_request"] = connection_request
