@@ -58,12 +58,12 @@ class Beating:
         self.now, self.calls, self.dropped = 0.0, [], []
         self.codec = P.Codec(Session(key=b"k"))
         clock = lambda: self.now  # noqa: E731
-        node = NodeContext(self.codec, clock, "test node", "boot-1", not path and not host, host, self.drop)
+        ctx = NodeContext(self.codec, clock, "test node", "boot-1", not path and not host, host, self.drop)
         self.children = Children(path, [] if host else range(2), clock, 0.5, 10.0)
         self.deadlines = Deadlines()
         self.inflight = InFlight(self.codec, "bundles", False, clock, clock)
         self.beats = Heartbeats(
-            node,
+            ctx,
             self.children,
             self.deadlines,
             self.inflight,
@@ -356,12 +356,12 @@ def test_a_host_relays_chunk_socket_alone_assembles_a_push_whose_chunks_came_fir
     from ipyparallel_broadcast.wire.topology import host_ident
 
     b, went = Beating(path=(0,), host="h1"), []  # (b: a codec, a clock and a drop)
-    node = NodeContext(b.codec, lambda: b.now, "host h1", "boot-1", False, "h1", b.drop)
+    ctx = NodeContext(b.codec, lambda: b.now, "host h1", "boot-1", False, "h1", b.drop)
     spec = dict(chunk=1024, threshold=2048)
     inflight, sharing = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now), Sharing(b.codec, None)
     children = Children((0,), [], lambda: b.now, 0.5, 10.0)
-    big = BigData.build(node, inflight, children, sharing, Deadlines(), stall=20.0, spec=spec, fail=None, stalled=list)
-    chunks_in = ChunksIn(node, inflight, sharing, big, go_on=lambda p, targets: went.append((p, targets)) or [])
+    big = BigData.build(ctx, inflight, children, sharing, Deadlines(), stall=20.0, spec=spec, fail=None, stalled=list)
+    chunks_in = ChunksIn(ctx, inflight, sharing, big, go_on=lambda p, targets: went.append((p, targets)) or [])
 
     data = os.urandom(10_000)  # 10 chunks, the last short
     request = [b"sig", b"{}", b"{}", b"{}", b"{}", data]
@@ -403,14 +403,14 @@ def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_o
     from ipyparallel_broadcast.wire.topology import TreeShape
 
     b = Beating(path=(0,))  # (b: a codec, a clock, a drop, and heartbeats to hand UpFlow)
-    node = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
+    ctx = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
     engines = EngineTable()
     engines.update({0: "uuid-0", 2: "uuid-2"})  # (leaf 0 of two serves the even ids)
     inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now, engines)
     routes, sharing = Routes(TreeShape(1, 2), (0,), True), Sharing(b.codec, None)
     children = Children((0,), [], lambda: b.now, 0.5, 10.0)
-    big = BigData.build(node, inflight, children, sharing, Deadlines(), stall=20.0, spec={}, fail=None, stalled=list)
-    parts = FlowParts(node, True, inflight, engines, routes, children, sharing, big)
+    big = BigData.build(ctx, inflight, children, sharing, Deadlines(), stall=20.0, spec={}, fail=None, stalled=list)
+    parts = FlowParts(ctx, True, inflight, engines, routes, children, sharing, big)
     down = DownFlow(parts, wall=lambda: b.now, keys=count(), big_from=1 << 20)
     announce = Announcements(b.codec, routes, children.idents, False, None, "boot-1")
     up = UpFlow(parts, announce=announce, surveys=Surveys(b.codec), heartbeats=b.beats)
@@ -461,8 +461,8 @@ def test_a_leafs_reduce_rings_alone_plan_a_ring_in_engine_order_and_end_it_when_
         children.bulk_link(h, f"tcp://{h.decode()}:1")
     inflight = InFlight(b.codec, "engines", True, lambda: b.now, lambda: b.now)
     rings = Rings(b.codec, Chains(b.codec, 20.0, CHUNK), THRESHOLD, lambda: b.now, 20.0)
-    node = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
-    part = ReduceRings(node, inflight, children, Sharing(b.codec, None), Deadlines(), rings)
+    ctx = NodeContext(b.codec, lambda: b.now, "node 0", "boot-1", False, None, b.drop)
+    part = ReduceRings(ctx, inflight, children, Sharing(b.codec, None), Deadlines(), rings)
 
     p = inflight.requests["r1"] = Pending(key="r1", msg_id="m1", stream=False, route=[], inner=[], ring_ok=True)
     groups = {host_ident(f"h{i}"): [2 * i, 2 * i + 1] for i in (2, 0, 1)}

@@ -74,11 +74,11 @@ class TreeSim:
             host=label,
             bulk=self.bulk,
             store=self.store(key),
+            coalesce=self.coalesce,
         )
-        node.inflight.coalesce = self.coalesce
         self._watch(node)
         if self.bulk is not None:
-            node.heartbeats.bulk_url = f"tcp://{label}:5555"
+            node.heartbeats.links(bulk_url=f"tcp://{label}:5555")
             self.bulk_urls[node.heartbeats.bulk_url] = key
             self.chunks_at.setdefault(key, 0)
         self.node_inbox[key] = []
@@ -89,8 +89,8 @@ class TreeSim:
 
     def _new_node(self, path):
         codec = P.Codec(Session(key=self.key))
-        node = RelayNode(codec, self.shape, path, clock=lambda: self.now, bulk=self.bulk, store=self.store(path))
-        node.inflight.coalesce = self.coalesce
+        more = dict(bulk=self.bulk, store=self.store(path), coalesce=self.coalesce)
+        node = RelayNode(codec, self.shape, path, clock=lambda: self.now, **more)
         return self._watch(node)
 
     def _watch(self, node):

@@ -14,19 +14,23 @@ place (same ports), engines and clients reconnect to it by themselves, and
 what it held fails at once: a relay node's by its parent (``relay.node``),
 a queue's by the clients, told on the notices socket (``supervise``,
 ``notices``).
+
+The controller holds its parts: its children supervised
+(``children.ChildSupervision``), what each is told (``nodespecs.ChildSpecs``),
+the hub's hooks and what they call (``hubhooks``). Its one base besides
+``IPController`` is its settings (``settings.TreeSettings``, traits only but
+the shape they make): traitlets reads ``c.BroadcastController.depth`` from
+the class's own traits.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import sys
 from functools import partial
 
 import zmq
 from ipyparallel.controller.app import IPController
 from ipyparallel.controller.app import aliases as ipp_aliases
-from ipyparallel.util import disambiguate_url
 from traitlets import Bool, Float, Type, Unicode, Union, default
 
 from ..compat import ipp
@@ -35,21 +39,19 @@ from ..relay.shell import run_node
 from ..wire import protocol as P
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
-from ..wire.protocol import PROTOCOL_VERSION
 from ..wire.topology import balanced_id, node_name
 from .children import ChildSupervision
 from .dropped import DroppedEngines
 from .hostreg import HostRegistrations
 from .hubhooks import HubHooks, HubParts
-from .iopubrelay import run_iopub_relay
 from .location import located
+from .nodespecs import ChildSpecs
 from .ports import quiet_port
-from .queues import run_router_queue
 from .records import BroadcastDictDB, BroadcastRecords
 from .restore import KeptEngines
 from .roster import Roster, RosterDoor
 from .settings import TreeSettings
-from .supervise import Supervisor, child_process
+from .supervise import child_process
 
 aliases = dict(ipp_aliases)
 aliases.update(
@@ -57,7 +59,7 @@ aliases.update(
 )
 
 
-class BroadcastController(TreeSettings, ChildSupervision, IPController):
+class BroadcastController(TreeSettings, IPController):
     # name stays "ipcontroller": profiles' ipcontroller_config.py applies as usual
     description = __doc__
     aliases = aliases
@@ -84,6 +86,7 @@ class BroadcastController(TreeSettings, ChildSupervision, IPController):
     )
 
     roster_door: RosterDoor | None = None  # made in place of ipyparallel's notifier, as init_hub binds it
+    kids: ChildSupervision | None = None  # its children supervised, made as the hub is
 
     # upstream sizes its engine-facing broadcast ports from these
     @default("broadcast_scheduler_depth")
@@ -105,14 +108,14 @@ class BroadcastController(TreeSettings, ChildSupervision, IPController):
         for name, value in self.HEARTBEAT_DEFAULTS.items():
             if name not in heartbeat:  # what the user configured wins
                 heartbeat[name] = value
-        self.supervisor = Supervisor(self.node_restarts, self.node_restart_window)
+        self.kids, self.specs = ChildSupervision(self), ChildSpecs(self)  # (the connection files name their ports)
         restore, self.restore_engines = self.restore_engines, False  # ours reads our journal, not its file
         super().init_hub()
         self.restore_engines = restore
         hub = self.hub
         if self.roster_door is None:
             raise RuntimeError("ipyparallel's hub no longer binds its notifier through bind(): see controller.roster")
-        self._supervise_heart_monitor()
+        self.kids.supervise_heart_monitor()
         dropped = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
         path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
         self.kept = KeptEngines(hub, dropped, path)
@@ -121,12 +124,6 @@ class BroadcastController(TreeSettings, ChildSupervision, IPController):
         records = BroadcastRecords(hub) if self.hub_records else None
         self.hub_parts = HubParts(self._place, dropped, hosts, self.kept, self.roster_door, records)
         HubHooks(hub, self.hub_parts).install()
-        inner = [path for path in self.shape.nodes() if not self.shape.is_leaf(path)]
-        if sys.platform.startswith("linux"):  # abstract unix sockets: no file, gone with the process
-            tag = f"ipb-{os.getpid()}-{secrets.token_hex(4)}"
-            self.internal_urls = {path: f"ipc://@{tag}-{node_name(path)}" for path in inner}
-        else:
-            self.internal_urls = {path: f"tcp://127.0.0.1:{self.next_port()}" for path in inner}
 
     def bind(self, socket, url):
         """ipyparallel's; its notifier (a PUB) is not bound: our ``RosterDoor``
@@ -173,79 +170,12 @@ class BroadcastController(TreeSettings, ChildSupervision, IPController):
         """Tell clients and engines the tree's shape; engines also learn the
         controller's host (an engine elsewhere runs a host relay, see ``relay.hostshell``)."""
         cdict = dict(cdict)
-        shape = self.shape
-        cdict[TREE_KEY] = dict(
-            depth=shape.depth,
-            fanout=shape.fanout,
-            protocol=PROTOCOL_VERSION,
-            shm=self.shared_memory,
-            shm_threshold=self.shared_memory_threshold,
-            # host relays, which engines start, run with the tree's timing and data plane
-            ping_interval=self.ping_interval,
-            node_timeout=self.node_timeout,
-            pause_limit=self.engine_pause_limit,
-            bulk=self._bulk_spec(),
-        )
-        if self.auto_inputs:  # what an 'auto' shape was picked for
-            cdict[TREE_KEY]["auto"] = self.auto_inputs
+        cdict[TREE_KEY] = self.specs.tree_info()
         if fname != self.client_json_file:
             cdict[HOST_KEY] = host_label()
         else:
-            cdict[P.NOTICES_KEY] = self.notices_port
+            cdict[P.NOTICES_KEY] = self.kids.notices_port
         return super().save_connection_dict(fname, cdict)
-
-    def _bulk_spec(self) -> dict:
-        """The data plane's settings, for every relay (host relays too)."""
-        if not self.host_chunks:
-            return dict(threshold=1 << 62)
-        spec = dict(chunk=self.host_chunk_size, threshold=self.host_chunk_threshold, fanout=self.host_chunk_fanout)
-        return dict(spec, reduce=self.host_reduce_shape, push=self.host_push_shape)
-
-    def node_spec(self, path, monitor_url) -> dict:
-        shape = self.shape
-        session = self.session
-        spec = dict(
-            path=list(path),
-            depth=shape.depth,
-            fanout=shape.fanout,
-            key=session.key.decode("ascii"),
-            signature_scheme=session.signature_scheme,
-            packer=session.packer,
-            unpacker=session.unpacker,
-            digest_history_size=session.digest_history_size,
-            log_level=self.log_level,
-            ping_interval=self.ping_interval,
-            node_timeout=self.node_timeout,
-            trim_interval=self.heap_trim_interval,
-            shm=self.shared_memory,
-            shm_threshold=self.shared_memory_threshold,
-        )
-        spec["bulk"] = self._bulk_spec()
-        if self.hub_records:
-            spec["monitor_url"] = monitor_url
-        if path:
-            spec["up_url"] = self._internal_url(path[:-1])
-        else:
-            spec["up_url"] = self.client_url("broadcast")
-        if shape.is_leaf(path):
-            spec["down_url"] = self.engine_url("broadcast", index=shape.leaf_index(path))
-            spec["notification_url"] = disambiguate_url(self.client_url("notification"))
-            spec["registration_url"] = disambiguate_url(self.client_url("registration"))
-        else:
-            spec["down_url"] = self._internal_url(path)
-        if self.enable_curve:
-            spec.update(
-                curve_secretkey=self.curve_secretkey,
-                curve_publickey=self.curve_publickey,
-                curve_serverkey=self.curve_publickey,
-            )
-        return spec
-
-    def _internal_url(self, path) -> str:
-        """A link between two relay nodes, all on this host: a unix socket
-        where there are abstract ones (half the copying of loopback TCP for a
-        large bundle: 2.2 against 4.6 ms for 8 MB here), loopback TCP elsewhere."""
-        return self.internal_urls[path]
 
     def launch_broadcast_schedulers(self, monitor_url, children):
         shape = self.shape
@@ -256,46 +186,32 @@ class BroadcastController(TreeSettings, ChildSupervision, IPController):
             shape.n_nodes,
             shape.n_leaves,
         )
-        self.node_specs = {path: self.node_spec(path, monitor_url) for path in self.shape.nodes()}
-        for path in self.node_specs:
-            child = self.supervisor.add(f"relay node {node_name(path)}", partial(self._node_process, path))
-            children.append(child.process)
+        for path in self.shape.nodes():
+            self.specs.node(path, monitor_url)
+            children.append(self.kids.add(f"relay node {node_name(path)}", partial(self._node_process, path)))
 
     def init_schedulers(self):
-        """ipyparallel's queues, with ours in place of three: IOPub (a hello
-        for each client whose subscription is live, see ``iopubrelay``), mux
-        and control (a malformed message is dropped, not a device broken: see
-        ``queues``). Same sockets, same monitor copies."""
+        """ipyparallel's queues, with ours in place of three (``ChildSpecs.queues``)."""
         super().init_schedulers()
-        session = self.session
-        common = dict(monitor_url=disambiguate_url(self.monitor_url))
-        if self.enable_curve:
-            common.update(curve_secretkey=self.curve_secretkey, curve_publickey=self.curve_publickey)
-        iopub = dict(
-            common,
-            engine_url=self.engine_url("iopub"),
-            client_url=self.client_url("iopub"),
-            key=session.key.decode("ascii"),
-            signature_scheme=session.signature_scheme,
-            packer=session.packer,
-            unpacker=session.unpacker,
-        )
-        self._replace_queue("IOPubScheduler", run_iopub_relay, iopub)
-        for name, channel in (("DirectScheduler", "mux"), ("ControlScheduler", "control")):
-            prefix = b"" if channel == "mux" else b"control"  # ipyparallel's names, as the hub reads them
-            spec = dict(
-                common,
-                in_url=self.client_url(channel),
-                out_url=self.engine_url(channel),
-                in_identity=f"{channel}_in".encode(),
-                out_identity=f"{channel}_out".encode(),
-                in_prefix=b"in" + prefix,
-                out_prefix=b"out" + prefix,
-            )
-            self._replace_queue(name, run_router_queue, spec)
+        for name, (target, spec) in self.specs.queues().items():
+            self.kids.replace_queue(name, target, spec)
+
+    def launch_python_scheduler(self, name, scheduler_args, children):
+        return self.kids.launch_scheduler(name, scheduler_args, children, super().launch_python_scheduler)
+
+    def start(self):
+        self.kids.start()
+        super().start()
+
+    def terminate_children(self):
+        if self.kids is not None:
+            self.kids.stop()
+        super().terminate_children()
+        if self.kids is not None:
+            self.kids.reap()
 
     def _node_process(self, path):
-        spec = self.node_specs[path]
+        spec = self.specs.nodes[tuple(path)]
         return child_process(run_node, f"RelayNode({node_name(path)})", f"ipb-node-{node_name(path)}", dict(spec=spec))
 
 

@@ -38,7 +38,7 @@ class BigData:
     @classmethod
     def build(
         cls,
-        node: NodeContext,
+        ctx: NodeContext,
         inflight: InFlight,
         children: Children,
         sharing: Sharing,
@@ -55,21 +55,21 @@ class BigData:
         of pushes whose chunks stopped coming."""
         spec = dict(spec or {})
         shape = spec.pop("reduce", "auto")
-        push_out = PushOut(node.codec, node.clock, shape=spec.pop("push", "auto"), **spec)
+        push_out = PushOut(ctx.codec, ctx.clock, shape=spec.pop("push", "auto"), **spec)
         store = dict(reserve=sharing.store.reserve, discard=sharing.store.drop) if sharing.on else {}
-        push_in = PushIn(node.codec, node.clock, stall, **store)  # (chunks written into the segment engines map)
-        chains = Chains(node.codec, stall, push_out.chunk or CHUNK)  # (a reduce's hosts must agree on one)
+        push_in = PushIn(ctx.codec, ctx.clock, stall, **store)  # (chunks written into the segment engines map)
+        chains = Chains(ctx.codec, stall, push_out.chunk or CHUNK)  # (a reduce's hosts must agree on one)
         uplinks = Uplinks(chains)
-        rings = Rings(node.codec, chains, push_out.threshold, node.clock, stall, sharing.drop_value)
+        rings = Rings(ctx.codec, chains, push_out.threshold, ctx.clock, stall, sharing.drop_value)
         deadlines.add("chunks' stall", push_in.next_deadline, stalled)
         deadlines.add("chunks to make", push_out.making, lambda now: push_out.make_more())
-        parts = (node, inflight, children)
+        parts = (ctx, inflight, children)
         reduce_chains = ReduceChains(
             *parts, deadlines, threshold=push_out.threshold, chains=chains, uplinks=uplinks, shape=shape, fail=fail
         )
         reduce_rings = ReduceRings(*parts, sharing, deadlines, rings)
         fold = HostFold(
-            node,
+            ctx,
             sharing,
             inflight,
             deadlines,

@@ -117,6 +117,15 @@ class Children:
     def spoke(self, key: Key):
         self.heard[key] = self.clock()
 
+    def pulse_heard(self, key: Key) -> None:
+        """A host relay answered on the pulse link: pinged there alone from now on."""
+        self.pulsing.add(key)
+        self.spoke(key)
+
+    def pulse_unreachable(self, ident: bytes) -> None:
+        """The pulse link cannot reach this host relay: pinged on its data link again."""
+        self.pulsing.discard(self.keys.get(ident))
+
     def knows_boot(self, key: Key) -> bool:
         """Whether ``key`` has answered a ping (or said hello) in this node's life."""
         return key in self.boots

@@ -27,13 +27,13 @@ class ChunksIn:
 
     def __init__(
         self,
-        node: NodeContext,
+        ctx: NodeContext,
         inflight: InFlight,
         sharing: Sharing,
         big: BigData,
         go_on: Callable[[Pending, list], list[Send]],
     ):
-        self.node, self.inflight, self.sharing, self.big, self.go_on = node, inflight, sharing, big, go_on
+        self.ctx, self.inflight, self.sharing, self.big, self.go_on = ctx, inflight, sharing, big, go_on
         # a message's type, as its header frame spells it -> its handler; anything else: a push's chunk
         self.handlers = {
             upchain.MARK: self._combine_chunk,
@@ -53,18 +53,18 @@ class ChunksIn:
                 return handler(body)
             sends, inc = self.big.push_in.on_chunk(frames)
         except P.ProtocolError as e:
-            return self.node.drop(f"chunk: {e}")
+            return self.ctx.drop(f"chunk: {e}")
         return sends + (self._complete(inc) if inc is not None else [])
 
     def _combine_chunk(self, body) -> list[Send]:
-        msg, data = upchain.check(self.node.codec, body)
+        msg, data = upchain.check(self.ctx.codec, body)
         return self.big.chains.on_message(msg, data) + self.big.reduce_rings.settled()
 
     def _credit(self, body) -> list[Send]:
-        return self.big.chains.on_credit(upchain.check_credit(self.node.codec, body))
+        return self.big.chains.on_credit(upchain.check_credit(self.ctx.codec, body))
 
     def _ring_chunk(self, body) -> list[Send]:
-        msg, data = ring.check(self.node.codec, body)
+        msg, data = ring.check(self.ctx.codec, body)
         return self.big.rings.on_gather(msg, data, body) + self.big.reduce_rings.settled()
 
     def expect(self, p: Pending, content, targets) -> list[Send]:
@@ -86,7 +86,7 @@ class ChunksIn:
         p.inner = inner
         if ref is not None:
             self.sharing.adopt(p, ref, [(i, buf) for (i, _), buf in zip(inc.layout.bufs, buffers)])
-        self.inflight.stamp(p, "first chunk in", ago=self.node.clock() - inc.first)
+        self.inflight.stamp(p, "first chunk in", ago=self.ctx.clock() - inc.first)
         self.inflight.stamp(p, "chunks in", inc.layout.n)
         return self.go_on(p, p.state.data_came())
 

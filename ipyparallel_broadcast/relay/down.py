@@ -29,14 +29,14 @@ class DownFlow:
     buffer is big."""
 
     def __init__(self, parts: FlowParts, *, wall: Callable[[], float], keys: Iterator[int], big_from: int):
-        node = parts.node
-        self.codec, self.name, self.boot, self.is_root = node.codec, node.name, node.boot, node.is_root
-        self.host, self.drop, self.is_leaf, self.wall = node.host, node.drop, parts.is_leaf, wall
+        ctx = parts.ctx
+        self.codec, self.name, self.boot, self.is_root = ctx.codec, ctx.name, ctx.boot, ctx.is_root
+        self.host, self.drop, self.is_leaf, self.wall = ctx.host, ctx.drop, parts.is_leaf, wall
         self._keys, self.big_from = keys, big_from  # (a root's request keys; a big buffer's size)
-        self.inflight, self.pending, self.parked = parts.inflight, parts.inflight.requests, parts.inflight.parked
+        self.inflight = parts.inflight
         self.engines, self.routes, self.children = parts.engines, parts.routes, parts.children
         self.sharing, self.big = parts.sharing, parts.big
-        self.chunks_in = ChunksIn(node, self.inflight, self.sharing, self.big, go_on=self._dispatch)  # (a host's)
+        self.chunks_in = ChunksIn(ctx, self.inflight, self.sharing, self.big, go_on=self._dispatch)  # (a host's)
 
     def start(self, route, content, inner, compat=None, arrived=None, value_at=None) -> list[Send]:
         if compat is None:  # the client's own request: checked once, at the root
@@ -45,7 +45,7 @@ class DownFlow:
             if self.is_root:
                 self.codec.check_signature(inner[:5])
         key = f"r{next(self._keys)}" if self.is_root else content.get("req")
-        if not isinstance(key, str) or key in self.pending:
+        if not isinstance(key, str) or key in self.inflight:
             return self.drop(f"request key {key!r} missing or in use")
         mode = content.get("compat")
         rename = None
@@ -62,8 +62,8 @@ class DownFlow:
             bound = self.big.reduce_rings.bound(content)
             if bound is not None:
                 inner, value_at = bound
-        p = self.pending[key] = Pending(
-            key=key,
+        p = self.inflight.open(
+            key,
             msg_id=content["msg_id"],
             stream=content["reply"] == P.STREAM,
             route=route,
@@ -220,16 +220,14 @@ class DownFlow:
             sends += self.inflight.fail(p, unknown, P.UNKNOWN, f"is not on {self.name}")
         elif unknown:
             p.state.park(unknown)
-            self.parked.add(p.key)
+            self.inflight.park(p)
             sends.append(Send(HUB, []))
         return sends
 
     def retry_parked(self, final: bool) -> list[Send]:
         sends = []
-        for key in list(self.parked):
-            self.parked.discard(key)
-            p = self.pending.get(key)
-            if p is None or not p.state.owes(PARKED):
+        for p in self.inflight.take_parked():
+            if not p.state.owes(PARKED):
                 continue
             eids = p.state.unpark()
             sends += self._to_engines(p, [e for e in eids if e in self.engines])
@@ -238,6 +236,6 @@ class DownFlow:
                 sends += self.inflight.fail(p, left, P.UNKNOWN, "is not registered")
             elif left:
                 p.state.park(left)
-                self.parked.add(key)
+                self.inflight.park(p)
             sends += self.inflight.finish_if_done(p)
         return [s for s in sends if s.socket != HUB]

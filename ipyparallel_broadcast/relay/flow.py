@@ -16,7 +16,7 @@ from .sharing import Sharing
 
 @dataclass(frozen=True)
 class FlowParts:
-    node: NodeContext  # what the node is
+    ctx: NodeContext  # what the node is
     is_leaf: bool
     inflight: InFlight  # the requests in flight (which fail engines: ``InFlight.fail``)
     engines: EngineTable  # the engine table, id -> uuid, kept in place by the node

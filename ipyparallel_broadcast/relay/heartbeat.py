@@ -36,7 +36,7 @@ class Heartbeats:
 
     def __init__(
         self,
-        node: NodeContext,
+        ctx: NodeContext,
         children: Children,
         deadlines: Deadlines,
         inflight: InFlight,
@@ -46,7 +46,7 @@ class Heartbeats:
         reannounce: Callable[[], list[Send]],
         parent_restarted: Callable[[], list[Send]],
     ):
-        self.node, self.children = node, children
+        self.ctx, self.children = ctx, children
         ping_interval, node_timeout = children.ping_interval, children.node_timeout
         self.ping_interval, self.node_timeout = ping_interval, node_timeout
         self.child_lost, self.held, self.inflight = child_lost, held, inflight
@@ -58,28 +58,36 @@ class Heartbeats:
         self.bulk_url: str | None = None  # a host relay's chunk socket (the shell's), said in its pongs
         # host relay: when its leaf last pinged it. A leaf that restarted does
         # not know its host relays; each says hello again when its leaf is silent
-        self.parent_heard: float | None = node.clock() if node.host else None
+        self.parent_heard: float | None = ctx.clock() if ctx.host else None
         self.parent_silence = min(node_timeout, 3 * ping_interval)  # three pings missed
         deadlines.add("pings", lambda: children.next_ping, self._ping)
         deadlines.add("parent silence", self._silence_ends, self._parent_silent)
 
+    def links(self, pulse_port: int | None = None, bulk_url: str | None = None) -> None:
+        """The shell's sockets this node's pings and pongs name: a leaf's pulse
+        port for its host relays, a host relay's chunk socket."""
+        if pulse_port is not None:
+            self.pulse_port = pulse_port
+        if bulk_url is not None:
+            self.bulk_url = bulk_url
+
     def hello(self, unknown: list | None = None) -> list[Send]:
         """Tell the parent this node is alive, and which life of it this is
         (and, asked, which requests it does not hold)."""
-        node = self.node
-        if node.is_root:
+        ctx = self.ctx
+        if ctx.is_root:
             return []
-        pong = dict(node=node.name, boot=node.boot, bulk=self.bulk_url)
+        pong = dict(node=ctx.name, boot=ctx.boot, bulk=self.bulk_url)
         if unknown is not None:
             pong["unknown"] = unknown
-        return [Send(UP, node.codec.pack(P.PONG, pong))]
+        return [Send(UP, ctx.codec.pack(P.PONG, pong))]
 
     # ------------------------------------------------------------ children
     def _ping(self, now: float) -> list[Send]:
         sends = []
         for key in self.children.silent(now):
             sends += self.child_lost(key, f"has not answered for {self.node_timeout:g} s")
-        codec, content = self.node.codec, self._ping_content()
+        codec, content = self.ctx.codec, self._ping_content()
         ping, children = codec.pack(P.PING, content), self.children
         for key in children.on_data_link():
             keys = self._owed_since_last_ping(key)
@@ -99,11 +107,11 @@ class Heartbeats:
         return sorted(since)
 
     def _ping_content(self, **more) -> dict:
-        return dict(boot=self.node.boot, pulse=self.pulse_port, every=self.children.interval, **more)
+        return dict(boot=self.ctx.boot, pulse=self.pulse_port, every=self.children.interval, **more)
 
     def _asking(self, keys: list[str]) -> list:
         """A ping that asks a child whether it holds ``keys`` (signed for it alone)."""
-        return self.node.codec.pack(P.PING, self._ping_content(keys=keys))
+        return self.ctx.codec.pack(P.PING, self._ping_content(keys=keys))
 
     def pong(self, child: Key, content: dict, pulse: bool = False) -> list[Send]:
         """A child's pong (it spoke: ``children.heard`` is set already), on the
@@ -135,27 +143,26 @@ class Heartbeats:
     def on_pulse(self, frames) -> list[Send]:
         """A host relay's pong on the pulse link (see ``children``)."""
         try:
-            event = E.from_below(self.node.codec, frames, False)
+            event = E.from_below(self.ctx.codec, frames, False)
             key = self.children.key_of(event.ident) if isinstance(event, E.ChildMessage) else None
             if not isinstance(key, bytes) or event.kind != P.PONG:
                 raise P.ProtocolError("only pongs of known host relays come on the pulse link")
-            self.children.pulsing.add(key)
-            self.children.heard[key] = self.node.clock()
-            return self.pong(key, event.content(self.node.codec), pulse=True)
+            self.children.pulse_heard(key)
+            return self.pong(key, event.content(self.ctx.codec), pulse=True)
         except P.ProtocolError as e:
-            return self.node.drop(f"pulse: {e}")
+            return self.ctx.drop(f"pulse: {e}")
 
     # -------------------------------------------------------------- parent
     def on_parent_pulse(self, frames) -> list[Send]:
         """A ping on the pulse link (a host relay's): the pong goes back that way."""
-        node = self.node
+        ctx = self.ctx
         try:
-            event = E.from_above(node.codec, frames, node.is_root, bool(node.host))
-            if not isinstance(event, E.Ping) or node.is_root:
+            event = E.from_above(ctx.codec, frames, ctx.is_root, bool(ctx.host))
+            if not isinstance(event, E.Ping) or ctx.is_root:
                 raise P.ProtocolError("only pings come on the pulse link")
             return self.parent_ping(event.content, via=PULSE)
         except P.ProtocolError as e:
-            return node.drop(f"pulse: {e}")
+            return ctx.drop(f"pulse: {e}")
 
     def client_ping(self, event: E.Ping) -> list[Send]:
         """A client lists requests it waits on: answer with those not held here."""
@@ -163,8 +170,8 @@ class Heartbeats:
         if not isinstance(ids, list):
             raise P.ProtocolError("client ping without a list of ids")
         held = self.held()
-        pong = dict(node=self.node.name, boot=self.node.boot, unknown=[m for m in ids if m not in held])
-        return [Send(UP, event.route + self.node.codec.pack(P.PONG, pong))]
+        pong = dict(node=self.ctx.name, boot=self.ctx.boot, unknown=[m for m in ids if m not in held])
+        return [Send(UP, event.route + self.ctx.codec.pack(P.PONG, pong))]
 
     def parent_ping(self, content: dict, via: str = UP) -> list[Send]:
         """Answer the parent; a parent that restarted hears our routes again."""
@@ -174,12 +181,12 @@ class Heartbeats:
         unknown = None if keys is None else [k for k in keys if k not in self.inflight.requests]
         sends = [Send(via, s.frames) for s in self.hello(unknown)]
         if self.parent_heard is not None:
-            self.parent_heard = self.node.clock()
+            self.parent_heard = self.ctx.clock()
         every = content.get("every")  # the parent's pings' interval (stretched with its children)
         if type(every) in (int, float) and every > 0:
             self.parent_silence = min(self.node_timeout, 3 * max(self.ping_interval, every))
         pulse = content.get("pulse")
-        if self.node.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
+        if self.ctx.host and type(pulse) is int and 0 < pulse < 65536 and pulse != self.parent_pulse:
             self.parent_pulse = pulse  # the shell connects to it; a pong says who we are there
             sends += [Send(PULSE, s.frames) for s in self.hello()]
         if isinstance(boot, str):

@@ -50,7 +50,7 @@ class HostFold:
 
     def __init__(
         self,
-        node: NodeContext,
+        ctx: NodeContext,
         sharing: Sharing,
         inflight: InFlight,
         deadlines: Deadlines,
@@ -62,7 +62,7 @@ class HostFold:
         fail: Callable[[Pending, list, str, str], list[Send]],
         settled: Callable[[], list[Send]],
     ):
-        self.node, self.sharing, self.inflight = node, sharing, inflight
+        self.ctx, self.sharing, self.inflight = ctx, sharing, inflight
         self.turn_timeout, self.chunk, self.uplinks, self.rings = turn_timeout, chunk, uplinks, rings
         self.fail, self.settled = fail, settled
         self.folds: dict[str, Fold] = {}  # request key -> its holders' turns, until combined
@@ -130,13 +130,13 @@ class HostFold:
         return self.rings if self.rings.has(key) else self.uplinks
 
     def _turn(self, turn: tuple[str, dict], turns: Turns) -> list[Send]:
-        turns.deadline = self.node.clock() + self.turn_timeout
+        turns.deadline = self.ctx.clock() + self.turn_timeout
         uuid, content = turn
-        return [Send(DOWN, [uuid.encode(), P.FOLD_KEY] + self.node.codec.pack(P.FOLD_TURN, content))]
+        return [Send(DOWN, [uuid.encode(), P.FOLD_KEY] + self.ctx.codec.pack(P.FOLD_TURN, content))]
 
     def on_answer(self, uuid: str, body) -> list[Send]:
         """An engine's answer to its turn: the next turn, or the host's value."""
-        codec = self.node.codec
+        codec = self.ctx.codec
         answer = codec.content(codec.unpack(body, content=False))
         req = answer.get("req")
         fold = self.folds.get(req) if isinstance(req, str) else None
@@ -186,7 +186,7 @@ class HostFold:
         elif eids:
             held, (ref, view) = turns.holders[eids[0]].held, turns.segment
             p.reduction.add(eids, held.value(view), at=eids[0], owned=True, segment=ref)
-            self.sharing.values_taken += len(eids)
+            self.sharing.values_combined(len(eids))
         for eid in eids[1:]:
             p.reduction.skip(eid)
         if turns.segment is not None:
@@ -196,7 +196,7 @@ class HostFold:
         return sends + self.inflight.finish_if_done(p)
 
     def _let_go(self, uuid: str, tokens: list[str]) -> Send:
-        return Send(DOWN, [uuid.encode(), P.FOLD_KEY] + self.node.codec.pack(P.FOLD_RELEASE, dict(tokens=tokens)))
+        return Send(DOWN, [uuid.encode(), P.FOLD_KEY] + self.ctx.codec.pack(P.FOLD_RELEASE, dict(tokens=tokens)))
 
     def engine_lost(self, uuid: str, why: str) -> list[Send]:
         """An engine is lost: a holder fails; turns may start (it was owed)."""

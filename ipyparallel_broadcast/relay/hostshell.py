@@ -49,6 +49,10 @@ PROBE_INTERVAL = 0.05  # a restarted relay looks for its engines' reconnections 
 class HostRelayShell(NodeShell):
     """A relay node serving the engines of its host (``RelayNode(host=...)``)."""
 
+    def facts(self) -> dict:
+        """This process's facts, its registrations and hearts too (``HubSide``, made as its sockets open)."""
+        return {**super().facts(), **(self.hub_side.stats() if getattr(self, "hub_side", None) else {})}
+
     def open_sockets(self, spec, curve):
         ctx = self.context
         place = self.place = Place(spec["key"].encode(), spec["host"], bool(curve["curve_serverkey"]))
@@ -64,17 +68,15 @@ class HostRelayShell(NodeShell):
         self.down.ROUTER_MANDATORY = 1
         self.down.ROUTER_HANDOVER = 1
         self.joins = _socket(ctx, zmq.ROUTER)
-        for sock, url in ((self.down, place.down_url), (self.joins, place.join_url)):
-            if place.secret:
-                sock.curve_server, sock.curve_secretkey = True, place.secret
-            sock.bind(url)
         self.bulk = _socket(ctx, zmq.ROUTER)  # chunks of big requests, from the host that feeds this one
-        if place.secret:
-            self.bulk.curve_server, self.bulk.curve_secretkey = True, place.secret
+        for sock in (self.down, self.joins, self.bulk) if place.secret else ():
+            sock.curve_server, sock.curve_secretkey = True, place.secret
+        for sock, url in ((self.down, place.down_url), (self.joins, place.join_url)):
+            sock.bind(url)
         ip = spec.get("ip") or local_ip_towards(spec["up_url"])  # BroadcastEngine.host_relay_ip
         low, high = spec.get("ports") or (49152, 65535)  # BroadcastEngine.host_relay_ports
         port = self.bulk.bind_to_random_port(f"tcp://{ip}", low, high + 1, max_tries=max(100, high + 1 - low))
-        self.node.heartbeats.bulk_url = f"tcp://{ip}:{port}"
+        self.node.heartbeats.links(bulk_url=f"tcp://{ip}:{port}")
         self.notifications = self.registrar = self.monitor = self.pulse = None
         self.pulse_url = None  # where the parent's pulse link is, once connected
         self.sockets = [self.up, self.down, self.joins, self.bulk]
@@ -90,8 +92,6 @@ class HostRelayShell(NodeShell):
             self.sockets += self.hub_side.sockets
             for sock, handler in self.hub_side.handlers.items():
                 self.handlers[sock] = partial(self.hub_side.handle, handler)
-            probe = self.node.probe
-            self.node.probe = lambda: {**probe(), **self.hub_side.stats()}  # in its survey
         self.own_process: dict = {}  # uuid -> whether the engine is a process of its own (its pid)
         self.joining = JoinBatch()  # engines joined, not yet announced to the leaf
         self.grace = float(spec.get("grace", GRACE))

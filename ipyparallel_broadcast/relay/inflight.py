@@ -116,20 +116,56 @@ class InFlight:
 
     traces_kept = 64  # finished traced requests whose events a survey can still fetch
 
-    def __init__(self, codec: P.Codec, kind: str, batches: bool, clock, wall, engines: dict | None = None):
+    def __init__(
+        self,
+        codec: P.Codec,
+        kind: str,
+        batches: bool,
+        clock,
+        wall,
+        engines: dict | None = None,
+        *,
+        coalesce: bool = False,
+        records: bool = False,
+    ):
         self.codec, self.kind, self.batches, self.clock, self.wall = codec, kind, batches, clock, wall
         self.engines = {} if engines is None else engines  # the node's engine table (id -> uuid), read only
         # streaming: hold what is ready until the shell has read every message
         # waiting on its sockets (``drained``), then send it up as one bundle:
         # replies that came together go together, and none waits for more
-        self.coalesce = False
-        self.records = False  # the root: a copy of each bundle sent up goes to the hub's records
+        self.coalesce = coalesce
+        self.records = records  # the root: a copy of each bundle sent up goes to the hub's records
         self.dirty: dict[str, Pending] = {}  # requests holding streamed outcomes
         self.requests: dict[str, Pending] = {}
         self.parked: set[str] = set()  # leaf: keys of requests with parked targets
         self.traces: OrderedDict = OrderedDict()  # msg_id -> events of a finished traced request
         self.on_done: list[Callable[[Pending], None]] = []  # each called as a request leaves this node
         self.on_big_done: list[Callable[[Pending], None]] = []  # ... a request with big buffers
+
+    # ------------------------------------------------ the requests it holds
+    def __contains__(self, key) -> bool:
+        return key in self.requests
+
+    def get(self, key) -> Pending | None:
+        return self.requests.get(key)
+
+    def open(self, key: str, **fields) -> Pending:
+        """A new request in flight here, ``Pending(key, **fields)``."""
+        p = self.requests[key] = Pending(key=key, **fields)
+        return p
+
+    def park(self, p: Pending) -> None:
+        """``p`` has targets this leaf does not know yet (``retry`` them when the hub's news comes)."""
+        self.parked.add(p.key)
+
+    def take_parked(self) -> list[Pending]:
+        """The requests parked, still in flight; none is parked any more (``park`` again)."""
+        keys, self.parked = self.parked, set()
+        return [p for p in map(self.requests.get, keys) if p is not None]
+
+    def when_done(self, callback: Callable[[Pending], None], big_only: bool = False) -> None:
+        """``callback(p)`` as each request (or each with big buffers) leaves this node."""
+        (self.on_big_done if big_only else self.on_done).append(callback)
 
     def stamp(self, p: Pending, event: str, detail=None, ago: float = 0.0):
         """Note ``event`` in a traced request's trace (``ago`` seconds ago)."""

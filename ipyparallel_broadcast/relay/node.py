@@ -63,7 +63,15 @@ class RelayNode:
         host: str | None = None,
         store=None,
         bulk: dict | None = None,
+        *,
+        coalesce: bool = False,
+        records: bool = False,
+        probe: Callable[[], dict] = dict,
     ):
+        """``coalesce``: streamed replies read together go up together (``drained``).
+        ``records``: copies to the hub's task records (MON): the root's of each
+        request and bundle up; a leaf's of each engine's reply to a reduction.
+        ``probe``: the process's facts (RSS...) for its surveys."""
         self.codec, self.clock, self.shape, self.wall = codec, clock, shape, wall  # wall: for traces, across processes
         self.path, self.host = tuple(path), host  # a host relay: its leaf's path; its label (it serves who joined)
         self.name = f"host {host}" if host else node_name(self.path)
@@ -78,15 +86,17 @@ class RelayNode:
         self.routes = Routes(shape, self.path, self.is_leaf)
         self.announce = Announcements(codec, self.routes, self.children.idents, self.is_root, host, self.boot)
         self.surveys = Surveys(codec)
-        self.context = NodeContext(codec, clock, self.name, self.boot, self.is_root, host, self._drop)
+        self.ctx = NodeContext(codec, clock, self.name, self.boot, self.is_root, host, self._drop)
         self.deadlines = Deadlines()  # every part's timers: ``on_tick`` fires them
         self.engines = EngineTable()  # leaf: engine id -> uuid; changed in place (the parts share it)
-        self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall, self.engines)
-        self.pending, self.parked = self.inflight.requests, self.inflight.parked  # key -> Pending
+        self.records = records = records and (self.is_root or self.is_leaf)
+        flight = dict(coalesce=coalesce, records=records and self.is_root)
+        self.inflight = InFlight(codec, self.kind, self.is_leaf, clock, wall, self.engines, **flight)
+        self.pending = self.inflight.requests  # key -> Pending (read only: ``inflight`` owns it)
         self.sharing = Sharing(codec, store)  # big buffers, once per host
         self.deadlines.add("batches", self.inflight.next_deadline, self.inflight.due)
         self.big = BigData.build(  # the data plane, and the parts that use it
-            self.context,
+            self.ctx,
             self.inflight,
             self.children,
             self.sharing,
@@ -97,7 +107,7 @@ class RelayNode:
             stalled=lambda now: self.down.chunks_in.stalled(now),
         )
         self.heartbeats = Heartbeats(
-            self.context,
+            self.ctx,
             self.children,
             self.deadlines,
             self.inflight,
@@ -108,19 +118,15 @@ class RelayNode:
         )
         # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
         # request without one never calls into them
-        self.inflight.on_big_done = [
-            self.sharing.release,
-            self.big.push_out.release,
-            self.big.push_in.release,
-        ]  # a big request left
-        self.inflight.on_done.append(self.sharing.drop_values)  # (a reduce's segments)
+        for release in (self.sharing.release, self.big.push_out.release, self.big.push_in.release):
+            self.inflight.when_done(release, big_only=True)  # a big request left
+        self.inflight.when_done(self.sharing.drop_values)  # (a reduce's segments)
         self.dropped = 0  # messages dropped as malformed or unexpected
-        self.probe: Callable[[], dict] = dict  # the shell adds process facts (RSS)
+        self.probe = probe
         # a restarted root must not reuse the keys of requests engines may still answer
         self._keys = count(int(self.boot[:8], 16) << 20)
-        self.records = False  # copies to the hub's task records: see keep_hub_records
         flow = FlowParts(
-            self.context, self.is_leaf, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big
+            self.ctx, self.is_leaf, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big
         )
         # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
         # request without one never calls into them
@@ -131,14 +137,8 @@ class RelayNode:
             announce=self.announce,
             surveys=self.surveys,
             heartbeats=self.heartbeats,
+            records=records,
         )
-
-    def keep_hub_records(self, on: bool = True):
-        """Copies to the hub's task records (MON): the root copies each request
-        and each bundle it sends up (one copy per host bundle at most); a leaf,
-        each engine's reply to a reduction (the bundles carry only the combined value)."""
-        self.records = self.up.records = on
-        self.inflight.records = on and self.is_root
 
     # ------------------------------------------------------------------ events
     def on_up(self, frames) -> list[Send]:
@@ -279,7 +279,7 @@ class RelayNode:
         stats = dict(
             node=self.name,
             pending=len(self.pending),
-            parked=len(self.parked),
+            parked=len(self.inflight.parked),
             surveys=len(self.surveys),
             dropped=self.dropped,
             signatures=self.codec.remembered,

@@ -33,7 +33,7 @@ class ReduceChains:
 
     def __init__(
         self,
-        node: NodeContext,
+        ctx: NodeContext,
         inflight: InFlight,
         children: Children,
         deadlines: Deadlines,
@@ -44,12 +44,12 @@ class ReduceChains:
         shape: str,
         fail: Callable[[Pending, list, str, str], list[Send]],
     ):
-        self.node, self.inflight, self.children = node, inflight, children
+        self.ctx, self.inflight, self.children = ctx, inflight, children
         self.threshold, self.chains, self.uplinks, self.setting, self.fail = threshold, chains, uplinks, shape, fail
         self.of: dict[str, Chain] = {}  # the leaf: request key -> its chain, while the request is here
         self.open: set[str] = set()  # ... those whose chain's outcome is not known yet
         self.shape: str | None = None  # the last reduce's way between hosts, for stats
-        inflight.on_done.append(lambda p: self.of.pop(p.key, None))
+        inflight.when_done(lambda p: self.of.pop(p.key, None))
         deadlines.add("chains' stall", self._next_stall, self._stalled)
 
     # ------------------------------------------------------------ the leaf
@@ -63,7 +63,7 @@ class ReduceChains:
         shape = reduce_trees.choose(len(hosts), self.setting, self.chains.chunk)
         order, heads, contents = plans.reduce_way(hosts, shape)
         first = hosts[0].first
-        chain = self.of[p.key] = Chain(order, heads, first - 0.5, self.node.clock())
+        chain = self.of[p.key] = Chain(order, heads, first - 0.5, self.ctx.clock())
         self.open.add(p.key)
         self.shape = shape
         p.state.expect(CHAIN, ())
@@ -75,14 +75,14 @@ class ReduceChains:
 
     def on_message(self, child, m) -> list[Send]:
         """A chain message from the head of a part, at the leaf."""
-        msg, data = upchain.check(self.node.codec, m.body)
+        msg, data = upchain.check(self.ctx.codec, m.body)
         key, part = reduce_trees.split_key(msg["content"]["key"])
         p, chain = self.inflight.requests.get(key), self.of.get(key)
         if p is None:  # the request was done without it (no host chained a value)
             return []
         if chain is None or chain.outcome is not None or part >= len(chain.heads) or child != chain.heads[part]:
             raise P.ProtocolError(f"chain message for {msg['content']['key']!r} from {child!r}, not its head")
-        chain.last = self.node.clock()
+        chain.last = self.ctx.clock()
         if not chain.have:
             self.inflight.stamp(p, "chain in")
         if not upchain.take(chain, part, msg, data):
@@ -95,7 +95,7 @@ class ReduceChains:
         chain = self.of.get(p.key)
         if chain is None:
             raise P.ProtocolError("a chained bundle, but no chain")
-        chain.last = self.node.clock()
+        chain.last = self.ctx.clock()
         if chain.outcome == "value":
             p.reduction.add(eids, None, at)
         elif chain.outcome == "failed":  # the hosts' values did not combine: so these neither
@@ -130,7 +130,7 @@ class ReduceChains:
 
     def _ended(self, p: Pending, chain: Chain, gone: bytes | None = None) -> list[Send]:
         """The chain's hosts let go of their links (they wait for as long as the leaf does)."""
-        return end_links(self.node.codec, p.key, chain.hosts, but=gone)
+        return end_links(self.ctx.codec, p.key, chain.hosts, but=gone)
 
     def unneeded(self, p: Pending) -> list[Send]:
         """Every host's bundle is in and none chained its value: no need to wait."""
@@ -197,7 +197,7 @@ class ReduceChains:
         if state["value"] is not None and frames and P.nbytes(frames[0]) >= self.threshold:
             header, data = state["value"], frames[0]
             state, frames = dict(state, value=None, chained=True), []
-        body = B.pack_reduced(self.node.codec, p.key, p.msg_id, state, frames, p.raised, p.failed)
+        body = B.pack_reduced(self.ctx.codec, p.key, p.msg_id, state, frames, p.raised, p.failed)
         self.inflight.stamp(p, "reply out", p.n)
         sends = self.inflight.recorded(p, [Send(UP, P.with_route(p.route, body))], p.n)
         return sends + self.uplinks.own_value(p.key, header, data)

@@ -32,16 +32,16 @@ class ReduceRings:
 
     def __init__(
         self,
-        node: NodeContext,
+        ctx: NodeContext,
         inflight: InFlight,
         children: Children,
         sharing: Sharing,
         deadlines: Deadlines,
         rings: Rings,
     ):
-        self.node, self.inflight, self.children, self.sharing, self.rings = node, inflight, children, sharing, rings
+        self.ctx, self.inflight, self.children, self.sharing, self.rings = ctx, inflight, children, sharing, rings
         self.of: dict[str, list[bytes]] = {}  # the leaf: request key -> the hosts of its ring, until it ends
-        inflight.on_done.append(lambda p: self.of.pop(p.key, None))
+        inflight.when_done(lambda p: self.of.pop(p.key, None))
         deadlines.add("ring values' binds", lambda: rings.next_deadline() if rings.results else None, self._expired)
 
     # ------------------------------------------------------------ the leaf
@@ -79,7 +79,7 @@ class ReduceRings:
         return sends
 
     def _end(self, p: Pending, why: str, but=None) -> list[Send]:
-        return end_links(self.node.codec, p.key, self.of.pop(p.key), f"the ring of hosts ended: {why}", but)
+        return end_links(self.ctx.codec, p.key, self.of.pop(p.key), f"the ring of hosts ended: {why}", but)
 
     # --------------------------------------------------------- a host relay
     def own(self, p: Pending) -> list[Send]:
@@ -118,7 +118,7 @@ class ReduceRings:
                 state = dict(state, value=dict(ring.own[0], t="ring"))
             else:
                 state = dict(state, value=None, error=f"allreduce: {ring.why}")
-            body = B.pack_reduced(self.node.codec, p.key, p.msg_id, state, [], p.raised, p.failed)
+            body = B.pack_reduced(self.ctx.codec, p.key, p.msg_id, state, [], p.raised, p.failed)
             self.inflight.stamp(p, "ring done", ring.outcome)
             sends += self.inflight.recorded(p, [Send(UP, P.with_route(p.route, body))], p.n)
         return sends
@@ -132,7 +132,7 @@ class ReduceRings:
             return None
         header, view = ring.own
         value = R.decode(header, [view])
-        inner = R.assign_request(self.node.codec, content["msg_id"], content["ring_bind"], value)
+        inner = R.assign_request(self.ctx.codec, content["msg_id"], content["ring_bind"], value)
         index = R.buffer_of(value, inner[5:]) if ring.ref is not None else None
         if ring.ref is not None and index is None:
             self.sharing.drop_value(ring.ref)  # (the engines get its bytes)
@@ -140,7 +140,7 @@ class ReduceRings:
 
     def _expired(self, now: float) -> list[Send]:
         for key in self.rings.expired(now):
-            log.warning("%s: no bind came for the allreduce value of %s; let go", self.node.name, key)
+            log.warning("%s: no bind came for the allreduce value of %s; let go", self.ctx.name, key)
         return []
 
     def stats(self) -> dict:

@@ -139,6 +139,10 @@ class Sharing:
 
         return take
 
+    def values_combined(self, count: int) -> None:
+        """``count`` engines' reduce values were combined in a segment of this host (``hostfold``)."""
+        self.values_taken += count
+
     def drop_values(self, p) -> None:
         """``p`` is done here: the names of the segments its values were in
         go (those passed up are the reader's now)."""

@@ -84,28 +84,33 @@ class NodeShell:
             host=spec.get("host"),
             store=ShmStore(threshold=spec.get("shm_threshold") or THRESHOLD) if spec.get("shm", True) else None,
             bulk=spec.get("bulk"),
+            coalesce=True,  # streamed replies read together go up together (``drained``)
+            records=bool(spec.get("monitor_url")),
+            probe=self.facts,
         )
         self.feeds: dict = {}  # bulk url -> a DEALER to that host relay's bulk socket
         self.trimmer = HeapTrimmer(spec.get("trim_interval", 10.0))
-        self.node.inflight.coalesce = True  # streamed replies read together go up together
-        process = psutil.Process()
+        self.process, self.down_url = psutil.Process(), spec["down_url"]
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
-        self.node.probe = lambda: dict(
-            rss=process.memory_info().rss,
-            pid=process.pid,
-            down_url=spec["down_url"],
-            busy=self.busy,
-            cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
-            blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
-            node_timeout=self.node.node_timeout,  # (a host relay's come from the controller's config)
-            ping_interval=self.node.ping_interval,
-        )
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),
             curve_publickey=spec.get("curve_publickey"),
             curve_serverkey=spec.get("curve_serverkey"),
         )
         self.open_sockets(spec, curve)
+
+    def facts(self) -> dict:
+        """This process's facts, in its node's survey."""
+        return dict(
+            rss=self.process.memory_info().rss,
+            pid=self.process.pid,
+            down_url=self.down_url,
+            busy=self.busy,
+            cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
+            blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
+            node_timeout=self.node.node_timeout,  # (a host relay's come from the controller's config)
+            ping_interval=self.node.ping_interval,
+        )
 
     def open_sockets(self, spec, curve):
         ctx = self.context
@@ -129,7 +134,7 @@ class NodeShell:
             self.pulse.ROUTER_MANDATORY = 1
             self.pulse.ROUTER_HANDOVER = 1
             _curve_server(self.pulse, curve)
-            self.node.heartbeats.pulse_port = self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0])
+            self.node.heartbeats.links(pulse_port=self.pulse.bind_to_random_port(spec["down_url"].rsplit(":", 1)[0]))
             self.sockets.append(self.pulse)
         self.notifications = self.registrar = None
         self.lookup_in_flight = False
@@ -145,7 +150,6 @@ class NodeShell:
         if spec.get("monitor_url") and (self.node.is_root or self.node.is_leaf):
             self.monitor = _socket(ctx, zmq.PUB)
             _connect(self.monitor, spec["monitor_url"], curve)
-            self.node.keep_hub_records()
         self.handlers = {
             self.up: self.node.on_up,
             self.down: self.node.on_down,
@@ -196,7 +200,7 @@ class NodeShell:
         except zmq.ZMQError as e:
             if e.errno != zmq.EHOSTUNREACH:
                 raise
-            self.node.children.pulsing.discard(self.node.children.key_of(P.as_bytes(frames[0])))
+            self.node.children.pulse_unreachable(P.as_bytes(frames[0]))
 
     def send_bulk(self, frames):
         """A chunk to a host relay's bulk socket: ``[url, its identity, *message]``

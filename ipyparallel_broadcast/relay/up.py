@@ -29,11 +29,19 @@ class UpFlow:
     the node's ``FlowParts``, and its route announcements, surveys and
     heartbeats."""
 
-    def __init__(self, parts: FlowParts, *, announce: Announcements, surveys: Surveys, heartbeats: Heartbeats):
-        node = parts.node
-        self.codec, self.clock, self.name, self.host = node.codec, node.clock, node.name, node.host
+    def __init__(
+        self,
+        parts: FlowParts,
+        *,
+        announce: Announcements,
+        surveys: Surveys,
+        heartbeats: Heartbeats,
+        records: bool = False,
+    ):
+        ctx = parts.ctx
+        self.codec, self.clock, self.name, self.host = ctx.codec, ctx.clock, ctx.name, ctx.host
         self.is_leaf = parts.is_leaf
-        self.records = False  # engines' replies to reductions copied for the hub (``keep_hub_records``)
+        self.records = records  # engines' replies to reductions copied for the hub (``RelayNode``'s ``records``)
         self.inflight, self.pending, self.engines = parts.inflight, parts.inflight.requests, parts.engines
         self.routes, self.children, self.sharing, self.big = parts.routes, parts.children, parts.sharing, parts.big
         self.announce, self.surveys, self.heartbeats = announce, surveys, heartbeats
@@ -74,7 +82,7 @@ class UpFlow:
             if not (self.is_leaf and m.ident.startswith(HOST_PREFIX) and m.kind in (P.PONG, P.HOST)):
                 raise P.ProtocolError(f"message from unknown peer {m.ident!r}")
             child = children.add_host(m.ident)
-        children.heard[child] = self.clock()  # it spoke
+        children.spoke(child)
         if m.kind == P.PONG:
             return self.heartbeats.pong(child, m.content(self.codec))
         if m.kind == P.STATS_REPLY:
