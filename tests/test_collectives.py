@@ -587,7 +587,7 @@ def test_a_reduction_reply_after_its_call_failed_is_dropped_quietly_with_its_seg
     segments = _segments()
     future = view.reduce(ipp.interactive(_value_at_gate), str(gate), ipp.Reference("rank"), op="sum")
     until(lambda: rc._root_watch.in_flight, what="the reduction in flight")
-    rc._fail_everything("failed by the test")
+    rc._watch.fail_everything("failed by the test")
     with pytest.raises(Exception, match="failed by the test"):
         future.get(timeout=30)
     before = rc._replies_received

@@ -60,7 +60,7 @@ def test_new_clients_under_iopub_load_miss_no_output(rc):
     for k in range(6):
         client = connect(rc)
         try:
-            assert client._iopub_live.is_set() and client.iopub_wait is not None
+            assert client._iopub_liveness.live.is_set() and client.iopub_wait is not None
             views = [client[:]] + [client.broadcast_view(coalescing=m) for m in MODES.values()]
             view = views[k % len(views)]
             ar = view.execute(f"print('hello {k}')", block=False)
@@ -122,7 +122,7 @@ def test_our_client_on_a_stock_controller_waits_for_a_live_subscription(tmp_path
         stock.wait_for_engines(1, timeout=60)
         client = ipb.Client(profile_dir=str(tmp_path), cluster_id=cluster.cluster_id)
         try:
-            assert client._iopub_live.is_set()  # the engine's status answered the probe
+            assert client._iopub_liveness.live.is_set()  # the engine's status answered the probe
             ar = client[:].execute("print('probe')", block=False)
             ar.get(timeout=60)
             assert ar.wait_for_output(60) and "probe" in ar.stdout[0]

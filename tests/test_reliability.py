@@ -196,8 +196,8 @@ def test_curve_end_to_end_through_every_hop():
             lambda: len(rc.db_query({"msg_id": {"$in": ar.msg_ids}, "completed": {"$ne": None}}, keys=["msg_id"])) == 4,
             what="hub records over curve",
         )
-        heard = rc._last_beat  # the controller's notices, over curve too
-        until(lambda: rc._last_beat > heard, what="a beat from the controller over curve")
+        heard = rc._watch.last_beat  # the controller's notices, over curve too
+        until(lambda: rc._watch.last_beat > heard, what="a beat from the controller over curve")
         nodes = rc.broadcast_stats()
         session = Session(key=b"")
         ctx = zmq.Context()

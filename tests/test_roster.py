@@ -69,7 +69,7 @@ def test_a_client_whose_subscription_is_late_sees_every_engine_registered_and_go
             gate.open()
             ours.wait_for_engines(len(rc.ids), timeout=60)
             until(lambda: ours.ids == rc.ids, what="our client's table to be the hub's")
-            assert ours._roster.rosters == 1 and ours._roster.gaps == 0
+            assert ours._engine_roster.sync.rosters == 1 and ours._engine_roster.sync.gaps == 0
             view = ours.broadcast_view()
             assert view.apply_sync(lambda: 1) == [b""] * len(rc.ids)  # every engine, on "all"
             # a stock client is sent the registrations it missed (not the unregistrations)

@@ -87,16 +87,16 @@ def test_the_controller_watch_of_a_closing_client_stops_quietly(rc):
     two raised on the closed socket ('controller watch failed', logged)."""
     (path,) = glob.glob(os.path.join(rc.test_profile_dir, "security", "*-client.json"))
     client = ipb.Client(path)
-    client._loop.add_callback(client._notices.close)
+    client._loop.add_callback(client._watch.notices.close)
     closed = threading.Event()
-    client._loop.add_callback(lambda: closed.set() if client._notices.closed() else None)
+    client._loop.add_callback(lambda: closed.set() if client._watch.notices.closed() else None)
     assert closed.wait(10)
     errors = []
     done = threading.Event()
 
     def watch():
         try:
-            client._watch_controller()
+            client._watch.check()
         except Exception as e:  # what the guarded callback would log
             errors.append(e)
         done.set()

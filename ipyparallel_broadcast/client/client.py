@@ -49,8 +49,13 @@ class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(Replies, TreeSurveys, CallResults, ControllerWatch, IOPubLiveness, EngineRoster, Settings):
-    """An ``ipyparallel.Client`` that can broadcast through the relay tree."""
+class Client(Replies, TreeSurveys, CallResults, Settings):
+    """An ``ipyparallel.Client`` that can broadcast through the relay tree.
+
+    It holds its parts, each owning its state: the controller's watch
+    (``_watch``), the IOPub subscription's liveness (``_iopub_liveness``),
+    the engine roster (``_engine_roster``); ipyparallel's hooks below call
+    them, in the order they were chained as mixins."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
 
@@ -79,13 +84,45 @@ class Client(Replies, TreeSurveys, CallResults, ControllerWatch, IOPubLiveness, 
         self._outstanding_by_engine = OutstandingByEngine(self._calls)
         self._paths = PathChooser()  # shared by this client's views
         self._shared = SharedReplies(self.shared_reply_threshold, kept=self.shared_reply_kept)  # big replies by shm
+        self._watch = ControllerWatch(self)  # the controller's notices and beats
+        self._iopub_liveness = IOPubLiveness(self)  # nothing sent before the IOPub subscription is live
+        self._engine_roster = EngineRoster(self)  # the engine table made whole
         super().__init__(*args, **kwargs)
+        self._engine_roster.wait()
+        self._iopub_liveness.wait()
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
         self.history.limit = self.history_limit
 
+    @property
+    def iopub_wait(self) -> float | None:
+        """Seconds the connect waited for the IOPub subscription to be live."""
+        return self._iopub_liveness.waited
+
+    # ------------------------------------------------ ipyparallel's hooks
+    def _connect_to_hub(self, sshserver, ssh_kwargs, timeout):
+        """ipyparallel's, asking again a controller restarted meanwhile (``supervision``)."""
+        return self._watch.connect(super()._connect_to_hub, sshserver, ssh_kwargs, timeout)
+
+    def _open_streams(self):
+        """ipyparallel's streams and ours (``streams``), then each part's."""
+        super()._open_streams()
+        self._engine_roster.open()
+        self._iopub_liveness.open()
+        self._watch.open()
+
+    def _send_message(self, socket, msg_type, *args, ident=None, **kwargs):
+        """ipyparallel's (``upstream``); a request through a queue is watched until it ends."""
+        future = super()._send_message(socket, msg_type, *args, ident=ident, **kwargs)
+        self._watch.sent(socket, future, ident)
+        return future
+
+    def _read_iopub(self, frames):
+        self._iopub_liveness.heard()
+        return super()._read_iopub(frames)
+
     def close(self, linger=None):
         """ipyparallel's; then reply segments in shared memory that no call read go."""
-        super().close(linger)
+        super().close(self._watch.closing(linger))
         self._shared.close()
 
     # ----------------------------------------------------------------- views

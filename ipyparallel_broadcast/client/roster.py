@@ -22,9 +22,7 @@ import logging
 import threading
 
 import zmq
-from traitlets import Float
 
-from ..compat.ipp import ClientSeam
 from ..wire import protocol as P
 from ..wire.naming import ROSTER_HELLO_PREFIX, TREE_KEY
 
@@ -110,59 +108,57 @@ class RosterSync:
         return []
 
 
-class EngineRoster(ClientSeam):
-    """Mixin of our Client: its notification socket read through ``RosterSync``."""
+class EngineRoster:
+    """A part of our Client: its notification socket read through
+    ``RosterSync``, which it owns; ``client`` is the Client it serves (its
+    notification socket and handlers, ipyparallel's engine table)."""
 
-    roster_timeout = Float(
-        10.0,
-        config=True,
-        help="Seconds a new client waits for the controller's whole engine table, sent once its "
-        "subscription to registrations is live; 0: no wait (rc.ids may then be short for a moment).",
-    )
+    def __init__(self, client):
+        self.client = client
+        self.ready = threading.Event()  # before the I/O thread can deliver
+        self.sync = RosterSync({})
+        self.asks = 0
 
-    def __init__(self, *args, **kwargs):
-        self._roster_ready = threading.Event()  # before the I/O thread can deliver
-        self._roster = RosterSync({})
-        self._roster_asks = 0
-        super().__init__(*args, **kwargs)
-        if TREE_KEY in self._connection_info and self.roster_timeout > 0:
-            if not self._roster_ready.wait(self.roster_timeout):
-                log.warning("No engine table from the controller in %.0f s: rc.ids may be short", self.roster_timeout)
+    def wait(self):
+        """Once connected, on our controller: the whole engine table, or ``roster_timeout``."""
+        timeout = self.client.roster_timeout
+        if TREE_KEY in self.client._connection_info and timeout > 0 and not self.ready.wait(timeout):
+            log.warning("No engine table from the controller in %.0f s: rc.ids may be short", timeout)
 
-    def _open_streams(self):
+    def open(self):
         """I/O thread, before its loop runs: our handlers, then the hello
         subscription (after ``b""``, so the hub answers once both are live)."""
-        super()._open_streams()
-        self._roster = RosterSync(dict(self._engine_table))
-        handlers = self._notification_table
+        client = self.client
+        self.sync = RosterSync(dict(client._engine_table))
+        handlers = client._notification_table
         for kind in (REGISTERED, UNREGISTERED, P.ROSTER, P.REGISTRATIONS):
-            handlers[kind] = self._on_roster_message
-        if TREE_KEY in self._connection_info:
-            self._notification_sock.setsockopt(zmq.SUBSCRIBE, P.OURS_TOPIC)  # batches, not stock copies
-            self._ask_roster()
+            handlers[kind] = self.on_message
+        if TREE_KEY in client._connection_info:
+            client._notification_sock.setsockopt(zmq.SUBSCRIBE, P.OURS_TOPIC)  # batches, not stock copies
+            self.ask()
         else:  # a stock controller: its notifications, as they come
-            self._roster_ready.set()
+            self.ready.set()
 
-    def _ask_roster(self):
+    def ask(self):
         """A hello topic of our own, the last one let go. (It is kept: a
         controller restarted in place answers it again when the socket reconnects.)"""
-        sock, asked = self._notification_sock, self._roster_asks
+        sock, asked = self.client._notification_sock, self.asks
         if asked:
             sock.setsockopt(zmq.UNSUBSCRIBE, self._hello_of(asked))
-        self._roster.ask()
-        self._roster_asks = asked + 1
+        self.sync.ask()
+        self.asks = asked + 1
         sock.setsockopt(zmq.SUBSCRIBE, self._hello_of(asked + 1))
 
     def _hello_of(self, ask: int) -> bytes:
-        return ROSTER_HELLO_PREFIX + f"{self.session.session}:{ask}".encode()
+        return ROSTER_HELLO_PREFIX + f"{self.client.session.session}:{ask}".encode()
 
-    def _on_roster_message(self, msg):
+    def on_message(self, msg):
         """I/O thread (a contained handler: a malformed one is logged and dropped)."""
-        self._apply_roster(self._roster.read(msg))
+        self.apply(self.sync.read(msg))
         if msg["header"]["msg_type"] == P.ROSTER:
-            self._roster_ready.set()
+            self.ready.set()
 
-    def _apply_roster(self, changes):
+    def apply(self, changes):
         """Each change as ipyparallel files a notification (its callbacks, e.g.
         ``wait_for_engines``, called), or a new roster asked for."""
         run: dict[int, str] = {}  # registrations in a row: filed together
@@ -175,18 +171,20 @@ class EngineRoster(ClientSeam):
                 run = {}
             if change[0] == "ask":
                 log.warning("A registration notice was missed: asking the controller for its engines again")
-                self._ask_roster()
+                self.ask()
             elif change[0] == "unregister":
-                self._file_unregistration(dict(content=dict(id=change[1], uuid=change[2])))
+                self.client._file_unregistration(dict(content=dict(id=change[1], uuid=change[2])))
 
     def _file_registrations(self, engines: dict[int, str]):
         """Engines registered, as ipyparallel files each (its callbacks called
         per engine), in one update of its tables: it sorts its ids at each, and a
         host's batch of thousands, filed one by one, held the client a second."""
+        client = self.client
         if len(engines) == 1:
             ((eid, uuid),) = engines.items()
-            return self._file_registration(dict(content=dict(id=eid, uuid=uuid)))
-        self._file_engines(engines)
+            return client._file_registration(dict(content=dict(id=eid, uuid=uuid)))
+        client._file_engines(engines)
         for eid, uuid in engines.items():
-            for callback in list(self._registered_callbacks):
+            for callback in list(client._registered_callbacks):
                 callback(dict(event="register", id=eid, uuid=uuid))
+        return None

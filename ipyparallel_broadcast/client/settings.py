@@ -95,3 +95,29 @@ class Settings(Upstream):
     @observe("history_limit")
     def _history_limit_changed(self, change):
         self.history.limit = change["new"]
+
+    # the parts' settings (``supervision``, ``iopublive``, ``roster``)
+    controller_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds without a beat from the controller after which the client's outstanding "
+        "requests fail, naming it (its hub died). 0: never.",
+    )
+    iopub_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds a new client waits for proof that its IOPub subscription is live "
+        "before it sends anything (outputs published before it is live are lost); 0: no wait.",
+    )
+    output_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds after an engine's reply that its output may still come on IOPub; "
+        "then wait_for_output() stops waiting for it, and its stderr says so.",
+    )
+    roster_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds a new client waits for the controller's whole engine table, sent once its "
+        "subscription to registrations is live; 0: no wait (rc.ids may then be short for a moment).",
+    )

@@ -43,7 +43,7 @@ class StreamReaders:
         streams["IOPub"] = (streams["IOPub"][0], self._read_iopub)
         streams["broadcast"] = (self._root_stream, self._dispatch_broadcast)
         for what in ("control", "mux", "task"):  # a request failed early (its queue died): its late reply is dropped
-            streams[what] = (streams[what][0], self._unless_given_up(streams[what][1]))
+            streams[what] = (streams[what][0], self._watch.unless_given_up(streams[what][1]))
         on_error = dict(control=self._reply_failed, mux=self._reply_failed, task=self._reply_failed)
         on_error["IOPub"] = self._iopub_failed
         for what, (stream, handler) in streams.items():
