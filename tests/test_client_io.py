@@ -189,22 +189,22 @@ def test_iopub_handling_does_not_look_up_ipyparallel_client_at_call_time(rc, mon
 def test_the_client_trims_its_heap_only_while_replies_come(rc):
     client = ipb.Client(connection_file(rc))
     try:
-        assert client.heap_trim_interval == 0 and client._trim_checks == 0  # off unless asked
+        assert client.heap_trim_interval == 0 and client._heap_trims.checks == 0  # off unless asked
         client.heap_trim_interval = 0.05
 
         def after(checks):  # the I/O thread has looked this many more times
-            start = client._trim_checks
+            start = client._heap_trims.checks
             deadline = time.monotonic() + WAIT
-            while client._trim_checks < start + checks:
+            while client._heap_trims.checks < start + checks:
                 assert time.monotonic() < deadline, "the trim check stopped running"
                 time.sleep(0.01)
 
         after(3)
-        assert client._trimmer.trims == 0  # no reply yet: nothing to hand back
+        assert client._heap_trims.trimmer.trims == 0  # no reply yet: nothing to hand back
         client.broadcast_view().apply_sync(lambda: 1)
         after(2)
-        assert client._trimmer.trims == 1
+        assert client._heap_trims.trimmer.trims == 1
         after(3)
-        assert client._trimmer.trims == 1  # no replies since
+        assert client._heap_trims.trimmer.trims == 1  # no replies since
     finally:
         client.close()

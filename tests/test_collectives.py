@@ -214,10 +214,10 @@ def test_parallel_decorator_runs_through_the_tree(rc):
 def test_reduce_is_one_message_one_value(rc, op):
     view = rc.broadcast_view(block=True)
     view.scatter("rank", rc.ids, flatten=True)
-    before = rc._replies_received
+    before = rc._replies.received
     with Sends(rc) as sends:
         result = view.reduce(ipp.interactive(lambda: np.full(4, rank + 1.0)), op=op)  # noqa: F821
-    assert (sends.tree, rc._replies_received - before) == (1, 1)
+    assert (sends.tree, rc._replies.received - before) == (1, 1)
     expected = functools.reduce(ufunc(op), [np.full(4, e + 1.0) for e in rc.ids])
     np.testing.assert_array_equal(result, expected)
 
@@ -320,10 +320,10 @@ def test_a_float_reduce_is_bitwise_the_same_every_time(rc):
 def test_allreduce_binds_the_value_in_every_engine_with_one_message_each_way(rc, op):
     view = rc.broadcast_view(block=True)
     view.scatter("rank", rc.ids, flatten=True)
-    before = rc._replies_received
+    before = rc._replies.received
     with Sends(rc) as sends:
         result = view.allreduce(ipp.interactive(lambda: np.full(4, rank + 1.0)), op=op, name="total")  # noqa: F821
-    assert result is None and (sends.tree, rc._replies_received - before) == (1, 1)
+    assert result is None and (sends.tree, rc._replies.received - before) == (1, 1)
     expected = functools.reduce(ufunc(op), [np.full(4, e + 1.0) for e in rc.ids])
     for got in view.pull("total"):
         np.testing.assert_array_equal(got, expected)
@@ -393,7 +393,7 @@ def test_partial_coalescing_delivers_batch_by_batch(rc):
         return eid
 
     view.scatter("eid", rc.ids, flatten=True, block=True)
-    before = rc._replies_received
+    before = rc._replies.received
     ar = view.apply_async(work, ipp.Reference("eid"), first, gate)
     deadline = time.monotonic() + 30
     while not all(ar._children[rc.ids.index(e)].done() for e in first):
@@ -405,7 +405,7 @@ def test_partial_coalescing_delivers_batch_by_batch(rc):
     per_leaf = {}
     for e in rc.ids:
         per_leaf[rc.tree_shape.leaf_of(e)] = per_leaf.get(rc.tree_shape.leaf_of(e), 0) + 1
-    assert rc._replies_received - before == sum(-(-n // 2) for n in per_leaf.values())
+    assert rc._replies.received - before == sum(-(-n // 2) for n in per_leaf.values())
 
 
 def test_batch_and_int_settings(rc):
@@ -421,9 +421,9 @@ def test_batch_and_int_settings(rc):
 # ----------------------------------------------------------------- auto mode
 def test_auto_mode_rule(rc):
     view = rc.broadcast_view(coalescing="auto")
-    before = rc._replies_received
+    before = rc._replies.received
     view.apply_sync(lambda: 1)  # blocking, small: coalesced into one message
-    assert rc._replies_received - before == 1
+    assert rc._replies.received - before == 1
     ar = view.apply_async(lambda: 1)  # not blocking: streamed
     assert ar._call.stream and ar.get(10) == [1] * len(rc)
     big = AUTO_STREAM_BYTES // len(rc) + 1024
@@ -541,7 +541,7 @@ def test_an_unreadable_reduction_reply_fails_its_call_and_leaves_no_segment(rc):
     for content, kind, words in cases:
         future = Future()
         future.targets = [0]  # (as the client's reduce future has them)
-        rc._reduced(future, {"content": content, "buffers": []})
+        rc._replies.reduced(future, {"content": content, "buffers": []})
         got = future.result(timeout=10)
         assert isinstance(got, kind) and words in str(got), got
     assert {n for n in os.listdir("/dev/shm") if n.startswith("ipb-shm-")} <= before
@@ -590,11 +590,11 @@ def test_a_reduction_reply_after_its_call_failed_is_dropped_quietly_with_its_seg
     rc._watch.fail_everything("failed by the test")
     with pytest.raises(Exception, match="failed by the test"):
         future.get(timeout=30)
-    before = rc._replies_received
+    before = rc._replies.received
     caplog.clear()  # (the failure itself was logged)
     with caplog.at_level(logging.DEBUG, logger="ipyparallel_broadcast.client.replies"):
         gate.touch()
-        until(lambda: rc._replies_received > before, what="the late reply")
+        until(lambda: rc._replies.received > before, what="the late reply")
         until(lambda: _segments() <= segments, what="no segment left")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert view.reduce(ipp.interactive(lambda: rank), op="sum").get(timeout=30) == sum(rc.ids)  # noqa: F821

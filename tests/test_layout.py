@@ -59,6 +59,22 @@ def test_no_class_grows_past_250_lines():
     assert big == []
 
 
+def test_the_center_holds_its_parts_and_inherits_only_its_settings():
+    """The Client and the controller are made of parts they hold (each owning
+    its state), not of mixins sharing ``self``: each class's bases are its
+    settings (traits: traitlets reads ``c.Client.*`` from the class's own) and
+    the upstream class, or the seam over it."""
+    from ipyparallel.controller.app import IPController
+
+    from ipyparallel_broadcast.client.client import Client
+    from ipyparallel_broadcast.client.settings import Settings
+    from ipyparallel_broadcast.controller.app import BroadcastController
+    from ipyparallel_broadcast.controller.settings import TreeSettings
+
+    assert Client.__bases__ == (Settings,)
+    assert BroadcastController.__bases__ == (TreeSettings, IPController)
+
+
 def test_no_two_classes_of_the_package_share_a_name():
     """A class's name finds its one place: ``grep 'class Replies'`` once found two."""
     import ast

@@ -104,7 +104,7 @@ def test_concurrent_clients_never_receive_each_others_results():
             results[k] = [ar.get(60) for ar in ars]
 
         threads = [threading.Thread(target=run, args=(k,)) for k in range(len(clients))]
-        before = [c._replies_received for c in clients]
+        before = [c._replies.received for c in clients]
         for t in threads:
             t.start()
         for t in threads:
@@ -114,7 +114,7 @@ def test_concurrent_clients_never_receive_each_others_results():
         # messages per call: coalescing 1, Batch(2) one per leaf (2); streaming
         # (and auto, which streams non-blocking calls) 1 to 4: replies a relay
         # reads together go up together
-        got = [c._replies_received - b for c, b in zip(clients, before)]
+        got = [c._replies.received - b for c, b in zip(clients, before)]
         assert got[0] == calls and got[2] == 2 * calls
         assert all(calls <= n <= 4 * calls for n in (got[1], got[3])), got
         for c in clients[1:]:

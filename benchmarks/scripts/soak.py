@@ -183,7 +183,8 @@ def main(argv=None) -> int:
                 flush=True,
             )
         stats = {n["node"]: n for n in rc.broadcast_stats()}
-        trim_interval, trims, longest = rc.heap_trim_interval, rc._trimmer.trims, rc._trimmer.longest
+        trimmer = rc._heap_trims.trimmer
+        trim_interval, trims, longest = rc.heap_trim_interval, trimmer.trims, trimmer.longest
     title = (
         f"{args.calls:,} broadcasts, {args.engines} engines, depth {args.depth}: "
         "RSS of the controller's processes and the client"

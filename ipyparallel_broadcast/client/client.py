@@ -22,7 +22,6 @@ from ipyparallel.client.client import Metadata
 from ipyparallel.client.futures import MessageFuture
 
 from ..compat.ipp import connection_info_of
-from ..host.trim import HeapTrimmer
 from ..wire import protocol as P
 from ..wire.naming import BROADCAST_ID_PREFIX, TREE_KEY
 from ..wire.topology import TreeShape
@@ -30,14 +29,14 @@ from .calls import Call, Calls
 from .history import History
 from .iopublive import IOPubLiveness
 from .paths import PathChooser
-from .replies import Replies
-from .results import CallResults
+from .replies import ReplyFiling
 from .roster import EngineRoster
 from .settings import Settings
 from .shared import SharedReplies
 from .supervision import ControllerWatch
 from .traces import Traces
 from .treeinfo import TreeSurveys
+from .trims import HeapTrims
 from .upstream import CallMetadata, EngineFuture, OutstandingByEngine
 
 log = logging.getLogger(__name__)
@@ -49,13 +48,11 @@ class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
 
-class Client(Replies, TreeSurveys, CallResults, Settings):
+class Client(Settings):
     """An ``ipyparallel.Client`` that can broadcast through the relay tree.
-
-    It holds its parts, each owning its state: the controller's watch
-    (``_watch``), the IOPub subscription's liveness (``_iopub_liveness``),
-    the engine roster (``_engine_roster``); ipyparallel's hooks below call
-    them, in the order they were chained as mixins."""
+    It holds its parts (``_replies``, ``_watch``, ``_iopub_liveness``,
+    ``_engine_roster``, ``_tree_surveys``, ``_heap_trims``), each owning its
+    state; ipyparallel's hooks below call them."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
 
@@ -75,10 +72,6 @@ class Client(Replies, TreeSurveys, CallResults, Settings):
         self._children_lock = threading.Lock()  # per-engine futures: made by any thread, settled by I/O
         self._tracking: dict[int, tuple] = {}  # id(frames) -> (frames, future, as list) until sent
         self._reductions: dict[str, MessageFuture] = {}  # msg_id -> future, until done
-        self._replies_received = 0  # messages from the tree (tests count them)
-        self._replies_at_trim = self._trim_checks = 0  # ... when the heap was last trimmed; checks made
-        self._trimmer, self._trims = HeapTrimmer(), None  # the periodic trim: see heap_trim_interval
-        self._surveys: dict[str, Future] = {}  # stats msg_id -> future of the node list
         self._traces = Traces()  # events of recent traced calls (see ``trace``)
         self.metadata = CallMetadata(self)
         self._outstanding_by_engine = OutstandingByEngine(self._calls)
@@ -87,16 +80,21 @@ class Client(Replies, TreeSurveys, CallResults, Settings):
         self._watch = ControllerWatch(self)  # the controller's notices and beats
         self._iopub_liveness = IOPubLiveness(self)  # nothing sent before the IOPub subscription is live
         self._engine_roster = EngineRoster(self)  # the engine table made whole
+        self._tree_surveys = TreeSurveys(self)  # the tree's own state, asked of it
+        self._replies = ReplyFiling(self)  # what comes back from the tree, filed and settled
+        self._heap_trims = HeapTrims(self)  # see heap_trim_interval
         super().__init__(*args, **kwargs)
         self._engine_roster.wait()
         self._iopub_liveness.wait()
         self._calls.kept, self._calls.kept_outcomes = self.broadcast_results_kept, self.broadcast_outcomes_kept
         self.history.limit = self.history_limit
 
-    @property
-    def iopub_wait(self) -> float | None:
-        """Seconds the connect waited for the IOPub subscription to be live."""
-        return self._iopub_liveness.waited
+    iopub_wait = property(lambda self: self._iopub_liveness.waited, doc="Seconds the connect waited for IOPub.")
+
+    # the tree, asked (``treeinfo``)
+    broadcast_stats = TreeSurveys.asked("stats")
+    broadcast_trace = TreeSurveys.asked("trace")
+    broadcast_tree = TreeSurveys.asked("tree")
 
     # ------------------------------------------------ ipyparallel's hooks
     def _connect_to_hub(self, sshserver, ssh_kwargs, timeout):
@@ -119,6 +117,10 @@ class Client(Replies, TreeSurveys, CallResults, Settings):
     def _read_iopub(self, frames):
         self._iopub_liveness.heard()
         return super()._read_iopub(frames)
+
+    def _dispatch_broadcast(self, frames):
+        """The broadcast socket's handler (``streams``): what the tree sends back."""
+        return self._replies.dispatch(frames)
 
     def close(self, linger=None):
         """ipyparallel's; then reply segments in shared memory that no call read go."""
@@ -246,7 +248,7 @@ class Client(Replies, TreeSurveys, CallResults, Settings):
         send = self._root_stream.send_multipart
         if trace:
             send = partial(self._send_traced, msg_id, send)
-        self._loop.add_callback(self._to_root, msg_id, send, to_send, copy=copy, track=track)
+        self._loop.add_callback(self._replies.to_root, msg_id, send, to_send, copy=copy, track=track)
         return sent
 
     def _send_traced(self, msg_id, send, *args, **kwargs):

@@ -103,7 +103,7 @@ class IOPubLiveness:
 
     def _close_broadcast_output(self, call, i, why):
         self._note_missing(outcome_metadata(self.client, call, i), call.eids[i], call.vids[i], why)
-        self.client._output_done(call, i)
+        self.client._replies.output_done(call, i)
 
     def _close_output(self, msg_id, output, why):
         client = self.client

@@ -32,141 +32,151 @@ from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction
 from .calls import Call, reply_of
-from .results import fill_metadata, resolve_reduction
+from .results import call_results, fill_metadata, resolve_reduction
 
 log = logging.getLogger(__name__)
 
 
-class Replies:
-    """What comes back from the tree, filed and settled."""
+class ReplyFiling:
+    """A part of our Client: what comes back from the tree, filed and
+    settled. It counts what it read (``received``); ``client`` is the Client
+    whose calls, futures and sockets it settles and reads (I/O thread)."""
 
-    def _settled(self, call: Call, indices):
+    def __init__(self, client):
+        self.client = client
+        self.received = 0  # messages from the tree (tests count them)
+
+    def settled(self, call: Call, indices):
         """Engines' outcomes were filed: update what exists, finish what is done."""
+        client = self.client
         vids = call.vids
-        self.outstanding.difference_update([vids[i] for i in indices])
+        client.outstanding.difference_update([vids[i] for i in indices])
         if call.mds is not None:
             for i in indices:
-                fill_metadata(self, call, i)
-        if call.msg_id in self._traces:
+                fill_metadata(client, call, i)
+        if call.msg_id in client._traces:
             for i in indices:
                 if call.outcomes[i][0] == "reply":
-                    self._traces.add_engine(call.msg_id, call.eids[i], reply_of(call.outcomes[i]))
-        with self._children_lock:
+                    client._traces.add_engine(call.msg_id, call.eids[i], reply_of(call.outcomes[i]))
+        with client._children_lock:
             made = call.children is not None
         if made:  # (a thread that made them meanwhile also scheduled these on this thread)
-            self._settle_children(call, indices)
+            client._settle_children(call, indices)
         if call.done and not call.future.done():
-            self._root_watch.done(call.msg_id)
-            self.outstanding.discard(call.msg_id)
-            call.future.set_result(self._results(call))
+            client._root_watch.done(call.msg_id)
+            client.outstanding.discard(call.msg_id)
+            call.future.set_result(call_results(client, call))
         if call.outputs_done and not call.output.done():
-            self._call_finished(call)
+            self.call_finished(call)
 
-    def _call_finished(self, call: Call):
+    def call_finished(self, call: Call):
         """Results and outputs are all in: the call leaves the live table."""
-        if call.msg_id in self._traces:
-            self._traces.add(call.msg_id, "done", time.time())
-        with self._children_lock:  # per-engine futures made from now on are not registered
-            self._calls.finish(call)
+        client = self.client
+        if call.msg_id in client._traces:
+            client._traces.add(call.msg_id, "done", time.time())
+        with client._children_lock:  # per-engine futures made from now on are not registered
+            client._calls.finish(call)
             made = call.children is not None
-        self._reply_futures.pop(call.msg_id, None)
+        client._reply_futures.pop(call.msg_id, None)
         if made:
             for vid in call.vids:
-                self._reply_futures.pop(vid, None)
-                self._iopub_futures.pop(vid, None)
+                client._reply_futures.pop(vid, None)
+                client._iopub_futures.pop(vid, None)
         call.output.set_result(None)
 
-    def _output_done(self, call: Call, i: int):
-        if self._calls.output_done(call, i):
+    def output_done(self, call: Call, i: int):
+        """Engine ``i``'s output of ``call`` ended."""
+        if self.client._calls.output_done(call, i):
             if call.children is not None and not call.children[i].output.done():
                 call.children[i].output.set_result(None)
             if call.outputs_done and not call.output.done():
-                self._call_finished(call)
+                self.call_finished(call)
 
-    def _to_root(self, msg_id, send, *args, **kwargs):
+    def to_root(self, msg_id, send, *args, **kwargs):
         """IO thread: hand a request to the socket, and watch for it."""
-        self._root_watch.sent(msg_id)
+        self.client._root_watch.sent(msg_id)
         send(*args, **kwargs)
 
-    def _watch_root(self):
+    def watch_root(self):
         """Ping the root about requests waited on; fail what it lost."""
-        ids, lost = self._root_watch.tick()
+        client = self.client
+        ids, lost = client._root_watch.tick()
         if ids:
-            self._root_stream.send_multipart(self._codec.pack(P.PING, dict(ids=ids)))
-        self._root_lost(lost)
+            client._root_stream.send_multipart(client._codec.pack(P.PING, dict(ids=ids)))
+        self.root_lost(lost)
 
-    def _root_lost(self, lost):
+    def root_lost(self, lost):
         """Requests that cannot come back: every engine's part fails."""
+        client = self.client
         if lost:
             log.error("%s: failing %d request(s)", lost[0][1], len(lost))
         for msg_id, why in lost:
-            call = self._calls.get(msg_id)
+            call = client._calls.get(msg_id)
             if call is not None:
                 owed = [call.uuids[i] for i in call.pending()]
-                self._settled(
+                self.settled(
                     call,
-                    self._calls.fail(
+                    client._calls.fail(
                         call, owed, lambda eid, why=why: f"{why}; engine {eid} did not answer", util.utcnow()
                     ),
                 )
-            future = self._reductions.pop(msg_id, None)
+            future = client._reductions.pop(msg_id, None)
             if future is not None:
-                failed = [[e, self._engine_table.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
-                resolve_reduction(self._codec, future, Reduction(future.op), [], failed)
-            survey = self._surveys.get(msg_id)
-            if survey is not None and not survey.done():
-                survey.set_exception(ConnectionError(why))
+                failed = [[e, client._engine_table.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
+                resolve_reduction(client._codec, future, Reduction(future.op), [], failed)
+            client._tree_surveys.lost(msg_id, why)
 
-    def _dispatch_broadcast(self, frames):
+    def dispatch(self, frames):
+        """A message from the tree: a bundle, a reduction, the root's pong or a survey's answer."""
+        client = self.client
         arrived = time.time()
         try:
             _, body = P.split_idents(frames)
-            msg = self._codec.unpack(body)
+            msg = client._codec.unpack(body)
             kind = msg["header"].get("msg_type")
             if kind == P.PONG:  # the root's, not a reply
-                return self._root_lost(self._root_watch.pong(msg["content"].get("unknown") or ()))
-            self._replies_received += 1
+                return self.root_lost(client._root_watch.pong(msg["content"].get("unknown") or ()))
+            self.received += 1
             if kind == P.STATS_REPLY:
-                self._root_watch.done(msg["content"].get("msg_id"))
-                survey = self._surveys.get(msg["content"].get("msg_id"))
-                if survey is not None and not survey.done():
-                    survey.set_result(msg["content"].get("nodes", []))
-                return
+                client._root_watch.done(msg["content"].get("msg_id"))
+                return client._tree_surveys.answered(msg["content"].get("msg_id"), msg["content"].get("nodes", []))
             if kind != P.BUNDLE:
-                return ipp.stock_reply(self, frames)  # a stock broadcast reply
+                return ipp.stock_reply(client, frames)  # a stock broadcast reply
             msg_id = msg["metadata"].get("msg_id")
-            if msg_id in self._traces:
-                self._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
-            if msg_id in self._reductions:
-                return self._reduced(self._reductions.pop(msg_id), msg)
+            if msg_id in client._traces:
+                client._traces.add(msg_id, "reply in", arrived, msg["metadata"].get("kind"))
+            if msg_id in client._reductions:
+                return self.reduced(client._reductions.pop(msg_id), msg)
             if msg["metadata"].get("kind") == "reduced":  # its call ended first (failed: its controller died)
                 log.debug("reduction reply for a call that ended: %s", msg_id)
-                return self._shared.drop_value(B.reduced_parts(msg)[0].get("value"))
-            call = self._calls.get(msg_id)
-            outcomes = B.iter_bundle(self._codec, msg, tables=True)
+                return client._shared.drop_value(B.reduced_parts(msg)[0].get("value"))
+            call = client._calls.get(msg_id)
+            outcomes = B.iter_bundle(client._codec, msg, tables=True)
             if call is None:
                 log.debug("bundle for unknown broadcast %s", msg_id)
                 for what, item in outcomes:  # no one will read its shared buffers
                     if what == "table" and item.shm:
-                        self._shared.drop(item)
+                        client._shared.drop(item)
                 return
-            settled = self._calls.bundle(call, outcomes, util.utcnow(), self._codec.unpack, log, self._shared.fill)
+            shared, unpack = client._shared, client._codec.unpack
+            settled = client._calls.bundle(call, outcomes, util.utcnow(), unpack, log, shared.fill)
         except P.ProtocolError as e:
             log.error("Dropped an invalid broadcast reply: %s", e)
             return
-        self._settled(call, settled)
+        self.settled(call, settled)
 
-    def _reduced(self, future, msg):
+    def reduced(self, future, msg):
         """Resolve a reduction: its value, or the engines' errors."""
+        client = self.client
         try:
             state, value, raised, failed = B.reduced_parts(msg)
             reduction = Reduction(state.get("op"))
-            reduction.add_partial(state, value, take=self._shared.take_value)  # a big value of this host: by name
+            reduction.add_partial(state, value, take=client._shared.take_value)  # a big value of this host: by name
         except (P.ProtocolError, ValueError, TypeError) as e:
             log.error("An invalid reduction reply: %s", e)
             future.set_result(P.ProtocolError(f"the tree's reply to this reduction cannot be read: {e}"))  # no wait
             return
-        resolve_reduction(self._codec, future, reduction, raised, failed)
+        resolve_reduction(client._codec, future, reduction, raised, failed)
 
 
 LOST = "Relay node root lost the request (it restarted, or dropped the request)"

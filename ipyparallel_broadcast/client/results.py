@@ -161,48 +161,40 @@ def outcome_result(client, call: Call, i: int):
     return client._remote_error(content)
 
 
-class CallResults:
-    """The client's per-engine results, unpacked once each (``call.results``)."""
+def engine_result(client, call: Call, i: int):
+    """Engine ``i``'s result, unpacked once (``call.results``)."""
+    if call.results is None:
+        call.results = [_UNSET] * len(call.uuids)
+    result = call.results[i]
+    if result is _UNSET:
+        try:
+            result = outcome_result(client, call, i)
+        except Exception as e:  # one engine's bad reply fails that engine only
+            result = _unhandled(call, i, e)
+        call.results[i] = result
+    return result
 
-    _unpack_result = staticmethod(unpack_result)
 
-    def _result(self, call: Call, i: int):
-        """Engine ``i``'s result, unpacked once."""
-        if call.results is None:
-            call.results = [_UNSET] * len(call.uuids)
-        result = call.results[i]
-        if result is _UNSET:
-            try:
-                result = self._engine_result(call, i)
-            except Exception as e:  # one engine's bad reply fails that engine only
-                result = self._unhandled(call, i, e)
-            call.results[i] = result
-        return result
+def call_results(client, call: Call) -> list:
+    """Every engine's result: the usual ones (an ``ok`` apply reply in a
+    host's table) unpacked in one pass, the rest one by one."""
+    if call.results is None:
+        call.results = results = [_UNSET] * len(call.uuids)
+        for i, o in enumerate(call.outcomes):
+            buffers = ok_buffers(call, o)
+            if buffers is not None:
+                try:
+                    results[i] = unpack_result(buffers)
+                except Exception as e:
+                    results[i] = _unhandled(call, i, e)
+    for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
+        engine_result(client, call, i)
+    return list(call.results)
 
-    def _results(self, call: Call) -> list:
-        """Every engine's result: the usual ones (an ``ok`` apply reply in a
-        host's table) unpacked in one pass, the rest one by one."""
-        if call.results is None:
-            call.results = results = [_UNSET] * len(call.uuids)
-            unpack = self._unpack_result
-            for i, o in enumerate(call.outcomes):
-                buffers = ok_buffers(call, o)
-                if buffers is not None:
-                    try:
-                        results[i] = unpack(buffers)
-                    except Exception as e:
-                        results[i] = self._unhandled(call, i, e)
-        for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
-            self._result(call, i)
-        return list(call.results)
 
-    @staticmethod
-    def _unhandled(call: Call, i: int, e: Exception) -> Exception:
-        log.error("Could not handle engine %s's reply to %s", call.eids[i], call.msg_id, exc_info=e)
-        return RuntimeError(f"engine {call.eids[i]}: its reply could not be handled: {e!r}")
-
-    def _engine_result(self, call: Call, i: int):
-        return outcome_result(self, call, i)
+def _unhandled(call: Call, i: int, e: Exception) -> Exception:
+    log.error("Could not handle engine %s's reply to %s", call.eids[i], call.msg_id, exc_info=e)
+    return RuntimeError(f"engine {call.eids[i]}: its reply could not be handled: {e!r}")
 
 
 # Metadata are made on first read by any thread: the I/O thread (an output

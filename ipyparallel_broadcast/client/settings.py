@@ -52,8 +52,8 @@ class Settings(Upstream):
 
     @observe("heap_trim_interval")
     def _heap_trim_interval_changed(self, change):
-        if getattr(self, "_trimmer", None) is not None and self._loop is not None:
-            self._loop.add_callback(self._schedule_trims)
+        if getattr(self, "_heap_trims", None) is not None and self._loop is not None:
+            self._loop.add_callback(self._heap_trims.schedule)
 
     shared_reply_threshold = Integer(
         shm.REPLY_THRESHOLD,

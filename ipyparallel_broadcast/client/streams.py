@@ -50,27 +50,10 @@ class StreamReaders:
             stream.on_recv(contained(handler, self.session, what, on_error.get(what)), copy=False)
         self._root_stream.on_send(guarded_callback(self._broadcast_sent, "broadcast send"))
         pings = PeriodicCallback(
-            guarded_callback(self._watch_root, "root watch"), self.root_ping_interval * 1e3, jitter=0.1
+            guarded_callback(self._replies.watch_root, "root watch"), self.root_ping_interval * 1e3, jitter=0.1
         )
         self._loop.add_callback(pings.start)  # on this loop, once it runs
-        self._loop.add_callback(self._schedule_trims)  # on this loop, once it runs
-
-    def _schedule_trims(self):
-        """I/O thread: heap trims every ``heap_trim_interval`` seconds (again when it changes)."""
-        if self._trims is not None:
-            self._trims.stop()
-            self._trims = None
-        interval = self.heap_trim_interval
-        if self._trimmer.trim is not None and interval > 0:
-            self._trims = PeriodicCallback(guarded_callback(self._trim_heap, "heap trim"), interval * 1e3)
-            self._trims.start()
-
-    def _trim_heap(self):
-        """Freed heap back to the OS, if replies came since the last time."""
-        self._trim_checks += 1
-        if self._replies_received != self._replies_at_trim:
-            self._replies_at_trim = self._replies_received
-            self._trimmer.run()
+        self._loop.add_callback(self._heap_trims.schedule)  # on this loop, once it runs
 
     def _parent_id(self, frames):
         """The msg_id a raw message answers, or None if it cannot be read."""
@@ -108,7 +91,7 @@ class StreamReaders:
         if call is not None:  # one engine's part of a broadcast
             i = call.engine_index((metadata or {}).get("engine"), engine_of_topic(idents))
             if i is not None:
-                self._output_done(call, i)
+                self._replies.output_done(call, i)
             return
         output = self._iopub_futures.get(msg_id)
         if output is not None and not output.done():
@@ -133,7 +116,7 @@ class StreamReaders:
                 return
             if msg["header"]["msg_type"] == "status":
                 if msg["content"].get("execution_state") == "idle":
-                    self._output_done(call, i)
+                    self._replies.output_done(call, i)
                 return
             outcome_metadata(self, call, i)  # ipyparallel's handler below fills it
             msg["parent_header"] = dict(parent, msg_id=call.vids[i])

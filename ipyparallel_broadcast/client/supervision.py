@@ -38,7 +38,7 @@ class ControllerWatch:
     """A part of our Client: the controller's notices, and its beats. It owns
     what it watches; ``client`` is the Client it serves (its sockets, loop,
     session and ipyparallel's tables, read through the seam; the calls it
-    fails go through the client's ``_root_lost``)."""
+    fails go through the client's replies, ``ReplyFiling.root_lost``)."""
 
     def __init__(self, client):
         self.client = client
@@ -194,7 +194,7 @@ class ControllerWatch:
         self.fail(owed, why)
         for msg_id in calls:
             client._root_watch.done(msg_id)
-        client._root_lost([(msg_id, why) for msg_id in calls])
+        client._replies.root_lost([(msg_id, why) for msg_id in calls])
 
     def fail(self, msg_ids, why: str):
         client = self.client

@@ -4,6 +4,7 @@ up the tree in one round trip), a traced call's path, and the layout."""
 from __future__ import annotations
 
 from concurrent.futures import Future
+from functools import wraps
 
 from ..wire import protocol as P
 from ..wire.topology import TreeShape, render
@@ -53,37 +54,71 @@ def chunk_path(leaf: str, last: dict) -> str:
 
 
 class TreeSurveys:
-    """``broadcast_stats``, ``broadcast_trace`` and ``broadcast_tree`` of ``Client``."""
+    """A part of our Client: its questions to the tree (the Client's
+    ``broadcast_stats``, ``broadcast_trace`` and ``broadcast_tree``), and the
+    surveys waiting for their answer, which it owns; ``client`` is the Client
+    whose broadcast socket and traces it uses."""
 
-    def broadcast_trace(self, msg_id: str, timeout: float = 10) -> Trace:
+    def __init__(self, client):
+        self.client = client
+        self.waiting: dict[str, Future] = {}  # stats msg_id -> future of the node list
+
+    @staticmethod
+    def asked(name: str):
+        """The Client's method ``broadcast_<name>``: this part's ``name``, asked of the client's part."""
+        method = getattr(TreeSurveys, name)
+
+        @wraps(method)
+        def ask(client, *args, **kwargs):
+            return method(client._tree_surveys, *args, **kwargs)
+
+        ask.__name__ = ask.__qualname__ = f"broadcast_{name}"
+        return ask
+
+    def answered(self, msg_id, nodes) -> None:
+        """The root's answer to survey ``msg_id`` (I/O thread)."""
+        survey = self.waiting.get(msg_id)
+        if survey is not None and not survey.done():
+            survey.set_result(nodes)
+
+    def lost(self, msg_id, why: str) -> None:
+        """Survey ``msg_id`` cannot come back (I/O thread)."""
+        survey = self.waiting.get(msg_id)
+        if survey is not None and not survey.done():
+            survey.set_exception(ConnectionError(why))
+
+    def trace(self, msg_id: str, timeout: float = 10) -> Trace:
         """The events of a traced broadcast, in time order: the client's, each
         relay node's and each engine's (see ``ipyparallel_broadcast.client.display.trace``)."""
-        if msg_id not in self._traces:
+        traces = self.client._traces
+        if msg_id not in traces:
             raise KeyError(f"no trace of {msg_id!r} (not traced, or no longer kept)")
-        return Trace(merge(self._traces.events(msg_id), self.broadcast_stats(timeout, trace=msg_id)))
+        return Trace(merge(traces.events(msg_id), self.stats(timeout, trace=msg_id)))
 
-    def broadcast_stats(self, timeout: float = 10, trace=None) -> NodeStats:
+    def stats(self, timeout: float = 10, trace=None) -> NodeStats:
         """Every relay node's own state, gathered up the tree in one round trip:
         ``node``, ``pending`` (requests in flight), ``parked``, ``dropped``
         (bad messages refused), ``engines`` (leaves), ``rss``, ``pid``, ``busy``
         (seconds spent handling messages) and ``cpu`` (process CPU seconds).
         A node that cannot answer appears with an ``error``."""
-        _ = self.tree_shape  # a clear error on a stock controller
-        msg = self.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
+        client = self.client
+        _ = client.tree_shape  # a clear error on a stock controller
+        msg = client.session.msg(P.STATS, content={} if trace is None else dict(trace=trace))
         msg_id = msg["content"]["msg_id"] = msg["header"]["msg_id"]
-        self._surveys[msg_id] = survey = Future()
-        self._loop.add_callback(self._to_root, msg_id, self._root_stream.send_multipart, self.session.serialize(msg))
+        self.waiting[msg_id] = survey = Future()
+        send = client._root_stream.send_multipart
+        client._loop.add_callback(client._replies.to_root, msg_id, send, client.session.serialize(msg))
         try:
             return NodeStats(sorted(survey.result(timeout), key=lambda n: str(n.get("node"))))
         finally:
-            self._surveys.pop(msg_id, None)
-            self._root_watch.done(msg_id)
+            self.waiting.pop(msg_id, None)
+            client._root_watch.done(msg_id)
 
-    def broadcast_tree(self, timeout: float = 10) -> TreeLayout:
+    def tree(self, timeout: float = 10) -> TreeLayout:
         """Depth, fan-out, the engines under each leaf, and the host relays
         under the leaves with their engines (asked of the tree itself)."""
-        shape, hosts = self.tree_shape, {}
-        nodes = self.broadcast_stats(timeout)
+        shape, hosts = self.client.tree_shape, {}
+        nodes = self.stats(timeout)
         leaf_of_host = {h: n["node"] for n in nodes for h in n.get("hosts") or ()}
         for n in nodes:
             if n.get("host") in leaf_of_host:
@@ -93,4 +128,4 @@ class TreeSurveys:
                     else tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
                 )
                 hosts[n["host"]] = (shape.leaf_index(path), n.get("eids") or [])
-        return TreeLayout(shape, self.ids, hosts, nodes)
+        return TreeLayout(shape, self.client.ids, hosts, nodes)

@@ -28,7 +28,7 @@ from ..compat import ipp as seam
 from ..wire.naming import parse_date
 from .calls import FAILED, Call
 from .guard import guarded_callback
-from .results import outcome_metadata
+from .results import engine_result, outcome_metadata
 from .streams import StreamReaders
 
 _SENT = Future()
@@ -139,7 +139,7 @@ class Upstream(StreamReaders, seam.ClientSeam):
     def _children_of(self, call: Call) -> list:
         """Per-engine futures of a call, made once by any thread; the I/O
         thread settles them (those already in: at once if the call is complete)."""
-        with self._children_lock:  # the I/O thread finishes calls under it (``_call_finished``)
+        with self._children_lock:  # the I/O thread finishes calls under it (``ReplyFiling.call_finished``)
             if call.children is not None:
                 return call.children
             children = []
@@ -166,7 +166,7 @@ class Upstream(StreamReaders, seam.ClientSeam):
         for i in indices:
             child = children[i]
             if not child.done():
-                child.set_result(self._result(call, i))
+                child.set_result(engine_result(self, call, i))
             o = call.outcomes[i]
             if (o[0] == FAILED or not o[2]) and not child.output.done():
                 child.output.set_result(None)
@@ -210,7 +210,7 @@ class Upstream(StreamReaders, seam.ClientSeam):
             if call is None:
                 continue
             if call.future.done():  # recent: its result, as ipyparallel caches one
-                self.results[job] = self._result(call, i)
+                self.results[job] = engine_result(self, call, i)
             else:  # in flight: that engine's future
                 self._children_of(call)
         return super()._result_of_jobs(jobs, owner=owner)
