@@ -205,41 +205,40 @@ def table_bundle(values, statuses):
     return list(B.iter_bundle(codec, codec.unpack(B.pack_replies(codec, "r", MSG_ID, bodies, [])), tables=True))
 
 
-def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one():
+class ErrorsAsTuples:
+    """What ``outcome_result`` asks of the client, for errors."""
+
+    _remote_error = staticmethod(lambda content: ("error", content["ename"]))
+
+
+def test_a_table_files_every_engine_in_one_pass_and_results_unpack_in_one(monkeypatch):
     import numpy as np
 
-    from ipyparallel_broadcast.client.results import CallResults
+    from ipyparallel_broadcast.client import results as R
 
-    class Client(CallResults):  # with what outcome_result asks of the client, for errors
-        unpacked = 0
-        _remote_error = staticmethod(lambda content: ("error", content["ename"]))
-
-        def _unpack_result(self, buffers):
-            self.unpacked += 1
-            return CallResults._unpack_result(buffers)
-
+    unpacked = []
+    unpack = R.unpack_result
+    monkeypatch.setattr(R, "unpack_result", lambda buffers: unpacked.append(1) or unpack(buffers))
     calls, call = new_call()
     values = [1.5, np.arange(100.0), "x", None]  # the array's buffer is extracted (two buffers)
     outcomes = table_bundle(values, ["ok", "ok", "ok", "error"])
     assert [what for what, _ in outcomes] == ["table"]
     assert calls.bundle(call, outcomes, "t", None, log) == [0, 1, 2, 3] and call.done
     assert call.iopub == 0  # outputs came in the replies
-    client = Client()
-    results = client._results(call)
-    assert client.unpacked == 3  # the error is read from its reply, one by one
+    client = ErrorsAsTuples()
+    results = R.call_results(client, call)
+    assert len(unpacked) == 3  # the error is read from its reply, one by one
     assert results[0] == 1.5 and results[2] == "x" and results[3] == ("error", "ValueError")
     np.testing.assert_array_equal(results[1], values[1])
-    assert all(a is b for a, b in zip(client._results(call), results))  # unpacked once
+    assert all(a is b for a, b in zip(R.call_results(client, call), results))  # unpacked once
+    assert len(unpacked) == 3
 
 
 def test_failed_engines_and_table_replies_unpack_together():
     """A failure is a 4-tuple too, ``(FAILED, eid, uuid, message)``: only
     replies in a table are read from it (the rest of the table unpacks)."""
     from ipyparallel_broadcast.client.calls import in_table, reply_of
-    from ipyparallel_broadcast.client.results import CallResults
-
-    class Client(CallResults):
-        _remote_error = staticmethod(lambda content: ("error", content["ename"]))
+    from ipyparallel_broadcast.client.results import call_results
 
     calls, call = new_call()
     calls.fail(call, [UUIDS[1]], lambda eid: f"Engine {eid} died")
@@ -247,7 +246,7 @@ def test_failed_engines_and_table_replies_unpack_together():
     assert calls.bundle(call, outcomes, "t", None, log) == [0, 2, 3] and call.done
     assert [in_table(o) for o in call.outcomes] == [True, False, True, True]
     assert reply_of(call.outcomes[2])["content"] == {"status": "ok"}
-    results = Client()._results(call)
+    results = call_results(ErrorsAsTuples(), call)
     assert results[0] == 1 and results[2:] == [3, 4]
     assert results[1] == ("error", "EngineError")
 
