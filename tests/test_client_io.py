@@ -117,13 +117,19 @@ class RaisesOnce(ipb.Client):
             self._boom("iopub-status")
         return super()._read_iopub(frames)
 
-    def _engine_result(self, call, i):  # an engine's reply, one by one
-        self._boom("engine-reply")
-        return super()._engine_result(call, i)
+    def raise_in_results(self, monkeypatch):
+        """Unpacking an engine's reply raises once: the usual replies are
+        unpacked in one pass (``unpack_result``), the rest one by one (``outcome_result``)."""
+        from ipyparallel_broadcast.client import results
 
-    def _unpack_result(self, buffers):  # the usual replies, unpacked in one pass
-        self._boom("engine-reply")
-        return super()._unpack_result(buffers)
+        for name in ("unpack_result", "outcome_result"):
+            real = getattr(results, name)
+
+            def raising(*args, real=real):
+                self._boom("engine-reply")
+                return real(*args)
+
+            monkeypatch.setattr(results, name, raising)
 
     def _handle_apply_reply(self, msg):
         if not is_broadcast_id(msg["parent_header"].get("msg_id", "")):
@@ -144,8 +150,9 @@ def test_a_failed_iopub_status_completes_its_output_and_iopub_goes_on(rc):
 
 
 @pytest.mark.parametrize("coalescing", [True, False], ids=["coalescing", "streaming"])
-def test_a_failed_engine_reply_fails_that_engine_and_the_rest_arrive(rc, coalescing):
+def test_a_failed_engine_reply_fails_that_engine_and_the_rest_arrive(rc, coalescing, monkeypatch):
     client = RaisesOnce(connection_file(rc), fail="engine-reply")
+    client.raise_in_results(monkeypatch)
     try:
         ar = client.broadcast_view(coalescing=coalescing).apply_async(lambda: 5)
         ar.wait(timeout=WAIT)
