@@ -23,16 +23,7 @@ from ipyparallel_broadcast.wire.topology import host_ident
 
 pytestmark = pytest.mark.pure
 
-HOOKED = (
-    "new_engine_id",
-    "handle_new_heart",
-    "handle_stopped_heart",
-    "register_engine",
-    "finish_registration",
-    "unregister_engine",
-    "connection_request",
-    "save_iopub_message",
-)
+HOOKED = HubHooks.METHODS
 
 
 @pytest.fixture

@@ -39,24 +39,24 @@ def test_each_role_says_who_runs_it(role):
     assert len(doc.split()) >= 12, f"ipyparallel_broadcast/{role}/__init__.py: say which process runs it"
 
 
-def test_no_class_grows_past_250_lines():
-    """Split by concern, as h11 keeps events, state and connection apart."""
+def _class_defs():
+    """``(module path, ast.ClassDef)`` of every class of the package, nested ones too."""
     import ast
 
     top = os.path.join(ROOT, "ipyparallel_broadcast")
-    big = []
     for folder, _, files in os.walk(top):
         for name in files:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
                 with open(path) as f:
                     tree = ast.parse(f.read())
-                big += [
-                    (os.path.relpath(path, top), node.name, node.end_lineno - node.lineno + 1)
-                    for node in ast.walk(tree)
-                    if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250
-                ]
-    assert big == []
+                yield from ((os.path.relpath(path, top), n) for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
+
+
+def test_no_class_grows_past_250_lines():
+    """Split by concern, as h11 keeps events, state and connection apart."""
+    sizes = [(where, node.name, node.end_lineno - node.lineno + 1) for where, node in _class_defs()]
+    assert [size for size in sizes if size[2] > 250] == []
 
 
 def test_the_center_holds_its_parts_and_inherits_only_its_settings():
@@ -77,19 +77,9 @@ def test_the_center_holds_its_parts_and_inherits_only_its_settings():
 
 def test_no_two_classes_of_the_package_share_a_name():
     """A class's name finds its one place: ``grep 'class Replies'`` once found two."""
-    import ast
-
-    top = os.path.join(ROOT, "ipyparallel_broadcast")
     where: dict[str, list[str]] = {}
-    for folder, _, files in os.walk(top):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                with open(path) as f:
-                    tree = ast.parse(f.read())
-                for node in ast.walk(tree):
-                    if isinstance(node, ast.ClassDef):
-                        where.setdefault(node.name, []).append(os.path.relpath(path, top))
+    for path, node in _class_defs():
+        where.setdefault(node.name, []).append(path)
     assert {name: places for name, places in where.items() if len(places) > 1} == {}
 
 

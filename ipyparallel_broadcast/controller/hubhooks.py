@@ -65,6 +65,18 @@ class HubParts:
 class HubHooks:
     """Installs the table above on ``hub``, once."""
 
+    # the hub's methods replaced by this class's of the same name
+    METHODS = (
+        "new_engine_id",
+        "handle_new_heart",
+        "handle_stopped_heart",
+        "register_engine",
+        "finish_registration",
+        "unregister_engine",
+        "connection_request",
+        "save_iopub_message",
+    )
+
     def __init__(self, hub, parts: HubParts):
         self.hub, self.parts = hub, parts
         self.stock: dict[str, Callable] = {}  # the hub's own methods, as it had them
@@ -79,16 +91,7 @@ class HubHooks:
             raise RuntimeError("the hub's hooks are installed once")
         self.installed = True
         hub, parts = self.hub, self.parts
-        for name in (
-            "new_engine_id",
-            "handle_new_heart",
-            "handle_stopped_heart",
-            "register_engine",
-            "finish_registration",
-            "unregister_engine",
-            "connection_request",
-            "save_iopub_message",
-        ):
+        for name in self.METHODS:
             self.stock[name] = getattr(hub, name)
             setattr(hub, name, getattr(self, name))
         ipp.wrap_hub_purge(hub, self._purge_stalled_registration)

@@ -43,21 +43,24 @@ class ChildSpecs:
     def tree_info(self) -> dict:
         """The connection files' tree entry: clients read the shape; host
         relays, which engines start, run with the tree's timing and data plane."""
-        app, shape = self.app, self.app.shape
-        info = dict(
-            depth=shape.depth,
-            fanout=shape.fanout,
-            protocol=PROTOCOL_VERSION,
-            shm=app.shared_memory,
-            shm_threshold=app.shared_memory_threshold,
-            ping_interval=app.ping_interval,
-            node_timeout=app.node_timeout,
-            pause_limit=app.engine_pause_limit,
-            bulk=self.bulk(),
-        )
+        app = self.app
+        info = dict(self._tree(), protocol=PROTOCOL_VERSION, pause_limit=app.engine_pause_limit)
         if app.auto_inputs:  # what an 'auto' shape was picked for
             info["auto"] = app.auto_inputs
         return info
+
+    def _tree(self) -> dict:
+        """What every relay runs with: the shape, its timing, shared memory and the data plane."""
+        app, shape = self.app, self.app.shape
+        return dict(
+            depth=shape.depth,
+            fanout=shape.fanout,
+            ping_interval=app.ping_interval,
+            node_timeout=app.node_timeout,
+            shm=app.shared_memory,
+            shm_threshold=app.shared_memory_threshold,
+            bulk=self.bulk(),
+        )
 
     def bulk(self) -> dict:
         """The data plane's settings, for every relay (host relays too)."""
@@ -70,21 +73,12 @@ class ChildSpecs:
     def node(self, path: tuple, monitor_url: str) -> dict:
         app, shape, session = self.app, self.app.shape, self.app.session
         spec = dict(
+            self._tree(),
+            **self._session(),
             path=list(path),
-            depth=shape.depth,
-            fanout=shape.fanout,
-            key=session.key.decode("ascii"),
-            signature_scheme=session.signature_scheme,
-            packer=session.packer,
-            unpacker=session.unpacker,
             digest_history_size=session.digest_history_size,
             log_level=app.log_level,
-            ping_interval=app.ping_interval,
-            node_timeout=app.node_timeout,
             trim_interval=app.heap_trim_interval,
-            shm=app.shared_memory,
-            shm_threshold=app.shared_memory_threshold,
-            bulk=self.bulk(),
         )
         if app.hub_records:
             spec["monitor_url"] = monitor_url
@@ -110,17 +104,9 @@ class ChildSpecs:
         (a hello for each client whose subscription is live, ``iopubrelay``),
         mux and control (a malformed message dropped, ``queues``). Same
         sockets, same monitor copies."""
-        app, session = self.app, self.app.session
+        app = self.app
         common = dict(monitor_url=disambiguate_url(app.monitor_url), **self._curve(server=False))
-        iopub = dict(
-            common,
-            engine_url=app.engine_url("iopub"),
-            client_url=app.client_url("iopub"),
-            key=session.key.decode("ascii"),
-            signature_scheme=session.signature_scheme,
-            packer=session.packer,
-            unpacker=session.unpacker,
-        )
+        iopub = dict(common, engine_url=app.engine_url("iopub"), client_url=app.client_url("iopub"), **self._session())
         ours = {"IOPubScheduler": (run_iopub_relay, iopub)}
         for name, channel in (("DirectScheduler", "mux"), ("ControlScheduler", "control")):
             prefix = b"" if channel == "mux" else b"control"  # ipyparallel's names, as the hub reads them
@@ -135,6 +121,16 @@ class ChildSpecs:
             )
             ours[name] = (run_router_queue, spec)
         return ours
+
+    def _session(self) -> dict:
+        """The session a child signs and checks with (its key, scheme and packers)."""
+        session = self.app.session
+        return dict(
+            key=session.key.decode("ascii"),
+            signature_scheme=session.signature_scheme,
+            packer=session.packer,
+            unpacker=session.unpacker,
+        )
 
     def _curve(self, server: bool) -> dict:
         app = self.app
