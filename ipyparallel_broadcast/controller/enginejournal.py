@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 SLACK = 64  # dead lines allowed beyond the live ones before a rewrite
-DROPS_KEPT = 4096  # engines dropped that a restarted hub still knows (``registry.REMEMBERED``)
+DROPS_KEPT = 4096  # engines dropped that a restarted hub still knows (``dropped.REMEMBERED``)
 
 
 class JournalState:
