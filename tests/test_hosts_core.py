@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from ipyparallel.serialize import serialize_object
 from treesim import TreeSim, stock_request
 
+from ipyparallel_broadcast.relay.routes import Routes
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
 from ipyparallel_broadcast.wire.reduction import Reduction, engine_value
+from ipyparallel_broadcast.wire.topology import TreeShape
 
 pytestmark = pytest.mark.pure
 
@@ -315,3 +317,18 @@ def test_a_host_relay_back_from_a_cut_lists_engines_the_hub_dropped_and_gets_no_
     sim.request(list(range(3, 12)))
     replies, failures, _ = sim.outcomes()
     assert sorted(replies) == list(range(3, 12)) and not failures
+
+
+@given(st.lists(st.tuples(st.sampled_from([b"h1", b"h2", b"h3"]), st.sets(st.integers(0, 12))), max_size=12))
+def test_a_leaf_keeps_each_host_relays_engines_as_its_routes_say(lists):
+    """The leaf's index by host (``Routes.behind``) mirrors ``via`` whatever the
+    host relays list, and an engine that moves host leaves the old one's list."""
+    routes = Routes(TreeShape(1, 2), (0,), True)
+    for host, eids in lists:
+        added, gone = routes.host_engines(host, eids)
+        assert set(gone).isdisjoint(eids) and set(added) <= eids
+        by_host = {}
+        for eid, h in routes.via.items():
+            by_host.setdefault(h, set()).add(eid)
+        assert {h: e for h, e in routes.behind.items() if e} == by_host
+        assert routes.routes_to(host) == bool(eids)

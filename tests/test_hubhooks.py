@@ -103,3 +103,19 @@ def test_a_host_relays_heart_stands_for_its_engines_and_never_reaches_the_hubs_o
     assert len(hub.engines) == 2
     hub.handle_stopped_heart(host_ident("h1"))  # silent: its engines are lost, named
     assert hub.engines == {} and set(read(kept.journal.path).dropped.values()) == {("a", "h1"), ("b", "h1")}
+
+
+def test_a_silent_relay_takes_its_own_hosts_engines_and_no_other_hosts(hooked):
+    """The engines of a host are found by its host (``DroppedEngines.hearts_via``),
+    not by a scan of every engine, and a silent relay unregisters just those."""
+    hub, hooks, _, _, _ = hooked
+    hosts, dropped = hooks.parts.hosts, hooks.parts.dropped
+    for host, uuids in (("h1", ["a", "b"]), ("h2", ["c"])):
+        batch = dict(host=host, engines=[dict(uuid=u) for u in uuids], gone=[], beating=[])
+        hosts.on_batch([host.encode()], dict(header={}, content=batch))
+        hosts.on_batch([host.encode()], dict(header={}, content=dict(batch, engines=[], beating=uuids)))
+    assert sorted(dropped.hearts_via("h1")) == [b"a", b"b"] and dropped.hearts_via("h2") == [b"c"]
+    hub.handle_stopped_heart(host_ident("h1"))
+    assert [ec.uuid for ec in hub.engines.values()] == ["c"]
+    dropped.forget(b"c")
+    assert dropped.hearts_via("h2") == [] and "h2" not in dropped.by_host

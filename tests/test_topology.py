@@ -183,3 +183,17 @@ def test_split_with_overrides_is_the_rule_with_each_override_applied(shape, eids
         for e in eids:
             expected.setdefault(overrides.get(e, shape.child_digit(path, e)), []).append(e)
         assert shape.split(path, eids, overrides) == expected
+
+
+@given(st.integers(1, 9), st.lists(st.tuples(st.booleans(), st.integers(0, 80)), max_size=80))
+def test_the_kept_leaf_loads_place_as_a_count_of_every_live_engine_does(n_leaves, changes):
+    """``LeafLoads`` is told each change, as the engine ledger tells it; it
+    places a new engine where counting every live engine would."""
+    from ipyparallel_broadcast.controller.placement import LeafLoads
+
+    loads, live = LeafLoads(n_leaves, [0, 1]), {0, 1}
+    for arrives, eid in changes:
+        (loads.live if arrives else loads.gone)(eid)
+        (live.add if arrives else live.discard)(eid)
+        next_id = max(live, default=-1) + 1
+        assert loads.place(next_id) == balanced_id(next_id, live, n_leaves)

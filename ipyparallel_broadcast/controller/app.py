@@ -39,7 +39,7 @@ from ..relay.shell import run_node
 from ..wire import protocol as P
 from ..wire.logs import drop_unwritten_levels
 from ..wire.naming import TREE_KEY
-from ..wire.topology import balanced_id, node_name
+from ..wire.topology import node_name
 from .children import ChildSupervision
 from .dropped import DroppedEngines
 from .hostreg import HostRegistrations
@@ -48,6 +48,7 @@ from .location import located
 from .nodespecs import ChildSpecs
 from .ports import quiet_port
 from .records import BroadcastDictDB, BroadcastRecords
+from .placement import LeafLoads
 from .restore import KeptEngines
 from .roster import Roster, RosterDoor
 from .settings import TreeSettings
@@ -87,6 +88,7 @@ class BroadcastController(TreeSettings, IPController):
 
     roster_door: RosterDoor | None = None  # made in place of ipyparallel's notifier, as init_hub binds it
     kids: ChildSupervision | None = None  # its children supervised, made as the hub is
+    loads: LeafLoads | None = None  # live engines per leaf (where a new engine goes), made as the hub is
 
     # upstream sizes its engine-facing broadcast ports from these
     @default("broadcast_scheduler_depth")
@@ -121,6 +123,8 @@ class BroadcastController(TreeSettings, IPController):
         self.kept = KeptEngines(hub, dropped, path)
         hosts = HostRegistrations(hub, self.roster_door.publish_registrations, dropped, self.kept.ledger)
         self.kept.open(restore, self.restore_grace, hosts)
+        live = [*hub.engines, *(ec.id for ec in hub.incoming_registrations.values()), *hosts.pending_ids()]
+        self.kept.ledger.loads = self.loads = LeafLoads(self.shape.n_leaves, live)  # kept up to date from now on
         records = BroadcastRecords(hub) if self.hub_records else None
         self.hub_parts = HubParts(self._place, dropped, hosts, self.kept, self.roster_door, records)
         HubHooks(hub, self.hub_parts).install()
@@ -158,13 +162,11 @@ class BroadcastController(TreeSettings, IPController):
         return quiet_port() or super().next_port(pool_name)
 
     def _place(self, requested_id: int | None) -> int | None:
-        """A new engine's id, on a least-loaded leaf (``topology.balanced_id``);
+        """A new engine's id, on a least-loaded leaf (``placement``);
         an id an engine asks for is kept."""
         if requested_id is not None:
             return requested_id
-        hub = self.hub
-        live = list(hub.engines) + [ec.id for ec in hub.incoming_registrations.values()]
-        return balanced_id(ipp.hub_next_id(hub), live, self.shape.n_leaves)
+        return self.loads.place(ipp.hub_next_id(self.hub))
 
     def save_connection_dict(self, fname, cdict):
         """Tell clients and engines the tree's shape; engines also learn the

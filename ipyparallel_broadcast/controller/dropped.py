@@ -32,6 +32,7 @@ class DroppedEngines:
         self.hub, self.remembered = hub, remembered
         self.dropped: OrderedDict[bytes, int] = OrderedDict()  # heart -> the engine id it had
         self.via: dict[bytes, str] = {}  # heart -> the host whose relay registered it (``hostreg``)
+        self.by_host: dict[str, set[bytes]] = {}  # host -> the hearts in ``via`` (a host's, without a scan)
         self.relays: dict[str, list] = {}  # host -> the idents its relay last wrote from
 
     def unregistered(self, ec) -> None:
@@ -43,14 +44,14 @@ class DroppedEngines:
     def remember_dropped(self, heart: bytes, eid: int, host: str | None):
         """An engine dropped before the hub restarted (its journal says so)."""
         if host is not None:
-            self.via[heart] = host
+            self.registered_via(heart, host)
         self._remember(heart, eid)
 
     def _remember(self, heart: bytes, eid: int):
         """A dropped engine, told if it beats again; the oldest forgotten past ``remembered``."""
         self.dropped[heart] = eid
         while len(self.dropped) > self.remembered:
-            self.via.pop(self.dropped.popitem(last=False)[0], None)
+            self.forget(self.dropped.popitem(last=False)[0])
 
     def relay_at(self, host: str, idents: list):
         """The relay of ``host`` wrote from ``idents`` (a relay restarted: anew).
@@ -64,16 +65,24 @@ class DroppedEngines:
                     self.tell_if_dropped(heart)
 
     def registered_via(self, heart: bytes, host: str):
+        self.forget(heart)
         self.via[heart] = host
+        self.by_host.setdefault(host, set()).add(heart)
 
     def host_of(self, heart: bytes) -> str | None:
         return self.via.get(heart)
 
     def forget(self, heart: bytes):
-        self.via.pop(heart, None)
+        host = self.via.pop(heart, None)
+        if host is not None:
+            hearts = self.by_host[host]
+            hearts.discard(heart)
+            if not hearts:
+                del self.by_host[host]
 
     def hearts_via(self, host: str) -> list[bytes]:
-        return [h for h, where in self.via.items() if where == host]
+        """The hearts registered through the relay of ``host`` (its own, not a scan of all)."""
+        return list(self.by_host.get(host, ()))
 
     def relay_of(self, heart: bytes) -> list | None:
         """The idents of the relay that registered this engine (None: it registered itself)."""

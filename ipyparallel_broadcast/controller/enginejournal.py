@@ -10,8 +10,8 @@ not beaten yet (one that beats after a restart is filed then, not left
 unregistered for good), ``{"d": id, ...}`` for an engine unregistered (the
 hub's ``DroppedEngines`` tells one that lives on that it was dropped, after a
 restart too; the last ``DROPS_KEPT``), ``{"x": id}`` for a grant gone.
-The file is flushed per line (a killed controller loses nothing the kernel
-has) and synced to disk once per burst
+The file is flushed per change, a host's batch one change (a killed
+controller loses nothing the kernel has), and synced to disk once per burst
 (``statefile.CoalescedWrites``). When dead lines outnumber live ones it is
 rewritten whole, by rename: amortized O(1) per change.
 
@@ -27,6 +27,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 SLACK = 64  # dead lines allowed beyond the live ones before a rewrite
@@ -115,6 +116,7 @@ class EngineJournal:
         self.state = JournalState()
         self.file = None
         self.rewrites = 0
+        self.batching = 0  # inside ``batch()``: lines flushed once, at its end
 
     def restore(self, keep: bool) -> JournalState:
         """The table the file holds if ``keep`` (a restart), else none; the
@@ -150,11 +152,23 @@ class EngineJournal:
             except FileNotFoundError:
                 pass
 
+    @contextmanager
+    def batch(self):
+        """The lines appended inside, flushed to the kernel once (a host's batch: one write)."""
+        self.batching += 1
+        try:
+            yield
+        finally:
+            self.batching -= 1
+            if not self.batching and self.file is not None:
+                self.file.flush()
+
     def _append(self, line: str) -> None:
         if self.file is None:
             return  # closed: the controller is stopping
         self.file.write(line)
-        self.file.flush()
+        if not self.batching:
+            self.file.flush()
         self.state.lines += 1
         if self.state.wants_rewrite():
             self._rewrite()
@@ -182,6 +196,11 @@ class EngineLedger:
 
     def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None]):
         self.journal, self.host_of, self.changed = journal, host_of, changed
+        self.loads = None  # a ``placement.LeafLoads``, told too, once the controller has one
+
+    def batch(self):
+        """Changes made inside written as one (``EngineJournal.batch``)."""
+        return self.journal.batch()
 
     def filed(self, ec) -> None:
         self._line(ec, "e")
@@ -191,11 +210,17 @@ class EngineLedger:
 
     def dropped(self, ec) -> None:
         self._line(ec, "d")
+        if self.loads is not None:
+            self.loads.gone(ec.id)
 
     def withdrawn(self, ec) -> None:
         self.journal.gone(ec.id)
         self.changed()
+        if self.loads is not None:
+            self.loads.gone(ec.id)
 
     def _line(self, ec, kind: str) -> None:
         self.journal.filed(ec.id, ec.uuid, self.host_of(ec.ident), kind)
         self.changed()
+        if self.loads is not None and kind != "d":
+            self.loads.live(ec.id)

@@ -60,9 +60,10 @@ class HostRegistrations:
         self.registry.relay_at(host, idents)  # where a dropped engine of it is told so
         self.host_hearts[host_ident(host)] = host
         self.batches += 1
-        self._depart(host, [u for u in gone if isinstance(u, str)])
-        self._beat(host, [u for u in beating if isinstance(u, str)])
-        answers, new = self._grant(host, asks)
+        with self.ledger.batch():
+            self._depart(host, [u for u in gone if isinstance(u, str)])
+            self._beat(host, [u for u in beating if isinstance(u, str)])
+            answers, new = self._grant(host, asks)
         hub = self.hub
         reply = dict(engines=answers, hb_period=hub.heartmonitor_period, connection_info=hub.engine_info)
         hub.session.send(hub.query, P.HOST_ENGINES_REPLY, content=reply, parent=msg, ident=idents)
@@ -71,6 +72,10 @@ class HostRegistrations:
             self.purge_later([u.encode() for u in new.values()])
 
     # --------------------------------------------------- a restarted hub's
+    def pending_ids(self) -> list[int]:
+        """The ids granted here to engines not beating yet."""
+        return [ec.id for ec in self.pending.values()]
+
     def relay_of_host(self, host: str) -> bytes:
         """An engine of ``host`` restored (``restore``): its relay's heart, which stands for it."""
         heart = host_ident(host)
@@ -135,8 +140,9 @@ class HostRegistrations:
         lost = [h for h in self.registry.hearts_via(host) if h in hub.by_ident]
         if lost:
             hub.log.warning("heartbeat::the relay of host %s is silent: its %i engines are lost", host, len(lost))
-        for h in lost:
-            hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
+        with self.ledger.batch():
+            for h in lost:
+                hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
         return True
 
     def _purge(self, hearts):
@@ -159,6 +165,7 @@ class HostRegistrations:
     def _grant(self, host: str, asks: list) -> tuple[list[dict], dict[int, str]]:
         hub, registry = self.hub, self.registry
         stock_pending = {ec.uuid for ec in hub.incoming_registrations.values()}
+        pending_ids = None  # (made once a batch, if an engine asks for an id)
         answers, new = [], {}
         for ask in asks:
             uuid = ask.get("uuid") if isinstance(ask, dict) else None
@@ -173,12 +180,16 @@ class HostRegistrations:
                 answers.append(dict(uuid=uuid, status="error", ename="KeyError", evalue=f"uuid {uuid!r} in use"))
                 continue
             asked = ask.get("id")
-            if type(asked) is not int or any(ec.id == asked for ec in self.pending.values()):
+            if type(asked) is int and pending_ids is None:
+                pending_ids = set(self.pending_ids())
+            if type(asked) is not int or asked in pending_ids:
                 asked = None
             eid = type(hub).new_engine_id(hub, asked)  # ipyparallel's counter (or the id asked for, if free)
             self.late.pop(heart, None)  # (set aside, and asking again: this id, not that one)
             registry.registered_via(heart, host)  # (first: the grant is journaled with its host)
             ec = self.pending[heart] = EngineConnector(id=eid, uuid=uuid, ident=heart)
+            if pending_ids is not None:
+                pending_ids.add(eid)
             self.ledger.granted(ec)
             new[eid] = uuid
             answers.append(dict(uuid=uuid, status="ok", id=eid))

@@ -230,7 +230,7 @@ class RelayNode:
         sends += self.inflight.fail_waiting_on(key, P.UNREACHABLE, unanswered)
         if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
             sends += self.big.host_lost(key, f"{child[0].lower()}{child[1:]} {why}")
-        if isinstance(key, bytes) and key not in self.routes.via.values():
+        if isinstance(key, bytes) and not self.routes.routes_to(key):
             self.children.forget(key)  # a host relay gone, with no engine routed to it
         return sends
 

@@ -42,6 +42,7 @@ class Routes:
         self.overrides: dict[int, int] = {}  # interior: eid -> child digit, where not modulo
         self.learned: dict[int, int] = {}  # interior: every engine a child announced
         self.via: dict[int, bytes] = {}  # leaf: eid -> the host relay it is behind
+        self.behind: dict[bytes, set[int]] = {}  # leaf: a host relay -> its engines (``via`` by host)
         # engines whose route was removed (they died): a request that was on its
         # way meanwhile fails them as dead, not as sent to the wrong subtree
         self.departed: OrderedDict[int, None] = OrderedDict()
@@ -81,19 +82,30 @@ class Routes:
     def host_engines(self, host: bytes, eids: Iterable[int]) -> tuple[list[int], list[int]]:
         """A host relay's full engine list: (eids added, eids it no longer has)."""
         eids = set(eids)
-        gone = [e for e, h in self.via.items() if h == host and e not in eids]
+        mine = self.behind.setdefault(host, set())
+        gone = sorted(mine - eids)  # (this host's engines only: a host's list costs its own engines)
         for e in gone:
             del self.via[e]
         added = sorted(e for e in eids if self.via.get(e) != host)
         for e in added:
+            other = self.via.get(e)
+            if other is not None:  # it moved to this host relay
+                self.behind[other].discard(e)
             self.via[e] = host
             self.departed.pop(e, None)
+        self.behind[host] = eids
         self._depart(gone)
         return added, gone
 
     def host_lost_engine(self, eid: int):
-        if self.via.pop(eid, None) is not None:
+        host = self.via.pop(eid, None)
+        if host is not None:
+            self.behind[host].discard(eid)
             self._depart([eid])
+
+    def routes_to(self, host: bytes) -> bool:
+        """Whether any engine is routed through this host relay."""
+        return bool(self.behind.get(host))
 
     def learn(self, digit: int, add: Iterable[int], remove: Iterable[int]):
         """A child announced engines under it (``add``) or gone (``remove``)."""

@@ -157,7 +157,12 @@ def balanced_id(next_id: int, live_ids: Iterable[int], n_leaves: int) -> int:
     load = [0] * n_leaves
     for eid in live_ids:
         load[eid % n_leaves] += 1
-    least = min(load)
+    return least_loaded_id(next_id, load)
+
+
+def least_loaded_id(next_id: int, load: list[int]) -> int:
+    """The smallest id >= ``next_id`` on a leaf whose ``load`` (live engines) is least."""
+    n_leaves, least = len(load), min(load)
     return min(next_id + (leaf - next_id) % n_leaves for leaf in range(n_leaves) if load[leaf] == least)
 
 
