@@ -40,7 +40,7 @@ def hooked(tmp_path):
     kept = KeptEngines(hub, dropped, str(tmp_path / "engines.journal"))
     published = []
     door = RosterDoor(ctx.socket(zmq.XPUB), loop, Roster(session, engines=lambda: {}))
-    hosts = HostRegistrations(hub, published.append, dropped, kept.ledger)
+    hosts = HostRegistrations(hub, published.append, dropped, kept.ledger, door.held)
     kept.open(False, 10.0, hosts)
     placed = []
     parts = HubParts(lambda asked: placed.append(asked) or asked, dropped, hosts, kept, door, BroadcastRecords(hub))
@@ -107,7 +107,7 @@ def test_a_host_relays_heart_stands_for_its_engines_and_never_reaches_the_hubs_o
 
 def test_a_silent_relay_takes_its_own_hosts_engines_and_no_other_hosts(hooked):
     """The engines of a host are found by its host (``DroppedEngines.hearts_via``),
-    not by a scan of every engine, and a silent relay unregisters just those."""
+    not by a scan of every engine, and a silent relay unregisters just those, in one notification."""
     hub, hooks, _, _, _ = hooked
     hosts, dropped = hooks.parts.hosts, hooks.parts.dropped
     for host, uuids in (("h1", ["a", "b"]), ("h2", ["c"])):
@@ -115,7 +115,10 @@ def test_a_silent_relay_takes_its_own_hosts_engines_and_no_other_hosts(hooked):
         hosts.on_batch([host.encode()], dict(header={}, content=batch))
         hosts.on_batch([host.encode()], dict(header={}, content=dict(batch, engines=[], beating=uuids)))
     assert sorted(dropped.hearts_via("h1")) == [b"a", b"b"] and dropped.hearts_via("h2") == [b"c"]
+    seq = hooks.parts.door.roster.seq
     hub.handle_stopped_heart(host_ident("h1"))
     assert [ec.uuid for ec in hub.engines.values()] == ["c"]
+    assert hooks.parts.door.roster.seq == seq + 1  # its two engines told in one notification
+    assert not {b"a", b"b"} & set(hub.expect_stopped_hearts)  # no heart of their own will stop
     dropped.forget(b"c")
     assert dropped.hearts_via("h2") == [] and "h2" not in dropped.by_host

@@ -44,7 +44,7 @@ class Hub:
     def publish(self, kind, eid, uuid):
         msg = self.session.msg(kind, content=dict(id=eid, uuid=uuid))
         frames = self.roster.stamp(self.session.serialize(msg))
-        for pipe in self.pipes:
+        for pipe in self.pipes if frames is not None else ():  # (None: held for a batch)
             pipe.offer(frames)
 
     def register(self):
@@ -62,9 +62,19 @@ class Hub:
             for pipe in self.pipes:
                 pipe.offer(frames)
 
+    def lose_host(self, k):
+        """A silent host relay's engines (``hostreg.unregister``): the hub's
+        unregistrations held, told in one notification."""
+        self.roster.hold()
+        for _ in range(1 + k % 4):
+            self.unregister(k)
+        for frames in self.roster.unregistrations():
+            for pipe in self.pipes:
+                pipe.offer(frames)
+
     def run(self, steps):
         for op, k in steps:
-            {"r": lambda k: self.register(), "u": self.unregister, "h": self.register_host}[op](k)
+            {"r": lambda k: self.register(), "u": self.unregister, "h": self.register_host, "l": self.lose_host}[op](k)
 
     def unregister(self, k):
         if self.engines:
@@ -128,7 +138,7 @@ class StockClient(OurClient):
         self.pipe.inbox = []
 
 
-ops = st.lists(st.tuples(st.sampled_from("ruh"), st.integers(0, 50)), max_size=40)
+ops = st.lists(st.tuples(st.sampled_from("ruhl"), st.integers(0, 50)), max_size=40)
 
 
 @settings(max_examples=300, deadline=None)
@@ -290,3 +300,27 @@ def test_a_host_batch_is_one_notification_and_stock_copies_only_for_stock_subscr
     stock.read()
     ours.read()
     assert stock.sync.engines == ours.sync.engines == hub.engines and ours.sync.gaps == 0
+
+
+def test_a_lost_hosts_engines_are_one_notification_and_stock_copies_only_for_stock_subscribers():
+    hub = Hub()
+    hub.register_host(4)  # 5 engines
+    ours, stock = OurClient(hub), StockClient(hub)
+    ours.subscribe_all()
+    ours.hello()
+    ours.read()
+    seq = hub.roster.seq
+    hub.lose_host(2)  # 3 engines, no stock subscriber yet
+    assert len(ours.pipe.inbox) == 1 and hub.roster.seq == seq + 1
+    ours.read()
+    assert ours.sync.engines == hub.engines and len(hub.engines) == 2
+    hub.subscribe(stock.pipe, b"")
+    stock.pipe.inbox.clear()
+    stock.sync.engines = dict(hub.engines)
+    hub.lose_host(1)  # 2 engines
+    assert [f[0] for f in stock.pipe.inbox] == [P.STOCK_TOPIC] * 2 and len(ours.pipe.inbox) == 1
+    stock.read()
+    ours.read()
+    assert stock.sync.engines == ours.sync.engines == hub.engines == {} and ours.sync.gaps == 0
+    hub.roster.hold()
+    assert hub.roster.unregistrations() == []  # nothing held: nothing told

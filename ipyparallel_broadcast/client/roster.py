@@ -58,12 +58,13 @@ class RosterSync:
                     raise TypeError(f"engines is a {type(engines).__name__}")
                 table = {int(k): str(v) for k, v in engines.items()}
                 return self.roster(table, int(content["seq"]), str(content["epoch"]))
-            if kind in (REGISTERED, UNREGISTERED, P.REGISTRATIONS):
+            if kind in (REGISTERED, UNREGISTERED, *P.BATCH_NOTIFICATIONS):
                 seq = md.get(P.SEQ_KEY)
                 seq = None if seq is None else int(seq)
                 epoch = md.get(P.EPOCH_KEY)
-                if kind == P.REGISTRATIONS:  # one host's engines, one notification
-                    engines = [(REGISTERED, int(e), str(u)) for e, u in content["engines"].items()]
+                if kind in P.BATCH_NOTIFICATIONS:  # one host's engines, one notification
+                    each = REGISTERED if kind == P.REGISTRATIONS else UNREGISTERED
+                    engines = [(each, int(e), str(u)) for e, u in content["engines"].items()]
                     return self.notification(engines, seq=seq, epoch=epoch)
                 return self.notification([(kind, int(content["id"]), str(content["uuid"]))], seq, epoch)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -131,7 +132,7 @@ class EngineRoster:
         client = self.client
         self.sync = RosterSync(dict(client._engine_table))
         handlers = client._notification_table
-        for kind in (REGISTERED, UNREGISTERED, P.ROSTER, P.REGISTRATIONS):
+        for kind in (REGISTERED, UNREGISTERED, P.ROSTER, *P.BATCH_NOTIFICATIONS):
             handlers[kind] = self.on_message
         if TREE_KEY in client._connection_info:
             client._notification_sock.setsockopt(zmq.SUBSCRIBE, P.OURS_TOPIC)  # batches, not stock copies

@@ -46,9 +46,9 @@ from .hostreg import HostRegistrations
 from .hubhooks import HubHooks, HubParts
 from .location import located
 from .nodespecs import ChildSpecs
+from .placement import LeafLoads
 from .ports import quiet_port
 from .records import BroadcastDictDB, BroadcastRecords
-from .placement import LeafLoads
 from .restore import KeptEngines
 from .roster import Roster, RosterDoor
 from .settings import TreeSettings
@@ -121,7 +121,8 @@ class BroadcastController(TreeSettings, IPController):
         dropped = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
         path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
         self.kept = KeptEngines(hub, dropped, path)
-        hosts = HostRegistrations(hub, self.roster_door.publish_registrations, dropped, self.kept.ledger)
+        door = self.roster_door
+        hosts = HostRegistrations(hub, door.publish_registrations, dropped, self.kept.ledger, door.held)
         self.kept.open(restore, self.restore_grace, hosts)
         live = [*hub.engines, *(ec.id for ec in hub.incoming_registrations.values()), *hosts.pending_ids()]
         self.kept.ledger.loads = self.loads = LeafLoads(self.shape.n_leaves, live)  # kept up to date from now on

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from ipyparallel.controller.hub import EngineConnector
 
@@ -42,8 +43,16 @@ from .enginejournal import EngineLedger
 class HostRegistrations:
     """Handles ``ipb_host_engines`` on the hub's registration socket."""
 
-    def __init__(self, hub, publish: Callable[[dict[int, str]], None], registry, ledger: EngineLedger):
+    def __init__(
+        self,
+        hub,
+        publish: Callable[[dict[int, str]], None],
+        registry,
+        ledger: EngineLedger,
+        held: Callable[[], AbstractContextManager] = nullcontext,
+    ):
         self.hub, self.publish, self.registry, self.ledger = hub, publish, registry, ledger
+        self.held = held  # the hub's unregistrations inside told as one batch (``RosterDoor.held``)
         self.pending: dict[bytes, EngineConnector] = {}  # heart -> an engine granted its id, not beating yet
         # heart -> (engine, host) of those that had not beaten by ``registration_timeout`` (the latest kept)
         self.late: OrderedDict[bytes, tuple[EngineConnector, str]] = OrderedDict()
@@ -140,10 +149,17 @@ class HostRegistrations:
         lost = [h for h in self.registry.hearts_via(host) if h in hub.by_ident]
         if lost:
             hub.log.warning("heartbeat::the relay of host %s is silent: its %i engines are lost", host, len(lost))
-        with self.ledger.batch():
-            for h in lost:
-                hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
+        self.unregister(lost)
         return True
+
+    def unregister(self, hearts: list[bytes]):
+        """These engines unregistered, as ipyparallel unregisters one, told
+        and journaled as one batch."""
+        hub = self.hub
+        with self.ledger.batch(), self.held():
+            for h in hearts:
+                if h in hub.by_ident:
+                    hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
 
     def _purge(self, hearts):
         for heart in hearts:
@@ -208,7 +224,7 @@ class HostRegistrations:
 
     def _depart(self, host: str, uuids: list[str]):
         """Engines the relay found gone: unregistered as ipyparallel unregisters one."""
-        hub = self.hub
+        hub, leaving = self.hub, []
         for uuid in uuids:
             heart = uuid.encode()
             if self.late.get(heart, (None, None))[1] == host:
@@ -222,7 +238,8 @@ class HostRegistrations:
             eid = hub.by_ident.get(heart)
             if eid is not None:
                 hub.log.info("registration::host %s: engine %i is gone", host, eid)
-                hub.unregister_engine([heart], dict(content=dict(id=eid)))
+                leaving.append(heart)
+        self.unregister(leaving)
 
 
 def _span(eids) -> str:

@@ -172,6 +172,9 @@ class HubHooks:
             ec, grants = None, []  # ipyparallel's handler logs the bad request
         self.stock["unregister_engine"](ident, msg)
         if ec is not None and ec.id not in hub.engines:
+            stopped = hub.expect_stopped_hearts  # (the hub's list, scanned per stopped heart)
+            if self.parts.dropped.host_of(ec.ident) is not None and stopped and stopped[-1] == ec.ident:
+                stopped.pop()  # its relay's heart stands for it: no heart of its own will stop
             self.ledger.dropped(ec)
             self.parts.dropped.unregistered(ec)
         for grant in grants:

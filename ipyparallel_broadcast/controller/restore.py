@@ -137,8 +137,7 @@ class Restoration:
                 [hub.by_ident[h] for h in lost],
                 heart,
             )
-            for h in lost:
-                hub.unregister_engine([h], dict(content=dict(id=hub.by_ident[h])))
+            self.hosts.unregister(lost)
             self.lost += len(lost)
         self.waiting.clear()
         for heart in self.grants:  # (ipyparallel purges a stalled registration so)

@@ -26,7 +26,9 @@ each subscriber is live and can send to that subscriber alone.
   client given one it never saw fails its ``wait_for_engines``.
 - Engines a host relay registers (``hostreg``) are told in one
   ``ipb_registrations`` notification, numbered once, on a topic of its own
-  (``BATCH_TOPIC``). Our clients subscribe to ``OURS_TOPIC`` after ``b""``,
+  (``BATCH_TOPIC``); those a silent relay takes with it, in one
+  ``ipb_unregistrations`` (the hub's own notifications held meanwhile,
+  ``RosterDoor.held``). Our clients subscribe to ``OURS_TOPIC`` after ``b""``,
   which takes their pipe off the stock copies and onto the batches. The
   per-engine copies ipyparallel's clients read (``STOCK_TOPIC``, the same
   number as their batch) are made only once a stock subscriber has come.
@@ -38,6 +40,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import zmq
 from jupyter_client.session import Session
@@ -101,9 +104,11 @@ class Roster:
         self.replies = UnmatchedReplies()
         self.welcomes = self.replays = self.replayed = 0  # hellos answered; replays, registrations in them
         self.stock = 0  # subscribers to everything, less those that said they are ours (never below)
+        self.held: dict[int, str] | None = None  # unregistrations held for one batch (``hold``), or None
 
-    def stamp(self, frames: list) -> list:
-        """A notification the hub serialized, with its number in its metadata, signed again."""
+    def stamp(self, frames: list) -> list | None:
+        """A notification the hub serialized, with its number in its metadata,
+        signed again; None if it is held for a batch (``hold``)."""
         frames = [P.as_bytes(f) for f in frames]
         at = frames.index(DELIM)
         header, parent, metadata, content = frames[at + 2 : at + 6]
@@ -111,6 +116,10 @@ class Roster:
         unpack = self.session.unpack
         md = dict(unpack(metadata) or {}, **{P.SEQ_KEY: self.seq, P.EPOCH_KEY: self.epoch})
         kind, body = unpack(header).get("msg_type"), unpack(content)
+        if kind == UNREGISTERED and self.held is not None:
+            self.seq -= 1  # (numbered with its batch)
+            self.held[int(body["id"])] = str(body["uuid"])
+            return None
         if kind == REGISTERED:
             self.registered_at[int(body["id"])] = self.seq
         elif kind == UNREGISTERED:
@@ -149,17 +158,31 @@ class Roster:
     def registrations(self, engines: dict[int, str]) -> list[list]:
         """One host's engines registered: the batch, and a copy per engine
         for stock subscribers if any came; all of them one notification."""
-        self.seq += 1
-        md = {P.SEQ_KEY: self.seq, P.EPOCH_KEY: self.epoch}
+        out = self._batch(P.REGISTRATIONS, REGISTERED, engines)
         for eid in engines:
             self.registered_at[eid] = self.seq
-        batch = self.session.msg(
-            P.REGISTRATIONS, content=dict(engines={str(e): u for e, u in engines.items()}), metadata=md
-        )
+        return out
+
+    def hold(self) -> None:
+        """The hub's unregistrations from now on held, for ``unregistrations``."""
+        self.held = {}
+
+    def unregistrations(self) -> list[list]:
+        """The unregistrations held since ``hold``, told as one notification
+        (as ``registrations``); nothing if there were none."""
+        engines, self.held = self.held or {}, None
+        for eid in engines:
+            self.registered_at.pop(eid, None)
+        return self._batch(P.UNREGISTRATIONS, UNREGISTERED, engines) if engines else []
+
+    def _batch(self, kind: str, each: str, engines: dict[int, str]) -> list[list]:
+        self.seq += 1
+        md = {P.SEQ_KEY: self.seq, P.EPOCH_KEY: self.epoch}
+        batch = self.session.msg(kind, content=dict(engines={str(e): u for e, u in engines.items()}), metadata=md)
         out = [self.session.serialize(batch, ident=[P.BATCH_TOPIC])]
         if self.stock:
             for eid, uuid in engines.items():
-                msg = self.session.msg(REGISTERED, content=dict(id=eid, uuid=uuid), metadata=md)
+                msg = self.session.msg(each, content=dict(id=eid, uuid=uuid), metadata=md)
                 out.append(self.session.serialize(msg, ident=[P.STOCK_TOPIC]))
         return out
 
@@ -202,13 +225,27 @@ class RosterDoor(ZMQStream):
         self.on_recv(self._on_subscription)
 
     def send_multipart(self, msg, *args, **kwargs):
-        """The hub's notifications, stamped."""
-        super().send_multipart(self.roster.stamp(list(msg)), *args, **kwargs)
-        self.flush(zmq.POLLOUT)
+        """The hub's notifications, stamped (or held for a batch)."""
+        frames = self.roster.stamp(list(msg))
+        if frames is not None:
+            super().send_multipart(frames, *args, **kwargs)
+            self.flush(zmq.POLLOUT)
 
     def publish_registrations(self, engines: dict[int, str]):
         """One host's engines registered (``hostreg``), told as ``Roster.registrations`` says."""
-        for frames in self.roster.registrations(engines):
+        self._publish(self.roster.registrations(engines))
+
+    @contextmanager
+    def held(self):
+        """The hub's unregistrations inside told as one batch at the end (a lost host's)."""
+        self.roster.hold()
+        try:
+            yield
+        finally:
+            self._publish(self.roster.unregistrations())
+
+    def _publish(self, messages: list[list]):
+        for frames in messages:
             super().send_multipart(frames)
         self.flush(zmq.POLLOUT)
 

@@ -42,7 +42,8 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         self._outbox: dict[bytes, list] = {}  # engine -> tasks it could not take yet, in order
         self.engine_stream.socket.router_mandatory = 1  # a task for an engine not connected: told, not dropped
         self._connected = 0
-        self._waiting: list[bytes] | None = []  # None once released
+        self._waiting: dict[bytes, None] | None = {}  # engines in order; None once released
+        self._scheduled: set[bytes] = set()  # ``targets`` as a set (ipyparallel's is a list)
         self._queried = False  # the hub's engines known
         monitor = self.engine_stream.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._monitor = ZMQStream(monitor, self.loop)
@@ -59,6 +60,32 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
             super().start()
         finally:
             del self.session.send
+        self.notifier_stream.socket.setsockopt(zmq.SUBSCRIBE, P.OURS_TOPIC)  # a host's engines: one batch
+
+    def dispatch_notification(self, msg):
+        """A host's engines registered (or gone) in one notification, added
+        together (the queue looked at once); any other as ipyparallel's."""
+        try:
+            _, frames = self.session.feed_identities(msg)
+            kind = self.session.unpack(frames[1]).get("msg_type")  # (the header; what is run is checked below)
+        except (ValueError, IndexError, TypeError, AttributeError):
+            kind = None
+        if kind not in P.BATCH_NOTIFICATIONS:
+            return super().dispatch_notification(msg)
+        try:
+            engines = self.session.deserialize(frames)["content"]["engines"]
+            uids = [uuid.encode("utf8") for uuid in engines.values()]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.log.warning("task: an invalid %s notification, dropped", kind)
+            return None
+        change = self._add_engine if kind == P.REGISTRATIONS else self._remove_engine
+        self._adding = True  # the queue looked at again once, after all
+        try:
+            for uid in uids:
+                change(uid)
+        finally:
+            self._adding = False
+        return self.update_graph(None)
 
     def _on_connection(self, frames):
         if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -83,9 +110,9 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         """ipyparallel's, once per engine, and only once released: before,
         the engine joins the wait (it may not have reconnected yet)."""
         if self._waiting is not None:
-            if uid not in self._waiting:
-                self._waiting.append(uid)
-        elif uid not in self.targets:
+            self._waiting[uid] = None
+        elif uid not in self._scheduled:
+            self._scheduled.add(uid)
             super()._add_engine(uid)
 
     def _remove_engine(self, uid):
@@ -94,10 +121,12 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
         engine would then be scheduled though dead: its tasks lost). Then the
         queued tasks that only engines now gone could run fail (``_fail_stranded``)."""
         if self._waiting is not None:
-            if uid in self._waiting:
-                self._waiting.remove(uid)
+            self._waiting.pop(uid, None)
             self._release_if_connected()
             return
+        if uid not in self._scheduled:
+            return None  # never scheduled here (ipyparallel's would fail to find it)
+        self._scheduled.discard(uid)
         self._outbox.pop(uid, None)
         result = super()._remove_engine(uid)
         self._fail_stranded()

@@ -151,8 +151,8 @@ class EnginesRegistered:  # one host's, in one notification
 
 
 @dataclass
-class EngineUnregistered:
-    uuid: str
+class EnginesUnregistered:  # one engine, or a lost host's, in one notification
+    uuids: list[str]
 
 
 @dataclass
@@ -170,7 +170,9 @@ def from_hub(codec: P.Codec, frames) -> object | None:
         if kind == P.REGISTRATIONS:
             return EnginesRegistered({int(k): str(v) for k, v in content["engines"].items()})
         if kind == P.UNREGISTERED:
-            return EngineUnregistered(str(content["uuid"]))
+            return EnginesUnregistered([str(content["uuid"])])
+        if kind == P.UNREGISTRATIONS:
+            return EnginesUnregistered([str(u) for u in content["engines"].values()])
         if isinstance(content, dict) and "engines" in content:
             if content.get("status") != "ok":
                 return None

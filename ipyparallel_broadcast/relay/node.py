@@ -190,8 +190,8 @@ class RelayNode:
             alone = isinstance(event, E.EngineRegistered)
             self.engines.update({event.eid: event.uuid} if alone else event.engines)
             return (self._greet([event.eid]) if alone else []) + self.down.retry_parked(final=False)
-        if isinstance(event, E.EngineUnregistered):
-            return self.on_engine_lost(event.uuid, P.DIED)
+        if isinstance(event, E.EnginesUnregistered):
+            return [send for uuid in event.uuids for send in self.on_engine_lost(uuid, P.DIED)]
         if isinstance(event, E.HubEngineTable):
             return self.on_registry(event.engines)
         return []

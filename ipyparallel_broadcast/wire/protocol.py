@@ -102,6 +102,8 @@ HOST_ENGINES, HOST_ENGINES_REPLY = "ipb_host_engines", "ipb_host_engines_reply"
 # the hub -> clients and leaves: the engines one host registered, in one notification, on a
 # topic of its own; ipyparallel's per-engine notifications go to stock subscribers alone
 REGISTRATIONS = "ipb_registrations"
+UNREGISTRATIONS = "ipb_unregistrations"  # a host's engines gone, one notification (``controller.roster``)
+BATCH_NOTIFICATIONS = (REGISTRATIONS, UNREGISTRATIONS)
 BATCH_TOPIC, STOCK_TOPIC = b"ipb-registrations", b"ipb-stock"
 OURS_TOPIC = b"ipb-ours"  # a subscription that says: no stock copies here, batches instead
 # in a connection request's content: the table only, no subscription follows (a leaf's lookup)
