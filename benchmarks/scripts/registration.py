@@ -71,6 +71,18 @@ def memory(procs: list[psutil.Process]) -> tuple[int, int]:
     return rss, pss
 
 
+def hub_process(procs: list[psutil.Process]) -> psutil.Process:
+    """The hub: the first controller process (ours runs under its keeper, which is the first of all)."""
+    for p in procs:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if ".controller" in cmd and "keeper" not in cmd:
+            return p
+    return procs[0]
+
+
 def process_name(p: psutil.Process) -> str:
     """Ours name their processes (ipb-node-0, ipb-heart, ...); stock's are all python."""
     try:
@@ -158,7 +170,9 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause:
         prober = Prober(client_file, kind, pause)
         try:
             prober.start()
-            before, hub_before, tic = cpu(procs), cpu(procs[:1]), time.monotonic()
+            hub_proc = hub_process(procs)
+            before, hub_before, tic = cpu(procs), cpu([hub_proc]), time.monotonic()
+            each_before = {p.pid: cpu([p]) for p in procs}
             try:
                 farm.start(timeout=max(120, n / 10))
                 client.wait_for_engines(n, timeout=timeout)
@@ -167,13 +181,17 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause:
             seconds = time.monotonic() - tic
             farm_cpu = cpu(farm_processes(farm))  # (all of it: every farm process started in the window)
             procs = center(cluster.controller.process.pid)  # (and whatever it started meanwhile)
-            registering, hub = cpu(procs) - before, cpu(procs[:1]) - hub_before
+            registering, hub = cpu(procs) - before, cpu([hub_proc]) - hub_before
+            reg_by_process: dict[str, float] = {}
+            for p in procs:
+                name = "hub" if p.pid == hub_proc.pid else process_name(p)
+                reg_by_process[name] = reg_by_process.get(name, 0.0) + cpu([p]) - each_before.get(p.pid, 0.0)
             idle_from, each_from = cpu(procs), [cpu([p]) for p in procs]
             time.sleep(IDLE_WINDOW_S)  # the idle window: whole heartbeat periods
             idle = (cpu(procs) - idle_from) / IDLE_WINDOW_S
             by_process: dict[str, float] = {}
             for p, before_p in zip(procs, each_from):
-                name = "hub" if p is procs[0] else process_name(p)
+                name = "hub" if p.pid == hub_proc.pid else process_name(p)
                 by_process[name] = by_process.get(name, 0.0) + (cpu([p]) - before_p) / IDLE_WINDOW_S
             rss, pss = memory(procs)
             view = client.broadcast_view(coalescing=True) if kind == "ours" else client[:]
@@ -186,6 +204,7 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause:
                 farm=farm_cpu,
                 idle=idle,
                 by_process=by_process,
+                reg_by_process=reg_by_process,
                 rss=rss,
                 pss=pss,
                 echo=echo,
@@ -269,6 +288,7 @@ def main(argv=None):
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     idle_lines = ["", "Idle CPU by controller process (% of a core, the same window):", ""]
+    reg_lines = ["", "Center CPU while registering, by controller process (s):", ""]
     for kind in args.kinds:
         for n, hosts in zip(args.engines, args.hosts, strict=True):
             if kind == "stock" and n > args.stock_max:
@@ -281,11 +301,13 @@ def main(argv=None):
                 lines.append(row(kind, n, hosts, r))
                 shares = sorted(r["by_process"].items(), key=lambda kv: -kv[1])
                 idle_lines.append(f"- {kind}, {n}: " + ", ".join(f"{k} {100 * v:.1f}" for k, v in shares))
+                shares = sorted(r["reg_by_process"].items(), key=lambda kv: -kv[1])
+                reg_lines.append(f"- {kind}, {n}: " + ", ".join(f"{k} {v:.2f}" for k, v in shares))
                 failures = sorted(set(r["prober"].failures))
                 if failures:
                     print(f"{kind} {n}: probe failures: {failures[:5]}", flush=True)
             print(lines[-1], flush=True)
-    lines += idle_lines
+    lines += reg_lines + idle_lines
     report("registration.py", argv, "What registering engines costs the center", lines, args.out)
 
 

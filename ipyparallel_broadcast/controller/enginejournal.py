@@ -30,6 +30,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
+_LINE = json.JSONEncoder(separators=(",", ":"))  # (one encoder: ``json.dumps`` with options makes one a line)
 SLACK = 64  # dead lines allowed beyond the live ones before a rewrite
 DROPS_KEPT = 4096  # engines dropped that a restarted hub still knows (``dropped.REMEMBERED``)
 
@@ -77,11 +78,11 @@ class JournalState:
 
     @staticmethod
     def filed(eid: int, uuid: str, host: str | None, kind: str = "e") -> str:
-        return json.dumps({kind: eid, "u": uuid, "h": host}, separators=(",", ":")) + "\n"
+        return _LINE.encode({kind: eid, "u": uuid, "h": host}) + "\n"
 
     @staticmethod
     def gone(eid: int) -> str:
-        return json.dumps(dict(x=eid), separators=(",", ":")) + "\n"
+        return _LINE.encode(dict(x=eid)) + "\n"
 
     def whole(self) -> list[str]:
         """The live table as lines, the first carrying the top id (a gone

@@ -25,6 +25,7 @@ from ipyparallel.controller.hub import EngineConnector
 
 from ..compat import ipp
 from .enginejournal import EngineJournal, EngineLedger, JournalState
+from .hostreg import HostEngine
 from .statefile import CoalescedWrites
 
 
@@ -76,7 +77,7 @@ class Restoration:
         hub, hosts = self.hub, self.hosts
         for eid, (uuid, host) in sorted(state.engines.items()):
             heart = uuid.encode()
-            ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
+            ec = EngineConnector(id=eid, uuid=uuid, ident=heart) if host is None else HostEngine(eid, uuid, heart)
             if host is not None:
                 relay_heart = self._via(heart, host)
             else:
@@ -113,11 +114,12 @@ class Restoration:
         through_hosts = []
         for eid, (uuid, host) in sorted(state.granted.items()):
             heart = uuid.encode()
-            ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
             if host is not None:
+                ec = HostEngine(eid, uuid, heart)
                 self.hosts.relay_of_host(host)
                 through_hosts.append((ec, host))
             else:
+                ec = EngineConnector(id=eid, uuid=uuid, ident=heart)
                 self.hub.incoming_registrations[heart] = ec
                 self.grants.append(heart)
         self.hosts.granted_before(through_hosts)
