@@ -100,7 +100,7 @@ def engine_replies(session, buffer_sets, statuses=None, outputs=None):
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
-        st.lists(st.sampled_from([0, 1, 10, 100, B.PACK_BELOW - 1, B.PACK_BELOW, B.PACK_BELOW + 7]), max_size=3),
+        st.lists(st.sampled_from([0, 1, 10, 100, P.PACK_BELOW - 1, P.PACK_BELOW, P.PACK_BELOW + 7]), max_size=3),
         max_size=6,
     )
 )
@@ -110,8 +110,8 @@ def test_replies_buffers_come_back_whole_joined_or_not(sizes):
     buffer_sets = [[bytes([i % 251]) * n for i, n in enumerate(s)] for s in sizes]
     frames = B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, buffer_sets), [])
     msg = codec.unpack(frames)
-    small = sum(1 for s in sizes for n in s if n < B.PACK_BELOW)
-    big = sum(1 for s in sizes for n in s if n >= B.PACK_BELOW)
+    small = sum(1 for s in sizes for n in s if n < P.PACK_BELOW)
+    big = sum(1 for s in sizes for n in s if n >= P.PACK_BELOW)
     texts = 1  # the replies' header, metadata and content, as one frame
     assert len(msg["buffers"]) == texts + (1 + big if small > 1 else small + big)  # the small ones joined
     got = [[bytes(b) for b in item["buffers"]] for _, item in B.iter_bundle(codec, msg)]
@@ -121,13 +121,13 @@ def test_replies_buffers_come_back_whole_joined_or_not(sizes):
 @pytest.mark.parametrize("packed", [[3, 4], [3, -1], [2, "x"], "3", [4], [True, 5], [2.0, 4], [-2, 6], []])
 def test_a_buffer_table_that_does_not_match_is_refused(packed):
     with pytest.raises(P.ProtocolError):
-        B.packed_buffers(packed, [b"abcdef"])
+        P.split_joined(packed, [b"abcdef"])
 
 
 def test_a_buffer_table_with_a_frame_too_many_is_refused():
-    assert [bytes(b) for b in B.packed_buffers([2, 4], [b"abcdef"])] == [b"ab", b"cdef"]
+    assert [bytes(b) for b in P.split_joined([2, 4], [b"abcdef"])] == [b"ab", b"cdef"]
     with pytest.raises(P.ProtocolError):
-        B.packed_buffers([2, 4], [b"abcdef", b"one alone too many"])
+        P.split_joined([2, 4], [b"abcdef", b"one alone too many"])
 
 
 @pytest.mark.parametrize("counts", [[1, 1, 1], [1, True], [1, 1.0], [2, 1, 0, -1], [1], "1", [1, 1, 1, 1]])
@@ -263,3 +263,20 @@ def test_replies_travel_as_tables_with_either_json_packer(packer, spliced):
     if spliced:
         frames = B.pack_replies(codec, "r0", "ipb-m", engine_replies(session, [[b"a"], [b"b"]]), [])
         assert table_of(codec, frames).engines == ["u0", "u1"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0, 3, 100, P.PACK_BELOW - 1, P.PACK_BELOW, P.PACK_BELOW + 7]), max_size=3)))
+def test_a_bundles_parts_come_back_whole_with_their_small_frames_joined(sizes):
+    """``pack_bundle`` joins the small frames of its parts in one frame; the
+    reader gets each part's frames back, byte for byte."""
+    session = Session(key=b"a key")
+    codec = P.Codec(session)
+    replies = engine_replies(session, [[bytes([i % 251]) * n for i, n in enumerate(s)] for s in sizes])
+    frames = B.pack_bundle(codec, "r0", "ipb-m", "engines", replies, [])
+    msg = codec.unpack(frames)
+    every = [f for r in replies for f in r]
+    small = sum(1 for f in every if P.nbytes(f) < P.PACK_BELOW)
+    assert len(msg["buffers"]) == (len(every) - small + 1 if small > 1 else len(every))
+    got = [[bytes(f) for f in item] for _, item in B.iter_bundle(codec, msg)]
+    assert got == [[bytes(f) for f in r] for r in replies]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from ipyparallel.serialize import serialize_object
-from treesim import TreeSim
+from treesim import TreeSim, frames_bytes
 
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
@@ -25,10 +25,6 @@ targets_st = st.lists(st.sampled_from(ENGINES), unique=True, min_size=1)
 
 def own_buffers(eid):
     return [b"own-%d" % eid, b"more-%d" % eid] if eid % 2 else [b"own-%d" % eid]
-
-
-def frames_bytes(frames):
-    return [P.as_bytes(f) for f in frames]
 
 
 # ------------------------------------------------------------------ scatter

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ipyparallel.serialize import serialize_object
-from treesim import TreeSim, stock_request
+from treesim import TreeSim, frames_bytes, stock_request
 
 from ipyparallel_broadcast.relay.routes import Routes
 from ipyparallel_broadcast.wire import bundles as B
@@ -69,7 +69,7 @@ def test_scatter_sends_each_host_only_its_engines_shares():
     each = [[f"part-{e}".encode()] for e in ENGINES]
     sim.request(ENGINES, each=each)
     (h1,) = requests_at(sim, ("h", "h1"))
-    shares = {P.as_bytes(f) for f in h1 if P.as_bytes(f).startswith(b"part-")}
+    shares = {f for f in frames_bytes(h1) if f.startswith(b"part-")}
     assert shares == {b"part-0", b"part-1", b"part-2"}
     for e in ENGINES:
         assert P.as_bytes(sim.engine_inbox[e][0][-1]) == f"part-{e}".encode()

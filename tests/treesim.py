@@ -6,6 +6,7 @@ would, so the pure core can be tested end to end.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 
 from jupyter_client.session import Session
@@ -294,3 +295,15 @@ def stock_request(sim, targets, coalescing, route=(b"stock-client",)):
     root = sim.nodes[()]
     sim._run(root, root.on_up(frames), ())
     return msg["header"]["msg_id"]
+
+
+def frames_bytes(frames) -> list[bytes]:
+    """A message's frames as bytes, a request's joined small frames split again (``protocol.join_small``)."""
+    frames = [P.as_bytes(f) for f in frames]
+    delim = P.DELIM if isinstance(P.DELIM, bytes) else P.DELIM.encode()
+    if delim in frames:
+        at = frames.index(delim)
+        content = json.loads(frames[at + 5]) if len(frames) > at + 5 else None
+        if isinstance(content, dict) and content.get(P.JOINED):
+            return frames[: at + 6] + [bytes(b) for b in P.split_joined(content[P.JOINED], frames[at + 6 :])]
+    return frames

@@ -74,7 +74,10 @@ def from_above(codec: P.Codec, frames, is_root: bool, is_host: bool):
     msg = codec.unpack(body)
     kind, content = msg["header"].get("msg_type"), msg["content"]
     if kind == P.REQUEST:
-        return Request(route, P.validate_request(content), msg["buffers"], frames)
+        content = P.validate_request(content)
+        table = content.pop(P.JOINED, None)  # (the node's own children get a table of their own)
+        inner = msg["buffers"] if table is None else P.split_joined(table, msg["buffers"])
+        return Request(route, content, inner, frames)
     if kind in (P.STATS, P.PING, P.ROUTE_ACK, P.LOST, P.CHAIN_END) and not isinstance(content, dict):
         raise P.ProtocolError(f"{kind} content is not a dict")
     if kind == P.STATS:

@@ -11,7 +11,7 @@ come on IOPub). Each reply's ``[header, metadata, content]`` JSON travels as
 text in the first frame (``texts`` gives each one's size), bound to the signed
 content by its ``digest`` and parsed only when read (``ReplyTable``): the
 center reads one short document per host, not one per engine. Buffers under
-``PACK_BELOW`` bytes travel joined in one frame (``packed``); the parts are
+``protocol.PACK_BELOW`` bytes travel joined in one frame (``packed``); the parts are
 each engine's buffers. ``shm`` (``[[k, reference], ...]``) names the engines
 whose big buffers wait in shared memory for a client of their host (their
 frames are empty; ``host.shm.share_reply``).
@@ -34,10 +34,20 @@ from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
-from .protocol import BUNDLE, INTS, OUTPUTS_KEY, SHM_KEY, Codec, Frames, ProtocolError, as_bytes, nbytes
+from .protocol import (
+    BUNDLE,
+    INTS,
+    OUTPUTS_KEY,
+    SHM_KEY,
+    Codec,
+    Frames,
+    ProtocolError,
+    as_bytes,
+    join_small,
+    split_joined,
+)
 
 log = logging.getLogger(__name__)
-PACK_BELOW = 64 * 1024  # reply buffers smaller than this are joined into one frame
 
 
 def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
@@ -48,11 +58,14 @@ def bundle_metadata(req, msg_id, kind, eids=None) -> dict:
 
 
 def pack_bundle(codec: Codec, req, msg_id, kind, parts, failed, eids=None) -> Frames:
-    """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``."""
+    """Frames ``[sig, header, ...]`` (no DELIM) of a bundle of ``parts``, their
+    small frames joined in one (``packed``: a root's bundle of 16 hosts' went
+    from 145 frames to 22)."""
     content = dict(parts=[len(p) for p in parts], failed=failed)
-    return codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, kind, eids))[1:] + [
-        frame for part in parts for frame in part
-    ]
+    packed, frames = join_small([frame for part in parts for frame in part])
+    if packed is not None:
+        content["packed"] = packed
+    return codec.serialize(BUNDLE, content, metadata=bundle_metadata(req, msg_id, kind, eids))[1:] + frames
 
 
 def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames:
@@ -94,40 +107,11 @@ def pack_replies(codec: Codec, req, msg_id, bodies, failed, eids=None) -> Frames
         head["shm"] = shared
     if codec.key:
         head["digest"] = hashlib.sha256(text).hexdigest()
-    buffers = [frame for b in kept for frame in b[5:]]
-    frames = buffers
-    sizes = [nbytes(f) for f in buffers]
-    if sum(1 for n in sizes if n < PACK_BELOW) > 1:
-        head["packed"] = [n if n < PACK_BELOW else -1 for n in sizes]
-        frames = [b"".join(f for f, n in zip(buffers, sizes) if n < PACK_BELOW)] + [
-            f for f, n in zip(buffers, sizes) if n >= PACK_BELOW
-        ]
+    packed, frames = join_small([frame for b in kept for frame in b[5:]])
+    if packed is not None:
+        head["packed"] = packed
     metadata = bundle_metadata(req, msg_id, "replies", eids)
     return codec.serialize(BUNDLE, head, metadata=metadata)[1:] + [text] + frames
-
-
-def packed_buffers(packed, frames) -> list:
-    """A bundle's buffers, from its joined frame (first) and the frames of its
-    large buffers: ``packed`` gives each buffer's size, or -1 for one sent alone.
-    Slices of the joined frame are memoryviews: no copy."""
-    if not isinstance(packed, list) or not frames or not set(map(type, packed)) <= INTS:
-        raise ProtocolError("bundle has an invalid buffer table")
-    joined, alone = memoryview(frames[0]), len(frames) - 1
-    if packed and min(packed) >= 0:  # (the usual table: every buffer small, a slice each)
-        ends = list(accumulate(packed))
-        if alone or ends[-1] != joined.nbytes:
-            raise ProtocolError("bundle buffer table does not match its frames")
-        return [joined[a:b] for a, b in zip([0, *ends], ends)]
-    if sum(n for n in packed if n >= 0) != joined.nbytes or sum(1 for n in packed if n < 0) != alone:
-        raise ProtocolError("bundle buffer table does not match its frames")
-    out, offset, rest = [], 0, iter(frames[1:])
-    for n in packed:
-        if n >= 0:
-            out.append(joined[offset : offset + n])
-            offset += n
-        else:
-            out.append(next(rest))
-    return out
 
 
 class SlicesEach:
@@ -176,7 +160,7 @@ def _table_parts(content: dict, buffers: list, n: int):
             raise ProtocolError("bundle buffer table does not match its frames")
         return SlicesEach(joined, ends, per)
     if packed is not None:
-        buffers = packed_buffers(packed, buffers)
+        buffers = split_joined(packed, buffers)
     return _parts(counts, buffers, n)
 
 
@@ -320,6 +304,8 @@ def iter_bundle(codec: Codec, msg: dict, tables: bool = False) -> Iterator[tuple
         raise ProtocolError("bundle content is not a dict")
     if kind == "replies":
         return _replies(ReplyTable(codec, content, buffers), content.get("failed", []), tables)
+    if "packed" in content:
+        buffers = split_joined(content["packed"], buffers)
     return flatten(codec, kind, _parts(content.get("parts"), buffers), content.get("failed", []), tables)
 
 
