@@ -116,7 +116,8 @@ def unpack_result(buffers):
     usual case of a single buffer (nothing extracted to restore)."""
     if len(buffers) != 1:
         return deserialize_object(buffers)[0]
-    return uncanned(pickle.loads(buffers[0]))
+    value = pickle.loads(buffers[0])
+    return value if type(value) in _PLAIN else uncanned(value)
 
 
 def uncanned(canned):
@@ -180,16 +181,29 @@ def call_results(client, call: Call) -> list:
     host's table) unpacked in one pass, the rest one by one."""
     if call.results is None:
         call.results = results = [_UNSET] * len(call.uuids)
-        for i, o in enumerate(call.outcomes):
-            buffers = ok_buffers(call, o)
-            if buffers is not None:
-                try:
-                    results[i] = unpack_result(buffers)
-                except Exception as e:
-                    results[i] = _unhandled(call, i, e)
+        if call.header["msg_type"] == "apply_request":
+            _unpack_tables(call, results)
     for i in [i for i, r in enumerate(call.results) if r is _UNSET]:
         engine_result(client, call, i)
     return list(call.results)
+
+
+def _unpack_tables(call: Call, results: list) -> None:
+    """The ``ok`` replies in hosts' tables, unpacked as ``unpack_result`` does,
+    with the call's kind checked once (``ok_buffers`` checks it per engine):
+    1,024 results cost the client 7 ms a call, most of it in the calls around
+    the unpickling."""
+    unpack = unpack_result
+    for i, o in enumerate(call.outcomes):
+        if o is None or len(o) != 4 or o[0] != "reply":
+            continue
+        table, k = o[1], o[3]
+        if k in table.odd:
+            continue
+        try:
+            results[i] = unpack(table.parts[k])
+        except Exception as e:
+            results[i] = _unhandled(call, i, e)
 
 
 def _unhandled(call: Call, i: int, e: Exception) -> Exception:

@@ -53,7 +53,7 @@ class TreeSettings(Configurable):
     ping_interval = Float(
         0.5,
         config=True,
-        help="Seconds between a relay node's pings to its children (past 32 children, further apart "
+        help="Seconds between a relay node's pings to its children (past 16 children, further apart "
         "in proportion, at most node_timeout / 4).",
     )
     node_timeout = Float(

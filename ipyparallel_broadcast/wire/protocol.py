@@ -34,7 +34,7 @@ Jupyter message whose buffers follow):
 ``ipb_stats_reply``  back up, content ``{msg_id, req, nodes: [{node, pending, ...}]}``:
     every node's own state (pending requests, drops, RSS), gathered up the tree.
 
-``ipb_ping``  parent -> child, every ``ping_interval`` (stretched past 32 children), content
+``ipb_ping``  parent -> child, every ``ping_interval`` (stretched past 16 children), content
     ``{boot, pulse, every}`` (``every``: the interval, so the child knows when its parent is
     silent); ``ipb_pong``  child -> parent,
     in answer and once when the child starts, content ``{node, boot}``: ``boot`` is
