@@ -197,6 +197,7 @@ def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_work
     assert slurm.jobs() == []
 
     cluster = IPCluster(slurm, config, profile_dir=broken.profile_dir).start(N)
+    rc = None
     try:
         rc = client(cluster)
         layout = rc.broadcast_tree()
@@ -207,7 +208,8 @@ def test_a_controller_job_that_exits_at_once_is_reported_and_the_next_start_work
         every_operation(rc, False)
         kill_the_hub_and_find_the_cluster_kept(rc, slurm.bed)
     finally:
-        rc.close()
+        if rc is not None:  # (a client that could not connect: the error above is the one to see)
+            rc.close()
         out = cluster.stop()
     assert "already running" not in out
     assert cluster.left_behind(shm_before) == {}

@@ -22,3 +22,23 @@ def test_a_burst_of_changes_is_written_once_at_its_first_changes_deadline_and_th
     assert written == [0, 1]
     writes.flush()  # nothing due: no write
     assert written == [0, 1]
+
+
+def test_a_connection_file_is_written_whole_and_private_from_its_first_byte(tmp_path):
+    """``write_private_json`` replaces the file in one step (a reader sees the
+    old one or the new one, never an empty one) with owner-only permissions,
+    even over a temporary file a killed run left readable by all."""
+    import json
+    import os
+
+    from ipyparallel_broadcast.controller.app import write_private_json
+
+    path = tmp_path / "ipcontroller-client.json"
+    path.write_text(json.dumps({"old": 1}))
+    stale = tmp_path / f"ipcontroller-client.json.{os.getpid()}.tmp"
+    stale.write_text("left behind")
+    stale.chmod(0o644)
+    write_private_json(str(path), {"key": "secret"})
+    assert json.loads(path.read_text()) == {"key": "secret"}
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ipcontroller-client.json"]

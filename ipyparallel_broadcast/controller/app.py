@@ -25,6 +25,8 @@ the class's own traits.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from functools import partial
 
@@ -178,7 +180,9 @@ class BroadcastController(TreeSettings, IPController):
             cdict[HOST_KEY] = host_label()
         else:
             cdict[P.NOTICES_KEY] = self.kids.notices_port
-        return super().save_connection_dict(fname, cdict)
+        path = os.path.join(self.profile_dir.security_dir, fname)
+        self.log.info("writing connection info to %s", path)
+        write_private_json(path, cdict)
 
     def launch_broadcast_schedulers(self, monitor_url, children):
         shape = self.shape
@@ -216,6 +220,25 @@ class BroadcastController(TreeSettings, IPController):
     def _node_process(self, path):
         spec = self.specs.nodes[tuple(path)]
         return child_process(run_node, f"RelayNode({node_name(path)})", f"ipb-node-{node_name(path)}", dict(spec=spec))
+
+
+def write_private_json(path: str, content: dict) -> None:
+    """``content`` as JSON at ``path``, whole or not at all, readable by its
+    owner only from the first byte. ipyparallel's truncates the file, writes
+    it, then restricts it: a client polling for it (a Slurm job's, a
+    script's) read it empty, and another user could read it meanwhile."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)  # (one a killed run left: made anew, so with these permissions)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(content, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
 
 
 def main(*args, **kwargs):

@@ -75,9 +75,16 @@ class BedCluster(Managed):
         hub = main_process(self.controller.pid)
         return None if hub is None else hub.pid
 
-    def kill_controller(self) -> int:
-        """SIGKILL the controller's main process; its children die with it (its pid)."""
-        pid = self.hub_pid()
+    def kill_controller(self, timeout: float = 60) -> int:
+        """SIGKILL the controller's main process; its children die with it (its
+        pid). Between two of its runs (its keeper starting the next), the next
+        one, once it is there."""
+        pid, deadline = self.hub_pid(), time.monotonic() + timeout
+        while pid is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the controller's keeper started no controller in {timeout} s")
+            time.sleep(0.05)  # (the keeper's child appears: no event to wait on)
+            pid = self.hub_pid()
         os.kill(pid, signal.SIGKILL)
         if not self.kept:
             self.controller.wait()
