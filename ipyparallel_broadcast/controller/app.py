@@ -122,12 +122,13 @@ class BroadcastController(TreeSettings, IPController):
         self.kids.supervise_heart_monitor()
         dropped = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
         path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
-        self.kept = KeptEngines(hub, dropped, path)
+        self.loads = LeafLoads(self.shape.n_leaves)  # live engines per leaf, told by the engine ledger
+        self.kept = KeptEngines(hub, dropped, path, self.loads)
         door = self.roster_door
         hosts = HostRegistrations(hub, door.publish_registrations, dropped, self.kept.ledger, door.held)
         self.kept.open(restore, self.restore_grace, hosts)
-        live = [*hub.engines, *(ec.id for ec in hub.incoming_registrations.values()), *hosts.pending_ids()]
-        self.kept.ledger.loads = self.loads = LeafLoads(self.shape.n_leaves, live)  # kept up to date from now on
+        for eid in [*hub.engines, *(ec.id for ec in hub.incoming_registrations.values()), *hosts.pending_ids()]:
+            self.loads.live(eid)  # those a restart restored (filed without the ledger: its journal had them)
         records = BroadcastRecords(hub) if self.hub_records else None
         self.hub_parts = HubParts(self._place, dropped, hosts, self.kept, self.roster_door, records)
         HubHooks(hub, self.hub_parts).install()

@@ -195,9 +195,9 @@ class EngineLedger:
     engine (``host_of(heart)``): an engine filed, an id granted to one not
     beating yet, an engine dropped, a grant withdrawn."""
 
-    def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None]):
+    def __init__(self, journal: EngineJournal, host_of, changed: Callable[[], None], loads=None):
         self.journal, self.host_of, self.changed = journal, host_of, changed
-        self.loads = None  # a ``placement.LeafLoads``, told too, once the controller has one
+        self.loads = loads  # a ``placement.LeafLoads``, told too (None: no placement)
 
     def batch(self):
         """Changes made inside written as one (``EngineJournal.batch``)."""

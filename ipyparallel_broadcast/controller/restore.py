@@ -34,11 +34,11 @@ class KeptEngines:
     burst, in place of ipyparallel's whole-table file, see ``hubhooks``),
     read back and filed again when restoring."""
 
-    def __init__(self, hub, registry, path: str):
+    def __init__(self, hub, registry, path: str, loads=None):
         self.hub, self.registry = hub, registry
         self.journal = EngineJournal(path)
         self.syncs = CoalescedWrites(self.journal.sync, hub.loop.call_later)
-        self.ledger = EngineLedger(self.journal, registry.host_of, self.syncs.changed)
+        self.ledger = EngineLedger(self.journal, registry.host_of, self.syncs.changed, loads)
         self.restoration: Restoration | None = None
 
     def open(self, restore: bool, grace: float, hosts) -> None:
