@@ -181,7 +181,9 @@ class DownFlow:
             content.update(chain.get(child, ()))  # its place in a chain or ring
             if same_host and p.reduction is not None and self.sharing.on:  # its value may come by name
                 content["vshm"] = ["", self.sharing.store.prefix, 0]
-            content[P.JOINED], frames = P.join_small(frames)  # (16 host relays: 240 frames sent became 128)
+            table, frames = P.join_small(frames)  # (16 host relays: 240 frames sent became 128)
+            if table is not None:
+                content[P.JOINED] = table
             sends.append(Send(DOWN, [self.children.idents[child]] + self.codec.pack(P.REQUEST, content, frames)))
         if out is not None:
             sends += self.big.push_out.first_sends(out)

@@ -152,7 +152,7 @@ def nbytes(frame) -> int:
 # apiece on a loaded machine, where copying a small frame costs nanoseconds; so the small ones
 # travel joined in one frame, and a big one (zero-copy) alone.
 PACK_BELOW = 64 * 1024  # frames smaller than this are joined (pyzmq copies them on send anyway)
-JOINED = "joined"  # a request's table of its joined frames (``join_small``), None if not joined
+JOINED = "joined"  # a request's table of its joined frames (``join_small``), absent if not joined
 
 
 def join_small(frames: Sequence) -> tuple[list | None, list]:
