@@ -122,6 +122,39 @@ def test_simulated_hosts_each_run_a_host_relay():
         )
 
 
+def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
+    """``hosts_per_process``: each farm process is three hosts and runs their
+    three relays itself (``relay.loop``), engines spread over them and, without
+    the mux, reached through the tree alone. A silent engine is given up by
+    its in-process relay; a process killed takes its three hosts with it."""
+    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
+        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
+        cluster.start_controller_sync()
+        rc = cluster.connect_client_sync()
+        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        sim = SimEngines(engine_file, 12, per_process=6, reply_bytes=10, hosts=True, hosts_per_process=3, mux=False)
+        try:
+            sim.start(timeout=120)
+            rc.wait_for_engines(12, timeout=120)
+            assert rc.broadcast_view().apply_sync(lambda: 1) == [b"\0" * 10] * 12
+            relays = [n for n in rc.broadcast_stats() if n.get("host")]
+            assert sorted(e for n in relays for e in n["eids"]) == rc.ids
+            assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
+            farm_pids = {proc.pid for proc, _, _ in sim.processes}
+            assert {n["pid"] for n in relays} == farm_pids  # the relays run in the farm's two processes
+            victim = sim.processes[0][2][0]
+            sim.kill(victim)
+            until(lambda: victim not in rc.ids, timeout=60, what="the silent engine to be unregistered")
+            lost = sim.kill_process(1)
+            until(lambda: not set(lost) & set(rc.ids), timeout=60, what="the killed hosts' engines to go")
+            assert rc.ids == sim.ids and len(rc.ids) == 5
+            assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
+            rc.close()
+        finally:
+            sim.stop()
+            cluster.stop_cluster_sync()
+
+
 def test_an_output_reaches_its_call_after_the_client_forgot_its_engine():
     """A simulated engine's output names no engine in its metadata (its IOPub
     topic does). An engine that dies right after it answers may be forgotten

@@ -172,14 +172,9 @@ class HostLink:
     def ensure_relay(self, block: bool = False) -> bool:
         """Start the relay if nobody holds the host's lock (``block``: wait
         until the running relay dies first). True if this call started one."""
-        fd = os.open(self.place.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise
+        fd = self.take_lock(block)
+        if fd is None:
+            return False
         try:
             spec = dict(self.spec, lock_fd=fd)
             with open(self.place.log_path, "ab") as out:
@@ -198,11 +193,27 @@ class HostLink:
         finally:
             os.close(fd)  # the relay holds the lock through its copy
 
-    def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True):
+    def take_lock(self, block: bool = False) -> int | None:
+        """The host's relay lock, as a descriptor (None: another holds it).
+        Whoever holds it runs the relay, for as long as the descriptor is open."""
+        fd = os.open(self.place.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        return fd
+
+    def join(
+        self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True, watch: bool = True
+    ):
         """Join the host's relay (starting it if need be); return once the
-        whole tree routes to this engine. Then watch the relay. ``maps``: the
-        engine is a process of its own, which can map the relay's shared
-        memory (a simulated engine is neither: its silence is its death)."""
+        whole tree routes to this engine. Then watch the relay (``watch``; not
+        when the caller runs the relay itself). ``maps``: the engine is a
+        process of its own, which can map the relay's shared memory (a
+        simulated engine is neither: its silence is its death)."""
         from .shm import identity
 
         me = dict(eid=eid, uuid=uuid, pid=os.getpid(), shm=identity() if maps else None, process=maps)
@@ -227,7 +238,7 @@ class HostLink:
                 wait = min(2 * wait, MAX_JOIN_WAIT)
         finally:
             sock.close()
-        if not self.watching:
+        if watch and not self.watching:
             self.watching = True
             threading.Thread(target=self._watch, daemon=True, name="host-relay-watch").start()
 

@@ -211,10 +211,10 @@ class HostRelayShell(NodeShell):
         """Connect (again, if the parent moved) to the parent's pulse link
         (see ``relay.children``): pings and pongs beside the bulk data."""
         url = f"{self.spec['up_url'].rsplit(':', 1)[0]}:{port}"
-        if url == self.pulse_url or getattr(self, "poller", None) is None:
+        if url == self.pulse_url or self.loop is None:
             return
         if self.pulse is not None:
-            self.poller.unregister(self.pulse)
+            self.loop.unregister(self.pulse)
             del self.handlers[self.pulse]
             self.pulse.close()
         self.pulse = _socket(self.context, zmq.DEALER)
@@ -226,7 +226,7 @@ class HostRelayShell(NodeShell):
         self.pulse.connect(url)
         self.pulse_url = url
         self.handlers[self.pulse] = self.node.on_parent_pulse
-        self.poller.register(self.pulse, zmq.POLLIN)
+        self.loop.register(self, self.pulse)
         self.log.info("%s: pings and pongs also on %s", self.node.name, url)
 
     def send_pulse(self, frames):
@@ -239,11 +239,13 @@ class HostRelayShell(NodeShell):
             if idents:
                 self.joins.send_multipart(idents + self.codec.pack(P.JOINED, dict(boot=self.node.boot)))
 
-    def start(self):
+    def begin(self):
         if self.hub_side is not None:  # where the hub finds this relay (one restarted: anew)
             self.perform(self.hub_side.registrar.hello())
             self.perform(self.hub_side.engines_lost(self.died_before))  # (after the hello's answer)
-        super().start()
+        super().begin()
+
+    def finish(self):
         self.clean_up()
 
     def clean_up(self):

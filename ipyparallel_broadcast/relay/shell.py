@@ -29,6 +29,7 @@ from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
 from .dataplane.chunks import BULK
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
+from .loop import ShellLoop
 from .node import RelayNode
 
 BATCH = 256  # messages taken from one socket before looking at the others
@@ -92,6 +93,7 @@ class NodeShell:
         self.trimmer = HeapTrimmer(spec.get("trim_interval", 10.0))
         self.process, self.down_url = psutil.Process(), spec["down_url"]
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
+        self.loop: ShellLoop | None = None  # the loop polling this shell's sockets, once it runs
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),
             curve_publickey=spec.get("curve_publickey"),
@@ -238,6 +240,14 @@ class NodeShell:
 
     # ------------------------------------------------------------------ loop
     def start(self):
+        """Serve until ``running`` says stop: this shell alone on a ``ShellLoop``."""
+        settle_gc()
+        loop = ShellLoop()
+        loop.add(self)
+        loop.run()
+
+    def begin(self):
+        """What a shell does before its sockets are polled (``ShellLoop.add``)."""
         if self.node.sharing.on:  # segments of relays that died (SIGKILL) go now
             for name in sweep():
                 self.log.info("removed %s, left by a relay that is gone", name)
@@ -250,31 +260,32 @@ class NodeShell:
             "leaf" if self.node.is_leaf else "interior",
             len(self.node.engines),
         )
-        self.poller = zmq.Poller()
-        for s in self.sockets:
-            self.poller.register(s, zmq.POLLIN)
-        settle_gc()
-        while self.running():
-            deadline = self.next_deadline()
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1e3
-            for sock, _ in self.poller.poll(timeout):
-                handler = self.handlers[sock]
-                for _ in range(BATCH):
-                    try:
-                        frames = recv_frames(sock)
-                    except zmq.Again:
-                        break
-                    tic = time.perf_counter()
-                    try:
-                        self.perform(handler(frames))
-                    except Exception:  # a bug must not take the node down
-                        self.log.exception("error handling a message")
-                    self.busy += time.perf_counter() - tic
-            self.perform(self.drained())
-            if time.monotonic() >= self.trimmer.due:  # checked here: no call per loop turn
-                self.trimmer.maybe()
-            if deadline is not None:
-                self.on_tick()
+
+    def read(self, sock):
+        """``sock`` is ready: up to ``BATCH`` of its messages, each handled and its sends performed."""
+        handler = self.handlers[sock]
+        for _ in range(BATCH):
+            try:
+                frames = recv_frames(sock)
+            except zmq.Again:
+                break
+            tic = time.perf_counter()
+            try:
+                self.perform(handler(frames))
+            except Exception:  # a bug must not take the node down
+                self.log.exception("error handling a message")
+            self.busy += time.perf_counter() - tic
+
+    def after_turn(self, ticked: bool):
+        """The loop read what came (or a deadline came): what was held goes, timers fire."""
+        self.perform(self.drained())
+        if time.monotonic() >= self.trimmer.due:  # checked here: no call per loop turn
+            self.trimmer.maybe()
+        if ticked:
+            self.on_tick()
+
+    def finish(self):
+        """The loop stopped serving this shell."""
 
     def drained(self):
         """Every socket read: what was held for the batch goes now."""

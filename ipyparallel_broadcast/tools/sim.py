@@ -19,7 +19,12 @@ Each simulated engine does what an engine does on the wire, and no more:
 With ``hosts=True`` each process is a host of its own: it runs a host relay
 (``relay.hostshell``; labelled ``<host>-sim<k>``, so that processes on one machine are
 told apart) and its engines reach the tree through it, as real engines on
-another host do. The task queue and control channel are not connected (no load
+another host do. With ``hosts_per_process`` above one, each process is that
+many hosts, and runs their relays itself: the real host relay code (each its
+own ``HostRelayShell``, node and sockets) on one event loop (``relay.loop``),
+so that a thousand hosts fit on this machine. ``mux=False``: engines do not
+connect to the hub's mux (a hundred thousand TCP connections to one
+process); only the tree reaches them. The task queue and control channel are not connected (no load
 balancing, abort or shutdown of simulated engines). ``kill(eid)`` makes one engine fall
 silent: it stops answering and beating, so the hub declares it dead.
 
@@ -38,6 +43,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import resource
 import signal
 import threading
 import time
@@ -77,6 +83,7 @@ def session_from(info: dict) -> Session:
     )
 
 
+FARM_GRACE = 3600.0  # seconds a farm's in-process relay with no engine waits before it exits
 SIM_UUID_PREFIX = "sim-"  # simulated engines' uuids begin so (uuids have no "_")
 
 
@@ -87,6 +94,7 @@ class SimEngine:
         self.uuid = SIM_UUID_PREFIX + str(uuidlib.uuid4())  # a simulated engine says so
         self.ident = self.uuid.encode()
         self.id = None
+        self.host = 0  # which of its process's hosts it is on
         self.alive = True
         self.shell = ctx.socket(zmq.ROUTER)  # used by the serving thread, once registered
         self.heart = ctx.socket(zmq.DEALER)  # used by the heartbeat thread
@@ -101,20 +109,34 @@ class SimEngine:
 class SimProcess:
     """K simulated engines in one process: registered on asyncio, served by one thread (``Server``)."""
 
-    def __init__(self, info: dict, count: int, reply_bytes: int = 0, delay: float = 0.0, host: str | None = None):
-        self.info, self.count, self.delay = info, count, delay
-        self.link = None
-        if host is not None:  # this process is a host: its engines are behind its relay
+    def __init__(
+        self,
+        info: dict,
+        count: int,
+        reply_bytes: int = 0,
+        delay: float = 0.0,
+        hosts: list[str] = (),
+        mux: bool = True,
+    ):
+        """``hosts``: the labels of the hosts this process is (none: engines
+        reach the tree's leaves directly); its engines are spread over them.
+        One host: its relay is started as a real engine starts it (a process of
+        its own). More: this process runs their relays (``run_relays``)."""
+        self.info, self.count, self.delay, self.mux = info, count, delay, mux
+        self.session = session_from(info)
+        self.links = []
+        if hosts:  # this process is hosts: its engines are behind their relays
             from ..host.link import HostLink
 
-            self.link = HostLink.from_connection(info, session_from(info), host)
-        self.session = session_from(info)
+            self.links = [HostLink.from_connection(info, self.session, label) for label in hosts]
+        self.relays_here = len(self.links) > 1
         self.ctx = zmq.asyncio.Context()  # registration
         self.ctx.MAX_SOCKETS = 2 * count + 64
         self.sync_ctx = zmq.Context()  # shells (one serving thread) and hearts (their own thread)
         self.sync_ctx.MAX_SOCKETS = 2 * count + 64
         self.dead: list[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
         self.engines: dict[int, SimEngine] = {}
+        self.hearts: list[list[SimEngine]] = [[] for _ in self.links or [None]]  # engines by host, for pings
         # what apply returns: the buffers a real engine would send (``serialize_result``)
         self.result = serialize_result(b"\0" * reply_bytes, MAX_BYTES, MAX_ITEMS)
         # ... and what a reduce's ``engine_value`` returns: the number 1 (a scalar reduce counts engines)
@@ -124,11 +146,13 @@ class SimProcess:
     def url(self, port) -> str:
         return port if "://" in str(port) else f"{self.info['interface']}:{port}"
 
-    async def register(self, engine: SimEngine):
+    async def register(self, engine: SimEngine, host: int):
+        """Register ``engine`` (behind host ``host`` of this process's, if it is hosts)."""
+        link = self.links[host] if self.links else None
         reg = self.ctx.socket(zmq.DEALER)
         reg.IDENTITY, reg.LINGER = engine.ident, 0
         # behind a host relay, through it (registration by host), as a real engine does
-        reg.connect(self.link.place.register_url if self.link else self.url(self.info["registration"]))
+        reg.connect(link.place.register_url if link else self.url(self.info["registration"]))
         try:
             self.session.send(reg, "registration_request", content=dict(uuid=engine.uuid))
             _, body = self.session.feed_identities(await reg.recv_multipart())
@@ -139,35 +163,62 @@ class SimProcess:
             raise RuntimeError(f"registration refused: {reply}")
         engine.id = int(reply["id"])
         leaves = self.info["broadcast"]
-        engine.shell.connect(self.url(self.info["mux"]))
-        if self.link is None:
+        if self.mux:
+            engine.shell.connect(self.url(self.info["mux"]))
+        if link is None:
             engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
         else:  # joined once the whole tree routes to it, as a real engine does
-            await asyncio.get_running_loop().run_in_executor(  # no shared memory: bytes, as over TCP
-                None, partial(self.link.join, engine.id, engine.uuid, self.session, maps=False)
-            )
-            engine.shell.connect(self.link.place.down_url)
+            join = partial(link.join, engine.id, engine.uuid, self.session, maps=False, watch=not self.relays_here)
+            await asyncio.get_running_loop().run_in_executor(None, join)  # no shared memory: bytes, as over TCP
+            engine.shell.connect(link.place.down_url)
         # behind a host relay its heart answers the relay, which answers the hub for the host
-        engine.heart.connect(self.link.place.pong_url if self.link else self.url(self.info["hb_pong"]))
+        engine.heart.connect(link.place.pong_url if link else self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
+        engine.host = host
+        self.hearts[host].append(engine)
         self.server.command(("serve", engine))
 
     def beat(self):
-        """Heartbeat thread: forward the heart monitor's pings to every live
-        engine's heart, however busy the engines' event loop is."""
-        ping = self.sync_ctx.socket(zmq.SUB)
-        ping.SUBSCRIBE = b""
-        ping.connect(self.link.place.ping_url if self.link else self.url(self.info["hb_ping"]))
+        """Heartbeat thread: forward the heart monitor's pings (each host's, from
+        its relay) to every live engine's heart, however busy the engines' event loop is."""
+        poller, hosts = zmq.Poller(), {}
+        for host, link in enumerate(self.links or [None]):
+            ping = self.sync_ctx.socket(zmq.SUB)
+            ping.SUBSCRIBE = b""
+            ping.connect(link.place.ping_url if link else self.url(self.info["hb_ping"]))
+            poller.register(ping, zmq.POLLIN)
+            hosts[ping] = host
         while True:
-            frames = ping.recv_multipart()
-            try:
-                while self.dead:
-                    self.dead.pop().heart.close()
-                for engine in list(self.engines.values()):
-                    if engine.alive:
-                        engine.heart.send_multipart(frames)
-            except Exception:  # the thread must go on: without it every engine is declared dead
-                log.exception("heartbeat forwarding failed once")
+            for ping, _ in poller.poll():
+                frames = ping.recv_multipart()
+                try:
+                    while self.dead:
+                        gone = self.dead.pop()
+                        gone.heart.close()
+                        self.hearts[gone.host].remove(gone)
+                    for engine in list(self.hearts[hosts[ping]]):
+                        if engine.alive:
+                            engine.heart.send_multipart(frames)
+                except Exception:  # the thread must go on: without it every engine is declared dead
+                    log.exception("heartbeat forwarding failed once")
+
+    def run_relays(self, ready: threading.Event):
+        """Relay thread: this process's hosts' relays, on one loop. Each is the
+        real relay (``HostRelayShell``), holding its host's lock, as one that an
+        engine started would; it stays while the farm runs."""
+        from ..relay.hostshell import HostRelayShell
+        from ..relay.loop import ShellLoop
+
+        ctx = zmq.Context()
+        ctx.MAX_SOCKETS = 64 * len(self.links) + 64
+        loop = ShellLoop()
+        for link in self.links:
+            fd = link.take_lock()
+            if fd is None:
+                raise RuntimeError(f"another relay runs host {link.place.label}")
+            loop.add(HostRelayShell(dict(link.spec, lock_fd=fd, grace=FARM_GRACE), ctx))
+        ready.set()
+        loop.run()
 
     def request(self, engine: SimEngine, frames):
         """One message on an engine's shell: answer it (at once, or after ``delay``)."""
@@ -285,13 +336,19 @@ class SimProcess:
         self.iopub.connect(self.url(self.info["iopub"]))
         threading.Thread(target=self.beat, daemon=True, name="heartbeats").start()
         threading.Thread(target=self.server.run, daemon=True, name="shells").start()
-        if self.link is not None:
-            self.link.attach()  # under its leaf
-            self.link.claim()  # the relay waits for these engines until they joined
-            self.link.ensure_relay()
-        await asyncio.gather(*(self.register(SimEngine(self.sync_ctx)) for _ in range(self.count)))
-        if self.link is not None:
-            self.link.release()
+        for link in self.links:
+            link.attach()  # under its leaf
+            link.claim()  # the relay waits for these engines until they joined
+        if self.relays_here:
+            ready = threading.Event()
+            threading.Thread(target=self.run_relays, args=(ready,), daemon=True, name="relays").start()
+            ready.wait()
+        elif self.links:
+            self.links[0].ensure_relay()
+        hosts = len(self.links) or 1
+        await asyncio.gather(*(self.register(SimEngine(self.sync_ctx), i % hosts) for i in range(self.count)))
+        for link in self.links:
+            link.release()
         conn.send(sorted(self.engines))
         loop = asyncio.get_running_loop()
         while True:  # commands from the parent: ("kill", eid) or ("stop",)
@@ -386,11 +443,24 @@ class Server:
                     done.set()
 
 
-def _run_process(info, count, reply_bytes, delay, host, nice, conn):
+def _run_process(info, count, reply_bytes, delay, hosts, mux, nice, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if nice:  # (its host relay, started from here, inherits it)
         os.nice(nice)
-    asyncio.run(SimProcess(info, count, reply_bytes, delay, host).main(conn))
+    more_files()
+    asyncio.run(SimProcess(info, count, reply_bytes, delay, hosts, mux).main(conn))
+
+
+def more_files():
+    """As many open files as this process may have (as root: up to the kernel's
+    ``nr_open``): a thousand simulated engines hold a few thousand descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/sys/fs/nr_open") as f:
+            ceiling = int(f.read())
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, ceiling))  # (root only)
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class SimEngines:
@@ -400,7 +470,8 @@ class SimEngines:
     ``kill(eid)`` silences one engine; ``stop()`` ends the farm. ``nice``: the
     farm's processes (and host relays) run at that lower priority, so the
     controller on the same cores is served first, as if the engines ran on
-    hosts of their own.
+    hosts of their own. ``hosts``: each process is ``hosts_per_process``
+    simulated hosts, its engines spread over them; ``mux``: see ``SimProcess``.
     """
 
     def __init__(
@@ -412,11 +483,14 @@ class SimEngines:
         delay: float = 0.0,
         hosts: bool = False,
         nice: int = 0,
+        hosts_per_process: int = 1,
+        mux: bool = True,
     ):
         with open(connection_file) as f:
             self.info = json.load(f)
         self.n, self.per_process, self.hosts, self.nice = n, per_process, hosts, nice
-        self.reply_bytes, self.delay = reply_bytes, delay
+        self.reply_bytes, self.delay, self.mux = reply_bytes, delay, mux
+        self.hosts_per_process = hosts_per_process if hosts else 0
         self.processes: list[tuple] = []  # (process, pipe, engine ids)
         self._labels = counter()
 
@@ -432,10 +506,11 @@ class SimEngines:
 
     def _spawn(self, count: int) -> tuple:
         here, there = multiprocessing.Pipe()
-        host = f"{host_label()}-sim{next(self._labels)}" if self.hosts else None  # a new host each time
+        # new hosts each time (no more than engines)
+        hosts = [f"{host_label()}-sim{next(self._labels)}" for _ in range(min(count, self.hosts_per_process))]
         proc = multiprocessing.Process(
             target=_run_process,
-            args=(self.info, count, self.reply_bytes, self.delay, host, self.nice, there),
+            args=(self.info, count, self.reply_bytes, self.delay, hosts, self.mux, self.nice, there),
             daemon=True,
             name=f"SimEngines({count})",
         )
@@ -451,13 +526,13 @@ class SimEngines:
         ids.extend(pipe.recv())
 
     def add(self, count: int, timeout: float = 120) -> list[int]:
-        """One more process of ``count`` engines (with ``hosts``: a new host); its ids."""
+        """One more process of ``count`` engines (with ``hosts``: new hosts); its ids."""
         _, pipe, ids = self._spawn(count)
         self._registered(pipe, ids, timeout)
         return list(ids)
 
     def kill_process(self, index: int) -> list[int]:
-        """SIGKILL one process (with ``hosts``: a whole host, relay and all); its ids."""
+        """SIGKILL one process (with ``hosts``: its hosts, relays and all); its ids."""
         proc, pipe, ids = self.processes.pop(index)
         proc.kill()
         proc.join(5)
@@ -505,8 +580,21 @@ def main(argv=None):
     parser.add_argument("--reply-bytes", type=int, default=0)
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--hosts", action="store_true", help="each process is a host, with its own host relay")
+    parser.add_argument(
+        "--hosts-per-process", type=int, default=1, help="with --hosts: hosts a process is (it runs their relays)"
+    )
+    parser.add_argument("--no-mux", action="store_true", help="engines do not connect to the hub's mux")
     args = parser.parse_args(argv)
-    farm = SimEngines(args.connection_file, args.engines, args.per_process, args.reply_bytes, args.delay, args.hosts)
+    farm = SimEngines(
+        args.connection_file,
+        args.engines,
+        args.per_process,
+        args.reply_bytes,
+        args.delay,
+        args.hosts,
+        hosts_per_process=args.hosts_per_process,
+        mux=not args.no_mux,
+    )
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print(f"{len(farm.start())} simulated engines registered; Ctrl-C stops them", flush=True)
