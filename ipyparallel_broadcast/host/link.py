@@ -206,9 +206,7 @@ class HostLink:
             raise
         return fd
 
-    def join(
-        self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True, watch: bool = True
-    ):
+    def join(self, eid: int, uuid: str, session, timeout: float = JOIN_TIMEOUT, maps: bool = True, watch: bool = True):
         """Join the host's relay (starting it if need be); return once the
         whole tree routes to this engine. Then watch the relay (``watch``; not
         when the caller runs the relay itself). ``maps``: the engine is a
