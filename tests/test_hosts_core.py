@@ -28,13 +28,6 @@ def hosted(depth=1, fanout=2, hosts=HOSTS):
     return TreeSim(depth, fanout, ENGINES, hosts=hosts)
 
 
-def wait(sim, seconds):
-    """Let time pass in ping intervals: live nodes keep answering."""
-    step = sim.nodes[()].ping_interval
-    for _ in range(int(seconds / step) + 1):
-        sim.tick(step)
-
-
 def requests_at(sim, key):
     return [
         f
@@ -93,7 +86,7 @@ def test_a_dead_host_relay_fails_its_engines_by_name_and_comes_back():
     sim.hold.update({0, 1, 2})
     sim.request(ENGINES)
     sim.down_nodes[("h", "h1")] = "hung"
-    wait(sim, sim.nodes[(0,)].node_timeout + 1)
+    sim.wait(sim.nodes[(0,)].node_timeout + 1)
     replies, failures, _ = sim.outcomes()
     assert sorted(failures) == [0, 1, 2] and sorted(replies) == list(range(3, 12))
     assert all("Host relay h1 has not answered" in f[2] for f in failures.values())
@@ -176,7 +169,7 @@ def test_a_restarted_leaf_is_found_again_by_its_host_relays(stream):
     assert not leaf.children.idents  # h1 hangs under leaf 0; the new process has not heard of it
     relay = sim.nodes[("h", "h1")]
     assert relay.next_deadline() <= relay.heartbeats.parent_heard + relay.heartbeats.parent_silence
-    wait(sim, relay.heartbeats.parent_silence + leaf.ping_interval)
+    sim.wait(relay.heartbeats.parent_silence + leaf.ping_interval)
     sim.client_inbox.clear()
     sim.request(ENGINES, stream=stream)
     replies, failures, _ = sim.outcomes()
@@ -189,7 +182,7 @@ def test_a_silent_host_relay_with_no_engines_left_is_forgotten():
     for eid in (0, 1, 2):
         sim.kill(eid)
     leaf = sim.nodes[(0,)]
-    wait(sim, leaf.node_timeout + 1)
+    sim.wait(leaf.node_timeout + 1)
     assert not leaf.children and leaf.next_deadline() is None
 
 
@@ -243,7 +236,7 @@ def test_engines_of_a_cut_off_host_fail_as_the_hub_drops_them_naming_the_host(st
     sim.hold.update({0, 1, 2})
     sim.request(ENGINES, stream=stream)
     sim.down_nodes[("h", "h1")] = "hung"
-    wait(sim, 3)  # under node_timeout: the leaf has not given up on the relay
+    sim.wait(3)  # under node_timeout: the leaf has not given up on the relay
     assert len(sim.client_inbox) == (9 if stream else 0)  # nothing failed yet
     for eid in (0, 1, 2):
         sim.kill(eid)
@@ -304,14 +297,14 @@ def test_a_host_relay_back_from_a_cut_lists_engines_the_hub_dropped_and_gets_no_
     sim.down_nodes[relay_path] = "hung"
     for eid in (0, 1, 2):
         sim.kill(eid)
-    wait(sim, leaf.node_timeout + 1)
+    sim.wait(leaf.node_timeout + 1)
     assert not leaf.children.idents  # the silent relay, with no engine left, is forgotten
     del sim.down_nodes[relay_path]  # the link is back
-    wait(sim, relay.heartbeats.parent_silence + leaf.ping_interval)
+    sim.wait(relay.heartbeats.parent_silence + leaf.ping_interval)
     assert not {0, 1, 2} & set(leaf.routes.via)
     assert not {0, 1, 2} & set(relay.engines)  # told, the relay dropped them
     sim.down_nodes[relay_path] = "dead"  # and, its engines gone, it exits
-    wait(sim, 2 * leaf.ping_interval)
+    sim.wait(2 * leaf.ping_interval)
     assert not leaf.children.idents
     sim.client_inbox.clear()
     sim.request(list(range(3, 12)))

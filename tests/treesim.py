@@ -13,6 +13,7 @@ from jupyter_client.session import Session
 
 from ipyparallel_broadcast.relay.dataplane.chunks import BULK
 from ipyparallel_broadcast.relay.events import DOWN, HUB, JOINED, UP
+from ipyparallel_broadcast.relay.forwarding import DEFAULT_HOST_FANOUT, outbound
 from ipyparallel_broadcast.relay.node import RelayNode
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
@@ -24,15 +25,28 @@ def engine_uuid(eid: int) -> str:
 
 
 class TreeSim:
-    def __init__(self, depth, fanout, engine_ids, key=b"secret", hosts=None, coalesce=False, bulk=None, store=None):
+    def __init__(
+        self,
+        depth,
+        fanout,
+        engine_ids,
+        key=b"secret",
+        hosts=None,
+        coalesce=False,
+        bulk=None,
+        store=None,
+        host_fanout=DEFAULT_HOST_FANOUT,
+    ):
         """``hosts``: {label: (leaf index, [engine ids])}: those engines sit
         behind a host relay under that leaf (keyed ``("h", label)``).
         ``coalesce``: nodes hold streamed outcomes until ``drain()``, as their
         shells do until every waiting message is read.
         ``bulk``: the nodes' chunk options; host relays then have bulk sockets,
         and ``chunks_at[host]`` counts the chunks each got.
-        ``store``: a node's key -> the shared-memory store it is built with (or None)."""
+        ``store``: a node's key -> the shared-memory store it is built with (or None).
+        ``host_fanout``: the leaves' (``relay.forwarding``)."""
         self.coalesce, self.bulk, self.store = coalesce, bulk, store or (lambda key: None)
+        self.host_fanout = host_fanout
         self.finished = []  # each request a node finished: the phases it went through (relay.state)
         self.bulk_urls = {}  # url -> ("h", label)
         self.chunks_at = {}
@@ -90,7 +104,7 @@ class TreeSim:
 
     def _new_node(self, path):
         codec = P.Codec(Session(key=self.key))
-        more = dict(bulk=self.bulk, store=self.store(path), coalesce=self.coalesce)
+        more = dict(bulk=self.bulk, store=self.store(path), coalesce=self.coalesce, host_fanout=self.host_fanout)
         node = RelayNode(codec, self.shape, path, clock=lambda: self.now, **more)
         return self._watch(node)
 
@@ -203,6 +217,12 @@ class TreeSim:
         for path, node in self.nodes.items():
             self._run(node, node.on_tick(), path)
 
+    def wait(self, seconds):
+        """Let time pass in ping intervals: live nodes keep answering."""
+        step = self.nodes[()].ping_interval
+        for _ in range(int(seconds / step) + 1):
+            self.tick(step)
+
     def kill(self, eid):
         """The hub notices engine eid died; its leaf hears of it."""
         uuid = self.engines.pop(eid)
@@ -227,6 +247,8 @@ class TreeSim:
             node = self.nodes[path]
             if path in self.down_nodes:
                 continue  # a dead or hung node sends nothing
+            if node.host:  # as its shell: outcomes of a call passed on go back the way it came
+                send = outbound(send)
             if send.socket == UP:
                 if node.is_root:
                     self.client_inbox.append(send.frames)
@@ -246,7 +268,8 @@ class TreeSim:
                 if host in self.down_nodes:
                     continue
                 self.chunks_at[host] += 1
-                self.queue.extend((host, s) for s in self.nodes[host].on_chunk([b"feeder"] + send.frames[2:]))
+                feeder = host_ident(node.host) if node.host else b"feeder"  # (a host relay's feeds say who it is)
+                self.queue.extend((host, s) for s in self.nodes[host].on_chunk([feeder] + send.frames[2:]))
             elif send.socket == JOINED:
                 self.joined.extend((path, who) for who in send.frames)
             elif send.socket == DOWN and node.is_leaf and P.as_bytes(send.frames[0]).startswith(HOST_PREFIX):

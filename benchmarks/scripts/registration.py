@@ -157,7 +157,10 @@ def make_cluster(kind: str, profile_dir: str):
     return ipp.Cluster(controller_args=HEARTBEATS, **common)
 
 
-def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause: float = 0.2) -> dict:
+def one_run(
+    kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause: float = 0.2, per_process: int = 1, mux=True
+) -> dict:
+    """``per_process``: simulated hosts a farm process is (ours); ``mux``: engines connect to the hub's mux."""
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
         cluster = make_cluster(kind, profile_dir)
         cluster.start_controller_sync()
@@ -166,7 +169,15 @@ def one_run(kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause:
         (engine_file,) = glob.glob(os.path.join(security, "*-engine.json"))
         (client_file,) = glob.glob(os.path.join(security, "*-client.json"))
         procs = center(cluster.controller.process.pid)
-        farm = SimEngines(engine_file, n, per_process=-(-n // hosts), hosts=kind == "ours", nice=nice)
+        farm = SimEngines(
+            engine_file,
+            n,
+            per_process=-(-n // hosts) * (per_process if kind == "ours" else 1),
+            hosts=kind == "ours",
+            nice=nice,
+            hosts_per_process=per_process,
+            mux=mux,
+        )
         prober = Prober(client_file, kind, pause)
         try:
             prober.start()
@@ -250,6 +261,14 @@ def main(argv=None):
         default=0.2,
         help="seconds between probing clients (with --farm-nice, a longer pause leaves the farm its share)",
     )
+    parser.add_argument(
+        "--hosts-per-process",
+        type=int,
+        default=1,
+        help="simulated hosts a farm process is, running their relays on one loop (1: each host a process, "
+        "its relay started as a real engine starts it)",
+    )
+    parser.add_argument("--no-mux", action="store_true", help="simulated engines do not connect to the hub's mux")
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -279,6 +298,13 @@ def main(argv=None):
             else ""
         )
         + ". The probing clients ran in a process of their own."
+        + (
+            f" Each farm process was {args.hosts_per_process} simulated hosts, running their host relays (the real"
+            " relay code, each its own node and sockets) on one event loop (relay.loop)."
+            if args.hosts_per_process > 1
+            else ""
+        )
+        + (" The simulated engines did not connect to the hub's mux: the tree alone reached them." * args.no_mux)
         + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
         "| controller | engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | farm CPU (s) "
@@ -294,7 +320,16 @@ def main(argv=None):
             if kind == "stock" and n > args.stock_max:
                 continue
             try:
-                r = one_run(kind, n, hosts, args.timeout, args.farm_nice, args.probe_pause)
+                r = one_run(
+                    kind,
+                    n,
+                    hosts,
+                    args.timeout,
+                    args.farm_nice,
+                    args.probe_pause,
+                    args.hosts_per_process,
+                    not args.no_mux,
+                )
             except Exception as e:  # a controller that cannot take this many: said in the table
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 12)
             else:

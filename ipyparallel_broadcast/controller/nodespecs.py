@@ -79,6 +79,7 @@ class ChildSpecs:
             digest_history_size=session.digest_history_size,
             log_level=app.log_level,
             trim_interval=app.heap_trim_interval,
+            host_fanout=app.host_fanout,
         )
         if app.hub_records:
             spec["monitor_url"] = monitor_url

@@ -13,6 +13,7 @@ from traitlets import Bool, Enum, Float, Integer, Union, validate
 from traitlets.config import Configurable
 
 from ..relay.dataplane import pushplan, reduce_trees
+from ..relay.forwarding import DEFAULT_HOST_FANOUT
 from ..wire.topology import TreeShape, auto_shape
 
 ASSUMED_ENGINES = 64  # an 'auto' tree's engine count when nobody gave one
@@ -55,6 +56,15 @@ class TreeSettings(Configurable):
         config=True,
         help="Seconds between a relay node's pings to its children (past 16 children, further apart "
         "in proportion, at most node_timeout / 4).",
+    )
+    host_fanout = Integer(
+        DEFAULT_HOST_FANOUT,
+        min=0,
+        config=True,
+        help="A leaf sends a call to at most this many host relays; each passes it on to at most as "
+        "many others, and merges their outcomes with its own (a tree across hosts, made per call, as "
+        "Slurm's TreeWidth). 0: the leaf sends to every host relay. Calls with big data, reductions, "
+        "scatters and stock clients' calls go to every host relay from the leaf.",
     )
     node_timeout = Float(
         10.0,

@@ -109,8 +109,9 @@ class Children:
 
     def phrase(self, key: Key) -> str:
         """How errors name it: "Relay node 0.1" or "Host relay h1"."""
-        name = self.names.get(key, repr(key))
-        return f"Host relay {name[5:]}" if isinstance(key, bytes) else f"Relay node {name}"
+        if isinstance(key, bytes):  # (one this relay passes calls to is not its child)
+            return f"Host relay {key[len(HOST_PREFIX) :].decode(errors='replace')}"
+        return f"Relay node {self.names.get(key, repr(key))}"
 
     def host_labels(self) -> list[str]:
         return sorted(self.names[k][5:] for k in self.idents if isinstance(k, bytes))

@@ -12,6 +12,7 @@ from functools import partial
 from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction, RingValue, assign_request, buffer_of
+from . import forwarding
 from .chunks_in import ChunksIn
 from .dataplane import plans
 from .events import DOWN, HUB, Send
@@ -35,7 +36,7 @@ class DownFlow:
         self._keys, self.big_from = keys, big_from  # (a root's request keys; a big buffer's size)
         self.inflight = parts.inflight
         self.engines, self.routes, self.children = parts.engines, parts.routes, parts.children
-        self.sharing, self.big = parts.sharing, parts.big
+        self.sharing, self.big, self.forwarding = parts.sharing, parts.big, parts.forwarding
         self.chunks_in = ChunksIn(ctx, self.inflight, self.sharing, self.big, go_on=self._dispatch)  # (a host's)
 
     def start(self, route, content, inner, compat=None, arrived=None, value_at=None) -> list[Send]:
@@ -48,6 +49,7 @@ class DownFlow:
         if not isinstance(key, str) or key in self.inflight:
             return self.drop(f"request key {key!r} missing or in use")
         mode = content.get("compat")
+        passing = forwarding.parse(content[forwarding.FORWARD]) if self.host and forwarding.FORWARD in content else ()
         rename = None
         if self.is_leaf and mode == CompatRequest.RENAME:  # may raise: before any state
             rename = renamer(self.codec, compat.msg if compat else inner)
@@ -79,7 +81,7 @@ class DownFlow:
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
-        p.n = len(targets)
+        p.n = len(targets) + sum(len(f.all_targets()) for f in passing)
         if p.reduction is not None and not self.host:  # its value may go up by a segment's name
             p.share_up = self.sharing.passer(content.get("vshm"), client=self.is_root)
         if self.is_root and content.get("allreduce") is not None:
@@ -120,6 +122,8 @@ class DownFlow:
             targets = [e for e in targets if e not in gone]
         if content.get("bulk") is not None and self.host:  # its big buffers come in chunks
             return sends + self.chunks_in.expect(p, content["bulk"], targets)
+        if passing:  # host relays this one passes the call on to (``forwarding``)
+            sends += self.forwarding.pass_on(p, passing)
         return sends + self._dispatch(p, targets, mode)
 
     def _assign(self, name: str, p: Pending) -> list[Send]:
@@ -156,6 +160,22 @@ class DownFlow:
         a ring): not for a ring's bind, whose values are counts."""
         return p.reduction is not None and self.is_leaf and not self.host and not mode and p.ring_bind is None
 
+    def registered(self, engines: dict[int, str], greet: bool, whole: bool = False) -> list[Send]:
+        """The hub registered ``engines`` (``whole``: its whole table, in place of
+        what was known): parked requests go on to them; ``greet``: asked if they
+        share our memory. Parked targets still unknown after a whole table fail."""
+        if whole:
+            self.engines.clear()
+        self.engines.update(engines)
+        return (self.greet(engines) if greet else []) + self.retry_parked(final=whole)
+
+    def greet(self, eids) -> list[Send]:
+        """Ask engines served here (not through a host relay) whether they share our memory."""
+        engines = self.engines
+        return self.sharing.greet(
+            [engines[e] for e in eids if e in engines and e not in self.routes.via and self.serves(e)]
+        )
+
     def serves(self, eid: int) -> bool:
         """Whether engine ``eid`` is under this node (a host relay: one of its engines)."""
         return eid in self.engines if self.host else self.routes.serves(eid)
@@ -172,13 +192,19 @@ class DownFlow:
         sends = self._to_engines(p, direct) if direct else []
         hosts = [(h.ident, h.url) for h in plans.hosts_of(groups, self.children.bulk)]
         out = self.big.push_out.start(p, hosts, self.boot) if hosts and not mode and p.big else None
+        heads = self.forwarding.split(p, groups, mode) if not self.host else {}
         for child, sub in groups.items():
-            p.state.expect(child, sub)
+            if heads and child in p.forwarders:
+                continue  # passed the call by another host relay
+            head = heads.get(child)
+            p.state.expect(child, head[1] if head else sub)
             same_host = isinstance(child, int)  # a relay of this tree, not a host relay
             content, frames = p.request_for(sub, mode, p.shared if same_host else None)
             if out is not None and child in out.urls:  # its big buffers come in chunks
                 content["bulk"], frames = self.big.push_out.envelope(out, child, frames)
             content.update(chain.get(child, ()))  # its place in a chain or ring
+            if head:  # it passes the call on
+                content[forwarding.FORWARD] = head[0]
             if same_host and p.reduction is not None and self.sharing.on:  # its value may come by name
                 content["vshm"] = ["", self.sharing.store.prefix, 0]
             table, frames = P.join_small(frames)  # (16 host relays: 240 frames sent became 128)

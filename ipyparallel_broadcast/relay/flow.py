@@ -9,6 +9,7 @@ from .bigdata import BigData
 from .children import Children
 from .context import NodeContext
 from .engines import EngineTable
+from .forwarding import Forwarding
 from .inflight import InFlight
 from .routes import Routes
 from .sharing import Sharing
@@ -24,3 +25,4 @@ class FlowParts:
     children: Children
     sharing: Sharing  # the host's shared memory
     big: BigData  # the data plane and the parts that use it
+    forwarding: Forwarding  # calls passed host relay to host relay

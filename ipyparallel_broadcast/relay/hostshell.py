@@ -38,6 +38,7 @@ from ..host.shm import pid_alive
 from ..wire import protocol as P
 from ..wire.frames import send_frames
 from ..wire.topology import host_ident
+from .forwarding import outbound
 from .hubside import HubSide
 from .joinbatch import JoinBatch
 from .shell import NodeShell, _socket, run_node
@@ -201,6 +202,7 @@ class HostRelayShell(NodeShell):
         return (self.node.on_join(joining) if joining else []) + super().drained()
 
     def perform(self, sends):
+        sends = [outbound(send) for send in sends]  # outcomes of a call passed on go back the way it came
         if self.hub_side is not None:
             sends = self.hub_side.perform(sends)
         super().perform(sends)
@@ -246,9 +248,6 @@ class HostRelayShell(NodeShell):
         super().begin()
 
     def finish(self):
-        self.clean_up()
-
-    def clean_up(self):
         """The last one out: the host's files for this cluster go too (a relay
         started later makes them again; two cannot run: the socket is taken).
         An engine that joined while this relay was leaving keeps its join file

@@ -53,6 +53,14 @@ class Pending:
     trace: list | None = None  # traced request: [event, wall time, detail] at this node
     shared: Any | None = None  # big buffers in shared memory (sharing.Shared)
     big: bool = False  # has buffers for shared memory or chunks: ``sharing`` and ``bulk`` see it
+    forwarders: dict | None = None  # leaf: host relay -> the host relay passing it the call (``forwarding``)
+
+    def owner_of(self, host: bytes) -> bytes:
+        """Leaf: the child that owes ``host``'s outcomes: the head that it was passed the call below."""
+        forwarders = self.forwarders or {}
+        while host in forwarders:
+            host = forwarders[host]
+        return host
 
     def request_for(self, sub: list[int], mode, shared=None) -> tuple:
         """Content and frames of this request for a child serving ``sub``;
@@ -227,7 +235,7 @@ class InFlight:
         answer for it later: that outcome then comes twice, and is tolerated)."""
         sends = []
         for p in list(self.requests.values()):
-            if p.state.settle_via(host, eid):
+            if p.state.settle_via(p.owner_of(host), eid):
                 sends += self.record_failures(p, [failure]) + self.finish_if_done(p)
         return sends
 

@@ -37,6 +37,7 @@ from .down import DownFlow
 from .engines import EngineTable
 from .events import MON, Send
 from .flow import FlowParts
+from .forwarding import DEFAULT_HOST_FANOUT, Forwarding, from_passing, passed
 from .heartbeat import Heartbeats
 from .inflight import InFlight
 from .routes import Announcements, Key, Routes
@@ -67,11 +68,13 @@ class RelayNode:
         coalesce: bool = False,
         records: bool = False,
         probe: Callable[[], dict] = dict,
+        host_fanout: int = DEFAULT_HOST_FANOUT,
     ):
         """``coalesce``: streamed replies read together go up together (``drained``).
         ``records``: copies to the hub's task records (MON): the root's of each
         request and bundle up; a leaf's of each engine's reply to a reduction.
-        ``probe``: the process's facts (RSS...) for its surveys."""
+        ``probe``: the process's facts (RSS...) for its surveys. ``host_fanout``: a leaf
+        sends a call to at most this many host relays, which pass it on (``forwarding``; 0: to each)."""
         self.codec, self.clock, self.shape, self.wall = codec, clock, shape, wall  # wall: for traces, across processes
         self.path, self.host = tuple(path), host  # a host relay: its leaf's path; its label (it serves who joined)
         self.name = f"host {host}" if host else node_name(self.path)
@@ -116,8 +119,6 @@ class RelayNode:
             reannounce=lambda: self.announce.again(self.engines),
             parent_restarted=self.big.leaf_restarted,
         )
-        # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
-        # request without one never calls into them
         for release in (self.sharing.release, self.big.push_out.release, self.big.push_in.release):
             self.inflight.when_done(release, big_only=True)  # a big request left
         self.inflight.when_done(self.sharing.drop_values)  # (a reduce's segments)
@@ -125,9 +126,11 @@ class RelayNode:
         self.probe = probe
         # a restarted root must not reuse the keys of requests engines may still answer
         self._keys = count(int(self.boot[:8], 16) << 20)
-        flow = FlowParts(
-            self.ctx, self.is_leaf, self.inflight, self.engines, self.routes, self.children, self.sharing, self.big
+        self.forwarding = Forwarding(
+            self.ctx, self.inflight, self.children, host_fanout, own_url=lambda: self.heartbeats.bulk_url
         )
+        parts = (self.inflight, self.engines, self.routes, self.children, self.sharing, self.big, self.forwarding)
+        flow = FlowParts(self.ctx, self.is_leaf, *parts)
         # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
         # request without one never calls into them
         big_from = min(t for t in (self.big.push_out.threshold, self.sharing.threshold) if t is not None)
@@ -166,6 +169,9 @@ class RelayNode:
                 return self.announce.ack(event.content)
             if isinstance(event, E.ChainEnd):
                 return self.big.leaf_ended(event.keys, event.why)
+            if isinstance(event, E.HostLost):  # a host relay this one may pass calls to
+                self.forwarding.lost(event.url)
+                return self.on_child_lost(event.ident, event.why)
             return self.on_engine_lost(event.uuid, event.why)  # E.Lost
         except P.ProtocolError as e:
             return self._drop(f"request: {e}")
@@ -186,10 +192,10 @@ class RelayNode:
             event = E.from_hub(self.codec, frames)
         except P.ProtocolError as e:
             return self._drop(f"hub: {e}")
-        if isinstance(event, (E.EngineRegistered, E.EnginesRegistered)):  # one, or a host's (its relay greets them)
-            alone = isinstance(event, E.EngineRegistered)
-            self.engines.update({event.eid: event.uuid} if alone else event.engines)
-            return (self._greet([event.eid]) if alone else []) + self.down.retry_parked(final=False)
+        if isinstance(event, E.EngineRegistered):
+            return self.down.registered({event.eid: event.uuid}, greet=True)
+        if isinstance(event, E.EnginesRegistered):  # a host's (its relay greets them)
+            return self.down.registered(event.engines, greet=False)
         if isinstance(event, E.EnginesUnregistered):
             return [send for uuid in event.uuids for send in self.on_engine_lost(uuid, P.DIED)]
         if isinstance(event, E.HubEngineTable):
@@ -198,15 +204,11 @@ class RelayNode:
 
     def on_registry(self, engines: dict[int, str]) -> list[Send]:
         """The hub's full engine table. Parked targets still unknown fail."""
-        self.engines.clear()
-        self.engines.update(engines)
-        return self._greet(self.engines) + self.down.retry_parked(final=True)
+        return self.down.registered(engines, greet=True, whole=True)
 
     def on_engine_lost(self, uuid: str, why: str = P.DIED) -> list[Send]:
-        """An engine can no longer answer: ``why`` is ``P.DIED`` (the hub
-        unregistered it) or a phrase such as "is not connected". An engine
-        behind a host relay is failed by that relay, told here; here too if
-        the relay has fallen silent (a host cut off). A value it held is lost."""
+        """An engine can no longer answer (``why``: ``P.DIED``, the hub unregistered it, or a phrase
+        such as "is not connected"): what waits on it fails (``UpFlow.engine_lost``); its value is lost."""
         sends = self.up.engine_lost(uuid, why)
         return sends + (self.big.fold.engine_lost(uuid, why) if self.big.fold else [])
 
@@ -217,26 +219,35 @@ class RelayNode:
         self.engines.update((eid, uuid) for eid, uuid, _, _ in joins)
         sends = self.announce.host_engines(self.engines, [who for _, _, who, _ in joins if who is not None])
         for eid, uuid, _, shm in joins:
-            sends += self.sharing.joined(uuid, shm) if shm is not None else self._greet([eid])
+            sends += self.sharing.joined(uuid, shm) if shm is not None else self.down.greet([eid])
         return sends
 
     def on_child_lost(self, key: Key, why: str = "is unreachable") -> list[Send]:
         """A child (relay node or host relay) cannot answer: what waits on it fails."""
         child = self.children.phrase(key)
-        sends = self.surveys.child_lost(
-            key, self.children.names.get(key, repr(key)), f"{child[0].lower()}{child[1:]} {why}"
-        )
+        lost = f"{child[0].lower()}{child[1:]} {why}"
+        sends = self.surveys.child_lost(key, self.children.names.get(key, repr(key)), lost)
         unanswered = lambda eid: f"{child} {why}; engine {eid} did not answer"  # noqa: E731
         sends += self.inflight.fail_waiting_on(key, P.UNREACHABLE, unanswered)
-        if isinstance(key, bytes):  # the hosts it fed chunks to get them from here
-            sends += self.big.host_lost(key, f"{child[0].lower()}{child[1:]} {why}")
-        if isinstance(key, bytes) and not self.routes.routes_to(key):
-            self.children.forget(key)  # a host relay gone, with no engine routed to it
+        if isinstance(key, bytes):  # a host relay: the hosts it fed chunks to get them from here, and
+            sends += self.big.host_lost(key, lost)
+            sends += [] if self.host else self.forwarding.host_lost(key, why)  # those passing it a call fail it
+            if not self.routes.routes_to(key):
+                self.children.forget(key)  # gone, with no engine routed to it
         return sends
 
     def on_chunk(self, frames) -> list[Send]:
-        """A host relay: a message on its chunk socket (``chunks_in``)."""
-        return self.down.chunks_in.on_chunk(frames)
+        """A host relay, on its chunk socket: a chunk (``chunks_in``); or a call passed
+        on to it, or outcomes of one it passed on (``forwarding``)."""
+        if not passed(frames):
+            return self.down.chunks_in.on_chunk(frames)
+        try:
+            event = from_passing(self.codec, frames)
+            if isinstance(event, E.Request):
+                return self.down.start(event.route, event.content, event.inner, arrived=self.wall())
+            return self.up.passed_back(event)
+        except P.ProtocolError as e:
+            return self._drop(f"passed on: {e}")
 
     def on_pulse(self, frames) -> list[Send]:
         """A host relay's pong on the pulse link (``heartbeat``)."""
@@ -264,15 +275,6 @@ class RelayNode:
         log.warning("relay node %s dropped a message: %s", self.name, why)
         return []
 
-    def _greet(self, eids) -> list[Send]:
-        """Ask engines served here (not through a host relay) whether they share our memory."""
-        return self.sharing.greet(
-            [self.engines[e] for e in eids if e in self.engines and e not in self.routes.via and self.down.serves(e)]
-        )
-
-    def _engines_served(self) -> int:
-        return len(self.engines) if self.host else self.routes.count_served(self.engines)
-
     def stats(self, trace=None) -> dict:
         """This node's own state, as a survey reports it; with ``trace`` (a
         request's msg_id), the events this node recorded for that request."""
@@ -283,12 +285,12 @@ class RelayNode:
             surveys=len(self.surveys),
             dropped=self.dropped,
             signatures=self.codec.remembered,
-            engines=self._engines_served() if self.is_leaf else None,
+            engines=(len(self.engines) if self.host else self.routes.count_served(self.engines))
+            if self.is_leaf
+            else None,
             **self.probe(),
         )
-        if self.sharing.on:
-            stats.update(self.sharing.stats())
-        stats.update(self.big.stats())
+        stats.update(self.sharing.stats() if self.sharing.on else {}, **self.big.stats())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:

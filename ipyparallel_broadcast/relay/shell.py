@@ -29,6 +29,7 @@ from ..wire.frames import recv_frames, send_frames
 from ..wire.topology import HOST_PREFIX, TreeShape, node_identity, node_name
 from .dataplane.chunks import BULK
 from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
+from .forwarding import DEFAULT_HOST_FANOUT
 from .loop import ShellLoop
 from .node import RelayNode
 
@@ -88,6 +89,7 @@ class NodeShell:
             coalesce=True,  # streamed replies read together go up together (``drained``)
             records=bool(spec.get("monitor_url")),
             probe=self.facts,
+            host_fanout=spec.get("host_fanout", DEFAULT_HOST_FANOUT),
         )
         self.feeds: dict = {}  # bulk url -> a DEALER to that host relay's bulk socket
         self.trimmer = HeapTrimmer(spec.get("trim_interval", 10.0))
@@ -215,6 +217,8 @@ class NodeShell:
         sock = self.feeds.get(url)
         if sock is None:
             sock = self.feeds[url] = _socket(self.context, zmq.DEALER)
+            if self.node.host:  # a host relay: outcomes passed back name it (``forwarding``)
+                sock.IDENTITY = self.up.IDENTITY
             if self.spec.get("curve_serverkey") or self.spec.get("curve_secretkey"):
                 from ..host.link import Place  # the keys every engine of the cluster derives
 

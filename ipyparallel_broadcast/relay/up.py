@@ -98,6 +98,10 @@ class UpFlow:
             return self.big.reduce_chains.on_message(child, m)
         return self._child_bundle(child, m)
 
+    def passed_back(self, m: E.ChildMessage) -> list[Send]:
+        """A host relay: outcomes of a call it passed on to another (``forwarding``)."""
+        return self._child_bundle(m.ident, m)
+
     def _child_bundle(self, child: Key, m: E.ChildMessage) -> list[Send]:
         meta = m.msg["metadata"]
         if m.kind != P.BUNDLE or not isinstance(meta, dict):
@@ -107,7 +111,7 @@ class UpFlow:
         if p is None or not p.state.owes(child):
             raise P.ProtocolError(f"unexpected bundle for {req!r}")
         if p.trace is not None:
-            self.inflight.stamp(p, "reply in", f"node {self.children.names[child]}")
+            self.inflight.stamp(p, "reply in", f"node {self.children.names.get(child, child)}")
         if p.reduction is not None:
             chains, rings = self.big.reduce_chains, self.big.reduce_rings
             chained = (lambda eids, at: chains.chained(p, eids, at)) if chains.has(p) else None
@@ -131,6 +135,8 @@ class UpFlow:
         return self.inflight.finish_if_done(p)
 
     def engine_lost(self, uuid: str, why: str) -> list[Send]:
+        """What waits on an engine fails. One behind a host relay is failed by that
+        relay, told here; here too if the relay fell silent (a host cut off)."""
         eids = self.engines.eids_of(uuid)
         eid = eids[0] if eids else None
         host = self.routes.via.get(eid)

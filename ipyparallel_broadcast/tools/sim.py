@@ -49,6 +49,7 @@ import threading
 import time
 import traceback
 import uuid as uuidlib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
 from itertools import count as counter
@@ -83,6 +84,7 @@ def session_from(info: dict) -> Session:
     )
 
 
+JOINS_AT_ONCE = 128  # threads of a farm process that join engines to their relays
 FARM_GRACE = 3600.0  # seconds a farm's in-process relay with no engine waits before it exits
 SIM_UUID_PREFIX = "sim-"  # simulated engines' uuids begin so (uuids have no "_")
 
@@ -130,6 +132,8 @@ class SimProcess:
 
             self.links = [HostLink.from_connection(info, self.session, label) for label in hosts]
         self.relays_here = len(self.links) > 1
+        # joins wait for the tree's answer: as many at once as a host's engines would (its relay batches them)
+        self.joins = ThreadPoolExecutor(max_workers=max(1, min(count, JOINS_AT_ONCE)), thread_name_prefix="join")
         self.ctx = zmq.asyncio.Context()  # registration
         self.ctx.MAX_SOCKETS = 2 * count + 64
         self.sync_ctx = zmq.Context()  # shells (one serving thread) and hearts (their own thread)
@@ -161,21 +165,21 @@ class SimProcess:
             reg.close()
         if reply.get("status") != "ok":
             raise RuntimeError(f"registration refused: {reply}")
-        engine.id = int(reply["id"])
+        engine.id, engine.host = int(reply["id"]), host
         leaves = self.info["broadcast"]
         if self.mux:
             engine.shell.connect(self.url(self.info["mux"]))
+        # its heart beats from now on (the hub sets aside an engine silent for long after it registered);
+        # behind a host relay it answers the relay, which answers the hub for the host
+        engine.heart.connect(link.place.pong_url if link else self.url(self.info["hb_pong"]))
+        self.hearts[host].append(engine)
         if link is None:
             engine.shell.connect(self.url(leaves[engine.id % len(leaves)]))
         else:  # joined once the whole tree routes to it, as a real engine does
             join = partial(link.join, engine.id, engine.uuid, self.session, maps=False, watch=not self.relays_here)
-            await asyncio.get_running_loop().run_in_executor(None, join)  # no shared memory: bytes, as over TCP
+            await asyncio.get_running_loop().run_in_executor(self.joins, join)  # no shared memory: bytes, as over TCP
             engine.shell.connect(link.place.down_url)
-        # behind a host relay its heart answers the relay, which answers the hub for the host
-        engine.heart.connect(link.place.pong_url if link else self.url(self.info["hb_pong"]))
         self.engines[engine.id] = engine
-        engine.host = host
-        self.hearts[host].append(engine)
         self.server.command(("serve", engine))
 
     def beat(self):
@@ -201,24 +205,6 @@ class SimProcess:
                             engine.heart.send_multipart(frames)
                 except Exception:  # the thread must go on: without it every engine is declared dead
                     log.exception("heartbeat forwarding failed once")
-
-    def run_relays(self, ready: threading.Event):
-        """Relay thread: this process's hosts' relays, on one loop. Each is the
-        real relay (``HostRelayShell``), holding its host's lock, as one that an
-        engine started would; it stays while the farm runs."""
-        from ..relay.hostshell import HostRelayShell
-        from ..relay.loop import ShellLoop
-
-        ctx = zmq.Context()
-        ctx.MAX_SOCKETS = 64 * len(self.links) + 64
-        loop = ShellLoop()
-        for link in self.links:
-            fd = link.take_lock()
-            if fd is None:
-                raise RuntimeError(f"another relay runs host {link.place.label}")
-            loop.add(HostRelayShell(dict(link.spec, lock_fd=fd, grace=FARM_GRACE), ctx))
-        ready.set()
-        loop.run()
 
     def request(self, engine: SimEngine, frames):
         """One message on an engine's shell: answer it (at once, or after ``delay``)."""
@@ -341,7 +327,7 @@ class SimProcess:
             link.claim()  # the relay waits for these engines until they joined
         if self.relays_here:
             ready = threading.Event()
-            threading.Thread(target=self.run_relays, args=(ready,), daemon=True, name="relays").start()
+            threading.Thread(target=run_relays, args=(self.links, ready), daemon=True, name="relays").start()
             ready.wait()
         elif self.links:
             self.links[0].ensure_relay()
@@ -358,6 +344,25 @@ class SimProcess:
                 conn.send(command[1])
             else:
                 break
+
+
+def run_relays(links: list, ready: threading.Event):
+    """Relay thread: the relays of a farm process's hosts (``links``), on one
+    loop. Each is the real relay (``HostRelayShell``), holding its host's lock,
+    as one that an engine started would; it stays while the farm runs."""
+    from ..relay.hostshell import HostRelayShell
+    from ..relay.loop import ShellLoop
+
+    ctx = zmq.Context()
+    ctx.MAX_SOCKETS = 64 * len(links) + 64
+    loop = ShellLoop()
+    for link in links:
+        fd = link.take_lock()
+        if fd is None:
+            raise RuntimeError(f"another relay runs host {link.place.label}")
+        loop.add(HostRelayShell(dict(link.spec, lock_fd=fd, grace=FARM_GRACE), ctx))
+    ready.set()
+    loop.run()
 
 
 class Server:

@@ -1,0 +1,237 @@
+"""Host relays that pass a call on to other host relays: a tree across hosts,
+made per call, as Slurm forwards a message (``TreeWidth``).
+
+A leaf keeps every host relay of its subtree as a child: it pings them, routes
+their engines, plans big data's chunks and chains among them. But a call to
+more than ``host_fanout`` of them is not sent to each. The leaf sends it to
+``host_fanout`` *heads*; each head's request names the hosts it passes it on
+to (``forward``), each with its own targets and the hosts below it, and so on
+down (``plan``). A host relay that is passed a call sends its outcomes to the
+host that passed it (``via``, on that host's chunk socket), which merges them
+with its own, as a relay node merges its children's. So no process sends more
+than ``host_fanout`` requests, or reads more than ``host_fanout`` bundles, per call.
+
+Losses: the leaf still hears every host relay. One lost is failed where it is
+owed: by the leaf if it was a head; else the leaf tells the host that passed it
+the call (``P.LOST`` with ``host``), which fails what waits on it, and no
+longer passes calls to it. A host lost takes the outcomes of the hosts below it
+for the calls it was passing: they fail, named, and never hang.
+
+Calls that keep the star: big data (its chunks and chains are planned per
+host already), reductions, scatters, and stock clients' calls.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..wire import protocol as P
+from ..wire.topology import HOST_PREFIX
+from . import events as E
+from .children import Children
+from .context import NodeContext
+from .dataplane.chunks import BULK
+from .events import DOWN, UP, Send
+from .inflight import InFlight, Pending
+
+FORWARD = "forward"  # request content: the hosts a head passes the call on to
+VIA = "via"  # request content: [the passing host's label, its chunk socket]: outcomes go there
+DEFAULT_HOST_FANOUT = 16
+MAX_FORWARDED = 1 << 20  # engines a request's forward list may name (an input bound)
+DEAD_KEPT = 256  # chunk sockets of hosts found lost, remembered (a call passed on late is failed)
+
+
+def plan(hosts: list, fanout: int) -> list[tuple[object, list]]:
+    """``hosts`` as at most ``fanout`` trees, ``(head, [subtrees])``: the list
+    cut in ``fanout`` runs; each run's first host heads the rest, cut alike.
+    Every host is in exactly one place; no host has more than ``fanout`` below it."""
+    size = len(hosts)
+    k = min(fanout, size)
+    runs = [hosts[i * size // k : (i + 1) * size // k] for i in range(k)]
+    return [(run[0], plan(run[1:], fanout)) for run in runs]
+
+
+@dataclass
+class Forwarded:
+    """One host a call is passed on to: its relay, its chunk socket, its own
+    targets, and the hosts it passes the call on to in turn (as sent)."""
+
+    ident: bytes
+    url: str
+    targets: list[int]
+    below: list  # [[label, url, targets, below], ...]
+
+    def all_targets(self) -> list[int]:
+        """Its targets and those of every host below it."""
+        eids = list(self.targets)
+        for entry in self.below:
+            eids += parse_entry(entry).all_targets()
+        return eids
+
+
+def parse_entry(entry) -> Forwarded:
+    if not (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], str)
+        and entry[1].startswith("tcp://")
+        and isinstance(entry[2], list)
+        and all(type(e) is int for e in entry[2])
+        and isinstance(entry[3], list)
+    ):
+        raise P.ProtocolError("a forward entry is [label, tcp url, [engine ids], [entries]]")
+    return Forwarded(HOST_PREFIX + entry[0].encode(), entry[1], entry[2], entry[3])
+
+
+def parse(value) -> list[Forwarded]:
+    """A request's ``forward`` list, checked whole (shape, and no more than
+    ``MAX_FORWARDED`` engines): raises ``ProtocolError``."""
+    if not isinstance(value, list):
+        raise P.ProtocolError("forward is not a list")
+    entries = [parse_entry(e) for e in value]
+    if sum(len(f.all_targets()) for f in entries) > MAX_FORWARDED:
+        raise P.ProtocolError(f"a forward list naming more than {MAX_FORWARDED} engines")
+    return entries
+
+
+REQUEST_MARK = b'"' + P.REQUEST.encode() + b'"'  # in the header frame of a call passed on
+BUNDLE_MARK = b'"' + P.BUNDLE.encode() + b'"'  # ... and of the outcomes coming back
+ROUTE_MARK = b"ipb-passed"  # a call passed on: its outcomes' route is [ROUTE_MARK, url, label]
+
+
+def passed(frames) -> bool:
+    """Whether a message on a host relay's chunk socket is a call passed on, or
+    outcomes coming back (else: a chunk, ``chunks_in``)."""
+    try:
+        body = P.split_idents(frames)[1]
+    except P.ProtocolError:
+        return False  # (``chunks_in`` drops it)
+    header = P.as_bytes(body[1]) if len(body) > 1 else b""
+    return REQUEST_MARK in header or BUNDLE_MARK in header
+
+
+def from_passing(codec: P.Codec, frames) -> E.Request | E.ChildMessage:
+    """A call passed on (its replies' route: ``via``) or outcomes coming back
+    (from the host relay the socket's identity names)."""
+    body = P.split_idents(frames)[1]
+    if REQUEST_MARK in (P.as_bytes(body[1]) if len(body) > 1 else b""):
+        request = E.from_above(codec, frames, is_root=False, is_host=True)
+        if not isinstance(request, E.Request):
+            raise P.ProtocolError("a call passed on that is not a request")
+        request.route = via_route(request.content.pop(VIA, None))  # (not the passing socket's identity)
+        return request
+    event = E.from_below(codec, frames, is_leaf=False)
+    if event.kind != P.BUNDLE or not event.ident.startswith(HOST_PREFIX):
+        raise P.ProtocolError(f"unexpected {event.kind!r} passed back by {event.ident!r}")
+    return event
+
+
+def via_route(via) -> list:
+    """The route of a call passed on, from its ``via``: outcomes go to that host's chunk socket."""
+    if not (
+        isinstance(via, list)
+        and len(via) == 2
+        and isinstance(via[0], str)
+        and isinstance(via[1], str)
+        and via[1].startswith("tcp://")
+    ):
+        raise P.ProtocolError("via is [label, tcp url]")
+    return [ROUTE_MARK, via[1].encode(), HOST_PREFIX + via[0].encode()]
+
+
+def outbound(send: Send) -> Send:
+    """A host relay's send up: outcomes of a call passed on go to the chunk
+    socket of the host that passed it (``[url, its identity, *message]``)."""
+    frames = send.frames
+    if send.socket == UP and frames and isinstance(frames[0], bytes) and frames[0] == ROUTE_MARK:
+        return Send(BULK, frames[1:])
+    return send
+
+
+class Forwarding:
+    """A node's part in calls passed host to host. At a leaf: which hosts a
+    call goes to by way of others (``split``), and whom to tell when one is
+    lost. At a host relay: the hosts it passes a call on to (``pass_on``)."""
+
+    def __init__(
+        self, ctx: NodeContext, inflight: InFlight, children: Children, fanout: int, own_url: Callable[[], str | None]
+    ):
+        self.ctx, self.inflight, self.children, self.fanout = ctx, inflight, children, fanout
+        self.own_url = own_url  # a host relay's chunk socket (where outcomes come back)
+        self.dead: OrderedDict[str, None] = OrderedDict()  # chunk sockets of hosts found lost
+
+    # -------------------------------------------------------------- leaf
+    def split(self, p: Pending, groups: dict, mode) -> dict[bytes, tuple[list, list[int]]]:
+        """Leaf: ``{head: (its forward list, the engines it owes)}`` for a call
+        to more than ``fanout`` host relays (the others of ``groups`` then get
+        nothing from here); ``{}``: each gets its request from here. Records
+        who passes the call to whom (``p.forwarders``)."""
+        bulk = self.children.bulk
+        hosts = [k for k in groups if isinstance(k, bytes) and k in bulk]
+        if (
+            not self.fanout
+            or len(hosts) <= self.fanout
+            or mode
+            or p.big
+            or p.reduction is not None
+            or p.own is not None
+        ):
+            return {}
+        heads, p.forwarders = {}, {}
+        for head, below in plan(hosts, self.fanout):
+            entries, owed = self._entries(p, head, below, groups)
+            heads[head] = (entries, groups[head] + owed)
+        return heads
+
+    def _entries(self, p: Pending, forwarder: bytes, trees: list, groups: dict) -> tuple[list, list[int]]:
+        entries, owed = [], []
+        for host, below in trees:
+            p.forwarders[host] = forwarder
+            sub, sub_owed = self._entries(p, host, below, groups)
+            entries.append([host[len(HOST_PREFIX) :].decode(), self.children.bulk[host], groups[host], sub])
+            owed += groups[host] + sub_owed
+        return entries, owed
+
+    def host_lost(self, key: bytes, why: str) -> list[Send]:
+        """Leaf: host relay ``key`` is lost. Each host that was passing it a
+        call is told (once), and fails what it waits on from it."""
+        told = set()
+        for p in self.inflight.requests.values():
+            forwarder = p.forwarders.get(key) if p.forwarders else None
+            if forwarder is not None and forwarder in self.children:
+                told.add(forwarder)
+        label = key[len(HOST_PREFIX) :].decode(errors="replace")
+        notice = dict(host=label, url=self.children.bulk.get(key), why=why)
+        return [Send(DOWN, [f] + self.ctx.codec.pack(P.LOST, notice)) for f in sorted(told)]
+
+    # -------------------------------------------------------- host relay
+    def pass_on(self, p: Pending, entries: list[Forwarded]) -> list[Send]:
+        """Host relay: send ``p`` on to each host of ``entries``, which owes
+        the outcomes of every host below it (one to a host found lost fails at once)."""
+        sends = []
+        via = [self.ctx.host, self.own_url()]
+        for f in entries:
+            eids = f.all_targets()
+            if f.url in self.dead or via[1] is None:
+                label = f.ident[len(HOST_PREFIX) :].decode(errors="replace")
+                why = f"is behind host relay {label}, lost before it was passed the call"
+                sends += self.inflight.fail(p, eids, P.UNREACHABLE, why)
+                continue
+            p.state.expect(f.ident, eids)
+            content, frames = p.request_for(f.targets, None)
+            content[FORWARD], content[VIA] = f.below, via
+            table, frames = P.join_small(frames)
+            if table is not None:
+                content[P.JOINED] = table
+            sends.append(Send(BULK, [f.url.encode(), f.ident] + self.ctx.codec.pack(P.REQUEST, content, frames)))
+        return sends
+
+    def lost(self, url) -> None:
+        """Host relay: the leaf said a host it may pass calls to is lost (its chunk socket)."""
+        if isinstance(url, str):
+            self.dead[url] = None
+            while len(self.dead) > DEAD_KEPT:
+                self.dead.popitem(last=False)
