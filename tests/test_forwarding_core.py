@@ -112,6 +112,11 @@ def test_a_lost_head_takes_the_outcomes_of_the_hosts_below_it_for_that_call_and_
     subtree = {e for label in labels for e in sim.nodes[("h", label)].engines}
     assert set(failures) == subtree and sorted(replies) == sorted(set(engines) - subtree)
     assert root.pending == {}
+    head_label = head[len(b"ipb-host:") :].decode()
+    for label in labels:  # each named: the head, and the host it was passing the call to
+        for eid in sim.nodes[("h", label)].engines:
+            assert f"Host relay {head_label} has not answered" in failures[eid][2]
+            assert (label == head_label) != (f"passing the call to host relay {label}," in failures[eid][2])
 
 
 @pytest.mark.parametrize(

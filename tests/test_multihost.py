@@ -538,3 +538,45 @@ def test_a_controller_killed_and_restored_keeps_the_engines_behind_host_relays(t
         until(answers, timeout=60, what="a broadcast answered by the same engines")
         assert view.pull("kept", block=True) == ["state"] * len(survivors)
         assert len(relays(rc)) == 2
+
+
+def test_calls_passed_host_to_host_reach_every_engine_and_a_killed_head_is_named_with_the_hosts_below_it(
+    tmp_path,
+):
+    """``host_fanout=2`` with three hosts: the leaf sends each call to two
+    host relays and one passes it on to the third over its chunk socket
+    (``relay.forwarding``). Every operation, both reply modes, outputs and a
+    trace that every host stamped. A head killed mid-call fails its engines
+    and those of the host below it, both named; the next call goes around it."""
+    needs_bed()
+    args = ["--BroadcastController.host_fanout=2"]
+    with NetBed(hosts=3) as bed, BedCluster(bed, depth=0, controller_args=args) as cluster:
+        for host in bed.hosts:
+            cluster.start_engines(host, 2)
+        rc = cluster.client(wait_for=6)
+        for coalescing in MODES:
+            every_operation(rc, coalescing)
+        ar = rc.broadcast_view(trace=True).apply_async(lambda: print("hi") or 1)
+        assert ar.get(30) == [1] * 6 and ar.stdout == ["hi\n"] * 6
+        assert {f"host {label}" for label in relays(rc)} <= {e["where"] for e in ar.trace}
+        stats = rc.broadcast_stats()
+        assert [n["calls_split"] > 0 for n in stats if not n.get("host")] == [True]
+        by_label = relays(rc)
+        passing = [label for label, n in by_label.items() if n["calls_passed"]]
+        assert len(passing) == 1  # (three hosts, two heads: one passes each call on)
+        (head,) = passing
+        below = [label for label in by_label if label != head and by_label[label]["calls_passed"] == 0]
+        gate = tmp_path / "gate"
+        ar = rc.broadcast_view().apply_async(_gate_until, str(gate))
+        os.kill(by_label[head]["pid"], signal.SIGKILL)
+        gate.touch()
+        results = dict(zip(rc.ids, ar.get(timeout=60, return_exceptions=True)))
+        failed = {e for e, r in results.items() if isinstance(r, error.RemoteError)}
+        assert all(isinstance(results[e], int) for e in set(results) - failed)
+        assert set(by_label[head]["eids"]) <= failed and f"Host relay {head}" in str(results[min(failed)])
+        passed_to = [label for label in below if set(by_label[label]["eids"]) <= failed]
+        assert len(passed_to) == 1  # the host it was passing the call to, named too
+        eid = by_label[passed_to[0]]["eids"][0]
+        assert f"passing the call to host relay {passed_to[0]}," in str(results[eid])
+        until(lambda: relays(rc).get(head, {}).get("engines") == 2, what="the head's engines to start it again")
+        assert rc.broadcast_view().apply_sync(lambda: 5) == [5] * 6

@@ -126,9 +126,19 @@ def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
     """``hosts_per_process``: each farm process is three hosts and runs their
     three relays itself (``relay.loop``), engines spread over them and, without
     the mux, reached through the tree alone. A silent engine is given up by
-    its in-process relay; a process killed takes its three hosts with it."""
+    its in-process relay; a process killed takes its three hosts with it.
+    With ``host_fanout=2`` a leaf sends a call to two of the six host relays,
+    which pass it on (``relay.forwarding``) over their real chunk sockets."""
     with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
-        cluster = ipb.Cluster(n=0, depth=1, fanout=2, profile_dir=profile_dir, config=quiet_config(), log_level=40)
+        cluster = ipb.Cluster(
+            n=0,
+            depth=0,
+            fanout=2,
+            profile_dir=profile_dir,
+            config=quiet_config(),
+            log_level=40,
+            controller_args=["--BroadcastController.host_fanout=2"],
+        )
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()
         (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
@@ -136,8 +146,12 @@ def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
         try:
             sim.start(timeout=120)
             rc.wait_for_engines(12, timeout=120)
-            assert rc.broadcast_view().apply_sync(lambda: 1) == [b"\0" * 10] * 12
-            relays = [n for n in rc.broadcast_stats() if n.get("host")]
+            for coalescing in (True, False):
+                assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
+            stats = rc.broadcast_stats()
+            assert [n["calls_split"] for n in stats if not n.get("host")] == [2]  # (the root is the leaf)
+            relays = [n for n in stats if n.get("host")]
+            assert sum(n["calls_passed"] for n in relays) == 2 * 2  # each call passed on by its two heads
             assert sorted(e for n in relays for e in n["eids"]) == rc.ids
             assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
             farm_pids = {proc.pid for proc, _, _ in sim.processes}

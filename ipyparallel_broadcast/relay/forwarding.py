@@ -162,6 +162,10 @@ class Forwarding:
         self.ctx, self.inflight, self.children, self.fanout = ctx, inflight, children, fanout
         self.own_url = own_url  # a host relay's chunk socket (where outcomes come back)
         self.dead: OrderedDict[str, None] = OrderedDict()  # chunk sockets of hosts found lost
+        self.split_calls = self.passed = 0  # calls a leaf sent to heads only; calls a host relay passed on
+
+    def stats(self) -> dict:
+        return dict(calls_split=self.split_calls, calls_passed=self.passed)
 
     # -------------------------------------------------------------- leaf
     def split(self, p: Pending, groups: dict, mode) -> dict[bytes, tuple[list, list[int]]]:
@@ -181,6 +185,7 @@ class Forwarding:
         ):
             return {}
         heads, p.forwarders = {}, {}
+        self.split_calls += 1
         for head, below in plan(hosts, self.fanout):
             entries, owed = self._entries(p, head, below, groups)
             heads[head] = (entries, groups[head] + owed)
@@ -194,6 +199,20 @@ class Forwarding:
             entries.append([host[len(HOST_PREFIX) :].decode(), self.children.bulk[host], groups[host], sub])
             owed += groups[host] + sub_owed
         return entries, owed
+
+    @staticmethod
+    def unanswered(key, lost: str, via: dict) -> Callable[[int], str]:
+        """How an engine that ``key`` owed fails (``lost``: "Host relay h1 is
+        unreachable"): one behind another host relay is named with it."""
+
+        def phrase(eid: int) -> str:
+            host = via.get(eid)
+            if host is None or host == key:
+                return f"{lost}; engine {eid} did not answer"
+            below = host[len(HOST_PREFIX) :].decode(errors="replace")
+            return f"{lost}; it was passing the call to host relay {below}, whose engine {eid} did not answer"
+
+        return phrase
 
     def host_lost(self, key: bytes, why: str) -> list[Send]:
         """Leaf: host relay ``key`` is lost. Each host that was passing it a
@@ -212,6 +231,7 @@ class Forwarding:
         """Host relay: send ``p`` on to each host of ``entries``, which owes
         the outcomes of every host below it (one to a host found lost fails at once)."""
         sends = []
+        self.passed += 1
         via = [self.ctx.host, self.own_url()]
         for f in entries:
             eids = f.all_targets()

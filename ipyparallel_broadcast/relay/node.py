@@ -227,7 +227,7 @@ class RelayNode:
         child = self.children.phrase(key)
         lost = f"{child[0].lower()}{child[1:]} {why}"
         sends = self.surveys.child_lost(key, self.children.names.get(key, repr(key)), lost)
-        unanswered = lambda eid: f"{child} {why}; engine {eid} did not answer"  # noqa: E731
+        unanswered = self.forwarding.unanswered(key, f"{child} {why}", self.routes.via)
         sends += self.inflight.fail_waiting_on(key, P.UNREACHABLE, unanswered)
         if isinstance(key, bytes):  # a host relay: the hosts it fed chunks to get them from here, and
             sends += self.big.host_lost(key, lost)
@@ -290,7 +290,7 @@ class RelayNode:
             else None,
             **self.probe(),
         )
-        stats.update(self.sharing.stats() if self.sharing.on else {}, **self.big.stats())
+        stats.update(self.sharing.stats() if self.sharing.on else {}, **self.big.stats(), **self.forwarding.stats())
         if self.host:
             stats.update(host=self.host, eids=sorted(self.engines))
         elif self.is_leaf:
