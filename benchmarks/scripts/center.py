@@ -51,10 +51,20 @@ from ipyparallel_broadcast.tools.farm import (  # noqa: E402
 
 
 @contextmanager
-def cluster(kind: str, n: int, hosts: int, depth: int, fanout: int, controller_args=()):
-    """Yields (client, controller process, farm processes)."""
-    with farm_cluster(kind, n, depth, fanout, hosts=hosts, controller_args=controller_args) as (rc, farm, controller):
+def cluster(kind: str, n: int, hosts: int, depth: int, fanout: int, controller_args=(), per_process: int = 1):
+    """Yields (client, controller process, farm processes); ``per_process``: simulated hosts a farm process is."""
+    with farm_cluster(
+        kind, n, depth, fanout, hosts=hosts, controller_args=controller_args, hosts_per_process=per_process
+    ) as (rc, farm, controller):
         yield rc, controller, farm_processes(farm)
+
+
+def sent_per_call(rc) -> int:
+    """Requests the busiest node of the center sent for one call (a traced one: its "request out")."""
+    ar = rc.broadcast_view(trace=True).apply_async(t_one)
+    ar.get(timeout=CALL_TIMEOUT)
+    counts = [e.get("detail") for e in ar.trace if e.get("event") == "request out" and "host" not in e["where"]]
+    return max(c for c in counts if isinstance(c, int))
 
 
 class Meter:
@@ -137,9 +147,15 @@ def t_reduce(view, n) -> float:
     return time.perf_counter() - tic
 
 
-def measure_ours(n, args, lines):
+def measure_ours(n, args, lines, host_fanout=None):
     extra = [] if args.hub_records else ["--BroadcastController.hub_records=False"]
-    with cluster("ours", n, args.hosts, args.depth, args.fanout, extra) as (rc, controller, farm):
+    if host_fanout is not None:
+        extra.append(f"--BroadcastController.host_fanout={host_fanout}")
+    with cluster("ours", n, args.hosts, args.depth, args.fanout, extra, args.hosts_per_process) as (
+        rc,
+        controller,
+        farm,
+    ):
         groups = dict(client=[psutil.Process()], **controller_groups(rc, controller, True), farm=farm)
         meter = Meter(groups)
         coalesced, streamed = rc.broadcast_view(coalescing=True), rc.broadcast_view(coalescing=False)
@@ -150,6 +166,9 @@ def measure_ours(n, args, lines):
             "ours coalescing": meter.per_call(lambda: t_echo(coalesced), args.calls),
             "ours streaming": meter.per_call(lambda: t_echo(streamed), args.calls),
         }
+        sent = sent_per_call(rc)
+        for row in rows.values():
+            row["sent"] = sent
         if args.reduce:  # the simulated engines answer a reduce with 1: the sum is the engine count
             t_reduce(coalesced, n)
             rows["ours reduce (scalar sum)"] = meter.per_call(lambda: t_reduce(coalesced, n), args.calls)
@@ -197,6 +216,16 @@ def main(argv=None):
     )
     parser.add_argument("--profile", action="store_true", help="add a cProfile of the client's reply handling")
     parser.add_argument("--reduce", action="store_true", help="add a scalar reduce(sum) to every engine")
+    parser.add_argument(
+        "--host-fanout",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="our controller's BroadcastController.host_fanout, one run each (0: a leaf sends to every host)",
+    )
+    parser.add_argument(
+        "--hosts-per-process", type=int, default=1, help="simulated hosts a farm process is (it runs their relays)"
+    )
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     lines = [
@@ -206,19 +235,25 @@ def main(argv=None):
         + ("; reduce: a scalar sum of one number per engine" if args.reduce else "")
         + f"; depth {args.depth}, fan-out {args.fanout}"
         + ("" if args.hub_records else "; our controller without the hub's per-engine records")
+        + (f"; {args.hosts_per_process} simulated hosts per farm process" if args.hosts_per_process > 1 else "")
         + "; ms per call: round trip (median), then CPU net of idle (the center's sum counts a"
-        + " process below zero, its idle work stopped meanwhile, as 0).",
+        + " process below zero, its idle work stopped meanwhile, as 0). 'sent': the requests the"
+        + " busiest relay node of the center sent for one call (its trace's 'request out').",
         "",
     ]
     table = [
-        "| engines | view | " + " | ".join(COLS) + " | center CPU | center per engine (µs) |",
-        "|---:|---|" + "---:|" * (len(COLS) + 2),
+        "| engines | view | " + " | ".join(COLS) + " | center CPU | center per engine (µs) | sent |",
+        "|---:|---|" + "---:|" * (len(COLS) + 3),
     ]
     idle = ["| engines | cluster | " + " | ".join(c for c in COLS[1:]) + " |", "|---:|---|" + "---:|" * 5]
     centers = {}
     for n in args.engines:
-        results, rates = measure_ours(n, args, lines)
-        idle.append(f"| {n} | ours | " + " | ".join(f"{100 * rates[c]:.1f}%" for c in COLS[1:]) + " |")
+        results = {}
+        for host_fanout in args.host_fanout:
+            ours, rates = measure_ours(n, args, lines, host_fanout)
+            named = "" if host_fanout is None else f", host_fanout {host_fanout}"
+            results.update({f"{view}{named}": r for view, r in ours.items()})
+            idle.append(f"| {n} | ours{named} | " + " | ".join(f"{100 * rates[c]:.1f}%" for c in COLS[1:]) + " |")
         if args.stock:
             stock, stock_rates = measure_stock(n, args)
             results.update(stock)
@@ -230,20 +265,20 @@ def main(argv=None):
             table.append(
                 f"| {n} | {view} | "
                 + " | ".join(f"{r[c]:.1f}" for c in COLS)
-                + f" | {center:.1f} | {1e3 * center / n:.1f} |"
+                + f" | {center:.1f} | {1e3 * center / n:.1f} | {r.get('sent', '')} |"
             )
         print("\n".join(table), flush=True)
     lines += table + ["", "idle CPU (share of one core):", ""] + idle + [""]
-    if len(args.engines) > 1:
+    if len(args.engines) > 1 and args.host_fanout == [None]:
         lo, hi = min(args.engines), max(args.engines)
         for view in ("ours coalescing", "ours streaming"):
             lines.append(
                 f"- center CPU growth {lo} → {hi} engines, {view}: {centers[hi, view] / centers[lo, view]:.2f}×"
             )
     for n in args.engines:
-        ours = centers[n, "ours coalescing"]
+        ours = centers.get((n, "ours coalescing"))
         for view in ("DirectView", "ipp BroadcastView coalescing"):
-            if (n, view) in centers:
+            if (n, view) in centers and ours is not None:
                 lines.append(f"- N={n}: center CPU of ours coalescing = {ours / centers[n, view]:.3f}× {view}'s")
     report("center.py", argv, f"The center's cost per call: {args.hosts} simulated hosts", lines, args.out)
 

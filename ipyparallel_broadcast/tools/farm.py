@@ -55,15 +55,18 @@ def farm_cluster(
     hosts: int = 0,
     reply_bytes=REPLY_BYTES,
     controller_args=(),
+    hosts_per_process: int = 1,
+    mux: bool = True,
 ):
     """A controller (``ours`` or ``stock``) with ``n`` simulated engines; yields
     (client, farm, controller process). ``hosts``: the engines run as that
     many simulated hosts of ``n / hosts`` engines, each (with ours) behind its
     own host relay; a stock controller gets the same processes, relay-less.
     ``reply_bytes``: the size of every engine's apply result; ``controller_args``:
-    more command-line options for the controller."""
+    more command-line options for the controller; ``hosts_per_process``, ``mux``:
+    as ``SimEngines`` takes them (with ours)."""
     if hosts:
-        per_process = -(-n // hosts)
+        per_process = -(-n // hosts) * (hosts_per_process if kind == "ours" else 1)
     with tempfile.TemporaryDirectory(prefix=f"ipb-farm-{kind}-") as profile_dir:
         common = dict(n=0, profile_dir=profile_dir, log_level=40)
         if kind == "ours":
@@ -79,7 +82,13 @@ def farm_cluster(
             rc = cluster.connect_client_sync()
             (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
             farm = SimEngines(
-                engine_file, n, per_process=per_process, reply_bytes=reply_bytes, hosts=bool(hosts) and kind == "ours"
+                engine_file,
+                n,
+                per_process=per_process,
+                reply_bytes=reply_bytes,
+                hosts=bool(hosts) and kind == "ours",
+                hosts_per_process=hosts_per_process,
+                mux=mux,
             )
             try:
                 farm.start(timeout=max(120, n / 10))
