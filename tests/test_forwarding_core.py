@@ -88,11 +88,17 @@ def test_a_host_lost_below_a_head_fails_by_name_and_the_others_are_delivered():
     assert set(failures) == mine and sorted(replies) == sorted(set(engines) - mine)
     assert all(f"Host relay {label}" in failures[e][2] for e in mine)
     assert not any(n.pending for k, n in sim.nodes.items() if k != ("h", label))
-    # its forwarder passes it no more calls (it may come back: it is pinged still)
+    # its forwarder passes that life of it no more calls; a new one (same chunk socket) is passed them again
     sim.client_inbox.clear()
     sim.request(engines)
     replies, failures, _ = sim.outcomes()
     assert set(failures) == mine and sorted(replies) == sorted(set(engines) - mine)
+    sim.restart(("h", label))
+    sim.wait(1)  # (its leaf hears its new life in a pong)
+    sim.client_inbox.clear()
+    sim.request(engines)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == engines and not failures
 
 
 def test_a_lost_head_takes_the_outcomes_of_the_hosts_below_it_for_that_call_and_nothing_hangs():
@@ -123,9 +129,10 @@ def test_a_lost_head_takes_the_outcomes_of_the_hosts_below_it_for_that_call_and_
     "bad",
     [
         "not a list",
-        [["h9", "ipc://nowhere", [1], []]],  # not a chunk socket
-        [["h9", "tcp://h9:1", ["one"], []]],
-        [["h9", "tcp://h9:1", [1]]],
+        [["h9", "ipc://nowhere", [1], [], None]],  # not a chunk socket
+        [["h9", "tcp://h9:1", ["one"], [], None]],
+        [["h9", "tcp://h9:1", [1], None]],
+        [["h9", "tcp://h9:1", [1], [], 7]],
     ],
 )
 def test_a_malformed_forward_list_is_dropped_and_counted(bad):

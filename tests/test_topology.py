@@ -149,15 +149,17 @@ def test_auto_shape_follows_the_engine_count_and_the_cores():
     assert auto_shape(256, 16).n_leaves > auto_shape(256, 2).n_leaves  # cores for more leaves
 
 
-@pytest.mark.parametrize("hosts", [1, 16])
-def test_auto_tree_serves_hosts_when_engines_are_behind_host_relays(hosts):
-    """With engines on many hosts (one relay each), the controller-side leaves
-    serve hosts: 'auto' sizes the tree for the hosts, not the engines."""
+@pytest.mark.parametrize("hosts, host_fanout", [(1, 16), (16, 16), (1000, 16), (1000, 0)])
+def test_auto_tree_serves_hosts_when_engines_are_behind_host_relays(hosts, host_fanout):
+    """With engines on many hosts (one relay each, all under the first leaf),
+    the leaf sends a call to at most ``host_fanout`` relays, which pass it on:
+    'auto' sizes the tree for that many, not for the engines or every host."""
     from ipyparallel_broadcast.controller.app import BroadcastController
     from ipyparallel_broadcast.engine.compose.host import cpu_count
 
-    controller = BroadcastController(depth="auto", fanout="auto", engines=4096, hosts=hosts)
-    assert controller.shape == auto_shape(4096 if hosts == 1 else hosts, cpu_count())
+    controller = BroadcastController(depth="auto", fanout="auto", engines=4096, hosts=hosts, host_fanout=host_fanout)
+    served = 4096 if hosts == 1 else min(hosts, host_fanout or hosts)
+    assert controller.shape == auto_shape(served, cpu_count())
     assert controller.auto_inputs.get("hosts") == (hosts if hosts > 1 else None)
 
 

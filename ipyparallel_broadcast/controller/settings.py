@@ -49,7 +49,8 @@ class TreeSettings(Configurable):
         config=True,
         help="Engine hosts the tree is sized for when depth or fanout is 'auto'. Engines on "
         "hosts other than the controller's reach it through one host relay per host "
-        "(see relay.hostshell), so the controller-side leaves serve hosts, not engines.",
+        "(see relay.hostshell), and the first leaf sends a call to at most host_fanout of "
+        "them, which pass it on: the tree is sized for that many children, not engines.",
     )
     ping_interval = Float(
         0.5,
@@ -183,16 +184,17 @@ class TreeSettings(Configurable):
                     "Pass --BroadcastController.engines=N (the broadcast launchers do).",
                     engines,
                 )
-            # engines on other hosts sit behind one relay a host: the leaves serve hosts
-            served = self.hosts if self.hosts > 1 else engines
+            # engines on other hosts sit behind one relay a host, all under the first leaf,
+            # which sends a call to at most host_fanout of them (``relay.forwarding``)
+            served = min(self.hosts, self.host_fanout or self.hosts) if self.hosts > 1 else engines
             shape = auto_shape(served, cpu_count(), *fixed)
             self.auto_inputs = dict(engines=engines, cores=cpu_count())
             if self.hosts > 1:
-                self.auto_inputs["hosts"] = self.hosts
+                self.auto_inputs.update(hosts=self.hosts, host_fanout=self.host_fanout)
             self.log.info(
                 "Broadcast tree 'auto' for %i %s on %i cores: depth=%i fanout=%i",
                 served,
-                "hosts" if self.hosts > 1 else "engines",
+                "host relays a call goes to" if self.hosts > 1 else "engines",
                 cpu_count(),
                 shape.depth,
                 shape.fanout,

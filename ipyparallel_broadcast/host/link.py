@@ -7,6 +7,7 @@ before its compose mode has set thread limits (nothing here loads NumPy).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -78,6 +79,17 @@ class Place:
             seed = hmac.new(key, b"host relay " + label.encode(), hashlib.sha256).digest()
             self.secret = z85.encode(seed)
             self.public = zmq.curve_public(self.secret)
+
+    def remove_files(self):
+        """The host's files for this cluster: join files, lock, claim, leaf, log."""
+        for name in os.listdir(self.joins) if os.path.isdir(self.joins) else ():
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.joins, name))
+        for path in (self.leaf_path, self.log_path, self.lock_path, self.claim_path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.joins)
 
 
 class HostLink:

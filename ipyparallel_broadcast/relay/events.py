@@ -72,7 +72,7 @@ class Lost:  # to a host relay: an engine of its host the hub lost
 @dataclass
 class HostLost:  # to a host relay: a host relay it may pass calls to is lost (``forwarding``)
     ident: bytes
-    url: str | None
+    boot: str | None  # that relay's life
     why: str
 
 
@@ -94,8 +94,8 @@ def from_above(codec: P.Codec, frames, is_root: bool, is_host: bool):
     if kind == P.ROUTE_ACK and not is_root:
         return RouteAck(content)
     if kind == P.LOST and is_host and isinstance(content.get("host"), str):
-        url = content.get("url") if isinstance(content.get("url"), str) else None
-        return HostLost(HOST_PREFIX + content["host"].encode(), url, str(content.get("why") or "is lost"))
+        boot = content.get("boot") if isinstance(content.get("boot"), str) else None
+        return HostLost(HOST_PREFIX + content["host"].encode(), boot, str(content.get("why") or "is lost"))
     if kind == P.LOST and is_host:
         if not isinstance(content.get("uuid"), str):
             raise P.ProtocolError("engine-lost notice without a uuid")

@@ -40,7 +40,7 @@ FORWARD = "forward"  # request content: the hosts a head passes the call on to
 VIA = "via"  # request content: [the passing host's label, its chunk socket]: outcomes go there
 DEFAULT_HOST_FANOUT = 16
 MAX_FORWARDED = 1 << 20  # engines a request's forward list may name (an input bound)
-DEAD_KEPT = 256  # chunk sockets of hosts found lost, remembered (a call passed on late is failed)
+DEAD_KEPT = 256  # lives of host relays found lost, remembered (a call passed on late is failed)
 
 
 def plan(hosts: list, fanout: int) -> list[tuple[object, list]]:
@@ -61,7 +61,8 @@ class Forwarded:
     ident: bytes
     url: str
     targets: list[int]
-    below: list  # [[label, url, targets, below], ...]
+    below: list  # [[label, url, targets, below, boot], ...]
+    boot: str | None  # the life of its relay the leaf last heard (a lost one is passed nothing)
 
     def all_targets(self) -> list[int]:
         """Its targets and those of every host below it."""
@@ -74,16 +75,17 @@ class Forwarded:
 def parse_entry(entry) -> Forwarded:
     if not (
         isinstance(entry, list)
-        and len(entry) == 4
+        and len(entry) == 5
         and isinstance(entry[0], str)
         and isinstance(entry[1], str)
         and entry[1].startswith("tcp://")
         and isinstance(entry[2], list)
         and all(type(e) is int for e in entry[2])
         and isinstance(entry[3], list)
+        and (entry[4] is None or isinstance(entry[4], str))
     ):
-        raise P.ProtocolError("a forward entry is [label, tcp url, [engine ids], [entries]]")
-    return Forwarded(HOST_PREFIX + entry[0].encode(), entry[1], entry[2], entry[3])
+        raise P.ProtocolError("a forward entry is [label, tcp url, [engine ids], [entries], boot]")
+    return Forwarded(HOST_PREFIX + entry[0].encode(), entry[1], entry[2], entry[3], entry[4])
 
 
 def parse(value) -> list[Forwarded]:
@@ -161,7 +163,7 @@ class Forwarding:
     ):
         self.ctx, self.inflight, self.children, self.fanout = ctx, inflight, children, fanout
         self.own_url = own_url  # a host relay's chunk socket (where outcomes come back)
-        self.dead: OrderedDict[str, None] = OrderedDict()  # chunk sockets of hosts found lost
+        self.dead: OrderedDict[str, None] = OrderedDict()  # boots of host relays found lost
         self.split_calls = self.passed = 0  # calls a leaf sent to heads only; calls a host relay passed on
 
     def stats(self) -> dict:
@@ -196,7 +198,8 @@ class Forwarding:
         for host, below in trees:
             p.forwarders[host] = forwarder
             sub, sub_owed = self._entries(p, host, below, groups)
-            entries.append([host[len(HOST_PREFIX) :].decode(), self.children.bulk[host], groups[host], sub])
+            label, boot = host[len(HOST_PREFIX) :].decode(), self.children.boots.get(host)
+            entries.append([label, self.children.bulk[host], groups[host], sub, boot])
             owed += groups[host] + sub_owed
         return entries, owed
 
@@ -223,7 +226,7 @@ class Forwarding:
             if forwarder is not None and forwarder in self.children:
                 told.add(forwarder)
         label = key[len(HOST_PREFIX) :].decode(errors="replace")
-        notice = dict(host=label, url=self.children.bulk.get(key), why=why)
+        notice = dict(host=label, boot=self.children.boots.get(key), why=why)
         return [Send(DOWN, [f] + self.ctx.codec.pack(P.LOST, notice)) for f in sorted(told)]
 
     # -------------------------------------------------------- host relay
@@ -235,7 +238,7 @@ class Forwarding:
         via = [self.ctx.host, self.own_url()]
         for f in entries:
             eids = f.all_targets()
-            if f.url in self.dead or via[1] is None:
+            if (f.boot is not None and f.boot in self.dead) or via[1] is None:
                 label = f.ident[len(HOST_PREFIX) :].decode(errors="replace")
                 why = f"is behind host relay {label}, lost before it was passed the call"
                 sends += self.inflight.fail(p, eids, P.UNREACHABLE, why)
@@ -249,9 +252,9 @@ class Forwarding:
             sends.append(Send(BULK, [f.url.encode(), f.ident] + self.ctx.codec.pack(P.REQUEST, content, frames)))
         return sends
 
-    def lost(self, url) -> None:
-        """Host relay: the leaf said a host it may pass calls to is lost (its chunk socket)."""
-        if isinstance(url, str):
-            self.dead[url] = None
+    def lost(self, boot) -> None:
+        """Host relay: the leaf said a host relay it may pass calls to is lost (that life of it)."""
+        if isinstance(boot, str):
+            self.dead[boot] = None
             while len(self.dead) > DEAD_KEPT:
                 self.dead.popitem(last=False)

@@ -254,23 +254,9 @@ class HostRelayShell(NodeShell):
         (the relay it starts next, and any restarted after, find it there) and
         the lock its engines wait on. The engines' compose directory goes if no
         engine is in it."""
-        place = self.place
         if self.joined_engines():
             return
-        for name in os.listdir(place.joins) if os.path.isdir(place.joins) else ():
-            try:
-                os.unlink(os.path.join(place.joins, name))
-            except OSError:
-                pass
-        for path in (place.leaf_path, place.log_path, place.lock_path, place.claim_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        try:
-            os.rmdir(place.joins)
-        except OSError:
-            pass
+        self.place.remove_files()
         # engines killed before their exit handlers ran (an MPI launcher's SIGKILL) left it
         composedir.remove_if_unused(composedir.cluster_key(self.spec["key"].encode()))
 

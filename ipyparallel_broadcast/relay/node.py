@@ -170,7 +170,7 @@ class RelayNode:
             if isinstance(event, E.ChainEnd):
                 return self.big.leaf_ended(event.keys, event.why)
             if isinstance(event, E.HostLost):  # a host relay this one may pass calls to
-                self.forwarding.lost(event.url)
+                self.forwarding.lost(event.boot)
                 return self.on_child_lost(event.ident, event.why)
             return self.on_engine_lost(event.uuid, event.why)  # E.Lost
         except P.ProtocolError as e:

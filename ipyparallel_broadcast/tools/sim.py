@@ -60,7 +60,7 @@ from ipyparallel.serialize.serialize import MAX_BYTES, MAX_ITEMS
 from jupyter_client.session import Session
 
 from ..engine.applycall import serialize_result
-from ..host.link import host_label
+from ..host.link import Place, host_label
 from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
 
@@ -344,6 +344,9 @@ class SimProcess:
                 conn.send(command[1])
             else:
                 break
+        if self.relays_here:  # its hosts go with it: their files too (a relay that an engine started removes them)
+            for link in self.links:
+                link.place.remove_files()
 
 
 def run_relays(links: list, ready: threading.Event):
@@ -497,6 +500,7 @@ class SimEngines:
         self.reply_bytes, self.delay, self.mux = reply_bytes, delay, mux
         self.hosts_per_process = hosts_per_process if hosts else 0
         self.processes: list[tuple] = []  # (process, pipe, engine ids)
+        self.relays_run: dict[int, list[str]] = {}  # a process that runs its hosts' relays -> their labels
         self._labels = counter()
 
     def start(self, timeout: float = 600) -> list[int]:
@@ -522,6 +526,8 @@ class SimEngines:
         proc.start()
         entry = (proc, here, [])
         self.processes.append(entry)
+        if len(hosts) > 1:
+            self.relays_run[proc.pid] = hosts
         return entry
 
     @staticmethod
@@ -541,6 +547,8 @@ class SimEngines:
         proc, pipe, ids = self.processes.pop(index)
         proc.kill()
         proc.join(5)
+        for label in self.relays_run.pop(proc.pid, ()):  # (its relays were killed with it: their files go)
+            Place(self.info["key"].encode(), label, curve=False).remove_files()
         return list(ids)
 
     @property
