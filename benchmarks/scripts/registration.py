@@ -36,7 +36,7 @@ from report import report  # noqa: E402
 
 import ipyparallel_broadcast as ipb  # noqa: E402
 from ipyparallel_broadcast.tools.bench import cpu_seconds as cpu  # noqa: E402
-from ipyparallel_broadcast.tools.farm import HEARTBEATS, IDLE_WINDOW_S, t_echo  # noqa: E402
+from ipyparallel_broadcast.tools.farm import HEART_PERIOD_MS, t_echo  # noqa: E402
 from ipyparallel_broadcast.tools.sim import SimEngines  # noqa: E402
 
 ECHOES = 5  # timed echoes after one warm-up: their median
@@ -150,19 +150,34 @@ class Prober:
         self.process.join(10)
 
 
-def make_cluster(kind: str, profile_dir: str):
+def heartbeats(period_s: float) -> list[str]:
+    """The heart monitor's settings, both controllers: a period, 10 misses (ipyparallel's lenient defaults at 3 s)."""
+    return [f"--HeartMonitor.period={int(1000 * period_s)}", "--HeartMonitor.max_heartmonitor_misses=10"]
+
+
+def make_cluster(kind: str, profile_dir: str, period_s: float):
     common = dict(n=0, profile_dir=profile_dir, log_level=40)
     if kind == "ours":
-        return ipb.Cluster(depth=1, fanout=2, controller_args=HEARTBEATS, **common)
-    return ipp.Cluster(controller_args=HEARTBEATS, **common)
+        return ipb.Cluster(depth=1, fanout=2, controller_args=heartbeats(period_s), **common)
+    return ipp.Cluster(controller_args=heartbeats(period_s), **common)
 
 
 def one_run(
-    kind: str, n: int, hosts: int, timeout: float, nice: int = 0, pause: float = 0.2, per_process: int = 1, mux=True
+    kind: str,
+    n: int,
+    hosts: int,
+    timeout: float,
+    nice: int = 0,
+    pause: float = 0.2,
+    per_process: int = 1,
+    mux=True,
+    period_s: float = HEART_PERIOD_MS / 1000,
 ) -> dict:
-    """``per_process``: simulated hosts a farm process is (ours); ``mux``: engines connect to the hub's mux."""
+    """``per_process``: simulated hosts a farm process is (ours); ``mux``: engines connect to the hub's mux;
+    ``period_s``: the heart monitor's period (the idle window: five of them)."""
+    idle_window = 5 * period_s
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
-        cluster = make_cluster(kind, profile_dir)
+        cluster = make_cluster(kind, profile_dir, period_s)
         cluster.start_controller_sync()
         client = cluster.connect_client_sync()
         security = os.path.join(profile_dir, "security")
@@ -198,12 +213,12 @@ def one_run(
                 name = "hub" if p.pid == hub_proc.pid else process_name(p)
                 reg_by_process[name] = reg_by_process.get(name, 0.0) + cpu([p]) - each_before.get(p.pid, 0.0)
             idle_from, each_from = cpu(procs), [cpu([p]) for p in procs]
-            time.sleep(IDLE_WINDOW_S)  # the idle window: whole heartbeat periods
-            idle = (cpu(procs) - idle_from) / IDLE_WINDOW_S
+            time.sleep(idle_window)  # the idle window: whole heartbeat periods
+            idle = (cpu(procs) - idle_from) / idle_window
             by_process: dict[str, float] = {}
             for p, before_p in zip(procs, each_from):
                 name = "hub" if p.pid == hub_proc.pid else process_name(p)
-                by_process[name] = by_process.get(name, 0.0) + (cpu([p]) - before_p) / IDLE_WINDOW_S
+                by_process[name] = by_process.get(name, 0.0) + (cpu([p]) - before_p) / idle_window
             rss, pss = memory(procs)
             view = client.broadcast_view(coalescing=True) if kind == "ours" else client[:]
             t_echo(view)  # warm up
@@ -269,6 +284,9 @@ def main(argv=None):
         "its relay started as a real engine starts it)",
     )
     parser.add_argument("--no-mux", action="store_true", help="simulated engines do not connect to the hub's mux")
+    parser.add_argument(
+        "--heart-period", type=float, default=HEART_PERIOD_MS / 1000, help="the heart monitor's period, seconds"
+    )
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -278,13 +296,14 @@ def main(argv=None):
         os.environ["PYTHONPATH"] = os.path.abspath(args.code) + os.pathsep + os.environ.get("PYTHONPATH", "")
         os.chdir(args.code)
     lines = [
-        "A controller (ours: depth 1, fan-out 2; heartbeats every 3 s, 10 misses, for both), a client connected",
+        f"A controller (ours: depth 1, fan-out 2; heartbeats every {args.heart_period:g} s, 10 misses, for both), "
+        "a client connected",
         "before any engine, then a farm of simulated engines: for ours, each process a host with its own host",
         "relay; for stock, the same processes without. 'all in': from the farm's start until the client saw",
         "every engine; 'center CPU': the controller's processes meanwhile (the hub, relay nodes, queues, heart",
         "monitor); 'farm CPU': the farm's processes and their host relays from their start until all were in,",
         "on the same two cores (all in >= (center CPU + farm CPU) / 2);",
-        f"'idle': the center's CPU once all are in, over {IDLE_WINDOW_S:g} s, in a share of one core; 'RSS':",
+        f"'idle': the center's CPU once all are in, over {5 * args.heart_period:g} s, in a share of one core; 'RSS':",
         "summed over those processes (pages that forked processes share counted once each); 'PSS': each shared",
         "page split among its sharers. Probes: clients made one after another while the engines registered",
         f"({args.probe_pause:g} s apart): how many, the slowest connection, the slowest answer to a query",
@@ -329,6 +348,7 @@ def main(argv=None):
                     args.probe_pause,
                     args.hosts_per_process,
                     not args.no_mux,
+                    args.heart_period,
                 )
             except Exception as e:  # a controller that cannot take this many: said in the table
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 12)
