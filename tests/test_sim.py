@@ -122,6 +122,16 @@ def test_simulated_hosts_each_run_a_host_relay():
         )
 
 
+def silence_one_then_kill_a_process(rc, sim):
+    """An engine of the first process falls silent and is unregistered; then the
+    second process is killed (its hosts, relays and all), and its engines go."""
+    victim = sim.processes[0][2][0]
+    sim.kill(victim)
+    until(lambda: victim not in rc.ids, timeout=60, what="the silent engine to be unregistered")
+    lost = sim.kill_process(1)
+    until(lambda: not set(lost) & set(rc.ids), timeout=60, what="the killed process's engines to go")
+
+
 def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
     """``hosts_per_process``: each farm process is three hosts and runs their
     three relays itself (``relay.loop``), engines spread over them and, without
@@ -156,11 +166,7 @@ def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
             assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
             farm_pids = {proc.pid for proc, _, _ in sim.processes}
             assert {n["pid"] for n in relays} == farm_pids  # the relays run in the farm's two processes
-            victim = sim.processes[0][2][0]
-            sim.kill(victim)
-            until(lambda: victim not in rc.ids, timeout=60, what="the silent engine to be unregistered")
-            lost = sim.kill_process(1)
-            until(lambda: not set(lost) & set(rc.ids), timeout=60, what="the killed hosts' engines to go")
+            silence_one_then_kill_a_process(rc, sim)
             assert rc.ids == sim.ids and len(rc.ids) == 5
             assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
             rc.close()
@@ -212,11 +218,7 @@ def test_behind_simulated_hosts_a_silent_engine_and_a_killed_host_are_unregister
         try:
             sim.start(timeout=120)
             rc.wait_for_engines(8, timeout=120)
-            victim = sim.processes[0][2][0]
-            sim.kill(victim)
-            until(lambda: victim not in rc.ids, timeout=60, what="the silent engine to be unregistered")
-            lost = sim.kill_process(1)
-            until(lambda: not set(lost) & set(rc.ids), timeout=60, what="the killed host's engines to go")
+            silence_one_then_kill_a_process(rc, sim)
             assert rc.ids == sim.ids and len(rc.ids) == 3
             assert rc.broadcast_view().apply_sync(lambda: 1) == [b""] * 3
             rc.close()
