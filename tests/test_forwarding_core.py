@@ -125,6 +125,32 @@ def test_a_lost_head_takes_the_outcomes_of_the_hosts_below_it_for_that_call_and_
             assert (label == head_label) != (f"passing the call to host relay {label}," in failures[eid][2])
 
 
+def test_a_host_that_cannot_be_reached_from_the_host_passing_it_the_call_fails_by_name_and_then_at_once():
+    """No receipt within the node timeout: what the host owes fails, naming
+    both; the next calls to it from there fail at once, not after a wait.
+    (Its engines behind it fail with it: it passes them nothing either.)"""
+    sim, engines = hosted()
+    root = sim.nodes[()]
+    sim.request(engines)
+    plan = forwarding.plan([k for k in root.children.bulk], root.forwarding.fanout)
+    walled = plan[-1][1][0][0]  # a host passed the call by a head (the leaf reaches it still)
+    label = walled[len(b"ipb-host:") :].decode()
+    sim.walled.add(("h", label))
+    sim.client_inbox.clear()
+    sim.request(engines)
+    mine = set(sim.nodes[("h", label)].engines)
+    sim.wait(root.node_timeout + 1)
+    replies, failures, _ = sim.outcomes()
+    assert mine <= set(failures) and set(replies) | set(failures) == set(engines)
+    assert all(f"Host relay {label} could not be reached from host" in failures[e][2] for e in mine)
+    assert sim.pending_total() == 0
+    sim.client_inbox.clear()
+    sim.request(engines)  # failed at once now: no wait
+    replies, failures, _ = sim.outcomes()
+    assert mine <= set(failures) and "cannot reach" in failures[min(mine)][2]
+    assert sim.pending_total() == 0
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -411,7 +411,7 @@ def test_a_leafs_two_flows_alone_send_a_request_to_its_engines_and_fail_a_lost_o
     routes, sharing = Routes(TreeShape(1, 2), (0,), True), Sharing(b.codec, None)
     children = Children((0,), [], lambda: b.now, 0.5, 10.0)
     big = BigData.build(ctx, inflight, children, sharing, Deadlines(), stall=20.0, spec={}, fail=None, stalled=list)
-    forwarding = Forwarding(ctx, inflight, children, 16, own_url=lambda: None)
+    forwarding = Forwarding(ctx, inflight, children, 16, lambda: None, Deadlines(), 10.0)
     parts = FlowParts(ctx, True, inflight, engines, routes, children, sharing, big, forwarding)
     down = DownFlow(parts, wall=lambda: b.now, keys=count(), big_from=1 << 20)
     announce = Announcements(b.codec, routes, children.idents, False, None, "boot-1")

@@ -51,6 +51,7 @@ class TreeSim:
         self.bulk_urls = {}  # url -> ("h", label)
         self.chunks_at = {}
         self.closed_links = []  # hosts whose bulk link a node closed
+        self.walled = set()  # hosts whose chunk socket no other host reaches (a firewall)
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
@@ -265,7 +266,7 @@ class TreeSim:
                 if len(send.frames) == 1:  # the link to a lost host closed
                     self.closed_links.append(host)
                     continue
-                if host in self.down_nodes:
+                if host in self.down_nodes or (host in self.walled and node.host):
                     continue
                 self.chunks_at[host] += 1
                 feeder = host_ident(node.host) if node.host else b"feeder"  # (a host relay's feeds say who it is)

@@ -33,6 +33,7 @@ from . import events as E
 from .children import Children
 from .context import NodeContext
 from .dataplane.chunks import BULK
+from .deadlines import Deadlines
 from .events import DOWN, UP, Send
 from .inflight import InFlight, Pending
 
@@ -99,8 +100,10 @@ def parse(value) -> list[Forwarded]:
     return entries
 
 
+RECEIPT = "ipb_receipt"  # a host relay passed a call says so to the host that passed it
 REQUEST_MARK = b'"' + P.REQUEST.encode() + b'"'  # in the header frame of a call passed on
-BUNDLE_MARK = b'"' + P.BUNDLE.encode() + b'"'  # ... and of the outcomes coming back
+BUNDLE_MARK = b'"' + P.BUNDLE.encode() + b'"'  # ... of the outcomes coming back
+RECEIPT_MARK = b'"' + RECEIPT.encode() + b'"'  # ... and of its receipt
 ROUTE_MARK = b"ipb-passed"  # a call passed on: its outcomes' route is [ROUTE_MARK, url, label]
 
 
@@ -112,7 +115,7 @@ def passed(frames) -> bool:
     except P.ProtocolError:
         return False  # (``chunks_in`` drops it)
     header = P.as_bytes(body[1]) if len(body) > 1 else b""
-    return REQUEST_MARK in header or BUNDLE_MARK in header
+    return REQUEST_MARK in header or BUNDLE_MARK in header or RECEIPT_MARK in header
 
 
 def from_passing(codec: P.Codec, frames) -> E.Request | E.ChildMessage:
@@ -126,7 +129,7 @@ def from_passing(codec: P.Codec, frames) -> E.Request | E.ChildMessage:
         request.route = via_route(request.content.pop(VIA, None))  # (not the passing socket's identity)
         return request
     event = E.from_below(codec, frames, is_leaf=False)
-    if event.kind != P.BUNDLE or not event.ident.startswith(HOST_PREFIX):
+    if event.kind not in (P.BUNDLE, RECEIPT) or not event.ident.startswith(HOST_PREFIX):
         raise P.ProtocolError(f"unexpected {event.kind!r} passed back by {event.ident!r}")
     return event
 
@@ -159,10 +162,21 @@ class Forwarding:
     lost. At a host relay: the hosts it passes a call on to (``pass_on``)."""
 
     def __init__(
-        self, ctx: NodeContext, inflight: InFlight, children: Children, fanout: int, own_url: Callable[[], str | None]
+        self,
+        ctx: NodeContext,
+        inflight: InFlight,
+        children: Children,
+        fanout: int,
+        own_url: Callable[[], str | None],
+        deadlines: Deadlines,
+        timeout: float,
     ):
         self.ctx, self.inflight, self.children, self.fanout = ctx, inflight, children, fanout
         self.own_url = own_url  # a host relay's chunk socket (where outcomes come back)
+        # calls passed on whose receipt has not come: (request key, host) -> by when it must
+        self.timeout, self.unreceipted = timeout, {}
+        self.unreachable: OrderedDict[str, None] = OrderedDict()  # boots of hosts no receipt came from
+        deadlines.add("passed calls' receipts", self._next_receipt, self._unreceipted)
         self.dead: OrderedDict[str, None] = OrderedDict()  # boots of host relays found lost
         self.split_calls = self.passed = 0  # calls a leaf sent to heads only; calls a host relay passed on
 
@@ -238,18 +252,54 @@ class Forwarding:
         via = [self.ctx.host, self.own_url()]
         for f in entries:
             eids = f.all_targets()
+            label = f.ident[len(HOST_PREFIX) :].decode(errors="replace")
             if (f.boot is not None and f.boot in self.dead) or via[1] is None:
-                label = f.ident[len(HOST_PREFIX) :].decode(errors="replace")
                 why = f"is behind host relay {label}, lost before it was passed the call"
                 sends += self.inflight.fail(p, eids, P.UNREACHABLE, why)
                 continue
+            if f.boot is not None and f.boot in self.unreachable:
+                why = f"is behind host relay {label}, which {self.ctx.name} cannot reach ({f.url})"
+                sends += self.inflight.fail(p, eids, P.UNREACHABLE, why)
+                continue
             p.state.expect(f.ident, eids)
+            self.unreceipted[p.key, f.ident] = (self.ctx.clock() + self.timeout, f.boot, f.url)
             content, frames = p.request_for(f.targets, None)
             content[FORWARD], content[VIA] = f.below, via
             table, frames = P.join_small(frames)
             if table is not None:
                 content[P.JOINED] = table
             sends.append(Send(BULK, [f.url.encode(), f.ident] + self.ctx.codec.pack(P.REQUEST, content, frames)))
+        return sends
+
+    def received(self, request: E.Request) -> list[Send]:
+        """Host relay: a call passed on to it: its receipt, to the host that passed it."""
+        receipt = self.ctx.codec.pack(RECEIPT, dict(req=request.content.get("req")))
+        return [Send(BULK, request.route[1:] + receipt)]
+
+    def receipt(self, host: bytes, content: dict) -> list[Send]:
+        """Host relay: ``host`` got a call this relay passed it."""
+        self.unreceipted.pop((content.get("req"), host), None)
+        return []
+
+    def _next_receipt(self) -> float | None:
+        return min((t for t, _, _ in self.unreceipted.values()), default=None)
+
+    def _unreceipted(self, now: float) -> list[Send]:
+        """Calls passed on whose receipt did not come in ``timeout``: the host
+        cannot be reached from here (its relay port closed to this host, say);
+        what it owes fails, and it is passed no more calls in that life."""
+        sends = []
+        for (key, host), (due, boot, url) in list(self.unreceipted.items()):
+            if due > now:
+                continue
+            del self.unreceipted[key, host]
+            if boot is not None:
+                self.unreachable[boot] = None
+                while len(self.unreachable) > DEAD_KEPT:
+                    self.unreachable.popitem(last=False)
+            label = host[len(HOST_PREFIX) :].decode(errors="replace")
+            why = f"Host relay {label} could not be reached from {self.ctx.name} ({url}) to pass it the call"
+            sends += self.inflight.fail_waiting_on(host, P.UNREACHABLE, self.unanswered(None, why, {}), [key])
         return sends
 
     def lost(self, boot) -> None:

@@ -126,9 +126,8 @@ class RelayNode:
         self.probe = probe
         # a restarted root must not reuse the keys of requests engines may still answer
         self._keys = count(int(self.boot[:8], 16) << 20)
-        self.forwarding = Forwarding(
-            self.ctx, self.inflight, self.children, host_fanout, own_url=lambda: self.heartbeats.bulk_url
-        )
+        timing = (lambda: self.heartbeats.bulk_url), self.deadlines, node_timeout  # (its chunk socket)
+        self.forwarding = Forwarding(self.ctx, self.inflight, self.children, host_fanout, *timing)
         parts = (self.inflight, self.engines, self.routes, self.children, self.sharing, self.big, self.forwarding)
         flow = FlowParts(self.ctx, self.is_leaf, *parts)
         # a buffer this big takes the big-data path (``sharing``, ``push_out``, ``push_in``); a
@@ -243,8 +242,9 @@ class RelayNode:
             return self.down.chunks_in.on_chunk(frames)
         try:
             event = from_passing(self.codec, frames)
-            if isinstance(event, E.Request):
-                return self.down.start(event.route, event.content, event.inner, arrived=self.wall())
+            if isinstance(event, E.Request):  # (its receipt first)
+                receipt = self.forwarding.received(event)
+                return receipt + self.down.start(event.route, event.content, event.inner, arrived=self.wall())
             return self.up.passed_back(event)
         except P.ProtocolError as e:
             return self._drop(f"passed on: {e}")

@@ -14,6 +14,7 @@ from . import events as E
 from .dataplane.chains import RCHUNK
 from .events import DOWN, Send
 from .flow import FlowParts
+from .forwarding import RECEIPT
 from .heartbeat import Heartbeats
 from .routes import Announcements, Key
 from .sharing import HELLO_KEY
@@ -40,7 +41,7 @@ class UpFlow:
     ):
         ctx = parts.ctx
         self.codec, self.clock, self.name, self.host = ctx.codec, ctx.clock, ctx.name, ctx.host
-        self.is_leaf = parts.is_leaf
+        self.is_leaf, self.forwarding = parts.is_leaf, parts.forwarding
         self.records = records  # engines' replies to reductions copied for the hub (``RelayNode``'s ``records``)
         self.inflight, self.pending, self.engines = parts.inflight, parts.inflight.requests, parts.engines
         self.routes, self.children, self.sharing, self.big = parts.routes, parts.children, parts.sharing, parts.big
@@ -99,7 +100,9 @@ class UpFlow:
         return self._child_bundle(child, m)
 
     def passed_back(self, m: E.ChildMessage) -> list[Send]:
-        """A host relay: outcomes of a call it passed on to another (``forwarding``)."""
+        """A host relay: outcomes of a call it passed on to another, or its receipt (``forwarding``)."""
+        if m.kind == RECEIPT:
+            return self.forwarding.receipt(m.ident, m.content(self.codec))
         return self._child_bundle(m.ident, m)
 
     def _child_bundle(self, child: Key, m: E.ChildMessage) -> list[Send]:
