@@ -34,9 +34,9 @@ def test_a_plan_places_every_host_once_and_none_has_more_than_fanout_below(n, fa
         assert max(d for _, _, d in placed) <= 2 + n.bit_length() // max(1, (fanout.bit_length() - 1))
 
 
-def hosted(n_hosts=7, host_fanout=2):
-    hosts = {f"h{i}": (0, list(range(i * PER_HOST, (i + 1) * PER_HOST))) for i in range(n_hosts)}
-    engines = list(range(n_hosts * PER_HOST))
+def hosted(n_hosts=7, host_fanout=2, per_host=PER_HOST):
+    hosts = {f"h{i}": (0, list(range(i * per_host, (i + 1) * per_host))) for i in range(n_hosts)}
+    engines = list(range(n_hosts * per_host))
     return TreeSim(0, 2, engines, hosts=hosts, bulk=BULK, host_fanout=host_fanout), engines
 
 
@@ -61,6 +61,17 @@ def test_a_call_to_more_hosts_than_the_fanout_goes_to_two_heads_and_every_engine
     assert sim.pending_total() == 0
     leaf = sim.nodes[()]
     assert leaf.dropped == 0 and all(n.dropped == 0 for n in sim.nodes.values())
+
+
+def test_at_a_thousand_hosts_no_relay_sends_more_requests_per_call_than_the_fanout():
+    """A leaf over 1,000 host relays (one engine each): the leaf sends a call to
+    16 host relays, no host relay passes it to more than 16, every engine answers once."""
+    sim, engines = hosted(n_hosts=1000, host_fanout=16, per_host=1)
+    sim.request(engines)
+    replies, failures, _ = sim.outcomes()
+    assert sorted(replies) == engines and not failures and sim.pending_total() == 0
+    hosts = {k: n for k, n in sim.requests_sent.items() if k[:1] == ("h",)}
+    assert sim.requests_sent[()] == 16 and max(n - 1 for n in hosts.values()) <= 16  # (a host: +1 to its engine)
 
 
 def test_a_call_to_few_hosts_goes_to_each_from_the_leaf():

@@ -7,13 +7,13 @@ would, so the pure core can be tested end to end.
 from __future__ import annotations
 
 import json
-from collections import deque
+from collections import Counter, deque
 
 from jupyter_client.session import Session
 
 from ipyparallel_broadcast.relay.dataplane.chunks import BULK
 from ipyparallel_broadcast.relay.events import DOWN, HUB, JOINED, UP
-from ipyparallel_broadcast.relay.forwarding import DEFAULT_HOST_FANOUT, outbound
+from ipyparallel_broadcast.relay.forwarding import DEFAULT_HOST_FANOUT, REQUEST_MARK, outbound
 from ipyparallel_broadcast.relay.node import RelayNode
 from ipyparallel_broadcast.wire import bundles as B
 from ipyparallel_broadcast.wire import protocol as P
@@ -52,6 +52,7 @@ class TreeSim:
         self.chunks_at = {}
         self.closed_links = []  # hosts whose bulk link a node closed
         self.walled = set()  # hosts whose chunk socket no other host reaches (a firewall)
+        self.requests_sent = Counter()  # node -> requests it sent (to children, host relays or engines)
         self.shape = TreeShape(depth, fanout)
         self.session = Session(key=key)
         self.codec = P.Codec(self.session)
@@ -71,6 +72,7 @@ class TreeSim:
         self.held = {}  # eid -> requests an engine has not answered (hold=True)
         self.hold = set()  # engines that do not answer yet
         self.queue = deque()
+        self.routing = False  # sends are being routed (one loop at a time: no recursion per engine)
         self.hub_lookups = 0
         self.engine_codecs = {}
         self.joined = []  # tokens host relays were told their route is complete
@@ -236,11 +238,17 @@ class TreeSim:
     # -- routing ------------------------------------------------------------
     def _run(self, node, sends, path):
         self.queue.extend((path, s) for s in sends)
-        self._route_all()
-        while making := [p for p, n in self.nodes.items() if p not in self.down_nodes and n.big.push_out.unmade]:
-            for p in making:  # a push's chunks still to make: the shell's next loop turns make them
-                self.queue.extend((p, s) for s in self.nodes[p].big.push_out.make_more())
+        if self.routing:  # (an engine answering while its request is routed: the loop below takes it)
+            return
+        self.routing = True
+        try:
             self._route_all()
+            while making := [p for p, n in self.nodes.items() if p not in self.down_nodes and n.big.push_out.unmade]:
+                for p in making:  # a push's chunks still to make: the shell's next loop turns make them
+                    self.queue.extend((p, s) for s in self.nodes[p].big.push_out.make_more())
+                self._route_all()
+        finally:
+            self.routing = False
 
     def _route_all(self):
         while self.queue:
@@ -250,6 +258,8 @@ class TreeSim:
                 continue  # a dead or hung node sends nothing
             if node.host:  # as its shell: outcomes of a call passed on go back the way it came
                 send = outbound(send)
+            if send.socket in (DOWN, BULK) and any(REQUEST_MARK in P.as_bytes(f) for f in send.frames[:6]):
+                self.requests_sent[path] += 1
             if send.socket == UP:
                 if node.is_root:
                     self.client_inbox.append(send.frames)
