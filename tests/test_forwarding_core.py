@@ -162,6 +162,16 @@ def test_a_host_that_cannot_be_reached_from_the_host_passing_it_the_call_fails_b
     assert sim.pending_total() == 0
 
 
+def nested(levels):
+    entry = ["h0", "tcp://h0:1", [0], [], None]
+    for i in range(1, levels):
+        entry = [f"h{i}", f"tcp://h{i}:1", [i], [entry], None]
+    return [entry]
+
+
+deep = nested(forwarding.MAX_DEPTH + 3)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -170,6 +180,7 @@ def test_a_host_that_cannot_be_reached_from_the_host_passing_it_the_call_fails_b
         [["h9", "tcp://h9:1", ["one"], [], None]],
         [["h9", "tcp://h9:1", [1], None]],
         [["h9", "tcp://h9:1", [1], [], 7]],
+        deep,  # nested past MAX_DEPTH
     ],
 )
 def test_a_malformed_forward_list_is_dropped_and_counted(bad):

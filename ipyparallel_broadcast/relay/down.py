@@ -81,7 +81,7 @@ class DownFlow:
             trace=[["request in", arrived, None]] if content.get("trace") is True else None,
         )
         targets = content["targets"]
-        p.n = len(targets) + sum(len(f.all_targets()) for f in passing)
+        p.n = len(targets) + sum(len(f.owed) for f in passing)
         if p.reduction is not None and not self.host:  # its value may go up by a segment's name
             p.share_up = self.sharing.passer(content.get("vshm"), client=self.is_root)
         if self.is_root and content.get("allreduce") is not None:

@@ -41,6 +41,7 @@ FORWARD = "forward"  # request content: the hosts a head passes the call on to
 VIA = "via"  # request content: [the passing host's label, its chunk socket]: outcomes go there
 DEFAULT_HOST_FANOUT = 16
 MAX_FORWARDED = 1 << 20  # engines a request's forward list may name (an input bound)
+MAX_DEPTH = 32  # levels a forward list may nest (a plan of 16 per level needs 3 for 4,096 hosts)
 DEAD_KEPT = 256  # lives of host relays found lost, remembered (a call passed on late is failed)
 
 
@@ -57,23 +58,18 @@ def plan(hosts: list, fanout: int) -> list[tuple[object, list]]:
 @dataclass
 class Forwarded:
     """One host a call is passed on to: its relay, its chunk socket, its own
-    targets, and the hosts it passes the call on to in turn (as sent)."""
+    targets, the hosts it passes the call on to in turn (as sent), and every
+    engine it owes (its own and theirs: the tree is walked once, as it is checked)."""
 
     ident: bytes
     url: str
     targets: list[int]
     below: list  # [[label, url, targets, below, boot], ...]
     boot: str | None  # the life of its relay the leaf last heard (a lost one is passed nothing)
-
-    def all_targets(self) -> list[int]:
-        """Its targets and those of every host below it."""
-        eids = list(self.targets)
-        for entry in self.below:
-            eids += parse_entry(entry).all_targets()
-        return eids
+    owed: list[int]
 
 
-def parse_entry(entry) -> Forwarded:
+def parse_entry(entry, depth: int = 0) -> Forwarded:
     if not (
         isinstance(entry, list)
         and len(entry) == 5
@@ -86,16 +82,21 @@ def parse_entry(entry) -> Forwarded:
         and (entry[4] is None or isinstance(entry[4], str))
     ):
         raise P.ProtocolError("a forward entry is [label, tcp url, [engine ids], [entries], boot]")
-    return Forwarded(HOST_PREFIX + entry[0].encode(), entry[1], entry[2], entry[3], entry[4])
+    if depth > MAX_DEPTH:
+        raise P.ProtocolError(f"a forward list nested deeper than {MAX_DEPTH}")
+    owed = list(entry[2])
+    for below in entry[3]:
+        owed += parse_entry(below, depth + 1).owed
+    return Forwarded(HOST_PREFIX + entry[0].encode(), entry[1], entry[2], entry[3], entry[4], owed)
 
 
 def parse(value) -> list[Forwarded]:
-    """A request's ``forward`` list, checked whole (shape, and no more than
-    ``MAX_FORWARDED`` engines): raises ``ProtocolError``."""
+    """A request's ``forward`` list, checked whole (shape, no deeper than
+    ``MAX_DEPTH``, no more than ``MAX_FORWARDED`` engines): raises ``ProtocolError``."""
     if not isinstance(value, list):
         raise P.ProtocolError("forward is not a list")
     entries = [parse_entry(e) for e in value]
-    if sum(len(f.all_targets()) for f in entries) > MAX_FORWARDED:
+    if sum(len(f.owed) for f in entries) > MAX_FORWARDED:
         raise P.ProtocolError(f"a forward list naming more than {MAX_FORWARDED} engines")
     return entries
 
@@ -251,7 +252,7 @@ class Forwarding:
         self.passed += 1
         via = [self.ctx.host, self.own_url()]
         for f in entries:
-            eids = f.all_targets()
+            eids = f.owed
             label = f.ident[len(HOST_PREFIX) :].decode(errors="replace")
             if (f.boot is not None and f.boot in self.dead) or via[1] is None:
                 why = f"is behind host relay {label}, lost before it was passed the call"

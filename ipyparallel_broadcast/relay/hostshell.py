@@ -38,6 +38,8 @@ from ..host.shm import pid_alive
 from ..wire import protocol as P
 from ..wire.frames import send_frames
 from ..wire.topology import host_ident
+from .dataplane.chunks import BULK
+from .events import UP, Send
 from .forwarding import outbound
 from .hubside import HubSide
 from .joinbatch import JoinBatch
@@ -202,12 +204,19 @@ class HostRelayShell(NodeShell):
         return (self.node.on_join(joining) if joining else []) + super().drained()
 
     def perform(self, sends):
-        sends = [outbound(send) for send in sends]  # outcomes of a call passed on go back the way it came
         if self.hub_side is not None:
             sends = self.hub_side.perform(sends)
         super().perform(sends)
         if self.node.heartbeats.parent_pulse is not None:
             self.follow_pulse(self.node.heartbeats.parent_pulse)
+
+    def send_up(self, frames):
+        """To the leaf; outcomes of a call passed on go back the way it came (``forwarding.outbound``)."""
+        send = outbound(Send(UP, frames))
+        if send.socket == BULK:
+            self.send_bulk(send.frames)
+        else:
+            send_frames(self.up, frames)
 
     def follow_pulse(self, port: int):
         """Connect (again, if the parent moved) to the parent's pulse link

@@ -177,7 +177,7 @@ class NodeShell:
         while sends:
             send = sends.pop(0)
             if send.socket == UP:
-                send_frames(self.up, send.frames)
+                self.send_up(send.frames)
             elif send.socket == MON:
                 send_frames(self.monitor, send.frames)
             elif send.socket == HUB:
@@ -195,6 +195,9 @@ class NodeShell:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
                     sends.extend(self._unreachable(*send.frames[:2]))
+
+    def send_up(self, frames):
+        send_frames(self.up, frames)
 
     def send_pulse(self, frames):
         """A ping to a host relay on the pulse link; one not connected there
