@@ -124,9 +124,10 @@ def test_concurrent_clients_never_receive_each_others_results():
 def test_ten_thousand_broadcasts_leave_no_state_and_bounded_memory():
     """10,000 broadcasts in three reply modes, with abandoned results, aborted
     requests and an engine killed mid-flight: afterwards every node's pending
-    table is empty and its RSS grew by less than 10 MB."""
+    table is empty and, once quiet and its heap trimmed (``host.trim``: a trim
+    is owed after the last message), its RSS grew by less than 10 MB."""
     rounds, per_round = 50, 200
-    with running_cluster(4, 1, 2) as rc:
+    with running_cluster(4, 1, 2, controller_args=["--BroadcastController.heap_trim_interval=1"]) as rc:
         views = [rc.broadcast_view(coalescing=m) for m in (True, False, ipb.Batch(2))]
         views[0].apply_sync(int)
         before = {n["node"]: n["rss"] for n in rc.broadcast_stats()}
@@ -144,6 +145,11 @@ def test_ten_thousand_broadcasts_leave_no_state_and_bounded_memory():
                 for ar in ars:
                     ar.wait(60)
         assert rc.wait(timeout=120), "every broadcast finished"
+        quiet = {n["node"]: n["trims"] for n in rc.broadcast_stats()}  # this survey owes a trim
+        until(
+            lambda: all(n["trims"] > quiet[n["node"]] for n in rc.broadcast_stats()),
+            what="every node's trim after the last message",
+        )
         after = rc.broadcast_stats()
         assert [n["pending"] for n in after] == [0] * len(after)
         assert [n["parked"] for n in after] == [0] * len(after)

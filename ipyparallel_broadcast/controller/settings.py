@@ -84,7 +84,8 @@ class TreeSettings(Configurable):
         10.0,
         config=True,
         help="Seconds between a relay node's returns of freed heap to the OS (glibc's "
-        "malloc_trim), while messages flow: its RSS stays flat over millions of calls. 0: never.",
+        "malloc_trim), while messages flow, and once more that long after the last: its RSS "
+        "stays flat over millions of calls, and a quiet node holds only its live heap. 0: never.",
     )
     hub_records = Bool(
         True,

@@ -286,7 +286,7 @@ class HostRelayShell(NodeShell):
 
     def next_deadline(self):
         registrations = self.hub_side.next_deadline() if self.hub_side is not None else None
-        times = [t for t in (self.node.next_deadline(), self.next_probe, self.next_check, registrations) if t]
+        times = [t for t in (super().next_deadline(), self.next_probe, self.next_check, registrations) if t]
         times += [self.joining.due] if self.joining else []
         if self.empty_since is not None:
             times.append(self.empty_since + self.grace + 0.01)

@@ -112,6 +112,7 @@ class NodeShell:
             busy=self.busy,
             cpu=time.process_time(),  # all threads, ns clock (psutil's: 10 ms ticks)
             blocks=sys.getallocatedblocks(),  # Python's heap, apart from the allocator's and zmq's
+            trims=self.trimmer.trims,  # freed heap handed back to the OS (``host.trim``)
             node_timeout=self.node.node_timeout,  # (a host relay's come from the controller's config)
             ping_interval=self.node.ping_interval,
         )
@@ -271,6 +272,8 @@ class NodeShell:
     def read(self, sock):
         """``sock`` is ready: up to ``BATCH`` of its messages, each handled and its sends performed."""
         handler = self.handlers[sock]
+        if not self.trimmer.owed:
+            self.trimmer.owe()
         for _ in range(BATCH):
             try:
                 frames = recv_frames(sock)
@@ -286,7 +289,7 @@ class NodeShell:
     def after_turn(self, ticked: bool):
         """The loop read what came (or a deadline came): what was held goes, timers fire."""
         self.perform(self.drained())
-        if time.monotonic() >= self.trimmer.due:  # checked here: no call per loop turn
+        if self.trimmer.owed:
             self.trimmer.maybe()
         if ticked:
             self.on_tick()
@@ -305,7 +308,8 @@ class NodeShell:
         return True
 
     def next_deadline(self):
-        return self.node.next_deadline()
+        node, trim = self.node.next_deadline(), self.trimmer.next_due()
+        return node if trim is None else trim if node is None else min(node, trim)
 
 
 GC_THRESHOLD = (50_000, 20, 100)  # a node's young garbage: collected per 50,000 objects, not 700
