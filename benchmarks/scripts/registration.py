@@ -150,8 +150,11 @@ class Prober:
         self.process.join(10)
 
 
-def heartbeats(period_s: float) -> list[str]:
-    """The heart monitor's settings, both controllers: a period, 10 misses (ipyparallel's lenient defaults at 3 s)."""
+def heartbeats(period_s: float | None) -> list[str]:
+    """The heart monitor's settings, both controllers: a period, 10 misses (ipyparallel's lenient defaults
+    at 3 s); ``None``: each controller's own defaults (ours 0.8 s x 3, stock 3 s x 10)."""
+    if period_s is None:
+        return []
     return [f"--HeartMonitor.period={int(1000 * period_s)}", "--HeartMonitor.max_heartmonitor_misses=10"]
 
 
@@ -160,6 +163,11 @@ def make_cluster(kind: str, profile_dir: str, period_s: float):
     if kind == "ours":
         return ipb.Cluster(depth=1, fanout=2, controller_args=heartbeats(period_s), **common)
     return ipp.Cluster(controller_args=heartbeats(period_s), **common)
+
+
+def idle_seconds(period_s: float | None) -> float:
+    """The idle window: five heartbeat periods; at the defaults 24 s (30 of ours, 8 of stock's)."""
+    return 24.0 if period_s is None else 5 * period_s
 
 
 def one_run(
@@ -171,11 +179,11 @@ def one_run(
     pause: float = 0.2,
     per_process: int = 1,
     mux=True,
-    period_s: float = HEART_PERIOD_MS / 1000,
+    period_s: float | None = HEART_PERIOD_MS / 1000,
 ) -> dict:
     """``per_process``: simulated hosts a farm process is (ours); ``mux``: engines connect to the hub's mux;
-    ``period_s``: the heart monitor's period (the idle window: five of them)."""
-    idle_window = 5 * period_s
+    ``period_s``: the heart monitor's period (the idle window: five of them; ``None``: the defaults)."""
+    idle_window = idle_seconds(period_s)
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
         cluster = make_cluster(kind, profile_dir, period_s)
         cluster.start_controller_sync()
@@ -287,6 +295,11 @@ def main(argv=None):
     parser.add_argument(
         "--heart-period", type=float, default=HEART_PERIOD_MS / 1000, help="the heart monitor's period, seconds"
     )
+    parser.add_argument(
+        "--heart-defaults",
+        action="store_true",
+        help="each controller's own heartbeat defaults (ours 0.8 s x 3, stock 3 s x 10), not --heart-period",
+    )
     parser.add_argument("--code", help="the package of this tree instead (a git worktree: an A/B)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
@@ -295,15 +308,21 @@ def main(argv=None):
         args.out = args.out and os.path.abspath(args.out)
         os.environ["PYTHONPATH"] = os.path.abspath(args.code) + os.pathsep + os.environ.get("PYTHONPATH", "")
         os.chdir(args.code)
+    period = None if args.heart_defaults else args.heart_period
+    beats = (
+        "each controller's default heartbeats: ours every 0.8 s, 3 misses; stock every 3 s, 10 misses"
+        if period is None
+        else f"heartbeats every {period:g} s, 10 misses, for both"
+    )
     lines = [
-        f"A controller (ours: depth 1, fan-out 2; heartbeats every {args.heart_period:g} s, 10 misses, for both), "
+        f"A controller (ours: depth 1, fan-out 2; {beats}), "
         "a client connected",
         "before any engine, then a farm of simulated engines: for ours, each process a host with its own host",
         "relay; for stock, the same processes without. 'all in': from the farm's start until the client saw",
         "every engine; 'center CPU': the controller's processes meanwhile (the hub, relay nodes, queues, heart",
         "monitor); 'farm CPU': the farm's processes and their host relays from their start until all were in,",
         "on the same two cores (all in >= (center CPU + farm CPU) / 2);",
-        f"'idle': the center's CPU once all are in, over {5 * args.heart_period:g} s, in a share of one core; 'RSS':",
+        f"'idle': the center's CPU once all are in, over {idle_seconds(period):g} s, in a share of one core; 'RSS':",
         "summed over those processes (pages that forked processes share counted once each); 'PSS': each shared",
         "page split among its sharers. Probes: clients made one after another while the engines registered",
         f"({args.probe_pause:g} s apart): how many, the slowest connection, the slowest answer to a query",
@@ -348,7 +367,7 @@ def main(argv=None):
                     args.probe_pause,
                     args.hosts_per_process,
                     not args.no_mux,
-                    args.heart_period,
+                    period,
                 )
             except Exception as e:  # a controller that cannot take this many: said in the table
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 12)
