@@ -315,8 +315,7 @@ def main(argv=None):
         else f"heartbeats every {period:g} s, 10 misses, for both"
     )
     lines = [
-        f"A controller (ours: depth 1, fan-out 2; {beats}), "
-        "a client connected",
+        f"A controller (ours: depth 1, fan-out 2; {beats}), a client connected",
         "before any engine, then a farm of simulated engines: for ours, each process a host with its own host",
         "relay; for stock, the same processes without. 'all in': from the farm's start until the client saw",
         "every engine; 'center CPU': the controller's processes meanwhile (the hub, relay nodes, queues, heart",
