@@ -119,12 +119,13 @@ class RequestState:
         self._live()
         return sorted(self._owed.pop(PARKED, ()))
 
-    def answer(self, dest) -> list[int]:
-        """``dest`` answered for everything it owed."""
+    def answer(self, dest) -> set[int]:
+        """``dest`` answered for everything it owed: those engines (a set, not
+        sorted: a leaf's 16 host bundles a call would sort every engine)."""
         self._live()
         eids = self._owed.pop(dest)
         self._outcome()
-        return sorted(eids)
+        return eids
 
     def answer_some(self, dest, eids) -> bool:
         """A streamed bundle from ``dest`` for ``eids``; False if it names an

@@ -58,7 +58,7 @@ class UpFlow:
         p = self.pending.get(reply.key)
         if p is None or not p.state.owes(reply.uuid):
             raise P.ProtocolError(f"unexpected reply from engine {reply.uuid} to {reply.key}")
-        eids, body = p.state.answer(reply.uuid), reply.body
+        eids, body = sorted(p.state.answer(reply.uuid)), reply.body  # (one engine)
         if p.trace is not None:  # the detail is formatted only for a traced request
             self.inflight.stamp(p, "reply in", f"engine {eids[0]}")
         if self.records and p.reduction is not None and not p.quiet:  # for the hub: one copy of them all
