@@ -122,10 +122,9 @@ class CallHistory(MutableSequence):
         for item in self._items:
             if isinstance(item, str):
                 yield item
-            else:
-                msg_id, uuids = item
-                for uuid in uuids:
-                    yield engine_vid(msg_id, uuid)
+            else:  # ``engine_vid`` for each, made in one comprehension (a save_ids per call)
+                prefix = engine_vid(item[0], "")
+                yield from [prefix + uuid for uuid in item[1]]
 
     def __reversed__(self):
         for i in range(len(self) - 1, self._head - 1, -1):
