@@ -27,11 +27,15 @@ def rc():
         yield client
 
 
+SPARE = 6  # engines started at once when the killed ones run the cluster low (one start, not one a trial)
+
+
 def fresh_targets(rc):
-    """N live engines, starting a new one for each killed before."""
+    """N live engines, the newest; once fewer than N + 1 are left, the
+    cluster is topped up to N + SPARE in one start."""
     if len(rc.ids) < N + 1:
-        rc.cluster.start_engines_sync(N + 2 - len(rc.ids))
-        rc.wait_for_engines(N + 2, timeout=60)
+        rc.cluster.start_engines_sync(N + SPARE - len(rc.ids))
+        rc.wait_for_engines(N + SPARE, timeout=60)
     return rc.ids[-N:]
 
 
