@@ -263,6 +263,7 @@ class Forwarding:
                 sends += self.inflight.fail(p, eids, P.UNREACHABLE, why)
                 continue
             p.state.expect(f.ident, eids)
+            self.unreceipted.pop((p.key, f.ident), None)  # (re-added last: the dict stays in due order)
             self.unreceipted[p.key, f.ident] = (self.ctx.clock() + self.timeout, f.boot, f.url)
             content, frames = p.request_for(f.targets, None)
             content[FORWARD], content[VIA] = f.below, via
@@ -283,16 +284,19 @@ class Forwarding:
         return []
 
     def _next_receipt(self) -> float | None:
-        return min((t for t, _, _ in self.unreceipted.values()), default=None)
+        """The first due: entries go in in the order they fall due (one ``timeout`` after
+        sending), so it is the oldest, read without a pass over every call in flight."""
+        return next(iter(self.unreceipted.values()))[0] if self.unreceipted else None
 
     def _unreceipted(self, now: float) -> list[Send]:
         """Calls passed on whose receipt did not come in ``timeout``: the host
         cannot be reached from here (its relay port closed to this host, say);
         what it owes fails, and it is passed no more calls in that life."""
         sends = []
-        for (key, host), (due, boot, url) in list(self.unreceipted.items()):
+        while self.unreceipted:
+            (key, host), (due, boot, url) = next(iter(self.unreceipted.items()))
             if due > now:
-                continue
+                break  # (the rest fall due later)
             del self.unreceipted[key, host]
             if boot is not None:
                 self.unreachable[boot] = None
