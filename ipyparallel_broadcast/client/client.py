@@ -28,6 +28,7 @@ from ..wire.topology import TreeShape
 from .calls import Call, Calls
 from .history import History
 from .iopublive import IOPubLiveness
+from .outstanding import Outstanding
 from .paths import PathChooser
 from .replies import ReplyFiling
 from .roster import EngineRoster
@@ -55,6 +56,7 @@ class Client(Settings):
     state; ipyparallel's hooks below call them."""
 
     history = History(help="msg_ids sent, one per engine per call (a broadcast is kept as one entry)")
+    outstanding = Outstanding(help="msg_ids not yet answered, one per engine per call (a broadcast is one entry)")
 
     def __init__(self, *args, **kwargs):
         """``ipyparallel.Client``'s arguments; or a stock ``ipyparallel.Client``
@@ -270,7 +272,7 @@ class Client(Settings):
         call.tracker = Future() if track else _SENT_ALL
         self._reply_futures[msg_id] = call.future  # Client.wait() finds one future per call
         self.outstanding.add(msg_id)
-        self.outstanding.update(call.vids)  # and each engine's part, as DirectView's
+        self.outstanding.add_call(msg_id, call.uuids)  # and each engine's part, as DirectView's
         self.history.add_call(msg_id, call.uuids)
         self._calls.start(call)
         return call

@@ -66,6 +66,10 @@ class CallHistory(MutableSequence):
             for msg_id in list(ids):
                 self.append(msg_id)
 
+    def entries(self) -> list:
+        """The entries: a msg_id, or ``(msg_id, uuids)`` for a broadcast."""
+        return list(self._items)
+
     def tail(self, start: int) -> CallHistory:
         """The ids from index ``start`` on, sharing this history's entries."""
         out = CallHistory()

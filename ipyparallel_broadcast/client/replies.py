@@ -49,8 +49,11 @@ class ReplyFiling:
     def settled(self, call: Call, indices):
         """Engines' outcomes were filed: update what exists, finish what is done."""
         client = self.client
-        vids = call.vids
-        client.outstanding.difference_update([vids[i] for i in indices])
+        if call.done:  # (its own msg_id goes below, with its future)
+            client.outstanding.drop_call(call.msg_id)
+        else:
+            uuids = call.uuids
+            client.outstanding.settle(call.msg_id, [uuids[i] for i in indices])
         if call.mds is not None:
             for i in indices:
                 fill_metadata(client, call, i)

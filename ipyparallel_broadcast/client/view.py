@@ -24,6 +24,7 @@ from .calls import reply_mode, reply_of
 from .collectives import Collectives
 from .history import History, save_ids
 from .modes import AUTO, AUTO_STREAM_BYTES, REPLY_SIZES_KEPT, Batch, reply_key
+from .outstanding import Outstanding
 from .paths import DIRECT, TREE
 from .results import ReducedAsyncResult, TreeAsyncResult
 from .results import maybe_get as _maybe_get
@@ -41,6 +42,7 @@ class BroadcastView(Collectives, ViewSeam):
 
     coalescing = Any(True, help="True, False, a batch size, a Batch, or 'auto'.")
     history = History(help="msg_ids of this view's calls, one per engine (a broadcast is one entry)")
+    outstanding = Outstanding(help="msg_ids of this view's calls not yet answered (a broadcast is one entry)")
     stream_outputs = Bool(
         False,
         help="Engines publish apply's outputs on IOPub as they come (and busy/idle "
@@ -217,8 +219,8 @@ class BroadcastView(Collectives, ViewSeam):
 
     def _settle_outstanding(self):
         """ipyparallel's ``_sync_results``: what the client no longer waits for
-        leaves the view's ``outstanding``, in place (its three set operations
-        each copied a broadcast's per-engine ids)."""
+        leaves the view's ``outstanding``, in place, a broadcast's ids as one
+        entry (its three set operations each copied every engine's id)."""
         self.outstanding.intersection_update(self.client.outstanding)
 
     @sync_results

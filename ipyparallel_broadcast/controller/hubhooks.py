@@ -28,6 +28,9 @@ hub method                     what runs, in order
                                stripped record refused (``records``); every handler
                                files the records first
 ``monitor_handlers``           the broadcast copies to ``records``' journal
+``monitor.on_recv``            the copies read without copying their buffers (a
+                               root's bundle carries every engine's result);
+                               other topics as bytes, to the hub's dispatch
 ``save_iopub_message``         a broadcast's output filed per engine (``records``)
 ``_save_engine_state``         the journal synced once per burst (``restore``)
 ``notifier``                   the roster's door (an XPUB, ``roster``)
@@ -100,7 +103,9 @@ class HubHooks:
         stock_notifier.close(linger=0)
         self._query_handlers()
         if parts.records is not None:
-            hub.monitor_handlers.update(parts.records.copy_handlers())
+            copies = parts.records.copy_handlers()
+            hub.monitor_handlers.update(copies)
+            hub.monitor.on_recv(self._monitor_reader(copies), copy=False)
 
     def _query_handlers(self) -> None:
         hub, records = self.hub, self.parts.records
@@ -197,6 +202,27 @@ class HubHooks:
         if records is not None and records.takes_iopub(msg):
             return records.save_iopub(topics, msg, stock)
         return stock(topics, msg)
+
+    def _monitor_reader(self, copies: dict) -> Callable[[list], None]:
+        """The monitor's messages as zmq frames: a copy of ours keeps its
+        buffers (a coalesced call's results, a megabyte at 1,024 engines) as
+        zmq received them, where ipyparallel's reader copies each into bytes;
+        any other topic goes to the hub's dispatch as bytes, as it expects."""
+        hub, log = self.hub, self.hub.log
+
+        def read(frames: list):
+            try:
+                topic = frames[0].bytes
+                handler = copies.get(topic)
+                if handler is None:
+                    return hub.dispatch_monitor_traffic([f.bytes for f in frames])
+                idents, msg = hub.session.feed_identities(frames[1:], copy=False)
+                # the signature and the four dicts as bytes (Session.deserialize reads them so)
+                handler(idents, [f.bytes for f in msg[:5]] + msg[5:])
+            except Exception:  # (a bad copy must not stop the monitor's stream)
+                log.error("broadcast:: dropped a monitor message", exc_info=True)
+
+        return read
 
     def _filing_first(self, handler):
         records = self.parts.records

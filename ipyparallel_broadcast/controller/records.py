@@ -50,6 +50,12 @@ EARLY = 1_000  # results held until their request's copy comes (it travels apart
 JOURNAL_FACTOR = 4  # copies kept unfiled, per record the in-memory DB may hold
 
 
+def owned(buffers: list) -> list:
+    """Buffers as bytes of their own: a copy's buffers are zmq frames (or
+    views of them) until filed, and the DB copies its records."""
+    return [b if type(b) is bytes else P.as_bytes(b) for b in buffers]
+
+
 class _RecentSet:
     """A set that forgets its oldest members past ``bound``."""
 
@@ -218,6 +224,7 @@ class BroadcastRecords:
         request["header"]["date"] = parse_date(request["header"]["date"])  # once, not per record
         # the hub's traits, read once (each read goes through traitlets)
         engines, pending, queues, store = hub.engines, hub.pending, hub.queues, self._storer(hub.db)
+        shared = owned(request["buffers"])
         for eid in content["targets"]:
             engine = engines.get(eid)
             if engine is None:
@@ -230,7 +237,7 @@ class BroadcastRecords:
                 engine_uuid=engine.uuid,
                 client_uuid=request["header"]["session"],
                 queue="broadcast",
-                buffers=request["buffers"] + (own[eid] if own else []),
+                buffers=shared + (owned(own[eid]) if own else []),
             )
             store(vid, record)
             pending.add(vid)
@@ -277,7 +284,7 @@ class BroadcastRecords:
             result_header=header,
             result_metadata=md,
             result_content=msg["content"] if P.SHM_KEY not in md else not_kept(md, eid),
-            result_buffers=msg["buffers"],
+            result_buffers=owned(msg["buffers"]),
             started=parse_date(md.get("started")),
             completed=util.ensure_timezone(header["date"]),
             received=util.utcnow(),
