@@ -42,7 +42,9 @@ class ShellLoop:
     def run(self):
         """Until no shell runs. Each turn: read what came (``NodeShell.read``);
         then each shell that read, or whose deadline came, sends what it held
-        for the batch (``drained``) and fires its timers (``on_tick``)."""
+        for the batch (``drained``), and one whose deadline came fires its
+        timers (``on_tick``): a turn that only read asks no timer (a deadline
+        a message set comes on a later turn, the poll's timeout made from it)."""
         while self.shells:
             deadlines = [(shell, shell.next_deadline()) for shell in self.shells]
             soonest = min((d for _, d in deadlines if d is not None), default=None)
@@ -57,7 +59,7 @@ class ShellLoop:
             for shell, deadline in deadlines:
                 due = deadline is not None and deadline <= now
                 if shell in touched or due:
-                    shell.after_turn(ticked=deadline is not None)
+                    shell.after_turn(ticked=due)
                     if not shell.running():
                         self.remove(shell)
 
