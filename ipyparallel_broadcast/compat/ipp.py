@@ -329,6 +329,15 @@ def heart_monitor_kwargs(app) -> dict:
     return dict(app.heartmonitor_process._kwargs)
 
 
+def start_heart_monitor(cls: type, **kwargs) -> None:
+    """``start_heartmonitor``, in this (child) process, with ``cls`` as its
+    monitor: ``_setup_heartmonitor`` makes the module's ``HeartMonitor``."""
+    from ipyparallel.controller import heartmonitor
+
+    heartmonitor.HeartMonitor = cls
+    heartmonitor.start_heartmonitor(**kwargs)
+
+
 def future_without_tracker(future) -> None:
     """``MessageFuture._tracker``: an engine future that needs none."""
     future._tracker = None
@@ -350,6 +359,7 @@ DIRECT = {
     "ipyparallel.controller.hub:Hub._save_engine_state": "the engine journal synced per burst, no table per engine",
     "ipyparallel.controller.hub:Hub._purge_stalled_registration": "a grant the hub gives up is journaled gone",
     "ipyparallel.client.asyncresult:_raw_text": "grouped outputs labelled as ipyparallel labels one engine's",
+    "ipyparallel.controller.heartmonitor:_setup_heartmonitor": "makes the module's HeartMonitor: ours, in its process",
     "ipyparallel.util:_push": "a tree scatter runs on engines what DirectView's push does",
     "ipyparallel.util:_pull": "a tree gather runs on engines what DirectView's pull does",
 }

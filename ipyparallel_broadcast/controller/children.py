@@ -12,13 +12,13 @@ from __future__ import annotations
 from functools import partial
 from threading import Thread
 
-from ipyparallel.controller.heartmonitor import start_heartmonitor
 from ipyparallel.controller.scheduler import launch_scheduler
 from tornado.ioloop import PeriodicCallback
 
 from ..compat import ipp
 from ..host.shm import sweep
 from ..wire import protocol as P
+from .heart import start_heart_monitor
 from .notices import Notices
 from .restarts import say_up
 from .supervise import Supervisor, child_process
@@ -77,14 +77,15 @@ class ChildSupervision:
         return None
 
     def supervise_heart_monitor(self):
-        """ipyparallel's heart monitor, supervised; restarted knowing the
-        hub's engines, so that one that died meanwhile is still found dead."""
+        """ipyparallel's heart monitor (ours: its pongs read once per beat,
+        ``heart``), supervised; restarted knowing the hub's engines, so that
+        one that died meanwhile is still found dead."""
         app = self.app
         kwargs = ipp.heart_monitor_kwargs(app)
 
         def make():
             known = dict(kwargs, hearts=set(app.hub.hearts))
-            return child_process(start_heartmonitor, "HeartMonitor", "ipb-heart", known)
+            return child_process(start_heart_monitor, "HeartMonitor", "ipb-heart", known)
 
         app.heartmonitor_process = self.add("HeartMonitor", make)
 
