@@ -225,3 +225,47 @@ def test_behind_simulated_hosts_a_silent_engine_and_a_killed_host_are_unregister
         finally:
             sim.stop()
             cluster.stop_cluster_sync()
+
+
+def test_relays_that_simulate_their_engines_serve_every_view():
+    """``in_relay``: each host's relay simulates its engines itself (``tools.simhost``),
+    with no engine socket: they register, beat and answer through the relay's own
+    code, as if read from its sockets. Every view is answered; an execute's output
+    reaches the client; a silent engine is given up by its relay; a process killed
+    takes its hosts with it."""
+    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
+        cluster = ipb.Cluster(
+            n=0,
+            depth=0,
+            fanout=2,
+            profile_dir=profile_dir,
+            config=quiet_config(),
+            log_level=40,
+            controller_args=["--BroadcastController.host_fanout=2"],
+        )
+        cluster.start_controller_sync()
+        rc = cluster.connect_client_sync()
+        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
+        sim = SimEngines(
+            engine_file, 12, per_process=6, reply_bytes=10, hosts=True, hosts_per_process=3, mux=False, in_relay=True
+        )
+        try:
+            sim.start(timeout=120)
+            rc.wait_for_engines(12, timeout=120)
+            for coalescing in (True, False, ipb.Batch(4)):
+                assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
+            assert rc.broadcast_view().reduce(lambda: 2, op="sum", block=True) == 12
+            ar = rc.broadcast_view(coalescing=False).execute("print(engine_id)", block=True)
+            assert sorted(int(out) for out in ar.stdout) == rc.ids
+            stats = rc.broadcast_stats()
+            relays = [n for n in stats if n.get("host")]
+            assert sorted(e for n in relays for e in n["eids"]) == rc.ids
+            assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
+            assert {n["pid"] for n in relays} == {proc.pid for proc, _, _ in sim.processes}
+            silence_one_then_kill_a_process(rc, sim)
+            assert rc.ids == sim.ids and len(rc.ids) == 5
+            assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
+            rc.close()
+        finally:
+            sim.stop()
+            cluster.stop_cluster_sync()

@@ -180,8 +180,10 @@ def one_run(
     per_process: int = 1,
     mux=True,
     period_s: float | None = HEART_PERIOD_MS / 1000,
+    in_relay: bool = False,
 ) -> dict:
     """``per_process``: simulated hosts a farm process is (ours); ``mux``: engines connect to the hub's mux;
+    ``in_relay``: each host's relay simulates its engines (``tools.simhost``);
     ``period_s``: the heart monitor's period (the idle window: five of them; ``None``: the defaults)."""
     idle_window = idle_seconds(period_s)
     with tempfile.TemporaryDirectory(prefix="ipb-registration-") as profile_dir:
@@ -200,6 +202,7 @@ def one_run(
             nice=nice,
             hosts_per_process=per_process,
             mux=mux,
+            in_relay=in_relay and kind == "ours",
         )
         prober = Prober(client_file, kind, pause)
         try:
@@ -293,6 +296,11 @@ def main(argv=None):
     )
     parser.add_argument("--no-mux", action="store_true", help="simulated engines do not connect to the hub's mux")
     parser.add_argument(
+        "--in-relay",
+        action="store_true",
+        help="with --no-mux, ours: each host's relay simulates its engines (no engine sockets or threads)",
+    )
+    parser.add_argument(
         "--heart-period", type=float, default=HEART_PERIOD_MS / 1000, help="the heart monitor's period, seconds"
     )
     parser.add_argument(
@@ -342,6 +350,11 @@ def main(argv=None):
             else ""
         )
         + (" The simulated engines did not connect to the hub's mux: the tree alone reached them." * args.no_mux)
+        + (
+            " Each host's relay simulated its engines itself (tools.simhost): no engine had a socket or a thread;"
+            " their registrations, hearts and replies entered the relay's own code as if read from its sockets."
+            * args.in_relay
+        )
         + (f" The controller and the farm ran the package at commit {code_commit(args.code)}." if args.code else ""),
         "",
         "| controller | engines / hosts | all in (s) | center CPU (s) | of it the hub's (s) | farm CPU (s) "
@@ -367,6 +380,7 @@ def main(argv=None):
                     args.hosts_per_process,
                     not args.no_mux,
                     period,
+                    args.in_relay,
                 )
             except Exception as e:  # a controller that cannot take this many: said in the table
                 lines.append(f"| {kind} | {n} | not all in: {type(e).__name__}: {str(e)[:120]} |" + " |" * 12)

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import contextlib
 import heapq
-import io
 import json
 import logging
 import multiprocessing
@@ -47,32 +46,20 @@ import resource
 import signal
 import threading
 import time
-import traceback
-import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from functools import partial
 from itertools import count as counter
 
 import zmq
 import zmq.asyncio
-from ipyparallel.serialize.serialize import MAX_BYTES, MAX_ITEMS
 from jupyter_client.session import Session
 
-from ..engine.applycall import serialize_result
 from ..host.link import Place, host_label
 from ..wire import protocol as P
 from ..wire.frames import recv_frames, send_frames
+from .simanswers import EngineAnswers, SimEngineState
 
 log = logging.getLogger(__name__)
-REPLY_TYPES = {"apply_request": "apply_reply", "execute_request": "execute_reply"}
-REDUCE_MARK = b"engine_value"  # in the pickle of a reduce's function (``wire.reduction.engine_value``)
-STOCK_BROADCAST_FIELDS = ("is_broadcast", "is_coalescing", "original_msg_id")  # as ipyparallel's kernel does
-CONTENT = {
-    "apply_reply": b'{"status": "ok"}',
-    "execute_reply": b'{"status": "ok", "execution_count": 1}',
-    "status": b'{"execution_state": "idle"}',
-}
 
 
 def session_from(info: dict) -> Session:
@@ -86,26 +73,20 @@ def session_from(info: dict) -> Session:
 
 JOINS_AT_ONCE = 128  # threads of a farm process that join engines to their relays
 FARM_GRACE = 3600.0  # seconds a farm's in-process relay with no engine waits before it exits
-SIM_UUID_PREFIX = "sim-"  # simulated engines' uuids begin so (uuids have no "_")
 
 
-class SimEngine:
+class SimEngine(SimEngineState):
     """One simulated engine's sockets and state."""
 
     def __init__(self, ctx: zmq.Context):
-        self.uuid = SIM_UUID_PREFIX + str(uuidlib.uuid4())  # a simulated engine says so
-        self.ident = self.uuid.encode()
-        self.id = None
+        super().__init__()
         self.host = 0  # which of its process's hosts it is on
-        self.alive = True
         self.shell = ctx.socket(zmq.ROUTER)  # used by the serving thread, once registered
         self.heart = ctx.socket(zmq.DEALER)  # used by the heartbeat thread
         for s in (self.shell, self.heart):
             s.IDENTITY = self.ident
             s.LINGER = 0
         self.shell.SNDHWM = self.shell.RCVHWM = 0
-        self.msg_ids = counter()
-        self.namespace: dict | None = None  # execute's globals, made on first use
 
 
 class SimProcess:
@@ -141,10 +122,7 @@ class SimProcess:
         self.dead: list[SimEngine] = []  # killed: their hearts are closed by the heartbeat thread
         self.engines: dict[int, SimEngine] = {}
         self.hearts: list[list[SimEngine]] = [[] for _ in self.links or [None]]  # engines by host, for pings
-        # what apply returns: the buffers a real engine would send (``serialize_result``)
-        self.result = serialize_result(b"\0" * reply_bytes, MAX_BYTES, MAX_ITEMS)
-        # ... and what a reduce's ``engine_value`` returns: the number 1 (a scalar reduce counts engines)
-        self.reduce_result = serialize_result(("py", 1), MAX_BYTES, MAX_ITEMS)
+        self.answers = EngineAnswers(self.session, reply_bytes)
         self.server = Server(self)
 
     def url(self, port) -> str:
@@ -213,99 +191,21 @@ class SimProcess:
         if P.may_be_dropped(frames):  # the hub dropped it
             self.kill(engine.id)
             return
-        try:
-            idents, body = P.split_idents(frames)
-            parent, request_md = P.as_bytes(body[1]), P.as_bytes(body[3])
-            header = json.loads(parent)
-            reply_type = REPLY_TYPES.get(header.get("msg_type"))
-            started = header["date"]
-        except (ValueError, IndexError, KeyError, AttributeError) as e:
-            log.warning("engine %s dropped a malformed request: %r", engine.id, e)
+        args = self.answers.parse(engine, frames)
+        if args is None:
             return
-        if reply_type is None:
-            return
-        if reply_type == "execute_reply":
-            reply_type = (reply_type, body[4])  # the content: its code runs when answered
-        elif len(body) > 5 and REDUCE_MARK in P.as_bytes(body[5]):  # a reduce's apply (its function's pickle)
-            reply_type = (reply_type, None)
-        args = (engine, [P.as_bytes(i) for i in idents], parent, started, reply_type, request_md)
         if self.delay:
             self.server.later(self.delay, args)
         else:
             self.answer(*args)
 
-    def signed(self, engine: SimEngine, msg_type: str, parent: bytes, metadata: dict, content=None) -> list:
-        """``[DELIM, sig, header, parent, metadata, content]``, built without a
-        Session.msg per reply (the farm must cost far less than the engines it stands for)."""
-        header = json.dumps(
-            dict(
-                msg_id=f"{engine.uuid}_{next(engine.msg_ids)}",
-                msg_type=msg_type,
-                session=engine.uuid,
-                username="sim",
-                date=datetime.now(UTC).isoformat(),
-                version="5.3",
-            )
-        ).encode()
-        parts = [header, parent, json.dumps(metadata).encode(), content or CONTENT[msg_type]]
-        return [P._DELIM, self.session.sign(parts)] + parts
-
-    def answer(self, engine: SimEngine, idents, parent: bytes, started: str, reply_type, request_md: bytes):
+    def answer(self, engine: SimEngine, *args):
         if not engine.alive:
             return
-        md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
-        content = None
-        buffers = self.result
-        if isinstance(reply_type, tuple) and reply_type[1] is None:
-            reply_type, buffers = reply_type[0], self.reduce_result
-        elif isinstance(reply_type, tuple):
-            reply_type, request = reply_type
-            content = self.execute(engine, parent, request)
-            md["status"] = json.loads(content)["status"]
-        if b"original_msg_id" in request_md:  # ipyparallel's BroadcastView: echo its routing fields
-            try:
-                theirs = json.loads(request_md)
-            except ValueError:
-                theirs = {}
-            md.update((k, theirs.get(k)) for k in STOCK_BROADCAST_FIELDS)
-        buffers = buffers if reply_type == "apply_reply" else []
-        lean = reply_type == "apply_reply" and P.OUTPUTS_MARK in request_md
-        if lean:  # as our engines (kernel.py): the outputs in the reply, no IOPub status
-            md[P.OUTPUTS_KEY] = dict(stdout="", stderr="", outputs=[])
-        send_frames(engine.shell, idents + self.signed(engine, reply_type, parent, md, content) + buffers)
-        if lean:
-            return
-        topic = f"engine.{engine.id}.status".encode()
-        send_frames(self.iopub, [topic] + self.signed(engine, "status", parent, dict(engine=engine.uuid)))
-
-    def execute(self, engine: SimEngine, parent: bytes, request) -> bytes:
-        """Run an execute_request's code; publish what it printed; the reply's content."""
-        try:
-            code = json.loads(P.as_bytes(request)).get("code", "")
-        except (ValueError, AttributeError):
-            code = ""
-        if engine.namespace is None:
-            engine.namespace = {"engine_id": engine.id}
-        printed = io.StringIO()
-        reply = {"status": "ok", "execution_count": 1}
-        try:
-            with contextlib.redirect_stdout(printed):
-                exec(compile(code, "<sim execute>", "exec"), engine.namespace)  # noqa: S102 (a test engine)
-        except Exception as e:
-            reply = dict(
-                status="error",
-                execution_count=1,
-                ename=type(e).__name__,
-                evalue=str(e),
-                traceback=traceback.format_exception(e),
-                engine_info=dict(engine_id=engine.id, engine_uuid=engine.uuid, method="execute"),
-            )
-        if printed.getvalue():
-            stream = json.dumps(dict(name="stdout", text=printed.getvalue())).encode()
-            send_frames(
-                self.iopub, [f"engine.{engine.id}.stream".encode()] + self.signed(engine, "stream", parent, {}, stream)
-            )
-        return json.dumps(reply).encode()
+        reply, published = self.answers.answer(engine, *args)
+        send_frames(engine.shell, reply)
+        for frames in published:
+            send_frames(self.iopub, frames)
 
     def kill(self, eid: int):
         """On the serving thread: engine ``eid`` stops answering and beating."""
@@ -349,21 +249,24 @@ class SimProcess:
                 link.place.remove_files()
 
 
-def run_relays(links: list, ready: threading.Event):
+def run_relays(links: list, ready: threading.Event, make_shell=None):
     """Relay thread: the relays of a farm process's hosts (``links``), on one
     loop. Each is the real relay (``HostRelayShell``), holding its host's lock,
-    as one that an engine started would; it stays while the farm runs."""
+    as one that an engine started would; it stays while the farm runs.
+    ``make_shell(index, spec, ctx)``: another kind of relay shell (``simhost``)."""
     from ..relay.hostshell import HostRelayShell
     from ..relay.loop import ShellLoop
+
+    make_shell = make_shell or (lambda index, spec, ctx: HostRelayShell(spec, ctx))
 
     ctx = zmq.Context()
     ctx.MAX_SOCKETS = 64 * len(links) + 64
     loop = ShellLoop()
-    for link in links:
+    for index, link in enumerate(links):
         fd = link.take_lock()
         if fd is None:
             raise RuntimeError(f"another relay runs host {link.place.label}")
-        loop.add(HostRelayShell(dict(link.spec, lock_fd=fd, grace=FARM_GRACE), ctx))
+        loop.add(make_shell(index, dict(link.spec, lock_fd=fd, grace=FARM_GRACE), ctx))
     ready.set()
     loop.run()
 
@@ -451,12 +354,17 @@ class Server:
                     done.set()
 
 
-def _run_process(info, count, reply_bytes, delay, hosts, mux, nice, conn):
+def _run_process(info, count, reply_bytes, delay, hosts, mux, in_relay, nice, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if nice:  # (its host relay, started from here, inherits it)
         os.nice(nice)
     more_files()
-    asyncio.run(SimProcess(info, count, reply_bytes, delay, hosts, mux).main(conn))
+    if in_relay:
+        from .simhost import SimHostProcess
+
+        SimHostProcess(info, count, reply_bytes, delay, hosts).main(conn)
+    else:
+        asyncio.run(SimProcess(info, count, reply_bytes, delay, hosts, mux).main(conn))
 
 
 def more_files():
@@ -479,7 +387,10 @@ class SimEngines:
     farm's processes (and host relays) run at that lower priority, so the
     controller on the same cores is served first, as if the engines ran on
     hosts of their own. ``hosts``: each process is ``hosts_per_process``
-    simulated hosts, its engines spread over them; ``mux``: see ``SimProcess``.
+    simulated hosts, its engines spread over them; ``mux``: see ``SimProcess``;
+    ``in_relay``: the hosts' relays simulate their engines themselves
+    (``simhost.SimHostShell``: no engine sockets or threads; ``hosts`` only,
+    without ``mux``), so that a thousand hosts fit on this machine.
     """
 
     def __init__(
@@ -493,11 +404,14 @@ class SimEngines:
         nice: int = 0,
         hosts_per_process: int = 1,
         mux: bool = True,
+        in_relay: bool = False,
     ):
+        if in_relay and (mux or not hosts):
+            raise ValueError("engines simulated by their host relay need hosts, and do not connect to the mux")
         with open(connection_file) as f:
             self.info = json.load(f)
         self.n, self.per_process, self.hosts, self.nice = n, per_process, hosts, nice
-        self.reply_bytes, self.delay, self.mux = reply_bytes, delay, mux
+        self.reply_bytes, self.delay, self.mux, self.in_relay = reply_bytes, delay, mux, in_relay
         self.hosts_per_process = hosts_per_process if hosts else 0
         self.processes: list[tuple] = []  # (process, pipe, engine ids)
         self.relays_run: dict[int, list[str]] = {}  # a process that runs its hosts' relays -> their labels
@@ -519,14 +433,14 @@ class SimEngines:
         hosts = [f"{host_label()}-sim{next(self._labels)}" for _ in range(min(count, self.hosts_per_process))]
         proc = multiprocessing.Process(
             target=_run_process,
-            args=(self.info, count, self.reply_bytes, self.delay, hosts, self.mux, self.nice, there),
+            args=(self.info, count, self.reply_bytes, self.delay, hosts, self.mux, self.in_relay, self.nice, there),
             daemon=True,
             name=f"SimEngines({count})",
         )
         proc.start()
         entry = (proc, here, [])
         self.processes.append(entry)
-        if len(hosts) > 1:
+        if len(hosts) > 1 or self.in_relay:
             self.relays_run[proc.pid] = hosts
         return entry
 
@@ -597,6 +511,9 @@ def main(argv=None):
         "--hosts-per-process", type=int, default=1, help="with --hosts: hosts a process is (it runs their relays)"
     )
     parser.add_argument("--no-mux", action="store_true", help="engines do not connect to the hub's mux")
+    parser.add_argument(
+        "--in-relay", action="store_true", help="with --hosts --no-mux: each host's relay simulates its engines"
+    )
     args = parser.parse_args(argv)
     farm = SimEngines(
         args.connection_file,
@@ -607,6 +524,7 @@ def main(argv=None):
         args.hosts,
         hosts_per_process=args.hosts_per_process,
         mux=not args.no_mux,
+        in_relay=args.in_relay,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ...compat import ipp
-from ..sim import SIM_UUID_PREFIX
+from ..simanswers import SIM_UUID_PREFIX
 from . import engine_side as E
 
 OPS = (
