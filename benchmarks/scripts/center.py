@@ -51,10 +51,20 @@ from ipyparallel_broadcast.tools.farm import (  # noqa: E402
 
 
 @contextmanager
-def cluster(kind: str, n: int, hosts: int, depth: int, fanout: int, controller_args=(), per_process: int = 1):
-    """Yields (client, controller process, farm processes); ``per_process``: simulated hosts a farm process is."""
+def cluster(
+    kind: str, n: int, hosts: int, depth: int, fanout: int, controller_args=(), per_process: int = 1, in_relay=False
+):
+    """Yields (client, controller process, farm processes); ``per_process``: simulated hosts a farm process is;
+    ``in_relay``: their relays simulate their engines (``tools.simhost``)."""
     with farm_cluster(
-        kind, n, depth, fanout, hosts=hosts, controller_args=controller_args, hosts_per_process=per_process
+        kind,
+        n,
+        depth,
+        fanout,
+        hosts=hosts,
+        controller_args=controller_args,
+        hosts_per_process=per_process,
+        in_relay=in_relay,
     ) as (rc, farm, controller):
         yield rc, controller, farm_processes(farm)
 
@@ -151,7 +161,7 @@ def measure_ours(n, args, lines, host_fanout=None):
     extra = [] if args.hub_records else ["--BroadcastController.hub_records=False"]
     if host_fanout is not None:
         extra.append(f"--BroadcastController.host_fanout={host_fanout}")
-    with cluster("ours", n, args.hosts, args.depth, args.fanout, extra, args.hosts_per_process) as (
+    with cluster("ours", n, args.hosts, args.depth, args.fanout, extra, args.hosts_per_process, args.in_relay) as (
         rc,
         controller,
         farm,
@@ -226,6 +236,11 @@ def main(argv=None):
     parser.add_argument(
         "--hosts-per-process", type=int, default=1, help="simulated hosts a farm process is (it runs their relays)"
     )
+    parser.add_argument(
+        "--in-relay",
+        action="store_true",
+        help="ours: each simulated host's relay simulates its engines (no engine sockets, not on the mux)",
+    )
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     lines = [
@@ -236,6 +251,7 @@ def main(argv=None):
         + f"; depth {args.depth}, fan-out {args.fanout}"
         + ("" if args.hub_records else "; our controller without the hub's per-engine records")
         + (f"; {args.hosts_per_process} simulated hosts per farm process" if args.hosts_per_process > 1 else "")
+        + ("; each host's relay simulated its engines (tools.simhost)" if args.in_relay else "")
         + "; ms per call: round trip (median), then CPU net of idle (the center's sum counts a"
         + " process below zero, its idle work stopped meanwhile, as 0). 'sent': the requests the"
         + " busiest relay node of the center sent for one call (its trace's 'request out').",

@@ -57,14 +57,15 @@ def farm_cluster(
     controller_args=(),
     hosts_per_process: int = 1,
     mux: bool = True,
+    in_relay: bool = False,
 ):
     """A controller (``ours`` or ``stock``) with ``n`` simulated engines; yields
     (client, farm, controller process). ``hosts``: the engines run as that
     many simulated hosts of ``n / hosts`` engines, each (with ours) behind its
     own host relay; a stock controller gets the same processes, relay-less.
     ``reply_bytes``: the size of every engine's apply result; ``controller_args``:
-    more command-line options for the controller; ``hosts_per_process``, ``mux``:
-    as ``SimEngines`` takes them (with ours)."""
+    more command-line options for the controller; ``hosts_per_process``, ``mux``,
+    ``in_relay``: as ``SimEngines`` takes them (with ours; ``in_relay``: no mux)."""
     if hosts:
         per_process = -(-n // hosts) * (hosts_per_process if kind == "ours" else 1)
     with tempfile.TemporaryDirectory(prefix=f"ipb-farm-{kind}-") as profile_dir:
@@ -88,7 +89,8 @@ def farm_cluster(
                 reply_bytes=reply_bytes,
                 hosts=bool(hosts) and kind == "ours",
                 hosts_per_process=hosts_per_process,
-                mux=mux,
+                mux=mux and not (in_relay and kind == "ours"),
+                in_relay=in_relay and kind == "ours",
             )
             try:
                 farm.start(timeout=max(120, n / 10))

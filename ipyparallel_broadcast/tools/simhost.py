@@ -177,6 +177,13 @@ class SimHostShell(HostRelayShell):
         for frames in published:
             self.publish(frames)
 
+    def engine_alive(self, uuid: str) -> bool | None:
+        """A simulated engine's "process" is this one: alive unless killed. A late
+        heart is then a paused engine's, kept a while, as a real host keeps a
+        live process's (``enginehearts``); a killed one's silence is its death."""
+        engine = self.sim.get(uuid.encode())
+        return engine.alive if engine is not None else super().engine_alive(uuid)
+
     # -------------------------------------------------------------- the farm
     def kill(self, eid: int) -> bool:
         """Engine ``eid`` falls silent (any thread); False: not one of this relay's."""
