@@ -119,8 +119,8 @@ class RestartableTaskScheduler(TaskSchedulerSeam):
     def _add_engines(self, uids):
         """ipyparallel's ``_register_engine`` for many engines at once (as ``_add_engine``
         does each): each new one at the head of the line, as there, but in one splice.
-        One at a time, each insert moves every engine already there: 100,000 engines
-        cost the scheduler 4.9 s of CPU as they registered. The caller rescans the graph."""
+        One at a time, each insert moves every engine already there: O(N²) for a
+        burst (seconds of the scheduler's CPU at 100,000 engines). The caller rescans the graph."""
         if self._waiting is not None:
             self._waiting.update(dict.fromkeys(uids))
             return
