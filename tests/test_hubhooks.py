@@ -105,6 +105,27 @@ def test_a_host_relays_heart_stands_for_its_engines_and_never_reaches_the_hubs_o
     assert hub.engines == {} and set(read(kept.journal.path).dropped.values()) == {("a", "h1"), ("b", "h1")}
 
 
+def test_a_host_batch_is_on_disk_before_its_answer_leaves(hooked):
+    """Group commit: a host relay's batch is journaled and synced, then answered;
+    a batch that changes nothing costs no sync."""
+    hub, hooks, _, kept, _ = hooked
+    seen, send = [], hub.session.send
+
+    def answering(stream, msg_type, *args, **kwargs):
+        if msg_type == P.HOST_ENGINES_REPLY:
+            seen.append((kept.journal.unsynced, sorted(u for u, _ in read(kept.journal.path).granted.values())))
+        return send(stream, msg_type, *args, **kwargs)
+
+    hub.session.send = answering
+    hosts = hooks.parts.hosts
+    batch = dict(host="h1", engines=[dict(uuid="a"), dict(uuid="b")], gone=[], beating=[])
+    hosts.on_batch([b"relay"], dict(header={}, content=batch))
+    hosts.on_batch([b"relay"], dict(header={}, content=dict(batch, engines=[], beating=["a", "b"])))
+    hosts.on_batch([b"relay"], dict(header={}, content=dict(batch, engines=[])))
+    assert seen == [(0, ["a", "b"]), (0, []), (0, [])]
+    assert kept.journal.commits == 2
+
+
 def test_a_silent_relay_takes_its_own_hosts_engines_and_no_other_hosts(hooked):
     """The engines of a host are found by its host (``DroppedEngines.hearts_via``),
     not by a scan of every engine, and a silent relay unregisters just those, in one notification."""

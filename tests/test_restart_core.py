@@ -5,6 +5,8 @@ verdicts (``launch.keepsettings``)."""
 
 import json
 import logging
+import os
+import stat
 import subprocess
 import sys
 
@@ -125,6 +127,45 @@ def test_a_journal_of_mostly_departed_engines_is_rewritten_and_keeps_the_top_id(
     state = EngineJournal(path).restore(keep=True)
     assert state.engines == {} and state.top == last  # a new engine gets no id an old one had
     assert all(json.loads(line) for line in open(path))
+
+
+def test_the_journal_is_its_owners_alone_whatever_the_umask_and_after_a_rewrite(tmp_path):
+    """It names every engine of the cluster: mode 0600, even under umask 0, over a
+    file an older version left world-readable, and after each rewrite."""
+    path = tmp_path / "engines.journal"
+    path.write_text('{"e":0,"u":"u0","h":null}\n')
+    path.chmod(0o644)
+    old = os.umask(0)
+    try:
+        journal = EngineJournal(str(path))
+        assert journal.restore(keep=True).engines == {0: ("u0", None)}
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        rewrites = journal.rewrites
+        while journal.rewrites == rewrites:  # churn until it is rewritten whole
+            journal.filed(1, "u1", None, "g")
+            journal.gone(1)
+    finally:
+        os.umask(old)
+    journal.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not (tmp_path / "engines.journal.tmp").exists()
+
+
+def test_a_committed_batch_is_synced_once_and_a_batch_with_nothing_new_is_not(tmp_path):
+    journal = EngineJournal(str(tmp_path / "engines.journal"))
+    journal.restore(keep=False)
+    with journal.batch(commit=True):
+        for eid in range(3):
+            journal.filed(eid, f"u{eid}", "h", "g")
+    assert (journal.commits, journal.unsynced) == (1, 0)
+    with journal.batch(commit=True):
+        pass
+    with journal.batch():  # (not committed: synced later, once per burst)
+        journal.filed(0, "u0", "h")
+    assert (journal.commits, journal.unsynced) == (1, 1)
+    journal.sync()
+    assert journal.unsynced == 0
+    journal.close()
 
 
 def test_the_keeper_restarts_within_its_budget_and_never_after_a_stop_or_exit_0():

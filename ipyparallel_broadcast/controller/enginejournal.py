@@ -11,9 +11,14 @@ unregistered for good), ``{"d": id, ...}`` for an engine unregistered (the
 hub's ``DroppedEngines`` tells one that lives on that it was dropped, after a
 restart too; the last ``DROPS_KEPT``), ``{"x": id}`` for a grant gone.
 The file is flushed per change, a host's batch one change (a killed
-controller loses nothing the kernel has), and synced to disk once per burst
-(``statefile.CoalescedWrites``). When dead lines outnumber live ones it is
-rewritten whole, by rename: amortized O(1) per change.
+controller loses nothing the kernel has). A host's batch is also synced to
+disk before the hub answers it (a group commit: what a host relay was told
+survives a power loss of the controller's host, which its engines outlive);
+other changes are synced once per burst (``statefile.CoalescedWrites``): an
+engine on the controller's host goes down with it. When dead lines outnumber
+live ones it is rewritten whole, by rename, and its directory synced too:
+amortized O(1) per change. The file is its owner's alone (mode 0600,
+whatever the umask): it names every engine of the cluster.
 
 ``JournalState`` is the sans-I/O part (lines in, the table out);
 ``EngineJournal`` owns the file; ``EngineLedger`` takes the hub's changes
@@ -116,7 +121,8 @@ class EngineJournal:
         self.path = path
         self.state = JournalState()
         self.file = None
-        self.rewrites = 0
+        self.rewrites = self.commits = 0
+        self.unsynced = 0  # lines appended since the last sync
         self.batching = 0  # inside ``batch()``: lines flushed once, at its end
 
     def restore(self, keep: bool) -> JournalState:
@@ -142,6 +148,7 @@ class EngineJournal:
         if self.file is not None:
             self.file.flush()
             os.fsync(self.file.fileno())
+            self.unsynced = 0
 
     def close(self, remove: bool = False) -> None:
         if self.file is not None:
@@ -154,8 +161,9 @@ class EngineJournal:
                 pass
 
     @contextmanager
-    def batch(self):
-        """The lines appended inside, flushed to the kernel once (a host's batch: one write)."""
+    def batch(self, commit: bool = False):
+        """The lines appended inside, flushed to the kernel once (a host's batch: one
+        write); ``commit``: synced to disk too, before whatever follows (its answer)."""
         self.batching += 1
         try:
             yield
@@ -163,11 +171,15 @@ class EngineJournal:
             self.batching -= 1
             if not self.batching and self.file is not None:
                 self.file.flush()
+                if commit and self.unsynced:
+                    self.sync()
+                    self.commits += 1
 
     def _append(self, line: str) -> None:
         if self.file is None:
             return  # closed: the controller is stopping
         self.file.write(line)
+        self.unsynced += 1
         if not self.batching:
             self.file.flush()
         self.state.lines += 1
@@ -177,16 +189,33 @@ class EngineJournal:
     def _rewrite(self) -> None:
         lines = self.state.whole()
         tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with private(tmp, os.O_TRUNC) as f:
             f.writelines(lines)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        sync_directory(os.path.dirname(self.path))  # the rename itself survives a power loss
         if self.file is not None:
             self.file.close()
-        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open: one append per change)
-        self.state.lines = len(lines)
+        self.file = private(self.path, os.O_APPEND)  # held open: one append per change
+        self.state.lines, self.unsynced = len(lines), 0
         self.rewrites += 1
+
+
+def private(path: str, flags: int):
+    """``path`` opened for writing (text), readable and writable by its owner
+    alone: made so, or made so if it was there (a file left by an older version)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w", encoding="utf-8")
+
+
+def sync_directory(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class EngineLedger:
@@ -199,9 +228,10 @@ class EngineLedger:
         self.journal, self.host_of, self.changed = journal, host_of, changed
         self.loads = loads  # a ``placement.LeafLoads``, told too (None: no placement)
 
-    def batch(self):
-        """Changes made inside written as one (``EngineJournal.batch``)."""
-        return self.journal.batch()
+    def batch(self, commit: bool = False):
+        """Changes made inside written as one (``EngineJournal.batch``); ``commit``:
+        on disk before the caller answers."""
+        return self.journal.batch(commit)
 
     def filed(self, ec) -> None:
         self._line(ec, "e")

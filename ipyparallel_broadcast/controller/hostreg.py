@@ -82,7 +82,7 @@ class HostRegistrations:
         self.registry.relay_at(host, idents)  # where a dropped engine of it is told so
         self.host_hearts[host_ident(host)] = host
         self.batches += 1
-        with self.ledger.batch():
+        with self.ledger.batch(commit=True):  # on disk before the relay hears of it
             self._depart(host, [u for u in gone if isinstance(u, str)])
             self._beat(host, [u for u in beating if isinstance(u, str)])
             answers, new = self._grant(host, asks)
