@@ -20,6 +20,8 @@ from cluster_util import StandInRelay, at_gate, process_gone, quiet_config, runn
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
+from ipyparallel_broadcast.controller.enginejournal import read
+from ipyparallel_broadcast.controller.restarts import UP_FD_ENV
 from ipyparallel_broadcast.launch.keepsettings import RESTORE_ARGS, main_process
 from ipyparallel_broadcast.relay.registrar import ENGINES
 from ipyparallel_broadcast.wire import protocol as P
@@ -140,6 +142,37 @@ def test_a_controller_that_keeps_dying_is_given_up_and_its_cluster_stops():
         assert process_gone(second)
         with open(rc.cluster.controller.output_file) as f:
             assert "restarted 1 times in 60 s: giving up" in f.read()
+
+
+def test_a_killed_keeper_keeps_the_journal_and_a_controller_restored_by_hand_takes_the_engines_back():
+    """Issue 73: the keeper SIGKILLed stops its controller, which says why and
+    keeps its engine journal and connection files (only an orderly stop removes
+    them). A controller started by hand with ``--restore`` takes the same engines
+    back, their namespaces kept, and the same client goes on."""
+    with running_cluster(2, 1, 2) as rc:
+        view = rc.broadcast_view()
+        view.push(dict(kept="state"), block=True)
+        ids = list(rc.ids)
+        hub = psutil.Process(hub_pid(rc))
+        cmd, env = hub.cmdline(), {k: v for k, v in hub.environ().items() if k != UP_FD_ENV}
+        keeper(rc).kill()
+        hub.wait(30)
+        (journal,) = glob.glob(os.path.join(rc.test_profile_dir, "log", "engines*.journal"))
+        assert sorted(read(journal).engines) == ids
+        assert glob.glob(os.path.join(rc.test_profile_dir, "security", "*-engine.json"))
+        with open(rc.cluster.controller.output_file) as f:
+            assert "The controller's keeper died" in f.read()
+        by_hand = subprocess.Popen(
+            [*cmd, *RESTORE_ARGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            until(lambda: broadcast_works(rc), timeout=60, what="a broadcast answered by the restored controller")
+            assert rc.ids == ids
+            assert view.pull("kept", block=True) == ["state"] * len(ids)
+        finally:
+            by_hand.terminate()  # an orderly stop: its journal goes
+            by_hand.wait(30)
+        assert not os.path.exists(journal)
 
 
 def test_an_engine_granted_its_id_before_the_controller_died_is_registered_when_it_beats_after():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 from functools import partial
 
 import zmq
@@ -51,6 +52,7 @@ from .nodespecs import ChildSpecs
 from .placement import LeafLoads
 from .ports import quiet_port
 from .records import BroadcastDictDB, BroadcastRecords
+from .restarts import KEEPER_GONE
 from .restore import KeptEngines
 from .roster import Roster, RosterDoor
 from .settings import TreeSettings
@@ -89,6 +91,7 @@ class BroadcastController(TreeSettings, IPController):
     )
 
     roster_door: RosterDoor | None = None  # made in place of ipyparallel's notifier, as init_hub binds it
+    keeper_lost = False  # its keeper died (``keeper_gone``): nothing is cleaned up
     kids: ChildSupervision | None = None  # its children supervised, made as the hub is
     loads: LeafLoads | None = None  # live engines per leaf (where a new engine goes), made as the hub is
 
@@ -142,9 +145,28 @@ class BroadcastController(TreeSettings, IPController):
             socket = self.roster_door
         return super().bind(socket, url)
 
+    def init_signal(self):
+        super().init_signal()
+        signal.signal(KEEPER_GONE, self.keeper_gone)
+
+    def keeper_gone(self, sig, frame):
+        """Its keeper died (``launch.keeper``): no orderly stop was asked. The
+        controller stops, but its journal and connection files stay, for a
+        controller started again with ``--restore`` (by hand, or by a launcher)."""
+        self.keeper_lost = True
+        self.log.critical(
+            "The controller's keeper died: stopping, keeping the engine journal and connection files "
+            "(start the controller again with --restore to take the engines back)"
+        )
+        self.handle_signal(sig, frame)
+
     def cleanup_connection_files(self):
         """An orderly stop: the journal goes (its engines stop too), and a
-        restarted controller's files go as its first run's would have."""
+        restarted controller's files go as its first run's would have. Not when
+        its keeper died: they are what a restored controller needs."""
+        if self.keeper_lost:
+            self.kept.keep()
+            return
         self.kept.close()
         if self.restarted:
             self.reuse_files = False

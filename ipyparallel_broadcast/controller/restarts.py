@@ -11,11 +11,15 @@ cluster without a root).
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
 
 UP_FD_ENV = "IPB_CONTROLLER_UP_FD"  # a pipe to the controller's keeper (``launch.keeper``), told "up"
+# the signal a kept controller gets when its keeper dies (Linux's parent-death signal): not
+# SIGTERM, which asks for an orderly stop; this one stops it keeping its journal (``app``)
+KEEPER_GONE = signal.SIGUSR2
 
 
 def say_up() -> None:

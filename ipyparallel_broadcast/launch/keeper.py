@@ -5,8 +5,10 @@ unasked (killed, out of memory, a crash; not an exit 0), it is started again
 with ``--restore`` within the budget. Every launcher of ours runs the
 controller so; a controller started by hand can be too. A SIGTERM, SIGINT
 or SIGHUP (``ipcluster stop``, ``scancel``) is passed on to the controller
-and ends the keeping; the controller gets a SIGTERM if its keeper dies. The
-exit status is the controller's last.
+and ends the keeping. If its keeper dies, the controller gets ``KEEPER_GONE``
+(not SIGTERM): it stops, keeping its engine journal and connection files, so a
+controller started by hand with ``--restore`` takes its engines back (only an
+orderly stop removes them). The exit status is the controller's last.
 
 The controller says when it came up on a pipe (``controller.restarts.say_up``):
 one whose first run never came up (a bad setting) is not restarted.
@@ -21,7 +23,7 @@ import signal
 import subprocess
 import sys
 
-from ..controller.restarts import UP_FD_ENV
+from ..controller.restarts import KEEPER_GONE, UP_FD_ENV
 from ..controller.supervise import die_with_parent
 from .keepsettings import RESTORE_ARGS, Verdicts, group_gone
 
@@ -36,6 +38,10 @@ def _said_up(fd: int) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _dies_with_keeper():
+    die_with_parent(KEEPER_GONE)
 
 
 class Keeper:
@@ -55,7 +61,7 @@ class Keeper:
         up_read, up_write = os.pipe()
         env = dict(os.environ, **{UP_FD_ENV: str(up_write)})
         self.child = subprocess.Popen(  # its own group, killed whole before a restart
-            argv, env=env, pass_fds=(up_write,), start_new_session=True, preexec_fn=die_with_parent
+            argv, env=env, pass_fds=(up_write,), start_new_session=True, preexec_fn=_dies_with_keeper
         )
         os.close(up_write)
         code = self.child.wait()
