@@ -5,10 +5,12 @@ error naming the controller); the same client, and a new one, go on. An
 engine that died meanwhile is found dead; a crash loop is given up on.
 Real controllers, engines and sockets; the controller SIGKILLed."""
 
+import contextlib
 import glob
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import threading
 
@@ -173,6 +175,43 @@ def test_a_killed_keeper_keeps_the_journal_and_a_controller_restored_by_hand_tak
             by_hand.terminate()  # an orderly stop: its journal goes
             by_hand.wait(30)
         assert not os.path.exists(journal)
+
+
+def _committed(db: str, msg_ids: list) -> bool:
+    """Whether SQLite's file holds every one of ``msg_ids``, completed."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            marks = ",".join("?" * len(msg_ids))
+            query = f"SELECT COUNT(*) FROM 'ipython-tasks' WHERE completed IS NOT NULL AND msg_id IN ({marks})"
+            return con.execute(query, msg_ids).fetchone()[0] == len(msg_ids)
+    except sqlite3.Error:  # not made yet, or being written
+        return False
+
+
+def test_task_records_in_sqlite_outlive_a_killed_controller():
+    """Issue 73: with ``SQLiteDB`` the records filed before the controller died
+    (a DirectView call's, a broadcast's per engine) are found by a client of the
+    restored one. IPython Parallel's table check took its own table for an old
+    format, and the restored hub started an empty one (``controller.sqlstore``)."""
+    config = quiet_config()
+    config.BroadcastController.db_class = "SQLiteDB"
+    with running_cluster(2, 1, 2, config=config) as rc:
+        ars = [rc[:].apply_async(os.getpid), rc.broadcast_view().apply_async(os.getpid)]
+        for ar in ars:
+            ar.get(timeout=30)
+        ids = [m for ar in ars for m in ar.msg_ids]
+        db = os.path.join(rc.test_profile_dir, "tasks.db")
+        until(lambda: _committed(db, ids), timeout=30, what="the records committed to SQLite")
+        before = kill_controller(rc)
+        until(lambda: restarted_from(rc, before), timeout=30, what="the controller restarted")
+        until(lambda: broadcast_works(rc), timeout=60, what="a broadcast answered after the restart")
+        other = ipb.Client(profile_dir=rc.test_profile_dir, cluster_id=rc.cluster.cluster_id)
+        try:
+            found = other.db_query({"msg_id": {"$in": ids}}, keys=["msg_id", "completed"])
+            assert sorted(r["msg_id"] for r in found) == sorted(ids)
+            assert all(r["completed"] for r in found)
+        finally:
+            other.close()
 
 
 def test_an_engine_granted_its_id_before_the_controller_died_is_registered_when_it_beats_after():

@@ -19,7 +19,7 @@ When IPython Parallel renames one, this module changes and nothing else;
 ``tests/test_layout.py`` checks that each still exists upstream. The seam
 classes are made when first imported (``ClientSeam``, ``ViewSeam``,
 ``ResultSeam``, ``MapResultSeam``, ``EngineSeam``, ``RecordsSeam``,
-``TaskSchedulerSeam``), so a
+``TaskSchedulerSeam``, ``SQLiteSeam``), so a
 client does not import the engine's or the hub's modules, and a relay, which
 imports none of them, no ipyparallel at all.
 
@@ -41,6 +41,7 @@ BASES = {
     "EngineSeam": "ipyparallel.engine.app:IPEngine",
     "RecordsSeam": "ipyparallel.controller.dictdb:DictDB",
     "TaskSchedulerSeam": "ipyparallel.controller.task_scheduler:TaskScheduler",
+    "SQLiteSeam": "ipyparallel.controller.sqlitedb:SQLiteDB",
 }
 
 # seam: {ipyparallel's attribute: (ours, why)}
@@ -95,6 +96,11 @@ STATE = {
         "_records": ("_store", "the in-memory store culled by size and count together"),
         "_culled_ids": ("_culled", "culled ids remembered for a bounded while, not for good"),
     },
+    "SQLiteSeam": {
+        "_db": ("_connection", "the table's columns read, to tell whether a restored hub may reuse it"),
+        "_keys": ("_columns", "the same"),
+        "_types": ("_column_types", "the same"),
+    },
 }
 
 # seam: {ipyparallel's method, which it calls on itself: (ours, why we override it)}
@@ -128,6 +134,9 @@ HOOKS = {
     "TaskSchedulerSeam": {
         "_unregister_engine": ("_remove_engine", "an engine gone while a restarted scheduler waits is not scheduled"),
         "_register_engine": ("_add_engine", "an engine announced twice (the roster's replay) is scheduled once"),
+    },
+    "SQLiteSeam": {
+        "_check_table": ("_table_fits", "SQLite gives a key's type in capitals: a restored hub made a new table"),
     },
     "RecordsSeam": {
         "_add_bytes": ("_count_bytes", "buffer bytes counted without traitlets per record"),

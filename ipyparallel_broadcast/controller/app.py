@@ -74,7 +74,8 @@ class BroadcastController(TreeSettings, IPController):
         default_value=BroadcastDictDB,
         config=True,
         help="The hub's record store: BroadcastDictDB (in memory, the default), or any of "
-        "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB).",
+        "ipyparallel's (DictDB, SQLiteDB, MongoDB, NoDB). SQLiteDB keeps the records across a "
+        "restart (--restore): those filed more than a few seconds before the controller died.",
     )
 
     restarted = Bool(
@@ -117,6 +118,7 @@ class BroadcastController(TreeSettings, IPController):
                 heartbeat[name] = value
         self.kids, self.specs = ChildSupervision(self), ChildSpecs(self)  # (the connection files name their ports)
         restore, self.restore_engines = self.restore_engines, False  # ours reads our journal, not its file
+        self.db_class = stores().get(self.db_class, self.db_class)
         super().init_hub()
         self.restore_engines = restore
         hub = self.hub
@@ -243,6 +245,15 @@ class BroadcastController(TreeSettings, IPController):
     def _node_process(self, path):
         spec = self.specs.nodes[tuple(path)]
         return child_process(run_node, f"RelayNode({node_name(path)})", f"ipb-node-{node_name(path)}", dict(spec=spec))
+
+
+def stores() -> dict:
+    """ipyparallel's record stores that ours replace: ``{theirs: ours}``."""
+    from ipyparallel.controller.sqlitedb import SQLiteDB
+
+    from .sqlstore import BroadcastSQLiteDB
+
+    return {SQLiteDB: BroadcastSQLiteDB}
 
 
 def write_private_json(path: str, content: dict) -> None:

@@ -27,7 +27,9 @@ to the hub (``db_query``, ``result_status``, ``queue_status``,
 The journal keeps copies of the last ``JOURNAL_FACTOR * record_limit`` engine
 outcomes (and ``size_limit`` bytes) of the in-memory DB: older ones are dropped
 unfiled, as the DB would have culled their records. With any other DB
-(SQLite, Mongo) nothing is dropped: the oldest copies are filed instead.
+(SQLite, Mongo) nothing is dropped: the oldest copies are filed instead, and
+every copy within ``FILE_EVERY`` seconds, so that a store that outlives the hub
+keeps what a killed hub had (``sqlstore``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from itertools import islice
 
 from ipyparallel import error, util
 from ipyparallel.controller.hub import init_record
+from tornado.ioloop import PeriodicCallback
 
 from ..compat.ipp import RecordsSeam
 from ..wire import bundles as B
@@ -47,6 +50,7 @@ from ..wire.naming import engine_of_topic, engine_vid, is_broadcast_id, parse_da
 from .journal import Journal
 
 EARLY = 1_000  # results held until their request's copy comes (it travels apart)
+FILE_EVERY = 1.0  # seconds: a persistent store's copies wait no longer (SQLite commits every 2 s)
 JOURNAL_FACTOR = 4  # copies kept unfiled, per record the in-memory DB may hold
 
 
@@ -164,6 +168,10 @@ class BroadcastRecords:
         drops = isinstance(db, BroadcastDictDB)  # else the oldest are filed, never dropped
         limits = (db.record_limit, db.size_limit) if drops else (256, 2**28)
         self.journal = Journal(JOURNAL_FACTOR * max(limits[0], 1), limits[1], drops, self.log)
+        self.filing = None  # a store that outlives the hub: its copies filed every FILE_EVERY seconds
+        if not drops:
+            self.filing = PeriodicCallback(self.file_all, 1e3 * FILE_EVERY)
+            self.filing.start()
 
     def copy_handlers(self) -> dict:
         """The hub's monitor handlers for the tree's copies: journaled, filed when read."""
