@@ -132,13 +132,10 @@ def silence_one_then_kill_a_process(rc, sim):
     until(lambda: not set(lost) & set(rc.ids), timeout=60, what="the killed process's engines to go")
 
 
-def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
-    """``hosts_per_process``: each farm process is three hosts and runs their
-    three relays itself (``relay.loop``), engines spread over them and, without
-    the mux, reached through the tree alone. A silent engine is given up by
-    its in-process relay; a process killed takes its three hosts with it.
-    With ``host_fanout=2`` a leaf sends a call to two of the six host relays,
-    which pass it on (``relay.forwarding``) over their real chunk sockets."""
+@contextlib.contextmanager
+def six_hosts(**farm):
+    """A controller (depth 0, ``host_fanout`` 2) and 12 simulated engines on six
+    hosts, three to each of two farm processes, not on the mux; yields ``(sim, rc)``."""
     with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
         cluster = ipb.Cluster(
             n=0,
@@ -152,27 +149,39 @@ def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
         cluster.start_controller_sync()
         rc = cluster.connect_client_sync()
         (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-        sim = SimEngines(engine_file, 12, per_process=6, reply_bytes=10, hosts=True, hosts_per_process=3, mux=False)
+        shape = dict(per_process=6, reply_bytes=10, hosts=True, hosts_per_process=3, mux=False)
+        sim = SimEngines(engine_file, 12, **shape, **farm)
         try:
             sim.start(timeout=120)
             rc.wait_for_engines(12, timeout=120)
-            for coalescing in (True, False):
-                assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
-            stats = rc.broadcast_stats()
-            assert [n["calls_split"] for n in stats if not n.get("host")] == [2]  # (the root is the leaf)
-            relays = [n for n in stats if n.get("host")]
-            assert sum(n["calls_passed"] for n in relays) == 2 * 2  # each call passed on by its two heads
-            assert sorted(e for n in relays for e in n["eids"]) == rc.ids
-            assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
-            farm_pids = {proc.pid for proc, _, _ in sim.processes}
-            assert {n["pid"] for n in relays} == farm_pids  # the relays run in the farm's two processes
-            silence_one_then_kill_a_process(rc, sim)
-            assert rc.ids == sim.ids and len(rc.ids) == 5
-            assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
+            yield sim, rc
             rc.close()
         finally:
             sim.stop()
             cluster.stop_cluster_sync()
+
+
+def test_many_simulated_hosts_in_one_process_run_the_real_relays_on_one_loop():
+    """``hosts_per_process``: each farm process is three hosts and runs their
+    three relays itself (``relay.loop``), engines spread over them and, without
+    the mux, reached through the tree alone. A silent engine is given up by
+    its in-process relay; a process killed takes its three hosts with it.
+    With ``host_fanout=2`` a leaf sends a call to two of the six host relays,
+    which pass it on (``relay.forwarding``) over their real chunk sockets."""
+    with six_hosts() as (sim, rc):
+        for coalescing in (True, False):
+            assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
+        stats = rc.broadcast_stats()
+        assert [n["calls_split"] for n in stats if not n.get("host")] == [2]  # (the root is the leaf)
+        relays = [n for n in stats if n.get("host")]
+        assert sum(n["calls_passed"] for n in relays) == 2 * 2  # each call passed on by its two heads
+        assert sorted(e for n in relays for e in n["eids"]) == rc.ids
+        assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
+        farm_pids = {proc.pid for proc, _, _ in sim.processes}
+        assert {n["pid"] for n in relays} == farm_pids  # the relays run in the farm's two processes
+        silence_one_then_kill_a_process(rc, sim)
+        assert rc.ids == sim.ids and len(rc.ids) == 5
+        assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
 
 
 def test_an_output_reaches_its_call_after_the_client_forgot_its_engine():
@@ -233,39 +242,17 @@ def test_relays_that_simulate_their_engines_serve_every_view():
     code, as if read from its sockets. Every view is answered; an execute's output
     reaches the client; a silent engine is given up by its relay; a process killed
     takes its hosts with it."""
-    with tempfile.TemporaryDirectory(prefix="ipb-sim-") as profile_dir:
-        cluster = ipb.Cluster(
-            n=0,
-            depth=0,
-            fanout=2,
-            profile_dir=profile_dir,
-            config=quiet_config(),
-            log_level=40,
-            controller_args=["--BroadcastController.host_fanout=2"],
-        )
-        cluster.start_controller_sync()
-        rc = cluster.connect_client_sync()
-        (engine_file,) = glob.glob(os.path.join(profile_dir, "security", "*-engine.json"))
-        sim = SimEngines(
-            engine_file, 12, per_process=6, reply_bytes=10, hosts=True, hosts_per_process=3, mux=False, in_relay=True
-        )
-        try:
-            sim.start(timeout=120)
-            rc.wait_for_engines(12, timeout=120)
-            for coalescing in (True, False, ipb.Batch(4)):
-                assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
-            assert rc.broadcast_view().reduce(lambda: 2, op="sum", block=True) == 12
-            ar = rc.broadcast_view(coalescing=False).execute("print(engine_id)", block=True)
-            assert sorted(int(out) for out in ar.stdout) == rc.ids
-            stats = rc.broadcast_stats()
-            relays = [n for n in stats if n.get("host")]
-            assert sorted(e for n in relays for e in n["eids"]) == rc.ids
-            assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
-            assert {n["pid"] for n in relays} == {proc.pid for proc, _, _ in sim.processes}
-            silence_one_then_kill_a_process(rc, sim)
-            assert rc.ids == sim.ids and len(rc.ids) == 5
-            assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
-            rc.close()
-        finally:
-            sim.stop()
-            cluster.stop_cluster_sync()
+    with six_hosts(in_relay=True) as (sim, rc):
+        for coalescing in (True, False, ipb.Batch(4)):
+            assert rc.broadcast_view(coalescing=coalescing).apply_sync(lambda: 1) == [b"\0" * 10] * 12
+        assert rc.broadcast_view().reduce(lambda: 2, op="sum", block=True) == 12
+        ar = rc.broadcast_view(coalescing=False).execute("print(engine_id)", block=True)
+        assert sorted(int(out) for out in ar.stdout) == rc.ids
+        stats = rc.broadcast_stats()
+        relays = [n for n in stats if n.get("host")]
+        assert sorted(e for n in relays for e in n["eids"]) == rc.ids
+        assert [(len(n["eids"]), n["registered_here"], n["hearts"]) for n in relays] == [(2, 2, 2)] * 6
+        assert {n["pid"] for n in relays} == {proc.pid for proc, _, _ in sim.processes}
+        silence_one_then_kill_a_process(rc, sim)
+        assert rc.ids == sim.ids and len(rc.ids) == 5
+        assert rc.broadcast_view(coalescing=False).apply_sync(lambda: 1) == [b"\0" * 10] * 5
