@@ -114,6 +114,49 @@ def test_a_killed_controller_comes_back_with_its_engines_ids_namespaces_and_clie
             other.close()
 
 
+def tally_and_hold(folder):
+    """Engine side: count this run (a line in ``folder/runs-<pid>``), hold
+    until ``folder/go`` exists; return the pid."""
+    import os
+    import time
+
+    with open(os.path.join(folder, f"runs-{os.getpid()}"), "a") as f:
+        f.write("ran\n")
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.02)
+    return os.getpid()
+
+
+def runs(folder) -> dict:
+    """How many times ``tally_and_hold`` ran in each engine: pid -> count."""
+    return {
+        int(name[5:]): len(open(os.path.join(folder, name)).readlines())
+        for name in os.listdir(folder)
+        if name.startswith("runs-")
+    }
+
+
+def test_broadcasts_pending_across_a_killed_controller_get_every_engines_value(tmp_path):
+    """Issue 73: calls in flight when the controller is SIGKILLed end with the
+    engines' values, not an error: the engines finish them and keep their
+    replies, the client sends each call again once the controller is back, and
+    each engine answers the copy from what it kept. Nothing runs twice."""
+    with running_cluster(4, 1, 2) as rc:
+        view, streamed = rc.broadcast_view(), rc.broadcast_view(coalescing=False)
+        pids = view.apply_sync(os.getpid)
+        pending = view.apply_async(tally_and_hold, str(tmp_path))
+        until(lambda: len(runs(tmp_path)) == len(pids), what="every engine running the call")
+        behind = [streamed.apply_async(os.getpid), view.reduce(lambda: 1, op="sum", block=False)]
+        before = kill_controller(rc)
+        until(lambda: restarted_from(rc, before), timeout=30, what="the controller restarted")
+        open(tmp_path / "go", "w").close()
+        assert pending.get(timeout=60) == pids
+        assert behind[0].get(timeout=60) == pids
+        assert behind[1].get(timeout=60) == len(pids)
+        assert runs(tmp_path) == dict.fromkeys(pids, 1)  # once each
+        assert view.apply_sync(os.getpid) == pids  # and the client goes on
+
+
 @pytest.mark.parametrize("death", ["kernel", "host"])
 def test_an_engine_that_dies_while_the_controller_is_away_is_found_dead(death):
     """``kernel``: its nanny tells the hub (queued until the hub is back);

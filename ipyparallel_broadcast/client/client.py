@@ -212,6 +212,7 @@ class Client(Settings):
             md[P.TRACE_KEY] = True
         header = self.session.msg_header(msg_type)
         header["msg_id"] = BROADCAST_ID_PREFIX + header["msg_id"]
+        md[P.SEQ_KEY], md[P.OWED_KEY] = self._root_watch.copies.number(header["msg_id"])  # (engines keep replies)
         inner = self.session.msg(msg_type, content=content or {}, metadata=md, header=header)
         msg_id = inner["header"]["msg_id"]
         frames = self.session.serialize(inner)[1:] + list(buffers)
@@ -243,6 +244,7 @@ class Client(Settings):
         to_send = self.session.serialize(envelope) + frames
         biggest = max((memoryview(f).nbytes for f in frames[5:]), default=0)
         copy = biggest < self.session.copy_threshold
+        self._root_watch.copies.keep(msg_id, envelope["content"], frames, copy)  # to go again if lost
         if track:
             self._tracking[id(to_send)] = (to_send, tracker, as_list)
         # on the I/O thread, through the RootSocket: a send behind its back can

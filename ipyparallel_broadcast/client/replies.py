@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from ipyparallel import util
@@ -32,6 +33,7 @@ from ..wire import bundles as B
 from ..wire import protocol as P
 from ..wire.reduction import Reduction
 from .calls import Call, reply_of
+from .copies import CallCopies
 from .results import call_results, fill_metadata, resolve_reduction
 
 log = logging.getLogger(__name__)
@@ -108,12 +110,16 @@ class ReplyFiling:
             client._root_stream.send_multipart(client._codec.pack(P.PING, dict(ids=ids)))
         self.root_lost(lost)
 
-    def root_lost(self, lost):
-        """Requests that cannot come back: every engine's part fails."""
+    def root_lost(self, lost, again: bool = True):
+        """Requests that cannot come back: each is sent again (``again``, at most
+        ``CallCopies.tries`` times), else every engine's part fails."""
         client = self.client
+        if again:
+            lost = [(msg_id, why) for msg_id, why in lost if not self.again(msg_id, why)]
         if lost:
             log.error("%s: failing %d request(s)", lost[0][1], len(lost))
         for msg_id, why in lost:
+            client._root_watch.done(msg_id)
             call = client._calls.get(msg_id)
             if call is not None:
                 owed = [call.uuids[i] for i in call.pending()]
@@ -128,6 +134,22 @@ class ReplyFiling:
                 failed = [[e, client._engine_table.get(e), f"{why}; engine {e} did not answer"] for e in future.targets]
                 resolve_reduction(client._codec, future, Reduction(future.op), [], failed)
             client._tree_surveys.lost(msg_id, why)
+
+    def again(self, msg_id: str, why: str) -> bool:
+        """Send a lost call again, to the engines still owed (to all of a
+        reduction's, or a scatter's: their parts go together); the engines
+        answer a copy with the reply they kept. False if it may not go again."""
+        client = self.client
+        kept = client._root_watch.copies.again(msg_id)
+        if kept is None:
+            return False
+        request, call = dict(kept.request), client._calls.get(msg_id)
+        if call is not None and "each" not in request:
+            request["targets"] = [call.eids[i] for i in call.pending()]
+        log.warning("%s: sending %s again (try %d of %d)", why, msg_id, kept.tries, client._root_watch.copies.tries)
+        frames = client.session.serialize(client.session.msg(P.REQUEST, content=request)) + kept.frames
+        self.to_root(msg_id, client._root_stream.send_multipart, frames, copy=kept.copy)
+        return True
 
     def dispatch(self, frames):
         """A message from the tree: a bundle, a reduction, the root's pong or a survey's answer."""
@@ -191,36 +213,48 @@ class RootWatch:
     ):
         self.interval, self.timeout, self.clock, self.most = interval, timeout, clock, most
         self.in_flight: dict[str, float] = {}  # msg_id -> when it was handed to the socket
-        self.unanswered: float | None = None  # when the oldest unanswered ping went out
+        self.pings: deque[float] = deque()  # when each unanswered ping went out, oldest first
+        self.copies = CallCopies()  # what each call needs to go again (``ReplyFiling.again``)
 
     def sent(self, msg_id: str):
         self.in_flight[msg_id] = self.clock()
 
     def done(self, msg_id: str):
+        """The request ended: it is not watched, nor sent again."""
         self.in_flight.pop(msg_id, None)
+        self.copies.done(msg_id)
 
     def tick(self) -> tuple[list[str], list[tuple[str, str]]]:
         """``(ids to ping about, [(msg_id, why)] lost)``."""
-        now = self.clock()
+        now, pings = self.clock(), self.pings
         if not self.in_flight:
-            self.unanswered = None
+            pings.clear()
             return [], []
-        if self.unanswered is not None and now - self.unanswered > self.timeout:
+        if pings and now - pings[0] > self.timeout:
             why = f"Relay node root has not answered for {self.timeout:g} s"
-            lost = [(m, why) for m, t in list(self.in_flight.items()) if t <= self.unanswered]
+            lost = [(m, why) for m, t in list(self.in_flight.items()) if t <= pings[0]]
             for m, _ in lost:
                 del self.in_flight[m]
-            self.unanswered = None
+            pings.clear()
             return [], lost
         ids = [m for m, t in list(self.in_flight.items()) if now - t >= self.interval][: self.most]
-        if ids and self.unanswered is None:
-            self.unanswered = now
+        if ids:
+            pings.append(now)
         return ids, []
 
     def pong(self, unknown) -> list[tuple[str, str]]:
-        """The root answered: the listed requests it does not hold are lost."""
-        self.unanswered = None
-        lost = [(m, LOST) for m in unknown if isinstance(m, str) and m in self.in_flight]
+        """The root answered its oldest ping: the listed requests it did not hold
+        then are lost (not one sent again since: the root had not had it yet)."""
+        asked = self.pings.popleft() if self.pings else self.clock()
+        in_flight = self.in_flight
+        lost = [(m, LOST) for m in unknown if isinstance(m, str) and in_flight.get(m, asked + 1) <= asked]
         for m, _ in lost:
-            del self.in_flight[m]
+            del in_flight[m]
+        return lost
+
+    def lose_all(self, why: str) -> list[tuple[str, str]]:
+        """Every request in flight is lost (the controller restarted): ``[(msg_id, why)]``."""
+        lost = [(m, why) for m in self.in_flight]
+        self.in_flight.clear()
+        self.pings.clear()
         return lost

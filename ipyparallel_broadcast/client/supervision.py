@@ -1,8 +1,10 @@
 """What the client does when a part of the controller dies.
 
 The controller restarts a child process that died and says so on its
-notices socket (``controller.notices``). What went through a dead queue is
-lost: the client fails its requests through that queue at once, per
+notices socket (``controller.notices``). A broadcast in flight when the whole
+controller restarted (its beats come from a new pid) is sent again: the engines
+answer it with the replies they kept (``ReplyFiling.again``). What went
+through a dead queue of IPython Parallel's is lost: the client fails its requests through that queue at once, per
 engine, naming it (``EngineError: the controller's mux queue died (pid 123):
 engine 3 did not answer``); a reply that comes later anyway is dropped, so
 each request ends once. After the IOPub relay died, outputs owed for
@@ -135,8 +137,10 @@ class ControllerWatch:
             return
         log.warning("The controller restarted (pid %s died; now pid %s): its engines are kept", before, pid)
         why = f"the controller died (pid {before}) with it in flight, and was restarted"
-        self.fail_everything(why)
-        self.client._iopub_liveness.close_owed(why)  # its IOPub relay died with it
+        client = self.client
+        self.fail(list(self.via), why)  # through IPython Parallel's queues: lost with them
+        client._replies.root_lost(client._root_watch.lose_all(why))  # broadcasts: sent again
+        client._iopub_liveness.close_owed(why)  # its IOPub relay died with it
 
     # -------------------------------------------------------- what is owed
     def sent(self, socket, future, ident):
@@ -192,9 +196,7 @@ class ControllerWatch:
         if owed or calls:
             log.error("%s: failing %d request(s)", why, len(owed) + len(calls))
         self.fail(owed, why)
-        for msg_id in calls:
-            client._root_watch.done(msg_id)
-        client._replies.root_lost([(msg_id, why) for msg_id in calls])
+        client._replies.root_lost([(msg_id, why) for msg_id in calls], again=False)
 
     def fail(self, msg_ids, why: str):
         client = self.client

@@ -27,6 +27,7 @@ from contextvars import copy_context
 from ipykernel.kernelbase import Kernel
 from ipyparallel import error
 from ipyparallel.engine.kernel import IPythonParallelKernel
+from traitlets import Integer
 
 from ..compat import ipykernel as ipk
 from ..compat.pyzmq import Direct, lean
@@ -35,6 +36,7 @@ from ..wire import protocol as P
 from ..wire.protocol import OUTPUTS_KEY
 from .applycall import Functions, run_apply
 from .holds import HoldingKernel
+from .kept import KeptReplies
 from .refusals import refuse, refused_replay
 
 _SIGINT = int(_signal.SIGINT)
@@ -122,10 +124,15 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
     _codec = None
     _context = None
     _queued = 0  # shell messages on ipykernel's path, not yet done
+    kept_replies = Integer(
+        1024, config=True, help="Broadcast replies kept until the client has them (a restarted controller's resend)."
+    )
+    kept_reply_bytes = Integer(64 << 20, config=True, help="Bytes of buffers those kept replies may hold.")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.functions = Functions()
+        self.kept = KeptReplies(self.kept_replies, self.kept_reply_bytes)
 
     @property
     def codec(self) -> P.Codec:
@@ -190,6 +197,9 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         if b'"apply_request"' not in P.as_bytes(body[1]) or ipk.aborting(self):  # (ipykernel aborts)
             return False
         try:
+            if self.codec.seen(body[0]):  # a copy, as signed the first time: sent again after a restart
+                self.codec.check_signature(body)
+                return self._again(idents, msg, self.session.unpack(P.as_bytes(body[1]))["msg_id"])
             request = self.codec.unpack(body)
             header = request["header"]
             if header.get("msg_type") != "apply_request":
@@ -197,6 +207,8 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         except Exception:
             self.log.error("Invalid Message", exc_info=True)
             return None
+        if not self.kept.arrived(header["msg_id"], header, request["metadata"]):  # a copy signed anew
+            return self._again(idents, msg, header["msg_id"])
         request["buffers"] = [memoryview(b) for b in request["buffers"]]
         Kernel.set_parent(self, idents, request, "shell")  # the shell's parts: see Captured
         stream = self.shell_stream
@@ -214,6 +226,15 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         finally:
             _signal.signal(_SIGINT, saved)
             request["buffers"] = []  # see apply_request
+        return None
+
+    def _again(self, idents, msg, msg_id):
+        """A copy of a request this engine had: its kept reply, under the copy's route (never run twice)."""
+        frames = self.kept.again(msg_id)
+        if frames is None:
+            refuse(self, msg, f"engine {self.int_id} did not answer a request again: {self.kept.missing(msg_id)}")
+        else:
+            Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
         return None
 
     def apply_request(self, stream, ident, parent):
@@ -342,6 +363,7 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         if buffers and P.SHM_REPLY_KEY in parent["metadata"]:  # a client of this host: big buffers shared
             buffers = shm.share_reply(buffers, parent["metadata"][P.SHM_REPLY_KEY], md)
         frames = self.codec.serialize("apply_reply", content, parent["raw_header"], md)
+        self.kept.keep(parent["header"]["msg_id"], parent["header"], parent["metadata"], frames + list(buffers))
         # at once on the socket, by this (the loop's) thread: one event-loop turn less
         Direct(stream).send_multipart(list(ident) + frames + list(buffers), copy=False)
         if outputs.get("iopub"):

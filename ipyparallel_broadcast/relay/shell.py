@@ -32,6 +32,7 @@ from .events import DOWN, HUB, JOINED, MON, PULSE, UP, Send
 from .forwarding import DEFAULT_HOST_FANOUT
 from .loop import ShellLoop
 from .node import RelayNode
+from .startup import StartupHold
 
 BATCH = 256  # messages taken from one socket before looking at the others
 
@@ -95,6 +96,8 @@ class NodeShell:
         self.trimmer = HeapTrimmer(spec.get("trim_interval", 10.0))
         self.process, self.down_url = psutil.Process(), spec["down_url"]
         self.busy = 0.0  # seconds spent handling messages (where the time goes)
+        # peers not connected yet in the node's first seconds (a restarted controller's tree)
+        self.startup = StartupHold(time.monotonic, spec.get("node_timeout", 10.0))
         self.loop: ShellLoop | None = None  # the loop polling this shell's sockets, once it runs
         curve = dict(
             curve_secretkey=spec.get("curve_secretkey"),
@@ -190,12 +193,15 @@ class NodeShell:
             elif send.socket == BULK:
                 self.send_bulk(send.frames)
             elif send.socket == DOWN:
+                if self.startup.held and self.startup.waiting(send.frames):  # behind one held
+                    continue
                 try:
                     send_frames(self.down, send.frames)
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
-                    sends.extend(self._unreachable(*send.frames[:2]))
+                    if P.as_bytes(send.frames[1]) == P.HELLO_KEY or not self.startup.hold(send.frames):
+                        sends.extend(self._unreachable(*send.frames[:2]))
 
     def send_up(self, frames):
         send_frames(self.up, frames)
@@ -302,14 +308,18 @@ class NodeShell:
         return self.node.on_drained()
 
     def on_tick(self):
-        self.perform(self.node.on_tick())
+        self.perform([Send(DOWN, frames) for frames in self.startup.take()] + self.node.on_tick())
 
     def running(self) -> bool:
         return True
 
     def next_deadline(self):
-        node, trim = self.node.next_deadline(), self.trimmer.next_due()
-        return node if trim is None else trim if node is None else min(node, trim)
+        due = [
+            d
+            for d in (self.node.next_deadline(), self.trimmer.next_due(), self.startup.next_deadline())
+            if d is not None
+        ]
+        return min(due, default=None)
 
 
 GC_THRESHOLD = (50_000, 20, 100)  # a node's young garbage: collected per 50,000 objects, not 700

@@ -36,8 +36,9 @@ SECTIONS = [
     ),
     (
         "The engines: `BroadcastEngine`",
-        "`python -m ipyparallel_broadcast.engine` (IPython Parallel's `ipengine`, plus these):",
-        ["ipyparallel_broadcast.engine.app:BroadcastEngine"],
+        "`python -m ipyparallel_broadcast.engine` (IPython Parallel's `ipengine`, plus these; its kernel's\n"
+        "as `c.BroadcastKernel.<name>`):",
+        ["ipyparallel_broadcast.engine.app:BroadcastEngine", "ipyparallel_broadcast.engine.kernel:BroadcastKernel"],
     ),
     (
         "The client: `Client`",

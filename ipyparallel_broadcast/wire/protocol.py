@@ -120,6 +120,9 @@ PROTOCOL_VERSION = 1
 # reply's metadata under the same key, and publish no IOPub status (see kernel)
 OUTPUTS_KEY = "ipb_outputs"
 OUTPUTS_MARK = b'"' + OUTPUTS_KEY.encode() + b'"'  # in a request's raw metadata JSON
+# request metadata of our client: the call's number, and the lowest one still owed (the
+# engines let go of the replies they kept for calls below it: ``engine/kept.py``)
+SEQ_KEY, OWED_KEY = "ipb_seq", "ipb_owed"
 TRACE_KEY = "ipb_trace"  # request metadata: the engine stamps its reply ("ipb_received")
 # request metadata {SHM_REPLY_KEY: [host, name prefix, threshold]}: an engine of the
 # client's host puts its reply's big buffers in shared memory (``host.shm.share_reply``)
@@ -330,6 +333,10 @@ class Codec:
 
     def _load(self, part: bytes):
         return {} if part == b"{}" else self.unpack_json(part)
+
+    def seen(self, signature) -> bool:
+        """Was a message with this signature unpacked here (a copy of it would be refused)?"""
+        return bool(self.key) and hash(as_bytes(signature)) in self._seen
 
     @property
     def remembered(self) -> int:
