@@ -96,3 +96,17 @@ def test_calls_are_counted_by_view_and_a_load_balanced_error_need_name_no_engine
     v = check(records, {}, BOUND)
     assert v.by_view == {"balanced": {"failed": 1}, "directview": {"failed": 1}, "auto": {"hung": 1}, "tree": {"ok": 1}}
     assert v.unnamed == [("c0", 2, "apply", 1, why)]  # a DirectView call's error must name its engine
+
+
+def test_a_call_failed_by_a_restart_is_lost_work_and_a_broadcast_may_lose_none():
+    """Issue 73: an engine that lived, failed only because the controller restarted."""
+    why = "EngineError: the controller died (pid 9) with it in flight, and was restarted: engine 1 did not answer"
+    stock = record(1, view="directview", outcomes={"0": ["ok", None], "1": ["error", why]})
+    v = check([stock], {}, BOUND)
+    assert v.restart_lost == [("c0", 1, "apply", "directview", 1, True)] and v.clean  # counted: IPython Parallel's
+    assert v.summary()["restart_lost"] == {"directview": 1}
+    v = check([stock, record(2, outcomes={"0": ["ok", None], "1": ["error", why]})], {}, BOUND)
+    assert v.broadcasts_restart_lost == [("c0", 2, "apply", "tree", 1, True)] and not v.clean
+    node = "Relay node 1 lost the request (it restarted or dropped it); engine 1 did not answer"
+    v = check([record(3, outcomes={"0": ["ok", None], "1": ["error", node]})], {}, BOUND)
+    assert len(v.restart_lost) == 1 and v.broadcasts_restart_lost == [] and v.clean  # a node's restart: counted

@@ -22,8 +22,7 @@ from cluster_util import StandInRelay, at_gate, process_gone, quiet_config, runn
 from ipyparallel import error
 
 import ipyparallel_broadcast as ipb
-from ipyparallel_broadcast.controller.enginejournal import read
-from ipyparallel_broadcast.controller.restarts import UP_FD_ENV
+from ipyparallel_broadcast.controller.restarts import keeper_file, read_keeper_file
 from ipyparallel_broadcast.launch.keepsettings import RESTORE_ARGS, main_process
 from ipyparallel_broadcast.relay.registrar import ENGINES
 from ipyparallel_broadcast.wire import protocol as P
@@ -32,8 +31,13 @@ pytestmark = pytest.mark.cluster
 
 
 def keeper(rc) -> psutil.Process:
-    """The process the launcher started: the controller's keeper (``launch.keeper``)."""
-    return rc.cluster.controller.process
+    """The controller's keeper (``launch.keeper``): the process the launcher
+    started, or the one that adopted the controller when that one died."""
+    launched = rc.cluster.controller.process
+    if launched.is_running():
+        return launched
+    found = read_keeper_file(keeper_file(rc.test_profile_dir, rc.cluster.cluster_id)).get("keeper")
+    return psutil.Process(found) if found and psutil.pid_exists(found) else launched
 
 
 def hub_pid(rc) -> int | None:
@@ -189,35 +193,34 @@ def test_a_controller_that_keeps_dying_is_given_up_and_its_cluster_stops():
             assert "restarted 1 times in 60 s: giving up" in f.read()
 
 
-def test_a_killed_keeper_keeps_the_journal_and_a_controller_restored_by_hand_takes_the_engines_back():
-    """Issue 73: the keeper SIGKILLed stops its controller, which says why and
-    keeps its engine journal and connection files (only an orderly stop removes
-    them). A controller started by hand with ``--restore`` takes the same engines
-    back, their namespaces kept, and the same client goes on."""
+def test_a_killed_keeper_is_replaced_by_one_that_adopts_the_running_controller():
+    """Issue 73: the keeper SIGKILLed does not end the cluster. The controller
+    goes on, serving, and starts a keeper that adopts it, named in its log and
+    in ``rc.broadcast_tree()``; the launcher follows that keeper. A later kill
+    of the controller is restarted by it, engines and namespaces kept; the
+    cluster's stop stops it all, and only that orderly stop removes the journal."""
     with running_cluster(2, 1, 2) as rc:
         view = rc.broadcast_view()
         view.push(dict(kept="state"), block=True)
-        ids = list(rc.ids)
-        hub = psutil.Process(hub_pid(rc))
-        cmd, env = hub.cmdline(), {k: v for k, v in hub.environ().items() if k != UP_FD_ENV}
-        keeper(rc).kill()
-        hub.wait(30)
+        ids, first, hub = list(rc.ids), keeper(rc), hub_pid(rc)
         (journal,) = glob.glob(os.path.join(rc.test_profile_dir, "log", "engines*.journal"))
-        assert sorted(read(journal).engines) == ids
-        assert glob.glob(os.path.join(rc.test_profile_dir, "security", "*-engine.json"))
+        first.kill()
+        until(lambda: keeper(rc).pid != first.pid, what="a new keeper")
+        second = keeper(rc)
+        assert hub_pid(rc) == hub  # the same controller, adopted
+        assert view.apply_sync(os.getpid) is not None
+        until(lambda: f"kept by pid {second.pid}" in repr(rc.broadcast_tree()), what="the tree naming the keeper")
         with open(rc.cluster.controller.output_file) as f:
-            assert "The controller's keeper died" in f.read()
-        by_hand = subprocess.Popen(
-            [*cmd, *RESTORE_ARGS], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-        try:
-            until(lambda: broadcast_works(rc), timeout=60, what="a broadcast answered by the restored controller")
-            assert rc.ids == ids
-            assert view.pull("kept", block=True) == ["state"] * len(ids)
-        finally:
-            by_hand.terminate()  # an orderly stop: its journal goes
-            by_hand.wait(30)
-        assert not os.path.exists(journal)
+            assert f"The controller's keeper (pid {first.pid}) died: keeper pid {second.pid} adopts it" in f.read()
+        kill_controller(rc)
+        until(lambda: restarted_from(rc, hub), timeout=30, what="the adopting keeper restarting the controller")
+        until(lambda: broadcast_works(rc), timeout=60, what="a broadcast answered after the restart")
+        assert rc.ids == ids
+        assert view.pull("kept", block=True) == ["state"] * len(ids)
+        assert os.path.exists(journal)
+        last = hub_pid(rc)
+    assert not os.path.exists(journal)  # the cluster's stop: orderly
+    assert process_gone(second.pid) and process_gone(last)
 
 
 def _committed(db: str, msg_ids: list) -> bool:

@@ -1,7 +1,8 @@
 """A relay node process dies (SIGKILL) or hangs (SIGSTOP) with a request in
 flight, on a real depth-2 cluster: the engines under it get an EngineError
-naming the node, every other engine's result arrives, no node keeps state,
-the controller restarts a dead node in place, and later broadcasts work."""
+naming the node (but for the root's: the client sends the call again), every
+other engine's result arrives, no node keeps state, the controller restarts a
+dead node in place, and later broadcasts work."""
 
 import glob
 import os
@@ -17,6 +18,9 @@ pytestmark = pytest.mark.cluster
 
 MODES = {"coalescing": True, "streaming": False}
 UNDER = {"0.1": [1], "1": [2, 3], "root": [0, 1, 2, 3]}  # depth 2, fan-out 2, 4 engines
+# the engines whose part fails: the root's death loses none, the client sends the call
+# again and the engines answer from the replies they kept (issue 73)
+FAILED = {"0.1": [1], "1": [2, 3], "root": []}
 NODE_TIMEOUT = 5
 
 
@@ -40,10 +44,8 @@ def held_broadcast(rc, view, gate):
 
 
 def check_outcomes(ar, lost, why):
-    with pytest.raises(error.CompositeError) as info:
-        ar.get(timeout=120)
-    assert len(info.value.elist) == len(lost)
-    results = ar.get(return_exceptions=True)
+    results = ar.get(timeout=120, return_exceptions=True)
+    assert [eid for eid, r in zip(ar._targets, results) if isinstance(r, Exception)] == lost
     for eid, result in zip(ar._targets, results):
         if eid in lost:
             assert isinstance(result, error.RemoteError) and result.ename == "EngineError"
@@ -81,17 +83,16 @@ def test_killed_node_fails_its_engines_and_is_restarted(rc, victim, mode, tmp_pa
     before = nodes(rc)[victim]["pid"]
     os.kill(before, signal.SIGKILL)
     gate.touch()
-    check_outcomes(ar, UNDER[victim], f"Relay node {victim} ")
+    check_outcomes(ar, FAILED[victim], f"Relay node {victim} ")
     until(lambda: nodes(rc)[victim].get("pid") not in (None, before))  # restarted (down until then)
     serves_again(rc, view)
 
 
-def test_a_node_restarted_before_its_restarted_parent_heard_from_it_fails_what_it_held(tmp_path):
+def test_a_node_restarted_once_its_restarted_parent_reached_it_fails_what_it_held(tmp_path):
     """The root restarts and knows no child's boot until each answers a ping;
-    node 1 restarts in that window, having taken a request: its hello is the
-    root's first word from it, so the root asks it at once which requests it
-    holds (none). Pings 60 s apart keep the window open: the new root's first
-    ping finds node 1 stopped, off the link."""
+    its first ping finds node 1 stopped, off the link, and is held until node
+    1 is back (``relay.startup``), whose pong gives its boot. Node 1 then
+    restarts, having taken a request: its new boot fails what it held, named."""
     config = quiet_config()
     config.BroadcastController.ping_interval = 60
     config.BroadcastController.node_timeout = 240
@@ -109,7 +110,7 @@ def test_a_node_restarted_before_its_restarted_parent_heard_from_it_fails_what_i
         until(lambda: all(n["pending"] == 1 for n in nodes(rc).values()))
         os.kill(pids["1"], signal.SIGKILL)
         gate.touch()
-        check_outcomes(ar, [1], "Relay node 1 lost the request (it restarted or dropped it); engine 1 ")
+        check_outcomes(ar, [1], "Relay node 1 restarted; engine 1 ")
         until(lambda: nodes(rc)["1"].get("pid") not in (None, pids["1"]), what="node 1's restart")
         all_answer(rc.broadcast_view(), 2)
         assert all(n["pending"] == 0 for n in settled_stats(rc))

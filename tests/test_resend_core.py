@@ -124,8 +124,10 @@ def test_a_peer_not_connected_yet_has_its_messages_held_in_order_until_the_grace
     assert hold.hold([b"leaf0", b"r1"])
     assert hold.waiting([b"leaf0", b"ping"])  # behind the request it asks about
     assert not hold.waiting([b"leaf1", b"r2"])
-    assert hold.next_deadline() is not None
+    due = hold.next_deadline()
+    clock.now = 0.05
+    assert hold.next_deadline() == due == 0.1  # fixed when held: traffic meanwhile does not push it back
     assert hold.take() == [[b"leaf0", b"r1"], [b"leaf0", b"ping"]]
-    assert hold.held == {} and hold.retried == 2
+    assert hold.held == {} and hold.retried == 2 and hold.next_deadline() is None
     clock.now = 10
     assert not hold.hold([b"leaf0", b"r3"])  # the grace is over: the peer is lost

@@ -1,7 +1,8 @@
 """The pure parts of a controller restart: the hub's engine journal
 (``controller.enginejournal``), a line per change, read back whole by a
-restarted controller and rewritten when mostly dead; and the keeper's
-verdicts (``launch.keepsettings``)."""
+restarted controller and rewritten when mostly dead; the keeper's
+verdicts (``launch.keepsettings``); a keeper that adopts a running
+controller, and the keeper file that names it (issue 73)."""
 
 import json
 import logging
@@ -216,3 +217,53 @@ def test_the_keeper_restarts_a_killed_controller_with_restore_until_its_budget_i
 def test_the_keeper_does_not_restart_a_controller_that_never_came_up(tmp_path):
     code, runs, _ = keep(tmp_path, "--mute")
     assert code == 128 + 9 and runs == ["--mute"]
+
+
+def adopt(tmp_path, journal: bool):
+    """A keeper adopting a running process (its keeper died): that one ends,
+    killed (``journal`` left: a crash) or after an orderly stop (none)."""
+    runs, path = tmp_path / "runs", tmp_path / "engines.journal"
+    if journal:
+        path.write_text("")
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    cmd = [sys.executable, "-m", "ipyparallel_broadcast.launch.keeper", "--restarts=1", "--window=60"]
+    cmd += [f"--adopt={running.pid}", f"--journal={path}", "--", sys.executable, "-c", STAND_IN, str(runs)]
+    keeper = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    try:
+        running.kill()
+        running.wait()
+        code = keeper.wait(60)
+    finally:
+        keeper.kill()
+    return code, runs.read_text().splitlines() if runs.exists() else [], keeper.stderr.read().decode()
+
+
+def test_a_keeper_that_adopted_a_controller_restarts_it_with_restore_once_it_dies(tmp_path):
+    code, runs, err = adopt(tmp_path, journal=True)
+    assert runs == [" ".join(RESTORE_ARGS)] and code == 128 + 9  # then the stand-in dies, past the budget
+    assert "Keeping the running controller" in err and "giving up" in err
+
+
+def test_a_keeper_that_adopted_a_controller_stopped_in_order_ends_with_it(tmp_path):
+    code, runs, _ = adopt(tmp_path, journal=False)
+    assert code == 0 and runs == []
+
+
+def test_the_keeper_file_names_who_keeps_the_controller_and_a_controller_not_kept_says_none(tmp_path):
+    from ipyparallel_broadcast.controller.keeperwatch import KeeperWatch
+    from ipyparallel_broadcast.controller.restarts import keeper_file, read_keeper_file, write_keeper_file
+
+    path = keeper_file(str(tmp_path), "c1")
+    assert path.endswith(os.path.join("pid", "ipb-keeper-c1.json")) and read_keeper_file(path) == {}
+    write_keeper_file(path, 12, 34)
+    assert read_keeper_file(path) == dict(keeper=12, controller=34)
+    alone = KeeperWatch(logging.getLogger("test"), None, path, str(tmp_path / "journal"))
+    assert alone.facts["keeper"] is None
+    alone.lost()  # not kept: nothing to start, and it says so
+    assert read_keeper_file(path) == dict(keeper=None, controller=os.getpid())
+    kept = KeeperWatch(logging.getLogger("test"), dict(restarts=2, window=9.0, cmd=["ctl", "--x"]), path, "j")
+    argv = kept.command()
+    assert argv[argv.index("--") + 1 :] == ["ctl", "--x"]
+    assert f"--adopt={os.getpid()}" in argv and "--journal=j" in argv and "--restarts=2" in argv
+    alone.stop()
+    assert not os.path.exists(path)

@@ -50,6 +50,7 @@ class ControllerWatch:
         self.last_tick = 0.0  # when the watch last ran (a stalled I/O thread is not a silent controller)
         self.silent = False  # it was, for controller_timeout: it is taken for dead
         self.pid: int | None = None  # its main process, as its beats say
+        self.keeper: int | None | bool = False  # the process keeping it, as they say (None: none; False: not said)
         self.notices: ZMQStream | None = None
 
     def _port(self):
@@ -127,6 +128,8 @@ class ControllerWatch:
             self.child_died(msg["content"])
         elif kind == P.BEAT and isinstance(msg["content"].get("pid"), int):
             self.beat_from(msg["content"]["pid"])
+            if "keeper" in msg["content"]:
+                self.keeper = msg["content"]["keeper"]
 
     def beat_from(self, pid: int):
         """A beat of the controller's process ``pid``: another than before is

@@ -17,8 +17,9 @@ class TreeLayout:
     (``hosts``: ``{label: (leaf index, engine ids)}``) with theirs; in
     Jupyter, a picture with each node's load from the survey (``nodes``)."""
 
-    def __init__(self, shape: TreeShape, engine_ids, hosts=None, nodes=()):
+    def __init__(self, shape: TreeShape, engine_ids, hosts=None, nodes=(), controller=None):
         self.shape = shape
+        self.controller = controller or {}  # its pid and keeper, as its beats say (``kept``)
         self.depth, self.fanout = shape.depth, shape.fanout
         self.hosts = dict(hosts or {})
         hosted = {e for _, eids in self.hosts.values() for e in eids}
@@ -33,10 +34,22 @@ class TreeLayout:
                 self._text += "\n" + chunk_path(name, n["bulk_last"])
 
     def __repr__(self):
-        return self._text
+        kept = self.kept
+        return self._text if kept is None else f"{self._text}\n{kept}"
+
+    @property
+    def kept(self) -> str | None:
+        """Who keeps the controller (restarts it if it dies); None if its beats do not say."""
+        pid, keeper = self.controller.get("pid"), self.controller.get("keeper", False)
+        if keeper is False:
+            return None
+        if keeper is None:
+            return f"controller pid {pid}: WITHOUT a keeper (if it dies, it is not restarted)"
+        return f"controller pid {pid}, kept by pid {keeper}"
 
     def _repr_html_(self):
-        return tree_html(self.shape, self.leaves, self.hosts, self.nodes)
+        kept = self.kept
+        return tree_html(self.shape, self.leaves, self.hosts, self.nodes) + (f"<p>{kept}</p>" if kept else "")
 
 
 def chunk_path(leaf: str, last: dict) -> str:
@@ -128,4 +141,5 @@ class TreeSurveys:
                     else tuple(int(d) for d in leaf_of_host[n["host"]].split("."))
                 )
                 hosts[n["host"]] = (shape.leaf_index(path), n.get("eids") or [])
-        return TreeLayout(shape, self.client.ids, hosts, nodes)
+        watch = self.client._watch
+        return TreeLayout(shape, self.client.ids, hosts, nodes, dict(pid=watch.pid, keeper=watch.keeper))

@@ -301,6 +301,12 @@ def save_hub_state(hub) -> None:
     hub._save_engine_state()
 
 
+def wait_on_process(launcher) -> None:
+    """``LocalProcessLauncher._start_waiting``: a launcher whose controller's keeper
+    died waits on the keeper that adopted it (``launch.succession``)."""
+    launcher._start_waiting()
+
+
 def ar_engine_futures(ar) -> list:
     """``AsyncResult._children``: an AsyncResult's per-engine futures (tools)."""
     return ar._children

@@ -17,7 +17,8 @@ a queue's by the clients, told on the notices socket (``supervise``,
 
 The controller holds its parts: its children supervised
 (``children.ChildSupervision``), what each is told (``nodespecs.ChildSpecs``),
-the hub's hooks and what they call (``hubhooks``). Its one base besides
+the hub's hooks and what they call (``hubhooks``), its keeper watched
+(``keeperwatch.KeeperWatch``: one that dies is replaced by one that adopts it). Its one base besides
 ``IPController`` is its settings (``settings.TreeSettings``, traits only but
 the shape they make): traitlets reads ``c.BroadcastController.depth`` from
 the class's own traits.
@@ -34,6 +35,7 @@ from functools import partial
 import zmq
 from ipyparallel.controller.app import IPController
 from ipyparallel.controller.app import aliases as ipp_aliases
+from tornado.ioloop import IOLoop, PeriodicCallback
 from traitlets import Bool, Float, Type, Unicode, Union, default
 
 from ..compat import ipp
@@ -47,12 +49,13 @@ from .children import ChildSupervision
 from .dropped import DroppedEngines
 from .hostreg import HostRegistrations
 from .hubhooks import HubHooks, HubParts
+from .keeperwatch import KeeperWatch
 from .location import located
 from .nodespecs import ChildSpecs
 from .placement import LeafLoads
 from .ports import quiet_port
 from .records import BroadcastDictDB, BroadcastRecords
-from .restarts import KEEPER_GONE
+from .restarts import KEEPER_GONE, keeper_file, keeper_settings
 from .restore import KeptEngines
 from .roster import Roster, RosterDoor
 from .settings import TreeSettings
@@ -92,7 +95,7 @@ class BroadcastController(TreeSettings, IPController):
     )
 
     roster_door: RosterDoor | None = None  # made in place of ipyparallel's notifier, as init_hub binds it
-    keeper_lost = False  # its keeper died (``keeper_gone``): nothing is cleaned up
+    keepers: KeeperWatch | None = None  # its keeper, watched (a dead one replaced), made as the hub is
     kids: ChildSupervision | None = None  # its children supervised, made as the hub is
     loads: LeafLoads | None = None  # live engines per leaf (where a new engine goes), made as the hub is
 
@@ -127,6 +130,8 @@ class BroadcastController(TreeSettings, IPController):
         self.kids.supervise_heart_monitor()
         dropped = DroppedEngines(hub)  # dead ids dropped; dropped engines that live told so
         path = os.path.join(self.profile_dir.log_dir, f"engines{self.cluster_id}.journal")
+        place = keeper_file(self.profile_dir.location, self.cluster_id)
+        self.keepers = KeeperWatch(self.log, keeper_settings(), place, path)
         self.loads = LeafLoads(self.shape.n_leaves)  # live engines per leaf, told by the engine ledger
         self.kept = KeptEngines(hub, dropped, path, self.loads)
         door = self.roster_door
@@ -152,24 +157,18 @@ class BroadcastController(TreeSettings, IPController):
         signal.signal(KEEPER_GONE, self.keeper_gone)
 
     def keeper_gone(self, sig, frame):
-        """Its keeper died (``launch.keeper``): no orderly stop was asked. The
-        controller stops, but its journal and connection files stay, for a
-        controller started again with ``--restore`` (by hand, or by a launcher)."""
-        self.keeper_lost = True
-        self.log.critical(
-            "The controller's keeper died: stopping, keeping the engine journal and connection files "
-            "(start the controller again with --restore to take the engines back)"
-        )
-        self.handle_signal(sig, frame)
+        """Its keeper died (``launch.keeper``): the controller goes on, and
+        starts a keeper that adopts it (``keeperwatch``), on its loop."""
+        if self.keepers is not None:
+            IOLoop.current().add_callback(self.keepers.lost)
 
     def cleanup_connection_files(self):
-        """An orderly stop: the journal goes (its engines stop too), and a
-        restarted controller's files go as its first run's would have. Not when
-        its keeper died: they are what a restored controller needs."""
-        if self.keeper_lost:
-            self.kept.keep()
-            return
+        """An orderly stop: the journal goes (its engines stop too), with the
+        keeper file, and a restarted controller's files go as its first run's
+        would have."""
         self.kept.close()
+        if self.keepers is not None:
+            self.keepers.stop()
         if self.restarted:
             self.reuse_files = False
         super().cleanup_connection_files()
@@ -233,6 +232,8 @@ class BroadcastController(TreeSettings, IPController):
 
     def start(self):
         self.kids.start()
+        self.keepers.start()
+        PeriodicCallback(self.keepers.check, 1000).start()
         super().start()
 
     def terminate_children(self):

@@ -93,7 +93,9 @@ class ChildSupervision:
         """Before the controller starts: the notices socket, the checks, the keeper told."""
         app = self.app
         assert self.notices_port  # picked now if no connection file was written
-        self.notices = Notices(app.session, app.client_url(P.NOTICES_KEY), app.bind)
+        keepers = app.keepers
+        facts = (lambda: keepers.facts) if keepers is not None else dict
+        self.notices = Notices(app.session, app.client_url(P.NOTICES_KEY), app.bind, facts=facts)
         self.notices.start()
         PeriodicCallback(self.check, 250).start()
         say_up()  # (before its children start: they do not keep the keeper's pipe)

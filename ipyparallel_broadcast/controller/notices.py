@@ -2,9 +2,10 @@
 
 - ``ipb_restarted``: a child process died, and what it held is lost. A
   client fails its requests that went through it (``client.supervision``).
-- ``ipb_beat``: the controller lives, once per ``interval``. A client with
-  requests outstanding that hears no beat for its ``controller_timeout``
-  fails them, naming the controller: its hub died (or cannot be reached).
+- ``ipb_beat``: the controller lives, once per ``interval``, and who keeps
+  it (``keeper``: a pid, or None). A client with requests outstanding that
+  hears no beat for its ``controller_timeout`` fails them, naming the
+  controller: its hub died (or cannot be reached).
 
 A PUB of its own, not the hub's notification socket: ipyparallel's client
 raises on a notification type it does not know, and that stops the stream
@@ -32,7 +33,7 @@ INTERVAL = 1.0  # seconds between beats
 class Notices:
     """``publish(kind, content)`` from any thread; a thread owns the socket."""
 
-    def __init__(self, session: Session, url: str, bind, interval: float = INTERVAL):
+    def __init__(self, session: Session, url: str, bind, interval: float = INTERVAL, facts=dict):
         self.session = Session(
             key=session.key,
             signature_scheme=session.signature_scheme,
@@ -40,6 +41,7 @@ class Notices:
             unpacker=session.unpacker,
         )  # the thread's own: HMAC state is not shared across threads
         self.url, self.bind, self.interval = url, bind, interval
+        self.facts = facts  # what each beat says besides the pid (its keeper: ``keeperwatch``)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.sent = 0
         self.thread = threading.Thread(target=self._run, name="ipb-notices", daemon=True)
@@ -59,13 +61,13 @@ class Notices:
         sock.linger = 1000
         sock.SNDHWM = 0  # a notice is never dropped for a slow client
         self.bind(sock, self.url)
-        beat = dict(pid=os.getpid())
+        pid = os.getpid()
         try:
             while True:
                 try:
                     item = self.outbox.get(timeout=self.interval)
                 except queue.Empty:
-                    item = (P.BEAT, beat)
+                    item = (P.BEAT, dict(self.facts(), pid=pid))
                 if item is None:
                     return
                 kind, content = item

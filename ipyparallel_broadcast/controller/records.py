@@ -226,6 +226,9 @@ class BroadcastRecords:
                 inner, own = P.split_each(inner, content["targets"], content["each"])
             request = hub.session.deserialize([P.as_bytes(f) for f in inner[:5]] + inner[5:])
         except Exception as e:
+            if str(e).startswith("Duplicate Signature"):  # a call the client sent again (``client.copies``)
+                self.log.debug("broadcast:: a request sent again: its records are filed")
+                return
             self.log.error("broadcast:: dropped an invalid request copy: %s", e)
             return
         msg_id = request["header"]["msg_id"]

@@ -10,6 +10,7 @@ cluster without a root).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -17,6 +18,9 @@ from collections import deque
 from collections.abc import Callable
 
 UP_FD_ENV = "IPB_CONTROLLER_UP_FD"  # a pipe to the controller's keeper (``launch.keeper``), told "up"
+# the keeper's settings, given to the controller it keeps ({"restarts", "window", "cmd"}): a
+# controller whose keeper died starts another with them (``keeperwatch``)
+KEEPER_ENV = "IPB_KEEPER"
 # the signal a kept controller gets when its keeper dies (Linux's parent-death signal): not
 # SIGTERM, which asks for an orderly stop; this one stops it keeping its journal (``app``)
 KEEPER_GONE = signal.SIGUSR2
@@ -51,3 +55,37 @@ class RestartBudget:
             return False
         self.times.append(now)
         return True
+
+
+def keeper_settings() -> dict | None:
+    """What this controller's keeper said of itself (None: not kept); taken from the environment."""
+    try:
+        settings = json.loads(os.environ.pop(KEEPER_ENV, "null"))
+    except ValueError:
+        return None
+    if not isinstance(settings, dict) or not isinstance(settings.get("cmd"), list):
+        return None
+    return settings
+
+
+def keeper_file(profile_dir: str, cluster_id: str = "") -> str:
+    """Where a kept controller says which process keeps it now (its launcher stops that one)."""
+    return os.path.join(profile_dir, "pid", f"ipb-keeper{'-' + cluster_id if cluster_id else ''}.json")
+
+
+def write_keeper_file(path: str, keeper: int | None, controller: int) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.{os.getpid()}"
+    with open(temp, "w") as f:
+        json.dump(dict(keeper=keeper, controller=controller), f)
+    os.replace(temp, path)  # (a reader never sees half of it)
+
+
+def read_keeper_file(path: str) -> dict:
+    """``{"keeper": pid or None, "controller": pid}``, or {} (none, or unreadable)."""
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

@@ -55,12 +55,6 @@ class KeptEngines:
         self.syncs.flush()
         self.journal.close(remove=True)
 
-    def keep(self) -> None:
-        """A stop that was not asked for: the journal synced and kept, for ``--restore``."""
-        self.syncs.flush()
-        self.journal.sync()
-        self.journal.close()
-
 
 class Restoration:
     """Files a journal's engines into ``hub`` and watches that they beat."""

@@ -81,15 +81,22 @@ class Verdicts:
 
 def main_process(pid: int):
     """The controller's main process (a ``psutil.Process``) given the process
-    its launcher started: that one, or, if it is a keeper, its child (None
-    while it has none: between two runs)."""
+    its launcher started: that one, or, if it is a keeper, its child, or the
+    running controller it adopted (None while it has none: between two runs)."""
     import psutil
 
     process = psutil.Process(pid)
-    if "ipyparallel_broadcast.launch.keeper" not in process.cmdline():
+    cmdline = process.cmdline()
+    if "ipyparallel_broadcast.launch.keeper" not in cmdline:
         return process
     children = process.children()
-    return children[0] if len(children) == 1 else None
+    if len(children) == 1:
+        return children[0]
+    adopted = [a[len("--adopt=") :] for a in cmdline if a.startswith("--adopt=")]  # a keeper's successor
+    try:
+        return psutil.Process(int(adopted[0])) if adopted and not children else None
+    except (psutil.NoSuchProcess, ValueError):
+        return None
 
 
 def group_gone(pgid: int, timeout: float = GROUP_WAIT) -> bool:

@@ -26,11 +26,13 @@ from ipyparallel.cluster.launcher import (
 from traitlets import Bool, Enum, Integer, List, Unicode, Union, default
 
 from .commands import ENGINE_CMD, FORKED_CMD, ControllerCommand, StartFailure, section_args
+from .succession import KeeperSuccession
 
 
-class BroadcastControllerLauncher(ControllerCommand, StartFailure, LocalControllerLauncher):
+class BroadcastControllerLauncher(ControllerCommand, StartFailure, KeeperSuccession, LocalControllerLauncher):
     """Run ``ipyparallel_broadcast.controller`` as a local process, under its
-    keeper (``keeper``): restarted with ``--restore`` if it dies."""
+    keeper (``keeper``): restarted with ``--restore`` if it dies; a keeper that
+    dies is replaced, and followed (``succession``)."""
 
     def find_args(self):
         return self.controller_cmd + self.cluster_args + self.merged_controller_args()

@@ -24,6 +24,7 @@ class StartupHold:
     def __init__(self, clock: Callable[[], float], grace: float):
         self.clock, self.until = clock, clock() + grace
         self.held: dict[bytes, list[list]] = {}
+        self.due: float | None = None  # when the held messages are tried again
         self.retried = 0  # messages tried again (tests read it)
 
     def waiting(self, frames: list) -> bool:
@@ -40,15 +41,17 @@ class StartupHold:
         """Hold ``frames`` for another try: False once the grace is over (the peer is lost)."""
         if self.clock() >= self.until:
             return False
+        if not self.held:
+            self.due = self.clock() + RETRY
         self.held.setdefault(bytes(frames[0]), []).append(frames)
         return True
 
     def take(self) -> list[list]:
         """The held messages, to send again now, each peer's in order."""
-        held, self.held = self.held, {}
+        held, self.held, self.due = self.held, {}, None
         taken = [frames for queue in held.values() for frames in queue]
         self.retried += len(taken)
         return taken
 
     def next_deadline(self) -> float | None:
-        return self.clock() + RETRY if self.held else None
+        return self.due

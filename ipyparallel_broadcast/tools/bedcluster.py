@@ -22,6 +22,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+import psutil
+
 from .netbed import Host, Managed, NetBed
 from .slurmbed import SlurmBed
 
@@ -68,12 +70,39 @@ class BedCluster(Managed):
         self.processes.append(p)
         return p
 
+    def keeper_pid(self) -> int:
+        """The controller's keeper: the one started, or the one that adopted the
+        controller when that one died (the keeper file: ``controller.keeperwatch``)."""
+        from ..controller.restarts import read_keeper_file
+
+        if self.controller.poll() is None:
+            return self.controller.pid
+        found = read_keeper_file(self.keeper_file()).get("keeper")
+        return found if isinstance(found, int) and psutil.pid_exists(found) else self.controller.pid
+
+    def keeper_file(self) -> str:
+        from ..controller.restarts import keeper_file
+
+        return keeper_file(self.profile_dir)
+
     def hub_pid(self) -> int | None:
-        """The controller's main process (under a keeper: its child; None between two)."""
+        """The controller's main process (under a keeper: its child, or the one it
+        adopted; None between two)."""
         from ..launch.keepsettings import main_process
 
-        hub = main_process(self.controller.pid)
+        try:
+            hub = main_process(self.keeper_pid())
+        except psutil.NoSuchProcess:
+            return None
         return None if hub is None else hub.pid
+
+    def kill_keeper(self) -> int:
+        """SIGKILL the controller's keeper: the controller starts one that adopts it."""
+        pid = self.keeper_pid()
+        os.kill(pid, signal.SIGKILL)
+        if pid == self.controller.pid:
+            self.controller.wait()
+        return pid
 
     def kill_controller(self, timeout: float = 60) -> int:
         """SIGKILL the controller's main process; its children die with it (its
@@ -136,6 +165,21 @@ class BedCluster(Managed):
             time.sleep(0.05)
         self._wait_complete(self._file("client"))
         self._wait_complete(self._file("engine"))
+
+    def _stop_kept(self, timeout: float = 30):
+        """SIGTERM to the keeper in charge, passed on to the controller; until both are gone."""
+        keeper, hub = self.keeper_pid(), self.hub_pid()
+        try:
+            os.kill(keeper, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        for pid in (keeper, hub):
+            if pid is None:
+                continue
+            try:
+                psutil.Process(pid).wait(timeout)
+            except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+                pass
 
     def _file(self, kind) -> str | None:
         found = glob.glob(os.path.join(self.profile_dir, "security", f"ipcontroller-{kind}.json"))
@@ -207,6 +251,8 @@ class BedCluster(Managed):
     def close(self):
         for rc in self.clients:
             rc.close()
+        if self.kept and self.processes:  # an orderly stop first: a keeper SIGKILLed would be replaced
+            self._stop_kept()
         for p in self.processes:  # each leads its own group: relay nodes, nannies go too
             try:
                 os.killpg(p.pid, signal.SIGKILL)

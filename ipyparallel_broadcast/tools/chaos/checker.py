@@ -13,7 +13,13 @@ What the checker asserts (the issue's promise):
 - a result is the call's own (else *wrong*: another call's or client's);
 - each token runs at most once on each engine (else *twice*);
 - each engine that answered ``ok`` to an ``execute`` printed its token, or its
-  output was named missing (counted apart: *output missing*).
+  output was named missing (counted apart: *output missing*);
+- a call failed by a restart (an engine's error naming it: the controller,
+  or a part of it, died with the call in flight) is work lost, though its
+  engine lived (*restart lost*, per view). None is allowed of the broadcast
+  view by the controller's own restart, after which it sends the call again;
+  IPython Parallel's views lose such calls, and a relay node's restart still
+  fails the broadcast's engines under it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ CAUSES = (  # how an error names what happened to its engine
     ("restarted", re.compile(r"restarted|lost the request", re.I)),
     ("data", re.compile(r"did not get the request's data|shared memory|No space", re.I)),
 )
+
+
+# an error of an engine that lived: the controller, or a part of it (a queue, a relay node), died with the call
+RESTART = re.compile(r"restarted|lost the request|the controller died|the controller's \w+ queue died", re.I)
+# ... the controller itself: a broadcast is sent again then (a relay node's restart is not yet)
+CONTROLLER_RESTART = re.compile(r"the controller died|Relay node root lost the request", re.I)
 
 
 def cause_of(text: str) -> str:
@@ -56,12 +68,18 @@ class Verdict:
     wrong: list[tuple] = field(default_factory=list)
     twice: list[tuple] = field(default_factory=list)
     output_missing: list[tuple] = field(default_factory=list)
+    restart_lost: list[tuple] = field(default_factory=list)  # (client, seq, op, view, engine, whole controller?)
     send_errors: collections.Counter = field(default_factory=collections.Counter)
     executions: int = 0
 
     @property
     def clean(self) -> bool:
-        return not (self.hung or self.lost or self.unnamed or self.wrong or self.twice)
+        return not (self.hung or self.lost or self.unnamed or self.wrong or self.twice or self.broadcasts_restart_lost)
+
+    @property
+    def broadcasts_restart_lost(self) -> list[tuple]:
+        """The broadcast view's calls failed by the controller's restart: each should have been sent again."""
+        return [item for item in self.restart_lost if item[3] == "tree" and item[5]]
 
     def summary(self) -> dict:
         return dict(
@@ -72,6 +90,9 @@ class Verdict:
             wrong=len(self.wrong),
             twice=len(self.twice),
             output_missing=len(self.output_missing),
+            restart_lost={
+                view: n for view, n in sorted(collections.Counter(item[3] for item in self.restart_lost).items())
+            },
             ended_late=self.ended_late,
             executions=self.executions,
             send_errors=sum(self.send_errors.values()),
@@ -123,6 +144,9 @@ def check(records: Iterable[dict], logs: dict[str, list[str]], bound: float) -> 
             elif got[0] == "error":
                 failed = True
                 v.errors_by_cause[cause_of(got[1])] += 1
+                if RESTART.search(got[1]):
+                    whole = bool(CONTROLLER_RESTART.search(got[1]))
+                    v.restart_lost.append((r["client"], r["seq"], op, r.get("view", "tree"), eid, whole))
                 whole = (
                     op in ("reduce", "bigreduce", "allreduce", "bigallreduce") or r.get("view") == "balanced"
                 )  # no one engine's

@@ -32,6 +32,7 @@ FAULTS = (
     "fill_shm",
     "kill_sim_host",
     "kill_controller",
+    "kill_keeper",
 )
 
 
@@ -116,6 +117,16 @@ class Nemesis:
         again with ``--restore``, engines and clients kept."""
         pid = self.bed.cluster.kill_controller()
         return f"controller pid {pid}"
+
+    def kill_keeper(self) -> str:
+        """The controller's keeper, while the controller runs: the controller goes
+        on, and starts a keeper that adopts it (a later ``kill_controller`` is
+        still restarted). Not between two runs of the controller: both dead
+        at once is a double fault that nothing on the host outlives."""
+        if self.bed.cluster.hub_pid() is None:
+            return "skipped: the controller is between two runs"
+        pid = self.bed.cluster.kill_keeper()
+        return f"keeper pid {pid}"
 
     def cut_link(self) -> str:
         host = self.rng.choice(self.bed.bed.hosts)
