@@ -94,7 +94,8 @@ def main_process(pid: int):
         return children[0]
     adopted = [a[len("--adopt=") :] for a in cmdline if a.startswith("--adopt=")]  # a keeper's successor
     try:
-        return psutil.Process(int(adopted[0])) if adopted and not children else None
+        found = psutil.Process(int(adopted[0])) if adopted and not children else None
+        return None if found is None or found.status() == psutil.STATUS_ZOMBIE else found  # (dead: between runs)
     except (psutil.NoSuchProcess, ValueError):
         return None
 

@@ -23,6 +23,7 @@ from ipyparallel.serialize.serialize import MAX_BYTES, MAX_ITEMS
 from jupyter_client.session import Session
 
 from ..engine.applycall import serialize_result
+from ..engine.kept import KeptReplies
 from ..wire import protocol as P
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ CONTENT = {
     "status": b'{"execution_state": "idle"}',
 }
 SIM_UUID_PREFIX = "sim-"  # simulated engines' uuids begin so (uuids have no "_")
+KEPT = 4  # replies a simulated engine keeps for copies of their requests (a farm has 100,000 engines)
+SEQ_MARK = P.SEQ_KEY.encode()
 
 
 class SimEngineState:
@@ -47,6 +50,9 @@ class SimEngineState:
         self.alive = True
         self.msg_ids = counter()
         self.namespace: dict | None = None  # execute's globals, made on first use
+        # our client's calls' replies, until it has them: a copy (a call sent again after a
+        # restart) is answered with the same reply and not run twice, as by a real engine
+        self.kept = KeptReplies(most=KEPT)
 
 
 class EngineAnswers:
@@ -98,6 +104,18 @@ class EngineAnswers:
         self, engine: SimEngineState, idents, parent: bytes, started: str, reply_type, request_md: bytes
     ) -> tuple[list, list]:
         """(the reply on the shell, with ``idents``; the IOPub messages, each with its topic)."""
+        header = json.loads(parent)  # (checked by ``parse``)
+        kept = engine.kept.again(header.get("msg_id"))
+        if kept is not None:  # a copy: the same reply, under the copy's route; nothing run
+            return idents + kept, []
+        reply, published = self._answer(engine, idents, parent, started, reply_type, request_md)
+        if SEQ_MARK in request_md:  # our client's: kept until it says it has the reply
+            md = json.loads(request_md)
+            engine.kept.arrived(header["msg_id"], header, md)
+            engine.kept.keep(header["msg_id"], header, md, reply[len(idents) :])
+        return reply, published
+
+    def _answer(self, engine: SimEngineState, idents, parent: bytes, started: str, reply_type, request_md: bytes):
         md = dict(engine=engine.uuid, status="ok", started=started, dependencies_met=True)
         content, published = None, []
         buffers = self.result
