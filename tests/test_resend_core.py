@@ -31,7 +31,8 @@ def test_a_copy_is_answered_with_the_kept_reply_and_never_counted_new():
     assert kept.arrived("a", header, md)
     assert kept.keep("a", header, md, reply(10))
     assert not kept.arrived("a", header, md)  # a copy
-    assert kept.again("a") == reply(10)
+    assert kept.again("a", "c1") == reply(10)
+    assert kept.again("a", "root") is None  # another sender's request of that msg_id is its own
     assert kept.resent == 1 and kept.nbytes == 10
 
 
@@ -46,10 +47,10 @@ def test_replies_below_the_lowest_call_owed_are_let_go_per_client():
     kept.keep("c2-0", other, md, reply(1))
     header, md = request(3, 2)  # the client has what it asked before call 2
     kept.arrived("c1-3", header, md)
-    assert sorted(kept.replies) == ["c1-2", "c2-0"]
+    assert sorted(kept.replies) == [("c1", "c1-2"), ("c2", "c2-0")]
     assert kept.nbytes == 2 and kept.let_go == 0
-    assert kept.again("c1-0") is None
-    assert "not run twice" in kept.missing("c1-0")
+    assert kept.again("c1-0", "c1") is None
+    assert "not run twice" in kept.missing("c1-0", "c1")
 
 
 def test_the_bounds_let_the_oldest_go_and_a_reply_too_big_is_not_kept():
@@ -57,7 +58,7 @@ def test_the_bounds_let_the_oldest_go_and_a_reply_too_big_is_not_kept():
     for seq in range(3):
         header, md = request(seq, 0)
         kept.keep(f"m{seq}", header, md, reply(10))
-    assert list(kept.replies) == ["m1", "m2"] and kept.let_go == 1
+    assert list(kept.replies) == [("c1", "m1"), ("c1", "m2")] and kept.let_go == 1
     header, md = request(3, 0)
     assert not kept.keep("big", header, md, reply(101))
     assert not kept.keep("stock", dict(session="s"), {}, reply())  # no number: not our client's

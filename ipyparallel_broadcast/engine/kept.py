@@ -27,14 +27,19 @@ from ..wire.protocol import OWED_KEY, SEQ_KEY
 
 
 class KeptReplies:
-    """The replies to our client's broadcasts, by msg_id; ``seen`` remembers
-    the ids of the last ``4 * most`` requests (answered or not)."""
+    """The replies to our client's broadcasts, by ``(session, msg_id)`` of their
+    request; ``seen`` remembers those of the last ``4 * most`` requests
+    (answered or not). The sender's session is part of the key: an
+    allreduce's second half comes from the root with the call's msg_id, and
+    is a request of its own."""
 
     def __init__(self, most: int = 1024, most_bytes: int = 64 << 20):
         self.most, self.most_bytes = most, most_bytes
-        self.replies: OrderedDict[str, tuple[str, int, list, int]] = OrderedDict()  # id -> (client, seq, frames, bytes)
-        self.by_client: dict[str, OrderedDict[int, str]] = {}  # client session -> seq -> msg_id, kept ones
-        self.seen: OrderedDict[str, None] = OrderedDict()
+        self.replies: OrderedDict[tuple, tuple[str, int, list, int]] = (
+            OrderedDict()
+        )  # key -> (client, seq, frames, bytes)
+        self.by_client: dict[str, OrderedDict[int, tuple]] = {}  # client session -> seq -> key, kept ones
+        self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.nbytes = 0
         self.let_go = 0  # replies dropped by the bounds before their client had them
         self.resent = 0  # copies answered from here
@@ -42,9 +47,10 @@ class KeptReplies:
     def arrived(self, msg_id: str, header: dict, metadata: dict) -> bool:
         """A broadcast request came: True if it is new (and what its client has is
         let go); False if it is a copy of one this engine has had."""
-        if msg_id in self.seen:
+        key = (header.get("session"), msg_id)
+        if key in self.seen:
             return False
-        self.seen[msg_id] = None
+        self.seen[key] = None
         if len(self.seen) > 4 * self.most:
             self.seen.popitem(last=False)
         owed, client = metadata.get(OWED_KEY), header.get("session")
@@ -61,38 +67,38 @@ class KeptReplies:
         size = sum(P.nbytes(f) for f in frames[5:])
         if size > self.most_bytes:
             return False
-        self.replies[msg_id] = (client, seq, list(frames), size)
-        self.by_client.setdefault(client, OrderedDict())[seq] = msg_id
+        self.replies[(client, msg_id)] = (client, seq, list(frames), size)
+        self.by_client.setdefault(client, OrderedDict())[seq] = (client, msg_id)
         self.nbytes += size
         while len(self.replies) > self.most or self.nbytes > self.most_bytes:
             self._drop(next(iter(self.replies)))
             self.let_go += 1
         return True
 
-    def again(self, msg_id: str) -> list | None:
-        """The kept reply to a copy of ``msg_id`` (its frames, no idents), or None."""
-        kept = self.replies.get(msg_id)
+    def again(self, msg_id: str, session) -> list | None:
+        """The kept reply to a copy of ``msg_id`` from ``session`` (its frames, no idents), or None."""
+        kept = self.replies.get((session, msg_id))
         if kept is None:
             return None
         self.resent += 1
         return kept[2]
 
-    def missing(self, msg_id: str) -> str:
-        """Why a copy of ``msg_id`` cannot be answered from here."""
-        if msg_id in self.seen:
+    def missing(self, msg_id: str, session) -> str:
+        """Why a copy of ``msg_id`` from ``session`` cannot be answered from here."""
+        if (session, msg_id) in self.seen:
             return "its reply was not kept (too big, or let go for newer ones), and it is not run twice"
         return "it came again, and is not run twice"
 
     def _acknowledged(self, client: str, owed: int):
         seqs = self.by_client[client]
         while seqs:
-            seq, msg_id = next(iter(seqs.items()))
+            seq, key = next(iter(seqs.items()))
             if seq >= owed:
                 break
-            self._drop(msg_id)
+            self._drop(key)
 
-    def _drop(self, msg_id: str):
-        client, seq, _, size = self.replies.pop(msg_id)
+    def _drop(self, key: tuple):
+        client, seq, _, size = self.replies.pop(key)
         self.nbytes -= size
         seqs = self.by_client[client]
         seqs.pop(seq, None)

@@ -199,7 +199,7 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
         try:
             if self.codec.seen(body[0]):  # a copy, as signed the first time: sent again after a restart
                 self.codec.check_signature(body)
-                return self._again(idents, msg, self.session.unpack(P.as_bytes(body[1]))["msg_id"])
+                return self._again(idents, msg, self.session.unpack(P.as_bytes(body[1])))
             request = self.codec.unpack(body)
             header = request["header"]
             if header.get("msg_type") != "apply_request":
@@ -208,7 +208,7 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
             self.log.error("Invalid Message", exc_info=True)
             return None
         if not self.kept.arrived(header["msg_id"], header, request["metadata"]):  # a copy signed anew
-            return self._again(idents, msg, header["msg_id"])
+            return self._again(idents, msg, header)
         request["buffers"] = [memoryview(b) for b in request["buffers"]]
         Kernel.set_parent(self, idents, request, "shell")  # the shell's parts: see Captured
         stream = self.shell_stream
@@ -228,11 +228,13 @@ class BroadcastKernel(HoldingKernel, IPythonParallelKernel):
             request["buffers"] = []  # see apply_request
         return None
 
-    def _again(self, idents, msg, msg_id):
+    def _again(self, idents, msg, header: dict):
         """A copy of a request this engine had: its kept reply, under the copy's route (never run twice)."""
-        frames = self.kept.again(msg_id)
+        msg_id, session = header.get("msg_id"), header.get("session")
+        frames = self.kept.again(msg_id, session)
         if frames is None:
-            refuse(self, msg, f"engine {self.int_id} did not answer a request again: {self.kept.missing(msg_id)}")
+            why = self.kept.missing(msg_id, session)
+            refuse(self, msg, f"engine {self.int_id} did not answer a request again: {why}")
         else:
             Direct(self.shell_stream).send_multipart(list(idents) + frames, copy=False)
         return None

@@ -105,7 +105,7 @@ class EngineAnswers:
     ) -> tuple[list, list]:
         """(the reply on the shell, with ``idents``; the IOPub messages, each with its topic)."""
         header = json.loads(parent)  # (checked by ``parse``)
-        kept = engine.kept.again(header.get("msg_id"))
+        kept = engine.kept.again(header.get("msg_id"), header.get("session"))
         if kept is not None:  # a copy: the same reply, under the copy's route; nothing run
             return idents + kept, []
         reply, published = self._answer(engine, idents, parent, started, reply_type, request_md)
