@@ -197,6 +197,9 @@ def test_a_kill_mid_push_leaves_no_name_and_the_survivors_have_the_value(tmp_pat
         if victim == "engine":  # its leaf hears it is gone: the request ends, its writer unlinks
             outcomes = push.get(timeout=60, return_exceptions=True)
             assert isinstance(outcomes[0], error.RemoteError) and outcomes[1:] == [None] * 3
+        elif victim == "root":  # the client sends the push again: every engine has it (issue 73)
+            (tmp_path / "go").touch()
+            assert push.get(timeout=60) == [None] * 4
         else:  # the dead node's segment goes when the controller restarts it
             with pytest.raises(error.CompositeError):
                 push.get(timeout=60)
