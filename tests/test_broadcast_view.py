@@ -11,6 +11,8 @@ import pytest
 from cluster_util import at_gate, running_cluster
 from ipyparallel import error
 
+from ipyparallel_broadcast.wire import protocol as P
+
 pytestmark = pytest.mark.cluster
 
 # (engines, depth, fanout): depth 0, 1, 2 and fan-out 2 and 3
@@ -100,6 +102,17 @@ def test_a_bounded_history_forgets_old_calls_and_every_view_still_records_its_ow
         assert rc.get_result(-1).get(timeout=20) in (last.get()[-1], last.get()[-1:])
     finally:
         rc.history_limit = old
+
+
+def test_a_call_refused_before_it_is_sent_leaves_nothing_owed(rc):
+    """A malformed request (a batch on a coalesced call) raises, and leaves no
+    call waited on, nor a number that would hold the engines' kept replies back."""
+    uuids, eids = rc.resolve_targets(rc.ids)
+    owed, live = dict(rc._root_watch.copies.owed), set(rc._calls.live)
+    with pytest.raises(P.ProtocolError, match="batch"):
+        rc.send_broadcast("apply_request", eids, uuids, batch=[2, None])
+    assert rc._root_watch.copies.owed == owed and set(rc._calls.live) == live
+    assert rc.broadcast_view().apply_sync(os.getpid) is not None
 
 
 def test_apply_in_target_order(rc, coalescing):

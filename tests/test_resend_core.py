@@ -120,15 +120,15 @@ def test_the_controller_restarting_loses_every_call_in_flight_and_done_forgets_i
 def test_a_peer_not_connected_yet_has_its_messages_held_in_order_until_the_grace_ends():
     clock = Clock()
     hold = StartupHold(clock, grace=10)
-    assert hold.next_deadline() is None
+    assert hold.due is None
     assert not hold.waiting([b"leaf0", b"ping"])  # nothing held: sent as usual
     assert hold.hold([b"leaf0", b"r1"])
     assert hold.waiting([b"leaf0", b"ping"])  # behind the request it asks about
     assert not hold.waiting([b"leaf1", b"r2"])
-    due = hold.next_deadline()
+    due = hold.due
     clock.now = 0.05
-    assert hold.next_deadline() == due == 0.1  # fixed when held: traffic meanwhile does not push it back
+    assert hold.due == due == 0.1  # fixed when held: traffic meanwhile does not push it back
     assert hold.take() == [[b"leaf0", b"r1"], [b"leaf0", b"ping"]]
-    assert hold.held == {} and hold.retried == 2 and hold.next_deadline() is None
+    assert hold.held == {} and hold.retried == 2 and hold.due is None
     clock.now = 10
     assert not hold.hold([b"leaf0", b"r3"])  # the grace is over: the peer is lost

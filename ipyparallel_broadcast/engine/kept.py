@@ -35,9 +35,8 @@ class KeptReplies:
 
     def __init__(self, most: int = 1024, most_bytes: int = 64 << 20):
         self.most, self.most_bytes = most, most_bytes
-        self.replies: OrderedDict[tuple, tuple[str, int, list, int]] = (
-            OrderedDict()
-        )  # key -> (client, seq, frames, bytes)
+        # (session, msg_id) -> (client, seq, frames, bytes)
+        self.replies: OrderedDict[tuple, tuple[str, int, list, int]] = OrderedDict()
         self.by_client: dict[str, OrderedDict[int, tuple]] = {}  # client session -> seq -> key, kept ones
         self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.nbytes = 0

@@ -314,12 +314,9 @@ class NodeShell:
         return True
 
     def next_deadline(self):
-        due = [
-            d
-            for d in (self.node.next_deadline(), self.trimmer.next_due(), self.startup.next_deadline())
-            if d is not None
-        ]
-        return min(due, default=None)
+        node, trim, held = self.node.next_deadline(), self.trimmer.next_due(), self.startup.due
+        due = node if trim is None else trim if node is None else min(node, trim)
+        return due if held is None else held if due is None else min(due, held)  # (asked every loop turn)
 
 
 GC_THRESHOLD = (50_000, 20, 100)  # a node's young garbage: collected per 50,000 objects, not 700

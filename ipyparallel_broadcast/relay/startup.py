@@ -52,6 +52,3 @@ class StartupHold:
         taken = [frames for queue in held.values() for frames in queue]
         self.retried += len(taken)
         return taken
-
-    def next_deadline(self) -> float | None:
-        return self.due
