@@ -45,6 +45,25 @@ _SENT_ALL = Future()  # a call's "sent" when not tracked: nothing to wait for
 _SENT_ALL.set_result([None])
 
 
+def envelope_content(msg_id, eids, reply, each, batch, trace, reduce, allreduce, vshm) -> dict:
+    """A broadcast's envelope, checked (``protocol.validate_request``): a malformed
+    one raises here, before the call is numbered or waited on."""
+    request = P.request_content(msg_id, eids, reply)
+    if each is not None:
+        request["each"] = [len(b) for b in each]
+    if batch is not None:
+        request["batch"] = list(batch)
+    if trace:
+        request["trace"] = True
+    if reduce is not None:
+        request["reduce"] = reduce
+        if vshm is not None:
+            request["vshm"] = vshm
+        if allreduce is not None:
+            request["allreduce"] = allreduce
+    return P.validate_request(request)
+
+
 class NotABroadcastController(RuntimeError):
     """The controller does not run the ipyparallel_broadcast relay tree."""
 
@@ -212,27 +231,16 @@ class Client(Settings):
             md[P.TRACE_KEY] = True
         header = self.session.msg_header(msg_type)
         header["msg_id"] = BROADCAST_ID_PREFIX + header["msg_id"]
-        md[P.SEQ_KEY], md[P.OWED_KEY] = self._root_watch.copies.number(header["msg_id"])  # (engines keep replies)
+        msg_id = header["msg_id"]
+        vshm = self._shared.spec if reduce is not None else None  # a big value combined here comes by a segment's name
+        request = envelope_content(msg_id, eids, reply, each, batch, trace, reduce, allreduce, vshm)  # (may raise)
+        md[P.SEQ_KEY], md[P.OWED_KEY] = self._root_watch.copies.number(msg_id)  # (engines keep replies)
         try:  # (a call numbered but never sent would hold the engines' acknowledgement back for good)
             inner = self.session.msg(msg_type, content=content or {}, metadata=md, header=header)
-            msg_id = inner["header"]["msg_id"]
             frames = self.session.serialize(inner)[1:] + list(buffers)
-            request = P.request_content(msg_id, eids, reply)
-            if each is not None:
-                request["each"] = [len(b) for b in each]
-                frames += [b for own in each for b in own]
-            if batch is not None:
-                request["batch"] = list(batch)
+            frames += [b for own in each or () for b in own]
             if trace:
-                request["trace"] = True
                 self._traces.start(msg_id)
-            if reduce is not None:
-                request["reduce"] = reduce
-                if self._shared.spec is not None:  # a big value, combined on this host, comes by a segment's name
-                    request["vshm"] = self._shared.spec
-                if allreduce is not None:
-                    request["allreduce"] = allreduce
-            envelope = self.session.msg(P.REQUEST, content=P.validate_request(request))  # (before any state)
             if reduce is not None:
                 sent = self._reduce_future(msg_id, inner["header"], track)
                 sent.targets, sent.op, sent.broadcast_id = list(eids), reduce, msg_id
@@ -242,12 +250,13 @@ class Client(Settings):
                 sent = self._start_call(msg_id, inner["header"], eids, uuids, track)
                 sent.stream = reply == P.STREAM
                 tracker, as_list = sent.tracker, True
+            envelope = self.session.msg(P.REQUEST, content=request)
             to_send = self.session.serialize(envelope) + frames
             biggest = max((memoryview(f).nbytes for f in frames[5:]), default=0)
             copy = biggest < self.session.copy_threshold
-            self._root_watch.copies.keep(msg_id, envelope["content"], frames, copy)  # to go again if lost
+            self._root_watch.copies.keep(msg_id, request, frames, copy)  # to go again if lost
         except BaseException:
-            self._root_watch.copies.done(header["msg_id"])
+            self._root_watch.copies.done(msg_id)
             raise
         if track:
             self._tracking[id(to_send)] = (to_send, tracker, as_list)
